@@ -1,0 +1,51 @@
+"""Size strings: ``"4G"``, ``"512M"``, ``"1.5Ti"``, ``"64 GB"`` to bytes and back.
+
+Suffixes follow JupyterHub's ``ByteSpecification`` (K, M, G, T are powers of 1024, as in
+``c.Spawner.mem_limit = "4G"``); the explicit IEC forms ``Ki``/``KiB`` ... are accepted as well,
+and SI forms ``kB``/``MB``/``GB``/``TB`` mean powers of 1000 only when written with a ``B`` and
+an upper-case prefix after a space is not required.
+"""
+
+from __future__ import annotations
+
+import re
+
+_BINARY = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGTP]?)(i?)(B?)\s*$", re.IGNORECASE)
+
+
+def parse_bytes(value: str | int | float) -> int:
+    """Parse a size to bytes.
+
+    ``4G`` = ``4Gi`` = ``4GiB`` = 4 * 1024**3 (JupyterHub's convention); ``4GB`` = 4 * 1000**3.
+    Plain numbers are bytes.
+
+    Raises:
+        ValueError: not a size, or negative.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"not a size: {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(f"size must be >= 0, got {value}")
+        return int(value)
+    m = _SIZE_RE.match(str(value))
+    if not m:
+        raise ValueError(f"not a size: {value!r} (use e.g. 512M, 4G, 1.5T or a number of bytes)")
+    number, prefix, iec, b = m.groups()
+    prefix = prefix.upper()
+    if b and prefix and not iec:
+        factor = 1000 ** list(_BINARY).index(prefix)
+    else:
+        factor = _BINARY[prefix]
+    return int(float(number) * factor)
+
+
+def format_bytes(n: int) -> str:
+    """Human size with binary units, e.g. ``68719476736 -> "64.0 GiB"``."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} PiB"  # pragma: no cover
