@@ -1,0 +1,440 @@
+"""The atomic ledger: the one record of which device of which node belongs to whom.
+
+``reserve`` takes every resource of a bundle or none of them, in one step under one lock, with
+the quota check in the same step. ``release`` gives them back. ``restore`` rebuilds the record
+after a hub restart from allocations read back from containers, refusing (and reporting) any
+that would double-book. The lock is a ``threading.RLock`` and no method awaits while holding it,
+so the ledger is safe for threads and for asyncio tasks alike (a decision takes micro- to
+milliseconds, see ``benchmarks/placement.py``).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .devices import min_numa_count, model_allowed, plan
+from .errors import (
+    PlacementError,
+    PlacementRefused,
+    RestoreConflict,
+    RestoreReport,
+    UnknownAllocation,
+)
+from .fragmentation import FragmentationModel
+from .model import GPU_MILLI, Allocation, Bundle, GPUShare, Node, Owner, now
+from .policies import DEFAULT_POLICY, POLICIES, demand_of, get_policy
+from .quota import QuotaTable, Usage
+from .state import NodeState, Plan
+from .units import format_bytes
+
+__all__ = ["Ledger", "POLICIES", "DEFAULT_POLICY"]
+
+
+def _usage(a: Allocation) -> Usage:
+    return Usage(a.total_gpu_milli, len(a.cpuset), a.memory_bytes, a.disk_bytes, 1)
+
+
+def _bundle_usage(b: Bundle) -> Usage:
+    return Usage(b.total_gpu_milli, b.cores, b.memory_bytes, b.disk_bytes, 1)
+
+
+@dataclass
+class _Cluster:
+    states: list[NodeState] = field(default_factory=list)
+    buckets: dict[tuple, dict[str, NodeState]] = field(default_factory=dict)
+    frag: FragmentationModel = field(default_factory=FragmentationModel)
+    rng: random.Random = field(default_factory=random.Random)
+
+
+class Ledger:
+    """Placement state of a set of nodes.
+
+    Args:
+        nodes: the nodes (names must be unique).
+        policy: node-selection policy name, one of :data:`POLICIES` (default ``fgd``).
+        quotas: user and group quotas; None = no quotas.
+        seed: seed of the ``random`` policy's generator.
+        clock: returns seconds since the epoch (``Allocation.created``).
+
+    Raises:
+        ValueError: duplicate node names or an unknown policy.
+    """
+
+    def __init__(self, nodes: Iterable[Node], policy: str = DEFAULT_POLICY, *,
+                 quotas: QuotaTable | None = None, seed: int | None = None,
+                 clock: Callable[[], float] = now) -> None:
+        self._lock = threading.RLock()
+        self.policy_name = policy
+        self._policy = get_policy(policy)
+        self.quotas = quotas or QuotaTable()
+        self._clock = clock
+        self._c = _Cluster(rng=random.Random(seed))
+        self._by_name: dict[str, NodeState] = {}
+        self._allocs: dict[str, Allocation] = {}
+        self._by_owner: dict[tuple[str, str], str] = {}
+        self._user_used: dict[str, Usage] = {}
+        self._group_used: dict[str, Usage] = {}
+        for n in nodes:
+            self.add_node(n)
+
+    # -- nodes -------------------------------------------------------------------------------
+    def add_node(self, node: Node) -> None:
+        """Add a node with nothing booked on it.
+
+        Raises:
+            ValueError: a node of that name exists.
+        """
+        with self._lock:
+            if node.name in self._by_name:
+                raise ValueError(f"duplicate node name {node.name!r}")
+            st = NodeState(node, order=len(self._c.states))
+            self._c.states.append(st)
+            self._by_name[node.name] = st
+            self._c.buckets.setdefault(st.sig, {})[node.name] = st
+
+    def node(self, name: str) -> Node:
+        """The node of that name. Raises KeyError."""
+        return self._by_name[name].node
+
+    @property
+    def nodes(self) -> list[Node]:
+        """All nodes, in configuration order."""
+        return [st.node for st in self._c.states]
+
+    def set_policy(self, name: str) -> None:
+        """Switch the node-selection policy. Raises ValueError for an unknown name."""
+        fn = get_policy(name)
+        with self._lock:
+            self._policy, self.policy_name = fn, name
+
+    # -- queries -----------------------------------------------------------------------------
+    def allocations(self, user: str | None = None) -> list[Allocation]:
+        """All allocations, or one user's, oldest first."""
+        with self._lock:
+            out = [a for a in self._allocs.values() if user is None or a.owner.user == user]
+        return sorted(out, key=lambda a: (a.created, a.id))
+
+    def get(self, allocation_id: str) -> Allocation | None:
+        """The allocation with that id, or None."""
+        return self._allocs.get(allocation_id)
+
+    def find(self, user: str, server: str = "") -> Allocation | None:
+        """The allocation held by one user's server, or None."""
+        with self._lock:
+            aid = self._by_owner.get((user, server))
+            return self._allocs.get(aid) if aid else None
+
+    def usage(self, user: str) -> Usage:
+        """What one user holds now."""
+        return self._user_used.get(user, Usage())
+
+    def group_usage(self, group: str) -> Usage:
+        """What all members of a group hold now (allocations made while they were members)."""
+        return self._group_used.get(group, Usage())
+
+    def quota_remaining(self, user: str, groups: Iterable[str] = ()) -> dict[str, int | None]:
+        """What the user may still take of each resource; None = unlimited (see QuotaTable)."""
+        with self._lock:
+            return self.quotas.remaining(user, tuple(groups), self.usage(user), self._group_used)
+
+    def gpu_milli_capacity(self) -> int:
+        """Milli-GPU of all nodes."""
+        return sum(len(st.gpu_used) for st in self._c.states) * GPU_MILLI
+
+    def gpu_milli_allocated(self) -> int:
+        """Milli-GPU booked now."""
+        with self._lock:
+            return sum(sum(st.gpu_used.values()) for st in self._c.states)
+
+    def free_gpus(self, models: Iterable[str] = ()) -> tuple[int, int]:
+        """(untouched GPUs, all GPUs) of the given models (empty = any), over all nodes; what
+        the spawn form shows as "3 of 8 A100 free now"."""
+        probe = Bundle(cores=0, gpus=1, gpu_models=tuple(models))
+        free = total = 0
+        with self._lock:
+            for st in self._c.states:
+                for g in st.node.gpus:
+                    if model_allowed(g, probe):
+                        total += 1
+                        free += st.gpu_used[g.uuid] == 0
+        return free, total
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Per node: free/used GPUs (by UUID, with milli used), cores and memory per NUMA node,
+        disk; JSON-ready. This is what the admin map and ``GET api/nodes`` show."""
+        with self._lock:
+            holders: dict[str, list[dict[str, Any]]] = {}
+            cpu_holder: dict[tuple[str, int], str] = {}
+            for a in self._allocs.values():
+                for g in a.gpus:
+                    holders.setdefault(g.uuid, []).append(
+                        {"allocation": a.id, "user": a.owner.user, "server": a.owner.server,
+                         "milli": g.milli})
+                for c in a.cpuset:
+                    cpu_holder[(a.node, c)] = a.owner.user
+            out = []
+            for st in self._c.states:
+                n = st.node
+                out.append({
+                    "name": n.name,
+                    "labels": dict(n.labels),
+                    "disk_bytes": n.disk_bytes,
+                    "disk_free_bytes": st.free_disk,
+                    "numa_nodes": [{
+                        "id": nn.id,
+                        "cpus": list(nn.cpus),
+                        "cpus_free": sorted(st.free_cpus[nn.id]),
+                        "cpu_owners": {str(c): cpu_holder[(n.name, c)] for c in nn.cpus
+                                       if (n.name, c) in cpu_holder},
+                        "memory_bytes": nn.memory_bytes,
+                        "memory_free_bytes": st.free_mem[nn.id],
+                    } for nn in n.numa_nodes],
+                    "gpus": [{
+                        "uuid": g.uuid, "index": g.index, "model": g.model,
+                        "memory_bytes": g.memory_bytes, "pci_bus_id": g.pci_bus_id,
+                        "numa_node": g.numa_node, "shareable": g.shareable,
+                        "milli_used": st.gpu_used[g.uuid],
+                        "holders": holders.get(g.uuid, []),
+                    } for g in n.gpus],
+                })
+            return out
+
+    # -- reserve / release ---------------------------------------------------------------------
+    def reserve(self, bundle: Bundle, owner: Owner,
+                nodes: Iterable[str] | None = None) -> Allocation:
+        """Book every resource of ``bundle`` for ``owner`` on one node, or nothing.
+
+        Args:
+            bundle: what to book.
+            owner: user, server name and the user's groups (for group quotas).
+            nodes: restrict the choice to these node names (a profile's node selector).
+
+        Returns:
+            The allocation (already booked).
+
+        Raises:
+            QuotaExceeded: a user or group quota would be exceeded (nothing booked).
+            PlacementRefused: no node has the devices free now; the message says what is
+                missing, the closest node and what the quota still allows.
+            PlacementError: the owner's server already holds an allocation.
+        """
+        allowed = set(nodes) if nodes is not None else None
+        ok = (lambda st: st.node.name in allowed) if allowed is not None else None
+        with self._lock:
+            key = (owner.user, owner.server)
+            if key in self._by_owner:
+                raise PlacementError(
+                    f"server {owner.user}/{owner.server} already holds allocation "
+                    f"{self._by_owner[key]}; release it first")
+            self.quotas.check(owner.user, owner.groups, _bundle_usage(bundle),
+                              self.usage(owner.user), self._group_used)
+            self._c.frag.observe(demand_of(bundle, bundle.numa_policy != "none"))
+            choice = None
+            if bundle.numa_policy != "none":
+                choice = self._policy(self._c, bundle, False, ok)
+            if choice is None and bundle.numa_policy != "strict":
+                choice = self._policy(self._c, bundle, True, ok)
+            if choice is None:
+                raise self._refusal(bundle, owner, allowed)
+            st, p = choice
+            alloc = self._allocation(bundle, owner, st, p)
+            self._book(st, alloc)
+            return alloc
+
+    def _allocation(self, bundle: Bundle, owner: Owner, st: NodeState, p: Plan) -> Allocation:
+        mems = tuple(sorted(n for n, _ in p.memory_by_numa))
+        return Allocation(
+            id=Allocation.new_id(), owner=owner, node=st.name,
+            gpus=tuple(GPUShare(u, m) for u, m in p.gpus),
+            cpuset=tuple(sorted(p.cpus)), mems=mems,
+            memory_bytes=bundle.memory_bytes, disk_bytes=bundle.disk_bytes,
+            memory_by_numa=tuple(sorted(p.memory_by_numa)),
+            created=self._clock(), numa_aligned=p.aligned, note=p.note,
+        )
+
+    def _book(self, st: NodeState, alloc: Allocation) -> None:
+        old_sig = st.sig
+        st.book(alloc)
+        self._move(st, old_sig)
+        self._allocs[alloc.id] = alloc
+        self._by_owner[(alloc.owner.user, alloc.owner.server)] = alloc.id
+        u = _usage(alloc)
+        self._user_used[alloc.owner.user] = self.usage(alloc.owner.user) + u
+        for g in alloc.owner.groups:
+            self._group_used[g] = self.group_usage(g) + u
+
+    def _move(self, st: NodeState, old_sig: tuple) -> None:
+        if st.sig == old_sig:
+            return
+        bucket = self._c.buckets.get(old_sig)
+        if bucket is not None:
+            bucket.pop(st.name, None)
+            if not bucket:
+                del self._c.buckets[old_sig]
+        self._c.buckets.setdefault(st.sig, {})[st.name] = st
+
+    def release(self, allocation_id: str) -> Allocation:
+        """Give back everything an allocation holds.
+
+        Raises:
+            UnknownAllocation: the ledger holds no allocation with that id.
+        """
+        with self._lock:
+            alloc = self._allocs.pop(allocation_id, None)
+            if alloc is None:
+                raise UnknownAllocation(f"no allocation {allocation_id}")
+            st = self._by_name[alloc.node]
+            old_sig = st.sig
+            st.unbook(alloc)
+            self._move(st, old_sig)
+            self._by_owner.pop((alloc.owner.user, alloc.owner.server), None)
+            u = _usage(alloc)
+            self._user_used[alloc.owner.user] = self.usage(alloc.owner.user) - u
+            if self._user_used[alloc.owner.user] == Usage():
+                del self._user_used[alloc.owner.user]
+            for g in alloc.owner.groups:
+                self._group_used[g] = self.group_usage(g) - u
+                if self._group_used[g] == Usage():
+                    del self._group_used[g]
+            return alloc
+
+    def restore(self, allocations: Iterable[Allocation | Mapping[str, Any] | str],
+                replace: bool = False) -> RestoreReport:
+        """Book allocations read back after a restart (from container labels or spawner state).
+
+        Each is checked against what is already booked: an allocation whose node is unknown,
+        whose devices are held already, whose owner's server holds another allocation, or that
+        is malformed is refused and listed as a conflict; it is never double-booked. Quotas are
+        not applied (the containers already run).
+
+        Args:
+            allocations: :class:`Allocation` objects, their ``to_dict()`` or ``to_json()`` forms.
+            replace: drop everything booked first (a full rebuild).
+        """
+        report = RestoreReport()
+        with self._lock:
+            if replace:
+                for aid in list(self._allocs):
+                    self.release(aid)
+            for item in allocations:
+                try:
+                    if isinstance(item, str):
+                        alloc = Allocation.from_json(item)
+                    elif isinstance(item, Mapping):
+                        alloc = Allocation.from_dict(item)
+                    else:
+                        alloc = item
+                except ValueError as e:
+                    report.conflicts.append(RestoreConflict("?", "?", str(e)))
+                    continue
+                who = f"{alloc.owner.user}/{alloc.owner.server}"
+                problem = self._restore_problem(alloc)
+                if problem:
+                    report.conflicts.append(RestoreConflict(alloc.id, who, problem))
+                    continue
+                self._book(self._by_name[alloc.node], alloc)
+                report.restored.append(alloc.id)
+        return report
+
+    def _restore_problem(self, alloc: Allocation) -> str | None:
+        if alloc.id in self._allocs:
+            return f"allocation {alloc.id} is already booked"
+        st = self._by_name.get(alloc.node)
+        if st is None:
+            return f"node {alloc.node!r} is not in the inventory"
+        other = self._by_owner.get((alloc.owner.user, alloc.owner.server))
+        if other is not None:
+            return f"server {alloc.owner.user}/{alloc.owner.server} already holds {other}"
+        problem = st.conflict(alloc)
+        if problem and ("already held" in problem or "milli-GPU free" in problem):
+            holder = self._holder_of(alloc)
+            if holder:
+                problem += f" by {holder}"
+        return problem
+
+    def _holder_of(self, alloc: Allocation) -> str | None:
+        uuids = {g.uuid for g in alloc.gpus}
+        cpus = set(alloc.cpuset)
+        for a in self._allocs.values():
+            if a.node == alloc.node and (uuids & {g.uuid for g in a.gpus} or cpus & set(a.cpuset)):
+                return f"{a.owner.user}/{a.owner.server} ({a.id})"
+        return None
+
+    # -- refusals ----------------------------------------------------------------------------
+    def _refusal(self, bundle: Bundle, owner: Owner,
+                 allowed: set[str] | None) -> PlacementRefused:
+        states = [st for st in self._c.states if allowed is None or st.name in allowed]
+        detail, reason, best = _explain(states, bundle)
+        left = self.quotas.remaining(owner.user, owner.groups, self.usage(owner.user),
+                                     self._group_used)
+        if bundle.total_gpu_milli and left["gpu_milli"] is not None:
+            n = left["gpu_milli"] / GPU_MILLI
+            detail += f"; your quota allows {n:g} more GPU" + ("" if n == 1 else "s")
+        return PlacementRefused(reason, detail, best)
+
+
+def _explain(states: list[NodeState], bundle: Bundle) -> tuple[str, str, str | None]:
+    """(sentence, reason key, closest node) for a bundle no node can take."""
+    if not states:
+        return "no node is available for this profile", "no_nodes", None
+    models = "|".join(bundle.gpu_models) if bundle.gpu_models else "GPU"
+    strict = bundle.numa_policy == "strict"
+    where = " on one NUMA node" if strict else ""
+    wants_gpu = bool(bundle.total_gpu_milli)
+    if wants_gpu:
+        have = sorted({g.model for st in states for g in st.node.gpus if g.model})
+        if not any(model_allowed(g, bundle) and (bundle.gpus or g.shareable)
+                   for st in states for g in st.node.gpus):
+            kind = "shareable " if bundle.gpu_milli else ""
+            return (f"no node has a {kind}{models} (models here: {', '.join(have) or 'none'})",
+                    "no_gpu_model", None)
+    if all(min_numa_count(st, bundle) is None for st in states):
+        return (f"no node is large enough for {bundle.describe()}", "too_large", None)
+
+    def gpu_free(st: NodeState) -> int:
+        if bundle.gpus:
+            per = [sum(1 for g in st.gpus_by_numa[n] if model_allowed(g, bundle)
+                       and st.gpu_used[g.uuid] == 0) for n in st.numa_ids]
+            m = min_numa_count(st, bundle) or len(per)
+            return sum(sorted(per, reverse=True)[:m]) if strict else sum(per)
+        return max((GPU_MILLI - st.gpu_used[g.uuid] for g in st.node.gpus
+                    if g.shareable and model_allowed(g, bundle)), default=0)
+
+    if wants_gpu:
+        best = max(states, key=lambda st: (gpu_free(st), -st.order))
+        n = gpu_free(best)
+        need = bundle.gpus or bundle.gpu_milli
+        if n < need:
+            if bundle.gpus:
+                return (f"no node has {bundle.gpus} free {models}{where}; best: {best.name} "
+                        f"with {n} free", "gpus", best.name)
+            return (f"no shareable {models} has {bundle.gpu_milli} milli-GPU free; best: "
+                    f"{best.name} with {n} milli-GPU free", "gpu_share", best.name)
+        gpu_ok = [st for st in states if gpu_free(st) >= need]
+    else:
+        gpu_ok = states
+    with_gpus = f" beside {bundle.gpus or 1} free {models}" if wants_gpu else ""
+    best = max(gpu_ok, key=lambda st: (st.free_cpu_count(), -st.order))
+    if best.free_cpu_count() < bundle.cores:
+        return (f"no node has {bundle.cores} free cores{with_gpus}; best: {best.name} with "
+                f"{best.free_cpu_count()}", "cores", best.name)
+    best = max(gpu_ok, key=lambda st: (st.free_memory(), -st.order))
+    if best.free_memory() < bundle.memory_bytes:
+        return (f"no node has {format_bytes(bundle.memory_bytes)} of free memory{with_gpus}; "
+                f"best: {best.name} with {format_bytes(best.free_memory())}", "memory",
+                best.name)
+    best = max(gpu_ok, key=lambda st: (st.free_disk, -st.order))
+    if best.free_disk < bundle.disk_bytes:
+        return (f"no node has {format_bytes(bundle.disk_bytes)} of free disk{with_gpus}; best: "
+                f"{best.name} with {format_bytes(best.free_disk)}", "disk", best.name)
+    cand = [st for st in gpu_ok if st.free_cpu_count() >= bundle.cores
+            and st.free_memory() >= bundle.memory_bytes] or gpu_ok
+    best = cand[0]
+    spill = plan(best, bundle, True) if strict else None
+    hint = "; numa_policy 'prefer' would place it across NUMA nodes" if spill else ""
+    return (f"no node has {bundle.describe()} free together on one NUMA node{hint}; "
+            f"closest: {best.name}", "numa", best.name)
