@@ -353,7 +353,7 @@ class Ledger:
         if problem and ("already held" in problem or "milli-GPU free" in problem):
             holder = self._holder_of(alloc)
             if holder:
-                problem += f" by {holder}"
+                problem += f"; held by {holder}"
         return problem
 
     def _holder_of(self, alloc: Allocation) -> str | None:
