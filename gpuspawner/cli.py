@@ -1,0 +1,114 @@
+"""The ``gpuspawner`` command.
+
+Subcommands:
+
+* ``gpuspawner inventory [--name NAME] [--sysfs-root DIR] [--proc-root DIR] [--disk-path DIR]
+  [-o FILE]``: describe this host (NUMA nodes from sysfs, GPUs from NVML) and print it as a
+  topology file (``docs/topology-files.md``), ready to be copied to the hub for a remote node.
+* ``gpuspawner simulate ...``: provided by :mod:`gpuspawner.simulate` (its ``add_arguments`` and
+  ``run``); imported lazily, so this command still works where that module is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+log = logging.getLogger(__name__)
+
+
+def _cmd_inventory(args: argparse.Namespace) -> int:
+    from .placement.inventory import read_local_node
+    from .placement.topology import dump_topology
+
+    try:
+        node = read_local_node(args.name, sysfs_root=args.sysfs_root, proc_root=args.proc_root,
+                               disk_path=args.disk_path)
+    except (OSError, ValueError) as e:
+        print(f"gpuspawner inventory: cannot read this host: {e}", file=sys.stderr)
+        return 1
+    text = dump_topology(node)
+    if args.output and args.output != "-":
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _add_inventory(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("inventory", help="print this host as a topology file (YAML)",
+                       description="Describe this host (NUMA nodes from sysfs, GPUs from NVML) "
+                       "as a gpuspawner topology file.")
+    p.add_argument("--name", default=None, help="node name (default: the host name)")
+    p.add_argument("--sysfs-root", default="/sys", help="where sysfs is mounted (default /sys)")
+    p.add_argument("--proc-root", default="/proc",
+                   help="where procfs is mounted (default /proc)")
+    p.add_argument("--disk-path", default=None,
+                   help="a path on the container filesystem; its size is the node's disk "
+                   "(default /var/lib/docker if it exists, else /)")
+    p.add_argument("-o", "--output", default=None, help="write to this file instead of stdout")
+    p.set_defaults(func=_cmd_inventory)
+
+
+def _add_simulate(sub: argparse._SubParsersAction) -> None:
+    try:
+        from . import simulate  # owned by gpuspawner/simulate.py; may not exist yet
+    except Exception as e:  # ImportError until it exists; any other error must not break us
+        reason = f"{type(e).__name__}: {e}"
+        p = sub.add_parser("simulate", help="(unavailable) placement simulation",
+                           add_help=False)
+
+        def unavailable(args: argparse.Namespace) -> int:
+            print(f"gpuspawner simulate is unavailable: {reason}", file=sys.stderr)
+            return 1
+
+        p.set_defaults(func=unavailable, accepts_any_arguments=True)
+        return
+    doc = (simulate.__doc__ or "").strip()
+    p = sub.add_parser("simulate", help="simulate placement of bundles on nodes",
+                       description=doc.splitlines()[0] if doc else None)
+    simulate.add_arguments(p)
+    p.set_defaults(func=simulate.run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with all subcommands."""
+    parser = argparse.ArgumentParser(prog="gpuspawner",
+                                     description="GPU-aware JupyterHub spawner tools")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="log more (-v: info, -vv: debug) on stderr")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_inventory(sub)
+    _add_simulate(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``gpuspawner`` command.
+
+    Args:
+        argv: arguments without the program name; None reads ``sys.argv[1:]``.
+
+    Returns:
+        The exit status: 0 on success, 1 when the subcommand failed, 2 for usage errors.
+    """
+    parser = build_parser()
+    try:
+        args, extra = parser.parse_known_args(list(argv) if argv is not None else None)
+        if extra and not getattr(args, "accepts_any_arguments", False):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    except SystemExit as e:  # argparse exits on usage errors and --help
+        return int(e.code) if isinstance(e.code, int) else 2
+    level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
