@@ -1,0 +1,148 @@
+"""Placement decision speed: decisions per second and p50/p99 ``Ledger.reserve`` latency.
+
+Every policy runs side by side on two cluster sizes:
+
+* the trace's own cluster, 1,523 nodes (``openb_node_list_all_node.csv`` of the Alibaba GPU
+  trace, Weng et al., "Beware of Fragmentation: Scheduling GPU-Sharing Workloads with
+  Fragmentation Gradient Descent", USENIX ATC '23);
+* 10,000 nodes: that node list replicated (copy ``k >= 1`` renames node ``sn`` to
+  ``sn-c<k>``) until it has 10,000 rows.
+
+Each run is the simulator's fill mode (:func:`gpuspawner.simulate.simulate_fill`: pods of
+``openb_pod_list_default.csv`` drawn with ``random.Random(seed)``, placed with no departures
+until demand reaches GPU capacity), capped at ``--max-decisions`` reserve calls (default
+20,000) and ``--time-limit`` seconds (default 120) per policy. A decision is one ``reserve``
+call, granted or refused; its latency is measured with ``time.perf_counter_ns`` around the
+call only; refusals are not explained (``reserve(..., explain=False)``, the ledger's
+simulation mode) unless ``--explain-refusals`` is given. ``decisions/s`` is decisions divided
+by the summed reserve time (so CSV loading, bundle building and ledger construction are
+excluded; ledger construction is reported separately as ``setup s``).
+
+The process pins itself to CPU 0 (``os.sched_setaffinity(0, {0})``) where the platform allows,
+so that numbers from different machines compare one core with one core; the output says
+whether it did.
+
+Run: ``.venv/bin/python benchmarks/placement.py [--data DIR] [--json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from gpuspawner.placement import POLICIES
+from gpuspawner.placement.model import Node
+from gpuspawner.simulate import load_nodes, load_pods, make_node, simulate_fill
+
+DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "alibaba-gpu-v2023"
+
+
+def pin_to_one_core() -> str:
+    """Pin this process to CPU 0 when possible; a sentence saying what happened."""
+    if hasattr(os, "sched_setaffinity"):
+        try:
+            os.sched_setaffinity(0, {0})
+            return "pinned to CPU 0 (os.sched_setaffinity)"
+        except OSError as e:
+            return f"not pinned: sched_setaffinity failed ({e})"
+    return "not pinned: os.sched_setaffinity is not available on this platform"
+
+
+def replicate(nodes: list[Node], count: int, numa_split: int = 2) -> list[Node]:
+    """``count`` nodes: ``nodes`` repeated, copy ``k >= 1`` renamed ``<name>-c<k>`` (GPU UUIDs
+    follow the name). Nodes are rebuilt from their sizes with the simulator's NUMA rule."""
+    out: list[Node] = []
+    k = 0
+    while len(out) < count:
+        for node in nodes:
+            if len(out) == count:
+                break
+            if k == 0:
+                out.append(node)
+                continue
+            model = node.gpus[0].model if node.gpus else ""
+            out.append(make_node(f"{node.name}-c{k}", node.cpu_count * 1000,
+                                 node.memory_bytes // 2**20, len(node.gpus), model, numa_split))
+        k += 1
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print a table (or JSON)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA,
+                        help=f"trace folder (default: {DEFAULT_DATA})")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[0, 10_000],
+                        help="cluster sizes in nodes; 0 = the trace's node list as is "
+                             "(default: 0 10000)")
+    parser.add_argument("--policies", nargs="+", default=list(POLICIES),
+                        choices=list(POLICIES))
+    parser.add_argument("--max-decisions", type=int, default=20_000)
+    parser.add_argument("--time-limit", type=float, default=120.0,
+                        help="seconds per policy and size (default: 120)")
+    parser.add_argument("--numa-policy", default="strict", choices=("strict", "prefer", "none"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--explain-refusals", action="store_true",
+                        help="reserve(..., explain=True) as the spawner calls it: each refusal "
+                             "also builds its sentence (an O(nodes) pass)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+
+    pinned = pin_to_one_core()
+    node_file = args.data / "openb_node_list_all_node.csv"
+    pod_file = args.data / "openb_pod_list_default.csv"
+    if not node_file.is_file() or not pod_file.is_file():
+        print(f"error: trace not found under {args.data}", file=sys.stderr)
+        return 2
+    base = load_nodes(node_file)
+    pods = load_pods(pod_file)
+
+    results: list[dict[str, Any]] = []
+    for size in args.sizes:
+        nodes = base if size == 0 else replicate(base, size)
+        for policy in args.policies:
+            m = simulate_fill(nodes, pods, policy, numa_policy=args.numa_policy,
+                              seed=args.seed, max_pods=args.max_decisions,
+                              time_limit_s=args.time_limit, explain=args.explain_refusals)
+            results.append(m)
+            if not args.json:
+                print(f"  done: {m['nodes']} nodes, {policy}: {m['pods_total']} decisions in "
+                      f"{m['wall_s']:.1f} s", file=sys.stderr, flush=True)
+
+    header = {"python": platform.python_version(), "machine": platform.machine(),
+              "processor": platform.processor() or platform.machine(), "affinity": pinned,
+              "max_decisions": args.max_decisions, "time_limit_s": args.time_limit,
+              "numa_policy": args.numa_policy, "seed": args.seed,
+              "explain_refusals": args.explain_refusals,
+              "time": time.strftime("%Y-%m-%d %H:%M:%S %z")}
+    if args.json:
+        print(json.dumps({"setup": header, "results": results}, indent=2))
+        return 0
+    print(f"# {pinned}; Python {header['python']} on {header['machine']}; fill mode, "
+          f"numa_policy={args.numa_policy}, seed={args.seed}, "
+          f"explain_refusals={args.explain_refusals}, cap {args.max_decisions} "
+          f"decisions / {args.time_limit:g} s per run")
+    cols = ["nodes", "policy", "decisions", "decisions/s", "p50 us", "p99 us", "placed",
+            "rejected", "GPU alloc", "setup s", "wall s", "stop"]
+    rows = [[str(m["nodes"]), m["policy"], str(m["pods_total"]),
+             f"{m['decisions_per_s']:,.0f}" if m["decisions_per_s"] else "-",
+             f"{m['decision_us_p50']:.1f}" if m["decision_us_p50"] is not None else "-",
+             f"{m['decision_us_p99']:.1f}" if m["decision_us_p99"] is not None else "-",
+             str(m["pods_placed"]), str(m["pods_rejected"]),
+             f"{m['gpu_allocation_ratio']:.4f}", f"{m['setup_s']:.2f}", f"{m['wall_s']:.1f}",
+             m["stop"]] for m in results]
+    widths = [max(len(r[i]) for r in [cols, *rows]) for i in range(len(cols))]
+    for r in [cols, *rows]:
+        print("  ".join(c.ljust(w) if i == 1 or i == len(cols) - 1 else c.rjust(w)
+                        for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
