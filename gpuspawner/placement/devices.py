@@ -54,7 +54,21 @@ def gpu_candidates(state: NodeState, bundle: Bundle, numa_ids: tuple[int, ...]) 
 
 def min_numa_count(state: NodeState, bundle: Bundle) -> int | None:
     """Fewest NUMA nodes of this node that could hold the bundle if the node were empty, or None
-    if the whole node could not. This is what ``strict`` alignment asks for."""
+    if the whole node could not. This is what ``strict`` alignment asks for. Cached per node
+    and bundle shape (it depends on the hardware only)."""
+    key = (bundle.gpus, bundle.gpu_milli > 0, bundle.gpu_models, bundle.cores,
+           bundle.memory_bytes)
+    try:
+        return state.cache[key]
+    except KeyError:
+        pass
+    if len(state.cache) > 4096:
+        state.cache.clear()
+    out = state.cache[key] = _min_numa_count(state, bundle)
+    return out
+
+
+def _min_numa_count(state: NodeState, bundle: Bundle) -> int | None:
     node = state.node
     k_cap = sorted((sum(1 for g in state.gpus_by_numa[n] if model_allowed(g, bundle)
                         and (bundle.gpus or g.shareable))

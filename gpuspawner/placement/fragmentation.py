@@ -120,29 +120,54 @@ def apply(sig: Signature, d: Demand) -> Signature | None:
 class FragmentationModel:
     """Expected fragmentation over the observed request mix, with caches.
 
-    The mix is the count of GPU task types seen by :meth:`observe` (the ``top`` most frequent
-    types). Weights are refreshed every ``refresh_every`` observations, not on each one, so that
-    cached per-signature scores stay valid between refreshes (a decision's cost does not depend
-    on the cluster's size through re-scoring).
+    Signatures are interned to small integer ids (:meth:`intern`) so that a decision hashes
+    ints, not nested tuples. The mix is the count of GPU task types seen by :meth:`observe`
+    (the ``top`` most frequent types). Weights are recomputed every ``refresh_every``
+    observations (and when a new type appears) and adopted only when some weight moved by more
+    than ``tolerance``, so the per-signature scores stay cached between real changes of the mix
+    and a decision's cost does not grow with the number of nodes.
     """
 
-    def __init__(self, top: int = 24, refresh_every: int = 256,
+    def __init__(self, top: int = 24, refresh_every: int = 256, tolerance: float = 0.02,
                  prior: dict[Demand, int] | None = None) -> None:
         self.top = top
         self.refresh_every = refresh_every
+        self.tolerance = tolerance
         self.counts: Counter[Demand] = Counter(prior or {})
         self._since = 0
-        self._weights: list[tuple[Demand, float]] = []
-        self._score: dict[Signature, float] = {}
-        self._after: dict[tuple[Signature, Demand], Signature | None] = {}
-        self._reweight()
+        self._weights: dict[Demand, float] = {}
+        self._ids: dict[Signature, int] = {}
+        self._sigs: list[Signature] = []
+        self.free: list[int] = []  #: free milli-GPU of each interned signature
+        self._score: dict[int, float] = {}
+        self._after: dict[tuple[int, Demand], int | None] = {}
+        self._delta: dict[Demand, dict[int, float | None]] = {}
+        self._reweight(force=True)
 
-    def _reweight(self) -> None:
+    def intern(self, sig: Signature) -> int:
+        """The integer id of a signature (new ids for new signatures)."""
+        sid = self._ids.get(sig)
+        if sid is None:
+            sid = self._ids[sig] = len(self._sigs)
+            self._sigs.append(sig)
+            self.free.append(sum(f for numa in sig for _m, f, _s in numa))
+        return sid
+
+    def signature(self, sid: int) -> Signature:
+        """The signature of an id."""
+        return self._sigs[sid]
+
+    def _reweight(self, force: bool = False) -> None:
+        self._since = 0
         common = self.counts.most_common(self.top)
         total = sum(c for _, c in common)
-        self._weights = [(d, c / total) for d, c in common] if total else []
+        weights = {d: c / total for d, c in common} if total else {}
+        if not force and weights.keys() == self._weights.keys() and all(
+                abs(weights[d] - w) <= self.tolerance for d, w in self._weights.items()):
+            return
+        self._weights = weights
         self._score.clear()
-        self._since = 0
+        self._delta.clear()
 
     def observe(self, d: Demand) -> None:
         """Count one arriving GPU request (CPU-only ones are not part of the GPU mix)."""
@@ -151,29 +176,40 @@ class FragmentationModel:
         first = d not in self.counts
         self.counts[d] += 1
         self._since += 1
-        if first or self._since >= self.refresh_every:
+        if first and len(self.counts) <= self.top or self._since >= self.refresh_every:
             self._reweight()
 
-    def score(self, sig: Signature) -> float:
-        """F(n) = sum_m p_m F(n, m), milli-GPU."""
-        s = self._score.get(sig)
+    def score(self, sid: int) -> float:
+        """F(n) = sum_m p_m F(n, m) of a signature id, milli-GPU."""
+        s = self._score.get(sid)
         if s is None:
-            s = sum(p * fragmentation(sig, d) for d, p in self._weights)
-            if len(self._score) > 200_000:
-                self._score.clear()
-            self._score[sig] = s
+            sig = self._sigs[sid]
+            s = self._score[sid] = sum(p * fragmentation(sig, d)
+                                       for d, p in self._weights.items())
         return s
 
-    def delta(self, sig: Signature, d: Demand) -> float | None:
-        """Growth of F when ``d`` is placed on a node with ``sig``; None if it cannot fit."""
-        key = (sig, d)
+    def deltas(self, d: Demand) -> dict[int, float | None]:
+        """The cache of :meth:`delta` results for one demand: signature id -> delta. Look up
+        there first and call :meth:`delta` on a miss (what the ``fgd`` policy does per bucket)."""
+        table = self._delta.get(d)
+        if table is None:
+            table = self._delta[d] = {}
+        return table
+
+    def delta(self, sid: int, d: Demand) -> float | None:
+        """Growth of F when ``d`` is placed on a node with signature ``sid``; None if it
+        cannot fit there."""
+        table = self.deltas(d)
+        if sid in table:
+            return table[sid]
+        key = (sid, d)
         if key in self._after:
             after = self._after[key]
         else:
-            after = apply(sig, d)
-            if len(self._after) > 200_000:
+            if len(self._after) > 500_000:
                 self._after.clear()
-            self._after[key] = after
-        if after is None:
-            return None
-        return self.score(after) - self.score(sig)
+            sig = apply(self._sigs[sid], d)
+            after = self._after[key] = None if sig is None else self.intern(sig)
+        out = None if after is None else self.score(after) - self.score(sid)
+        table[sid] = out
+        return out

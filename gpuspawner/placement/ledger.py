@@ -45,7 +45,7 @@ def _bundle_usage(b: Bundle) -> Usage:
 @dataclass
 class _Cluster:
     states: list[NodeState] = field(default_factory=list)
-    buckets: dict[tuple, dict[str, NodeState]] = field(default_factory=dict)
+    buckets: dict[tuple[int, int, int], dict[str, NodeState]] = field(default_factory=dict)
     frag: FragmentationModel = field(default_factory=FragmentationModel)
     rng: random.Random = field(default_factory=random.Random)
 
@@ -94,7 +94,7 @@ class Ledger:
             st = NodeState(node, order=len(self._c.states))
             self._c.states.append(st)
             self._by_name[node.name] = st
-            self._c.buckets.setdefault(st.sig, {})[node.name] = st
+            self._rebucket(st)
 
     def node(self, name: str) -> Node:
         """The node of that name. Raises KeyError."""
@@ -204,14 +204,16 @@ class Ledger:
             return out
 
     # -- reserve / release ---------------------------------------------------------------------
-    def reserve(self, bundle: Bundle, owner: Owner,
-                nodes: Iterable[str] | None = None) -> Allocation:
+    def reserve(self, bundle: Bundle, owner: Owner, nodes: Iterable[str] | None = None, *,
+                explain: bool = True) -> Allocation:
         """Book every resource of ``bundle`` for ``owner`` on one node, or nothing.
 
         Args:
             bundle: what to book.
             owner: user, server name and the user's groups (for group quotas).
             nodes: restrict the choice to these node names (a profile's node selector).
+            explain: build the refusal's sentence (an O(nodes) pass over the cluster); False
+                gives the reason key ``unplaced`` and a short sentence, for simulations.
 
         Returns:
             The allocation (already booked).
@@ -239,6 +241,9 @@ class Ledger:
             if choice is None and bundle.numa_policy != "strict":
                 choice = self._policy(self._c, bundle, True, ok)
             if choice is None:
+                if not explain:
+                    raise PlacementRefused("unplaced", f"no node can take {bundle.describe()} "
+                                           "now")
                 raise self._refusal(bundle, owner, allowed)
             st, p = choice
             alloc = self._allocation(bundle, owner, st, p)
@@ -257,9 +262,9 @@ class Ledger:
         )
 
     def _book(self, st: NodeState, alloc: Allocation) -> None:
-        old_sig = st.sig
+        old = self._bucket_key(st)
         st.book(alloc)
-        self._move(st, old_sig)
+        self._rebucket(st, old)
         self._allocs[alloc.id] = alloc
         self._by_owner[(alloc.owner.user, alloc.owner.server)] = alloc.id
         u = _usage(alloc)
@@ -267,15 +272,24 @@ class Ledger:
         for g in alloc.owner.groups:
             self._group_used[g] = self.group_usage(g) + u
 
-    def _move(self, st: NodeState, old_sig: tuple) -> None:
-        if st.sig == old_sig:
+    def _bucket_key(self, st: NodeState) -> tuple[int, int, int]:
+        """(GPU signature id, free-cores class, free-memory class); a class is the bit length
+        of the free amount (cores; MiB), so class c holds amounts in [2**(c-1), 2**c - 1] and
+        the ``fgd`` policy can skip a whole bucket whose nodes are all too small."""
+        return (self._c.frag.intern(st.sig), st.free_cpu_count().bit_length(),
+                (st.free_memory() >> 20).bit_length())
+
+    def _rebucket(self, st: NodeState, old: tuple[int, int, int] | None = None) -> None:
+        key = self._bucket_key(st)
+        if key == old:
             return
-        bucket = self._c.buckets.get(old_sig)
-        if bucket is not None:
-            bucket.pop(st.name, None)
-            if not bucket:
-                del self._c.buckets[old_sig]
-        self._c.buckets.setdefault(st.sig, {})[st.name] = st
+        if old is not None:
+            bucket = self._c.buckets.get(old)
+            if bucket is not None:
+                bucket.pop(st.name, None)
+                if not bucket:
+                    del self._c.buckets[old]
+        self._c.buckets.setdefault(key, {})[st.name] = st
 
     def release(self, allocation_id: str) -> Allocation:
         """Give back everything an allocation holds.
@@ -288,9 +302,9 @@ class Ledger:
             if alloc is None:
                 raise UnknownAllocation(f"no allocation {allocation_id}")
             st = self._by_name[alloc.node]
-            old_sig = st.sig
+            old = self._bucket_key(st)
             st.unbook(alloc)
-            self._move(st, old_sig)
+            self._rebucket(st, old)
             self._by_owner.pop((alloc.owner.user, alloc.owner.server), None)
             u = _usage(alloc)
             self._user_used[alloc.owner.user] = self.usage(alloc.owner.user) - u
@@ -377,63 +391,63 @@ class Ledger:
         return PlacementRefused(reason, detail, best)
 
 
+def _gpu_free(st: NodeState, bundle: Bundle, strict: bool) -> int:
+    """Free whole GPUs of the allowed models (on the fewest NUMA nodes that could hold the
+    bundle when ``strict``), or for a share the most free milli-GPU of one shareable GPU."""
+    if bundle.gpus:
+        per = [sum(1 for g in st.gpus_by_numa[n] if st.gpu_used[g.uuid] == 0
+                   and model_allowed(g, bundle)) for n in st.numa_ids]
+        if not strict:
+            return sum(per)
+        m = min_numa_count(st, bundle) or len(per)
+        return sum(sorted(per, reverse=True)[:m])
+    return max((GPU_MILLI - st.gpu_used[g.uuid] for g in st.node.gpus
+                if g.shareable and model_allowed(g, bundle)), default=0)
+
+
 def _explain(states: list[NodeState], bundle: Bundle) -> tuple[str, str, str | None]:
-    """(sentence, reason key, closest node) for a bundle no node can take."""
+    """(sentence, reason key, closest node) for a bundle no node can take. O(nodes)."""
     if not states:
         return "no node is available for this profile", "no_nodes", None
     models = "|".join(bundle.gpu_models) if bundle.gpu_models else "GPU"
     strict = bundle.numa_policy == "strict"
-    where = " on one NUMA node" if strict else ""
     wants_gpu = bool(bundle.total_gpu_milli)
-    if wants_gpu:
+    if wants_gpu and not any(model_allowed(g, bundle) and (bundle.gpus or g.shareable)
+                             for st in states for g in st.node.gpus):
         have = sorted({g.model for st in states for g in st.node.gpus if g.model})
-        if not any(model_allowed(g, bundle) and (bundle.gpus or g.shareable)
-                   for st in states for g in st.node.gpus):
-            kind = "shareable " if bundle.gpu_milli else ""
-            return (f"no node has a {kind}{models} (models here: {', '.join(have) or 'none'})",
-                    "no_gpu_model", None)
-    if all(min_numa_count(st, bundle) is None for st in states):
+        kind = "shareable " if bundle.gpu_milli else ""
+        return (f"no node has a {kind}{models} (models here: {', '.join(have) or 'none'})",
+                "no_gpu_model", None)
+    big = [st for st in states if min_numa_count(st, bundle) is not None]
+    if not big:
         return (f"no node is large enough for {bundle.describe()}", "too_large", None)
-
-    def gpu_free(st: NodeState) -> int:
-        if bundle.gpus:
-            per = [sum(1 for g in st.gpus_by_numa[n] if model_allowed(g, bundle)
-                       and st.gpu_used[g.uuid] == 0) for n in st.numa_ids]
-            m = min_numa_count(st, bundle) or len(per)
-            return sum(sorted(per, reverse=True)[:m]) if strict else sum(per)
-        return max((GPU_MILLI - st.gpu_used[g.uuid] for g in st.node.gpus
-                    if g.shareable and model_allowed(g, bundle)), default=0)
-
     if wants_gpu:
-        best = max(states, key=lambda st: (gpu_free(st), -st.order))
-        n = gpu_free(best)
         need = bundle.gpus or bundle.gpu_milli
+        free = {st.name: _gpu_free(st, bundle, strict) for st in big}
+        best = max(big, key=lambda st: (free[st.name], -st.order))
+        n = free[best.name]
         if n < need:
             if bundle.gpus:
+                where = " on one NUMA node" if strict else ""
                 return (f"no node has {bundle.gpus} free {models}{where}; best: {best.name} "
                         f"with {n} free", "gpus", best.name)
             return (f"no shareable {models} has {bundle.gpu_milli} milli-GPU free; best: "
                     f"{best.name} with {n} milli-GPU free", "gpu_share", best.name)
-        gpu_ok = [st for st in states if gpu_free(st) >= need]
-    else:
-        gpu_ok = states
+        big = [st for st in big if free[st.name] >= need]
     with_gpus = f" beside {bundle.gpus or 1} free {models}" if wants_gpu else ""
-    best = max(gpu_ok, key=lambda st: (st.free_cpu_count(), -st.order))
-    if best.free_cpu_count() < bundle.cores:
-        return (f"no node has {bundle.cores} free cores{with_gpus}; best: {best.name} with "
-                f"{best.free_cpu_count()}", "cores", best.name)
-    best = max(gpu_ok, key=lambda st: (st.free_memory(), -st.order))
-    if best.free_memory() < bundle.memory_bytes:
-        return (f"no node has {format_bytes(bundle.memory_bytes)} of free memory{with_gpus}; "
-                f"best: {best.name} with {format_bytes(best.free_memory())}", "memory",
-                best.name)
-    best = max(gpu_ok, key=lambda st: (st.free_disk, -st.order))
-    if best.free_disk < bundle.disk_bytes:
-        return (f"no node has {format_bytes(bundle.disk_bytes)} of free disk{with_gpus}; best: "
-                f"{best.name} with {format_bytes(best.free_disk)}", "disk", best.name)
-    cand = [st for st in gpu_ok if st.free_cpu_count() >= bundle.cores
-            and st.free_memory() >= bundle.memory_bytes] or gpu_ok
-    best = cand[0]
+    checks = (
+        ("cores", lambda st: st.free_cpu_count(), bundle.cores, str),
+        ("memory", lambda st: st.free_memory(), bundle.memory_bytes, format_bytes),
+        ("disk", lambda st: st.free_disk, bundle.disk_bytes, format_bytes),
+    )
+    for reason, have, need, fmt in checks:
+        best = max(big, key=lambda st: (have(st), -st.order))
+        if have(best) < need:
+            what = f"{need} free cores" if reason == "cores" else \
+                f"{fmt(need)} of free {reason}"
+            return (f"no node has {what}{with_gpus}; best: {best.name} with "
+                    f"{fmt(have(best))}", reason, best.name)
+    best = big[0]
     spill = plan(best, bundle, True) if strict else None
     hint = "; numa_policy 'prefer' would place it across NUMA nodes" if spill else ""
     return (f"no node has {bundle.describe()} free together on one NUMA node{hint}; "

@@ -40,7 +40,7 @@ class ClusterView(Protocol):
     the fragmentation model and a seeded random generator."""
 
     states: list[NodeState]
-    buckets: dict[tuple, dict[str, NodeState]]
+    buckets: dict[tuple[int, int, int], dict[str, NodeState]]
     frag: FragmentationModel
     rng: random.Random
 
@@ -111,21 +111,39 @@ def random_fit(c: ClusterView, bundle: Bundle, spill: bool,
     return None
 
 
+_MISS = object()
+
+
 def fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> Choice | None:
     """Fragmentation gradient descent over GPU-signature buckets (see module docstring)."""
     d = demand_of(bundle, aligned=not spill)
+    frag = c.frag
+    free = frag.free
+    table = frag.deltas(d)
+    miss = _MISS
+    # a bucket's nodes have fewer than 2**cpu_class free cores and 2**mem_class free MiB
+    cores = bundle.cores
+    mib = bundle.memory_bytes >> 20
     scored = []
-    for sig, members in c.buckets.items():
-        if not members:
+    for key in c.buckets:
+        sid, cpu_class, mem_class = key
+        if cores >> cpu_class or mib >> mem_class:
             continue
-        delta = c.frag.delta(sig, d)
-        if delta is None:
-            continue
-        free = sum(f for numa in sig for _m, f, _s in numa)
-        scored.append((delta, free, sig))
-    scored.sort(key=lambda t: (t[0], t[1]))
-    for _delta, _free, sig in scored:
-        got = _try(list(c.buckets[sig].values()), bundle, spill, ok)
+        delta = table.get(sid, miss)
+        if delta is miss:
+            delta = frag.delta(sid, d)
+        if delta is not None:
+            scored.append((delta, free[sid], -cpu_class, key))
+    if not scored:
+        return None
+    # usually the best bucket has room: find it in one pass, sort only when it does not
+    first = min(scored)
+    got = _try(c.buckets[first[3]].values(), bundle, spill, ok)
+    if got is not None:
+        return got
+    scored.sort()
+    for _delta, _free, _cls, key in scored[1:]:
+        got = _try(c.buckets[key].values(), bundle, spill, ok)
         if got is not None:
             return got
     return None

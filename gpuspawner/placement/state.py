@@ -36,7 +36,7 @@ class NodeState:
 
     __slots__ = ("node", "numa_ids", "free_cpus", "free_mem", "gpu_used", "free_disk",
                  "gpus_by_numa", "gpu_numa", "gpu_by_uuid", "sig", "allocation_ids", "order",
-                 "cpu_numa")
+                 "cpu_numa", "cache")
 
     def __init__(self, node: Node, order: int = 0) -> None:
         self.node = node
@@ -58,6 +58,8 @@ class NodeState:
         }
         self.gpu_by_uuid: dict[str, GPU] = {g.uuid: g for g in node.gpus}
         self.allocation_ids: set[str] = set()
+        #: results that depend only on the node's hardware (see devices.min_numa_count)
+        self.cache: dict = {}
         self.sig: tuple = ()
         self.refresh_signature()
 
