@@ -1,0 +1,206 @@
+"""The hub process's one placement state: the nodes' inventories, their Docker engines and the
+:class:`~gpuspawner.placement.Ledger`, rebuilt from container labels after a hub restart.
+
+There is exactly one :class:`Cluster` per hub process and node configuration, shared by every
+GPUSpawner instance (a spawner exists per user server). It is the single source of truth for
+who holds which device: the hub-side REST service reads the same object (``get_cluster``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import docker
+
+from .placement import Ledger, Node, QuotaTable, RestoreReport
+from .placement.inventory import read_local_node
+from .placement.topology import load_topology_file
+
+log = logging.getLogger("gpuspawner")
+
+#: container label holding the allocation JSON
+ALLOCATION_LABEL = "gpuspawner.allocation"
+#: container label marking containers made by GPUSpawner
+MANAGED_LABEL = "gpuspawner.managed"
+
+#: storage drivers on which ``storage_opt size`` is enforced (docker docs, "docker run
+#: --storage-opt"): btrfs, zfs, and overlay2 on xfs with project quotas (pquota)
+DISK_LIMIT_DRIVERS = ("btrfs", "zfs")
+
+
+class NodeConfigError(ValueError):
+    """A malformed ``c.GPUSpawner.nodes`` entry (the message names the entry and field)."""
+
+
+@dataclass
+class NodeRuntime:
+    """One configured node: its inventory, its Docker engine and how to reach its servers.
+
+    Attributes:
+        name: node name.
+        docker_url: Docker engine URL ("" = the environment's default, ``DOCKER_HOST``).
+        host: address at which servers on this node are reached with host networking.
+        topology: "auto" or the topology file's path.
+        node: the inventory.
+    """
+
+    name: str
+    docker_url: str
+    host: str
+    topology: str
+    node: Node
+    _client: docker.APIClient | None = None
+    _disk_limit: bool | None = None
+    _storage_driver: str = ""
+
+    @property
+    def client(self) -> docker.APIClient:
+        """Low-level Docker client of this node's engine (created on first use)."""
+        if self._client is None:
+            if self.docker_url:
+                self._client = docker.APIClient(base_url=self.docker_url, version="auto")
+            else:
+                kwargs = docker.utils.kwargs_from_env()
+                self._client = docker.APIClient(version="auto", **kwargs)
+        return self._client
+
+    def disk_limit_supported(self) -> tuple[bool, str]:
+        """Whether the engine enforces ``storage_opt size`` and its storage driver (blocking:
+        one ``docker info`` call, cached). overlay2 counts only on an xfs backing file system
+        (which then must be mounted with ``pquota``; docker refuses the option otherwise)."""
+        if self._disk_limit is None:
+            info = self.client.info()
+            driver = str(info.get("Driver", ""))
+            backing = dict(info.get("DriverStatus") or []).get("Backing Filesystem", "")
+            self._storage_driver = driver
+            self._disk_limit = driver in DISK_LIMIT_DRIVERS or (
+                driver == "overlay2" and backing == "xfs")
+        return self._disk_limit, self._storage_driver
+
+
+def parse_node_config(entries: Sequence[Mapping[str, Any]]) -> list[NodeRuntime]:
+    """Read ``c.GPUSpawner.nodes``: dicts with ``name``, ``docker_url`` (default: the local
+    engine), ``topology`` ("auto" reads this host through sysfs and NVML, else a topology file
+    path) and ``host`` (default 127.0.0.1).
+
+    Raises:
+        NodeConfigError: unknown keys, duplicate names, or an unreadable topology (the message
+            names the entry, the file and the field).
+    """
+    out: list[NodeRuntime] = []
+    seen: set[str] = set()
+    for i, entry in enumerate(entries or [{"name": "local"}]):
+        where = f"nodes[{i}]"
+        if not isinstance(entry, Mapping):
+            raise NodeConfigError(f"{where}: must be a mapping")
+        unknown = set(entry) - {"name", "docker_url", "topology", "host"}
+        if unknown:
+            raise NodeConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+        name = entry.get("name") or "local"
+        if not isinstance(name, str) or name in seen:
+            raise NodeConfigError(f"{where}.name: must be a unique string, got {name!r}")
+        seen.add(name)
+        topology = entry.get("topology", "auto")
+        try:
+            if topology == "auto":
+                node = read_local_node(name)
+            else:
+                node = load_topology_file(topology)
+                if node.name != name:
+                    node = Node(name, node.numa_nodes, node.gpus, node.disk_bytes, node.labels)
+        except ValueError as e:
+            raise NodeConfigError(f"{where} ({name}): {e}") from None
+        out.append(NodeRuntime(name=name, docker_url=str(entry.get("docker_url") or ""),
+                               host=str(entry.get("host") or "127.0.0.1"),
+                               topology=str(topology), node=node))
+    return out
+
+
+@dataclass
+class Cluster:
+    """Nodes, engines and the ledger of one hub process.
+
+    Attributes:
+        nodes: node runtimes by name.
+        ledger: the placement ledger.
+        restored: what the rebuild from container labels found (None before it ran).
+    """
+
+    nodes: dict[str, NodeRuntime]
+    ledger: Ledger
+    restored: RestoreReport | None = None
+    _restore_lock: asyncio.Lock | None = field(default=None, repr=False)
+
+    async def ensure_restored(self) -> RestoreReport:
+        """Rebuild the ledger from the labels of running GPUSpawner containers on every node,
+        once per process (later calls return the first report). A node whose engine does not
+        answer is logged and skipped; its allocations come back when its spawners are polled
+        (see GPUSpawner.poll)."""
+        if self.restored is not None:
+            return self.restored
+        if self._restore_lock is None:
+            self._restore_lock = asyncio.Lock()
+        async with self._restore_lock:
+            if self.restored is not None:
+                return self.restored
+            labels: list[str] = []
+            for rt in self.nodes.values():
+                try:
+                    found = await asyncio.to_thread(
+                        rt.client.containers, all=True,
+                        filters={"label": f"{MANAGED_LABEL}=1"})
+                except Exception as e:  # engine down: report, do not crash the hub
+                    log.warning("node %s: cannot list containers to restore allocations: %s",
+                                rt.name, e)
+                    continue
+                for c in found:
+                    text = (c.get("Labels") or {}).get(ALLOCATION_LABEL)
+                    if text and c.get("State") in ("running", "created", "restarting"):
+                        labels.append(text)
+            report = self.ledger.restore(labels)
+            for conflict in report.conflicts:
+                log.error("restore: allocation %s of %s refused: %s", conflict.allocation_id,
+                          conflict.owner, conflict.problem)
+            if report.restored:
+                log.info("restored %d allocation(s) from container labels",
+                         len(report.restored))
+            self.restored = report
+            return report
+
+
+_CLUSTERS: dict[str, Cluster] = {}
+
+
+def get_cluster(nodes: Sequence[Mapping[str, Any]], policy: str,
+                quotas: Mapping[str, Any]) -> Cluster:
+    """The process-wide cluster for this configuration (created on first call).
+
+    Raises:
+        NodeConfigError, ValueError: bad node, policy or quota configuration.
+    """
+    key = json.dumps([list(nodes), policy, dict(quotas)], sort_keys=True, default=str)
+    cluster = _CLUSTERS.get(key)
+    if cluster is None:
+        runtimes = parse_node_config(nodes)
+        quota_table = QuotaTable.from_config(
+            users=quotas.get("users"), groups=quotas.get("groups"),
+            default_user=quotas.get("default_user"))
+        ledger = Ledger([rt.node for rt in runtimes], policy=policy, quotas=quota_table)
+        cluster = _CLUSTERS[key] = Cluster({rt.name: rt for rt in runtimes}, ledger)
+    return cluster
+
+
+def current_clusters() -> list[Cluster]:
+    """Every cluster created in this process (normally one)."""
+    return list(_CLUSTERS.values())
+
+
+def reset_clusters() -> None:
+    """Forget all clusters (tests; a new hub process starts empty anyway)."""
+    _CLUSTERS.clear()
+

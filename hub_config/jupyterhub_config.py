@@ -1,0 +1,121 @@
+"""JupyterHub configuration for gpuspawner: works as is on one machine (``make up``).
+
+- the local Docker engine, the local inventory (sysfs + NVML; no GPU = zero GPUs),
+- SQLite and the cookie secret under ``var/hub/``,
+- a CPU profile and GPU profiles (shown as unavailable where there is no GPU),
+- a **demo** authenticator: any user name, the password ``gpuspawner``. Replace it before
+  anyone else can reach the hub (see the LDAP example at the end).
+
+Environment overrides (used by the tests): GPUSPAWNER_HUB_PORT, GPUSPAWNER_STATE_DIR,
+GPUSPAWNER_NODES_FILE (a YAML list of nodes), GPUSPAWNER_PROFILES_FILE.
+"""
+
+import os
+from pathlib import Path
+
+import yaml
+
+c = get_config()  # noqa: F821  (provided by JupyterHub when it loads this file)
+
+REPO = Path(__file__).resolve().parent.parent
+STATE = Path(os.environ.get("GPUSPAWNER_STATE_DIR", REPO / "var" / "hub"))
+STATE.mkdir(parents=True, exist_ok=True)
+
+# -- the hub and its proxy ------------------------------------------------------------------
+c.JupyterHub.bind_url = f"http://127.0.0.1:{os.environ.get('GPUSPAWNER_HUB_PORT', '8000')}"
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = int(os.environ.get("GPUSPAWNER_HUB_API_PORT", "8081"))
+c.ConfigurableHTTPProxy.api_url = (
+    f"http://127.0.0.1:{os.environ.get('GPUSPAWNER_PROXY_API_PORT', '8001')}")
+chp = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
+if chp.exists():
+    c.ConfigurableHTTPProxy.command = [str(chp)]
+c.JupyterHub.db_url = f"sqlite:///{STATE / 'jupyterhub.sqlite'}"
+c.JupyterHub.cookie_secret_file = str(STATE / "jupyterhub_cookie_secret")
+c.JupyterHub.pid_file = str(STATE / "jupyterhub.pid")
+c.ConfigurableHTTPProxy.pid_file = str(STATE / "proxy.pid")
+# servers keep running when the hub restarts; GPUSpawner rebuilds its ledger from them
+c.JupyterHub.cleanup_servers = False
+c.JupyterHub.allow_named_servers = True
+
+# -- the spawner ----------------------------------------------------------------------------
+c.JupyterHub.spawner_class = "gpu"  # gpuspawner.GPUSpawner
+c.GPUSpawner.image = "gpuspawner/singleuser:latest"
+c.GPUSpawner.start_timeout = 120
+c.GPUSpawner.http_timeout = 60
+c.GPUSpawner.placement_policy = "fgd"
+
+nodes_file = os.environ.get("GPUSPAWNER_NODES_FILE")
+if nodes_file:
+    c.GPUSpawner.nodes = yaml.safe_load(Path(nodes_file).read_text())
+else:
+    # one node: this machine, read with sysfs and NVML
+    c.GPUSpawner.nodes = [{"name": "local", "docker_url": "", "topology": "auto"}]
+
+profiles_file = os.environ.get("GPUSPAWNER_PROFILES_FILE")
+if profiles_file:
+    c.GPUSpawner.profiles = profiles_file
+else:
+    c.GPUSpawner.profiles = [
+        {"slug": "cpu", "display_name": "CPU: 1 core, 1 GiB", "cpu": 1, "memory": "1G",
+         "description": "For editing and small computations.", "default": True},
+        {"slug": "cpu-2", "display_name": "CPU: 2 cores, 2 GiB", "cpu": 2, "memory": "2G"},
+        {"slug": "gpu-share", "display_name": "A quarter of a shared GPU", "cpu": 1,
+         "memory": "4G", "gpus": 0.25},
+        {"slug": "a100-1", "display_name": "1 x A100, 8 cores, 64 GiB, 50 GiB disk",
+         "cpu": 8, "memory": "64G", "gpus": 1, "gpu_models": ["A100"], "disk": "50G"},
+        {"slug": "a100-2", "display_name": "2 x A100 (NVLink), 16 cores, 128 GiB",
+         "cpu": 16, "memory": "128G", "gpus": 2, "gpu_models": ["A100"],
+         "groups": ["gpu-users"]},
+    ]
+
+# the shared home: a host folder per user, mounted as the container's HOME
+c.GPUSpawner.home_path_template = str(STATE.parent / "home" / "{username}")
+c.GPUSpawner.home_mount_point = "/home/{username}"
+c.GPUSpawner.default_uid = 1000
+c.GPUSpawner.default_gid = 100
+c.GPUSpawner.disk_limit_mode = "account"
+c.GPUSpawner.quotas = {"default_user": {"gpus": 2, "servers": 3}}
+
+# -- DEMO AUTHENTICATOR: any name, password "gpuspawner". NOT FOR PRODUCTION. --------------
+c.JupyterHub.authenticator_class = "dummy"
+c.DummyAuthenticator.password = os.environ.get("GPUSPAWNER_DEMO_PASSWORD", "gpuspawner")
+c.Authenticator.allow_all = True
+c.Authenticator.admin_users = {"admin"}
+
+# -- scripts and tests: an API token with admin rights over users, groups and servers ------
+api_token = os.environ.get("GPUSPAWNER_API_TOKEN")
+if api_token:
+    c.JupyterHub.services = [{"name": "gpuspawner-admin", "api_token": api_token}]
+    c.JupyterHub.load_roles = [{
+        "name": "gpuspawner-admin",
+        "scopes": ["admin:users", "admin:groups", "admin:servers", "list:users",
+                   "read:users", "access:servers"],
+        "services": ["gpuspawner-admin"],
+    }]
+
+# -- production examples (uncomment and adapt) ----------------------------------------------
+# Several nodes, each with its own engine and a topology file written by
+# `gpuspawner inventory > node-2.yaml` on that node:
+# c.GPUSpawner.nodes = [
+#     {"name": "node-1", "docker_url": "unix:///var/run/docker.sock", "topology": "auto"},
+#     {"name": "node-2", "docker_url": "tcp://node-2:2376",
+#      "topology": "/etc/gpuspawner/node-2.yaml", "host": "node-2"},
+# ]
+# c.GPUSpawner.host_network = False
+# c.GPUSpawner.network_name = "jupyterhub"
+#
+# Quotas per group and per user:
+# c.GPUSpawner.quotas = {
+#     "groups": {"students": {"gpus": 4, "servers": 20}},
+#     "users": {"alice": {"gpus": 4}},
+#     "default_user": {"gpus": 1, "cores": 16, "memory": "128G"},
+# }
+#
+# LDAP (jupyterhub-ldapauthenticator 2.x); uidNumber/gidNumber in auth_state own the home:
+# c.JupyterHub.authenticator_class = "ldapauthenticator.LDAPAuthenticator"
+# c.LDAPAuthenticator.server_address = "ldap.example.org"
+# c.LDAPAuthenticator.bind_dn_template = ["uid={username},ou=people,dc=example,dc=org"]
+# c.LDAPAuthenticator.auth_state_attributes = ["uidNumber", "gidNumber", "homeDirectory"]
+# c.Authenticator.enable_auth_state = True   # needs JUPYTERHUB_CRYPT_KEY
+# c.GPUSpawner.home_path_template = "/shared/home/{username}"

@@ -1,0 +1,132 @@
+"""Run a real JupyterHub (with configurable-http-proxy) from hub_config/jupyterhub_config.py in
+a subprocess on loopback ports, and talk to its REST API. Used by the docker-marked tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "hub_config" / "jupyterhub_config.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Hub:
+    """A hub subprocess. ``nodes`` and ``profiles`` are written to YAML files the config reads
+    (GPUSPAWNER_NODES_FILE / GPUSPAWNER_PROFILES_FILE); ``extra_config`` is Python appended to a
+    wrapper config that loads hub_config first."""
+
+    def __init__(self, state_dir: Path, nodes: list[dict[str, Any]],
+                 profiles: list[dict[str, Any]], extra_config: str = "") -> None:
+        self.state_dir = state_dir
+        state_dir.mkdir(parents=True, exist_ok=True)
+        (state_dir / "nodes.yaml").write_text(yaml.safe_dump(nodes))
+        (state_dir / "profiles.yaml").write_text(yaml.safe_dump(profiles))
+        self.config = state_dir / "jupyterhub_config.py"
+        self.config.write_text(f"load_subconfig({str(CONFIG)!r})\n{extra_config}\n")
+        self.token = secrets.token_hex(16)
+        self.port = free_port()
+        self.env = dict(os.environ)
+        self.env.update({
+            "GPUSPAWNER_STATE_DIR": str(state_dir / "hub"),
+            "GPUSPAWNER_HUB_PORT": str(self.port),
+            "GPUSPAWNER_HUB_API_PORT": str(free_port()),
+            "GPUSPAWNER_PROXY_API_PORT": str(free_port()),
+            "GPUSPAWNER_NODES_FILE": str(state_dir / "nodes.yaml"),
+            "GPUSPAWNER_PROFILES_FILE": str(state_dir / "profiles.yaml"),
+            "GPUSPAWNER_API_TOKEN": self.token,
+            "CONFIGPROXY_AUTH_TOKEN": secrets.token_hex(16),
+        })
+        self.proc: subprocess.Popen | None = None
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = state_dir / "hub.log"
+
+    def start(self, timeout: float = 60) -> None:
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyterhub", "-f", str(self.config), "--debug"],
+            cwd=self.state_dir, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"hub exited with {self.proc.returncode}:\n{self.tail()}")
+            try:
+                if requests.get(f"{self.url}/hub/api/", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError(f"hub did not answer in {timeout}s:\n{self.tail()}")
+
+    def stop(self, timeout: float = 30) -> None:
+        """SIGTERM the hub (servers keep running: cleanup_servers is False)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    # -- REST ----------------------------------------------------------------------------------
+    def api(self, method: str, path: str, body: Any = None, timeout: float = 60,
+            token: str | None = None) -> requests.Response:
+        headers = {"Authorization": f"token {token or self.token}"}
+        data = None if body is None else json.dumps(body)
+        return requests.request(method, f"{self.url}/hub/api{path}", data=data,
+                                headers=headers, timeout=timeout)
+
+    def ensure_user(self, name: str, groups: tuple[str, ...] = ()) -> None:
+        r = self.api("POST", f"/users/{name}")
+        assert r.status_code in (201, 409), r.text
+        for g in groups:
+            r = self.api("POST", f"/groups/{g}")
+            assert r.status_code in (201, 409), r.text
+            r = self.api("POST", f"/groups/{g}/users", {"users": [name]})
+            assert r.status_code == 200, r.text
+
+    def wait_ready(self, user: str, server: str = "", timeout: float = 90) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        model: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            model = self.api("GET", f"/users/{user}").json()
+            s = (model.get("servers") or {}).get(server)
+            if s and s.get("ready"):
+                return s
+            if not s or (not s.get("pending") and not s.get("ready")):
+                raise AssertionError(f"server {user}/{server} is gone: {model}\n{self.tail()}")
+            time.sleep(0.3)
+        raise AssertionError(f"server {user}/{server} not ready in {timeout}s: {model}")
+
+    def wait_stopped(self, user: str, server: str = "", timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            model = self.api("GET", f"/users/{user}").json()
+            if server not in (model.get("servers") or {}):
+                return
+            time.sleep(0.3)
+        raise AssertionError(f"server {user}/{server} still there after {timeout}s")
