@@ -1,0 +1,244 @@
+"""GPUSpawner against the real Docker engine, without a hub: the container it creates (device
+requests by GPU UUID, cpuset, memory, hardening, labels), rollback on failure and on a start
+timeout, the shared home's ownership. Marked ``docker``; skipped with a reason when no engine
+answers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+docker = pytest.importorskip("docker")
+pytest.importorskip("dockerspawner")
+
+from jupyterhub.objects import Hub  # noqa: E402
+from tornado import web  # noqa: E402
+
+from gpuspawner.cluster import ALLOCATION_LABEL, reset_clusters  # noqa: E402
+from gpuspawner.placement.inventory import read_local_node  # noqa: E402
+from gpuspawner.placement.topology import node_to_dict  # noqa: E402
+from gpuspawner.spawner import GPUSpawner  # noqa: E402
+
+pytestmark = pytest.mark.docker
+IMAGE = os.environ.get("SINGLEUSER_IMAGE", "gpuspawner/singleuser:latest")
+
+
+@pytest.fixture(scope="module")
+def client():
+    try:
+        c = docker.APIClient(version="auto")
+        c.inspect_image(IMAGE)
+    except Exception as e:  # no engine or no image
+        pytest.skip(f"needs a Docker engine and {IMAGE} (make engine images): {e}")
+    return c
+
+
+class _Group:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class FakeUser:
+    """The few attributes of jupyterhub.user.User that a spawner reads outside a hub."""
+
+    def __init__(self, name: str, groups: tuple[str, ...] = ()) -> None:
+        self.name = name
+        self.escaped_name = name
+        self.groups = [_Group(g) for g in groups]
+        self.url = f"/user/{name}/"
+        self.base_url = "/"
+        self.settings: dict = {}
+
+    def progress_url(self, server_name: str = "") -> str:
+        return f"/hub/api/users/{self.name}/server/progress"
+
+
+def assert_removed(client, cid: str, timeout: float = 15) -> None:
+    """The container is gone (auto_remove may finish a moment after the API call)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            client.inspect_container(cid)
+        except docker.errors.NotFound:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"container {cid[:12]} still exists")
+
+
+def gpu_topology(tmp_path: Path) -> Path:
+    """This host's CPUs and memory plus two declared (not present) GPUs on NUMA node 0."""
+    local = node_to_dict(read_local_node("gpunode"))
+    first_numa = local["numa_nodes"][0]["id"]
+    local["gpus"] = [
+        {"uuid": f"GPU-0000000{i}-aaaa-bbbb-cccc-00000000000{i}", "index": i, "model": "A100",
+         "memory": "80G", "pci_bus_id": f"00000000:0{i + 1}:00.0", "numa_node": first_numa}
+        for i in range(2)
+    ]
+    local.pop("links", None)
+    path = tmp_path / "gpunode.yaml"
+    path.write_text(yaml.safe_dump(local))
+    return path
+
+
+@pytest.fixture
+def make_spawner(tmp_path, client):
+    reset_clusters()
+    made: list[GPUSpawner] = []
+    topo = gpu_topology(tmp_path)
+
+    def make(user: str = "alice", options: dict | None = None, **config) -> GPUSpawner:
+        config.setdefault("nodes", [{"name": "gpunode", "topology": str(topo)}])
+        config.setdefault("profiles", [
+            {"slug": "cpu", "cpu": 1, "memory": "256M"},
+            {"slug": "gpu1", "cpu": 1, "memory": "256M", "gpus": 1},
+            {"slug": "missing", "cpu": 1, "memory": "256M", "image": "gpuspawner/nope:0"},
+        ])
+        config.setdefault("home_path_template", str(tmp_path / "home" / "{username}"))
+        sp = GPUSpawner(user=FakeUser(user), hub=Hub(), oauth_client_id=f"c-{user}",
+                        api_token="secret-token", **config)
+        sp.user_options = options or {"profile": "cpu"}
+        made.append(sp)
+        return sp
+
+    yield make
+    for sp in made:
+        if sp.object_id:
+            try:
+                client.remove_container(sp.object_id, force=True)
+            except docker.errors.NotFound:
+                pass
+    reset_clusters()
+
+
+async def test_gpu_container_has_exactly_the_allocated_uuids(make_spawner, client):
+    sp = make_spawner("gpuuser", {"profile": "gpu1"})
+    profile = sp.chosen_profile()
+    alloc = sp.cluster.ledger.reserve(profile.bundle, sp._owner())
+    sp.allocation = alloc
+    sp._apply_container_config(alloc, 1234, 1234, None, {})
+    obj = await sp.create_object()  # created, not started: no NVIDIA runtime here
+    sp.object_id = obj["Id"]
+    info = client.inspect_container(obj["Id"])
+    hc = info["HostConfig"]
+    requests = hc["DeviceRequests"]
+    assert len(requests) == 1
+    assert requests[0]["Driver"] == "nvidia"
+    assert requests[0]["DeviceIDs"] == alloc.gpu_uuids
+    assert requests[0]["Capabilities"] == [["gpu", "compute", "utility"]]
+    assert hc["CpusetCpus"] == alloc.cpuset_str()
+    assert hc["CpusetMems"] == alloc.mems_str()
+    assert hc["Memory"] == 256 * 2**20 and hc["MemorySwap"] == 256 * 2**20
+    assert hc["Privileged"] is False
+    assert "no-new-privileges" in hc["SecurityOpt"]
+    assert hc["PidsLimit"] == sp.pids_limit
+    assert hc["NetworkMode"] == "host"
+    assert not any("docker.sock" in b for b in hc.get("Binds") or [])
+    assert info["Config"]["User"] == "1234:1234"
+    label = json.loads(info["Config"]["Labels"][ALLOCATION_LABEL])
+    assert label["id"] == alloc.id and [g["uuid"] for g in label["gpus"]] == alloc.gpu_uuids
+    env = dict(e.split("=", 1) for e in info["Config"]["Env"])
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(alloc.gpu_uuids)
+    assert env["CPU_LIMIT"] == "1" and env["MEM_LIMIT"] == str(256 * 2**20)
+    assert json.loads(env["GPUSPAWNER_ALLOCATION"])["id"] == alloc.id
+
+
+async def test_gpu_start_fails_without_nvidia_runtime_and_releases(make_spawner, client):
+    sp = make_spawner("gpuuser", {"profile": "gpu1"})
+    with pytest.raises(docker.errors.APIError, match="nvidia"):  # no such device driver
+        await asyncio.wait_for(sp.start(), 60)
+    assert sp.allocation is None
+    assert sp.cluster.ledger.allocations() == []
+    assert client.containers(all=True, filters={"label": "gpuspawner.user=gpuuser"}) == []
+
+
+async def test_missing_image_leaves_no_allocation(make_spawner, client):
+    sp = make_spawner("imguser", {"profile": "missing"})
+    with pytest.raises(docker.errors.ImageNotFound):
+        await asyncio.wait_for(sp.start(), 60)
+    assert sp.cluster.ledger.allocations() == []
+
+
+async def test_start_timeout_rolls_back(make_spawner, client):
+    sp = make_spawner("slowuser")
+    started = asyncio.Event()
+    original = sp.start_object
+
+    async def slow_start_object():
+        started.set()
+        await asyncio.sleep(30)
+        await original()
+
+    sp.start_object = slow_start_object
+    task = asyncio.ensure_future(sp.start())
+    await asyncio.wait_for(started.wait(), 60)
+    assert len(sp.cluster.ledger.allocations()) == 1
+    created = sp.object_id
+    assert created
+    task.cancel()  # what asyncio.wait_for(spawner.start(), start_timeout) does
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert sp.cluster.ledger.allocations() == []
+    assert_removed(client, created)
+
+
+async def test_run_pins_cpuset_and_home_owned_by_uid(make_spawner, client, tmp_path):
+    sp = make_spawner("homeuser", uid_map={"homeuser": {"uid": 4321, "gid": 4322}})
+    ip, port = await asyncio.wait_for(sp.start(), 90)
+    assert ip == "127.0.0.1" and port > 0
+    try:
+        alloc = sp.allocation
+        cid = sp.object_id
+
+        def run(cmd: str) -> str:
+            ex = client.exec_create(cid, ["sh", "-c", cmd])
+            return client.exec_start(ex).decode().strip()
+
+        assert run("nproc") == "1"
+        assert run("cat /sys/fs/cgroup/cpuset/cpuset.cpus 2>/dev/null || "
+                   "cat /sys/fs/cgroup/cpuset.cpus.effective") == alloc.cpuset_str()
+        mem = run("cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || "
+                  "cat /sys/fs/cgroup/memory.max")
+        assert int(mem) == 256 * 2**20
+        assert run("id -u; id -g").split() == ["4321", "4322"]
+        run("echo hello > $HOME/written-inside.txt")
+        host_file = tmp_path / "home" / "homeuser" / "written-inside.txt"
+        assert host_file.read_text().strip() == "hello"
+        st = host_file.stat()
+        assert (st.st_uid, st.st_gid) == (4321, 4322)
+        home_st = (tmp_path / "home" / "homeuser").stat()
+        assert (home_st.st_uid, oct(home_st.st_mode & 0o777)) == (4321, "0o700")
+        assert "placed on gpunode" in sp._events[0]["message"]
+    finally:
+        await sp.stop()
+    assert sp.cluster.ledger.allocations() == []
+    assert_removed(client, cid)
+
+
+def test_home_path_cannot_escape(make_spawner):
+    sp = make_spawner("../../etc")
+    assert "/" not in sp.escaped_name  # escapism turns "/" and "." into escapes
+    path = sp.home_host_path()
+    assert path is not None and ".." not in Path(path).parts
+    assert Path(path).parent.name == "home"
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"profile": "nope"}, "profile: unknown profile 'nope'; choose one of: cpu, gpu1, missing"),
+    ({"profile": 3}, "profile: must be a string"),
+    ({"cpu": 4}, "cpu: unknown option; allowed: profile"),
+    ({"profile": "cpu", "image": "evil"}, "image: unknown option"),
+])
+async def test_bad_options_are_400_and_reserve_nothing(make_spawner, options, message):
+    sp = make_spawner("bad", options)
+    with pytest.raises(web.HTTPError) as e:
+        await sp.start()
+    assert e.value.status_code == 400
+    assert message in e.value.log_message
+    assert sp.cluster.ledger.allocations() == []
