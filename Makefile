@@ -1,0 +1,73 @@
+# gpuspawner: everything a new Debian machine needs, installed and started by the project itself.
+#   make venv         .venv with the project and its hub + test extras
+#   make chp          configurable-http-proxy@5 in node_modules/
+#   make engine       local Docker engine (scripts/dockerd.sh)
+#   make btrfs-engine second engine on btrfs with per-container disk quotas
+#   make images       gpuspawner/singleuser:latest (scripts/build-images.sh)
+#   make up           all of the above, then the hub on http://127.0.0.1:8000
+#   make test         lint + the whole test suite (docker-marked tests included)
+#   make test-unit    tests not marked docker (no engine needed)
+#   make lint | clean | distclean
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV   := .venv
+STAMP  := $(VENV)/.installed
+CHP    := node_modules/.bin/configurable-http-proxy
+HUB_CONFIG ?= hub_config/jupyterhub_config.py
+PYTEST_ARGS ?=
+LINT_DIRS := $(wildcard gpuspawner tests idle_culler benchmarks)
+
+.PHONY: help venv chp engine btrfs-engine images up hub test test-unit lint clean distclean
+
+help:
+	@sed -n 's/^#   //p' Makefile
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q --upgrade pip
+	$(VENV)/bin/python -m pip install -q -e '.[hub,test]'
+	@touch $@
+
+chp: $(CHP)
+
+$(CHP):
+	scripts/install-chp.sh
+
+engine:
+	scripts/dockerd.sh
+
+btrfs-engine: engine images
+	scripts/btrfs-engine.sh
+
+images: venv engine
+	scripts/build-images.sh
+
+up: venv chp engine images
+	$(MAKE) --no-print-directory hub
+
+# the hub alone (keeps its state in var/hub/, see hub_config/); Ctrl-C stops it and its proxy
+hub:
+	@test -f $(HUB_CONFIG) || { echo "missing $(HUB_CONFIG)" >&2; exit 1; }
+	$(VENV)/bin/jupyterhub -f $(HUB_CONFIG)
+
+lint: venv
+	$(VENV)/bin/ruff check $(LINT_DIRS)
+
+test: venv chp engine images lint
+	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
+
+test-unit: venv
+	$(VENV)/bin/pytest -q -m "not docker" $(PYTEST_ARGS)
+
+clean:
+	rm -rf .pytest_cache .ruff_cache .hypothesis build dist *.egg-info var/build
+	find . -name __pycache__ -type d -prune -not -path './$(VENV)/*' -not -path './node_modules/*' -exec rm -rf {} +
+
+# also the venv, node_modules and var/ (wheelhouse, btrfs loop file); engines' images stay
+distclean: clean
+	-scripts/btrfs-engine.sh --stop
+	rm -rf $(VENV) node_modules var/wheelhouse var/btrfs var/build

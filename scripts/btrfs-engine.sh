@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# A second Docker engine whose storage is btrfs on a loop file with quotas enabled, so that
+# per-container disk limits (storage_opt={"size": "50M"}) are enforced; overlay2 on ext4 cannot.
+# Own --data-root / --exec-root / --pidfile / socket; no bridge, no iptables (host networking).
+# Loads the single-user image from the default engine. Idempotent. Prints the socket URL last.
+#   --stop     stop this engine and unmount its file system (the loop file is kept)
+#   BTRFS_SIZE size of the sparse loop file (default 8G)
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+
+BT="$VAR/btrfs"
+IMG="$BT/docker-btrfs.img"
+MNT="$BT/mnt"
+SOCK="$VAR/run/docker-btrfs.sock"
+HOST="unix://$SOCK"
+PIDFILE="$VAR/run/docker-btrfs.pid"
+# exec-root holds containerd's sockets: keep it short (unix socket paths are limited to 108 bytes)
+EXEC_ROOT="/run/gpuspawner-btrfs-$(printf '%s' "$REPO" | sha256sum | cut -c1-8)"
+DAEMON_JSON="$VAR/run/docker-btrfs.json"
+
+running_pid() {
+  local pid
+  [ -f "$PIDFILE" ] && pid="$(cat "$PIDFILE")" && [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && echo "$pid"
+}
+
+if [ "${1:-}" = "--stop" ]; then
+  if pid="$(running_pid)"; then
+    log "stopping btrfs engine (pid $pid)"
+    kill "$pid"
+    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+  fi
+  if mountpoint -q "$MNT" 2>/dev/null; then umount "$MNT" || umount -l "$MNT"; fi
+  rm -f "$SOCK"
+  exit 0
+fi
+
+if ! docker -H "$HOST" info >/dev/null 2>&1; then
+  command -v mkfs.btrfs >/dev/null 2>&1 && command -v btrfs >/dev/null 2>&1 || apt_install btrfs-progs
+  command -v dockerd >/dev/null 2>&1 || die "dockerd missing; run scripts/dockerd.sh first"
+  mkdir -p "$MNT"
+  if ! mountpoint -q "$MNT"; then
+    if [ ! -f "$IMG" ]; then
+      log "creating ${BTRFS_SIZE:-8G} btrfs loop file var/btrfs/docker-btrfs.img"
+      truncate -s "${BTRFS_SIZE:-8G}" "$IMG"
+      mkfs.btrfs -q -f "$IMG" >/dev/null
+    fi
+    mount -o loop "$IMG" "$MNT" || die "cannot mount $IMG (loop devices unavailable?)"
+  fi
+  btrfs quota enable "$MNT"
+  mkdir -p "$MNT/docker" "$EXEC_ROOT"
+  echo '{}' >"$DAEMON_JSON"   # do not inherit /etc/docker/daemon.json
+  if pid="$(running_pid)"; then
+    log "btrfs engine (pid $pid) is starting; waiting for it"
+  else
+    rm -f "$SOCK"
+    log "starting btrfs engine on $HOST (log: var/log/dockerd-btrfs.log)"
+    setsid dockerd --config-file "$DAEMON_JSON" \
+      --data-root "$MNT/docker" --exec-root "$EXEC_ROOT" --pidfile "$PIDFILE" -H "$HOST" \
+      --bridge=none --iptables=false --storage-driver btrfs \
+      >"$VAR/log/dockerd-btrfs.log" 2>&1 </dev/null &
+  fi
+  if ! wait_for_engine -H "$HOST"; then
+    tail -n 30 "$VAR/log/dockerd-btrfs.log" >&2 || true
+    die "btrfs engine did not answer within ${ENGINE_TIMEOUT:-60}s (log: var/log/dockerd-btrfs.log)"
+  fi
+fi
+driver="$(docker -H "$HOST" info --format '{{.Driver}}')"
+[ "$driver" = "btrfs" ] || die "engine on $HOST uses storage driver '$driver', not btrfs"
+
+# Same single-user image as the default engine (skipped when the ids already match).
+src_id="$(docker image inspect -f '{{.Id}}' "$SINGLEUSER_IMAGE" 2>/dev/null || true)"
+if [ -z "$src_id" ]; then
+  log "WARNING: $SINGLEUSER_IMAGE not in the default engine (make images); nothing loaded"
+elif [ "$(docker -H "$HOST" image inspect -f '{{.Id}}' "$SINGLEUSER_IMAGE" 2>/dev/null || true)" != "$src_id" ]; then
+  log "loading $SINGLEUSER_IMAGE into the btrfs engine"
+  docker save "$SINGLEUSER_IMAGE" | docker -H "$HOST" load -q >/dev/null
+fi
+log "btrfs engine ready (quota enabled on var/btrfs/mnt)"
+echo "$HOST"

@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Build gpuspawner/singleuser:latest (idempotent, cached).
+#
+# Base image: $BASE_IMAGE when set; else quay.io/jupyter/base-notebook when a registry answers
+# (pull with a ~20 s timeout); else local/debian-python:bookworm, made here by debootstrap
+# (cached: made once). The Python packages come from a wheelhouse downloaded on the host
+# (var/wheelhouse/pyXY, binary wheels for the base's Python on manylinux x86_64) and are installed
+# in the build with `pip install --no-index`: no network, no CA needed inside the build.
+# The image is labelled with a hash of its inputs (Dockerfile, files in images/singleuser,
+# requirement list incl. the pinned jupyterhub version, base image id); when the existing image
+# carries the same hash nothing is downloaded or built.
+#   FORCE=1   rebuild even when the hash matches
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+cd "$REPO"
+
+CTX_SRC="$REPO/images/singleuser"
+LOCAL_BASE="local/debian-python:bookworm"
+REGISTRY_BASE="quay.io/jupyter/base-notebook:latest"
+DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+BASE_PACKAGES="python3,python3-venv,python3-pip,tini,procps,ca-certificates"
+PY="$REPO/.venv/bin/python"
+
+docker info >/dev/null 2>&1 || die "docker engine not answering; run scripts/dockerd.sh (make engine) first"
+
+t0=$SECONDS
+# ---------------------------------------------------------------- base image
+make_local_base() {
+  # cache key: the package list; a base made with another list is rebuilt
+  local want have
+  want="$(printf 'v2 %s %s' "$BASE_PACKAGES" "$DEBIAN_MIRROR" | sha256sum | cut -c1-16)"
+  have="$(docker image inspect -f '{{index .Config.Labels "org.gpuspawner.base-hash"}}' "$LOCAL_BASE" 2>/dev/null || true)"
+  if [ "$have" = "$want" ]; then
+    log "base $LOCAL_BASE exists (cached)"
+    return 0
+  fi
+  command -v debootstrap >/dev/null 2>&1 || apt_install debootstrap
+  local rootfs
+  rootfs="$(mktemp -d /tmp/gpuspawner-rootfs.XXXXXX)"
+  # shellcheck disable=SC2064
+  trap "rm -rf '$rootfs'" EXIT
+  log "debootstrap bookworm -> $rootfs (log: var/log/debootstrap.log)"
+  local t=$SECONDS
+  debootstrap --variant=minbase --include="$BASE_PACKAGES" bookworm "$rootfs" "$DEBIAN_MIRROR" \
+    >"$VAR/log/debootstrap.log" 2>&1 \
+    || { tail -n 20 "$VAR/log/debootstrap.log" >&2; die "debootstrap failed"; }
+  rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/* "$rootfs"/tmp/*
+  # mktemp -d made the root 0700; the image's / must be 0755 (btrfs keeps the layer's mode,
+  # and a non-root uid could not even stat /bin/sh)
+  chmod 0755 "$rootfs"
+  log "debootstrap done in $((SECONDS - t))s; importing as $LOCAL_BASE"
+  tar -C "$rootfs" -c . | docker import \
+    --change "LABEL org.gpuspawner.base-hash=$want" \
+    --change 'ENV LANG=C.UTF-8' \
+    --change 'CMD ["/bin/bash"]' \
+    - "$LOCAL_BASE" >/dev/null
+  rm -rf "$rootfs"
+  trap - EXIT
+}
+
+if [ -n "${BASE_IMAGE:-}" ]; then
+  docker image inspect "$BASE_IMAGE" >/dev/null 2>&1 || timeout 300 docker pull -q "$BASE_IMAGE" >/dev/null \
+    || die "BASE_IMAGE=$BASE_IMAGE is neither local nor pullable"
+elif docker image inspect "$REGISTRY_BASE" >/dev/null 2>&1; then
+  BASE_IMAGE="$REGISTRY_BASE"
+elif timeout "${PULL_TIMEOUT:-20}" docker pull -q "$REGISTRY_BASE" >/dev/null 2>&1; then
+  BASE_IMAGE="$REGISTRY_BASE"
+else
+  log "no registry reachable; using a local debootstrap base"
+  make_local_base
+  BASE_IMAGE="$LOCAL_BASE"
+fi
+BASE_ID="$(docker image inspect -f '{{.Id}}' "$BASE_IMAGE")"
+log "base image: $BASE_IMAGE (${BASE_ID:7:12})"
+
+# ---------------------------------------------------------------- inputs hash
+[ -x "$PY" ] || die ".venv missing; run 'make venv' first (jupyterhub is pinned to the hub's version)"
+JUPYTERHUB_VERSION="${JUPYTERHUB_VERSION:-$("$PY" -c 'import jupyterhub; print(jupyterhub.__version__)' 2>/dev/null)}" \
+  || die "jupyterhub is not installed in .venv; run 'make venv'"
+REQS="$(grep -v '^\s*#' "$CTX_SRC/requirements.in" | sed '/^\s*$/d'; echo "jupyterhub==$JUPYTERHUB_VERSION")"
+
+INPUTS_HASH="$(
+  {
+    (cd "$CTX_SRC" && find . -type f ! -name '*.pyc' | LC_ALL=C sort | xargs sha256sum)
+    printf '%s\n' "$REQS" "$BASE_ID"
+  } | sha256sum | cut -c1-16
+)"
+HAVE_HASH="$(docker image inspect -f '{{index .Config.Labels "org.gpuspawner.inputs-hash"}}' "$SINGLEUSER_IMAGE" 2>/dev/null || true)"
+if [ "$HAVE_HASH" = "$INPUTS_HASH" ] && [ -z "${FORCE:-}" ]; then
+  log "$SINGLEUSER_IMAGE is up to date (inputs $INPUTS_HASH); nothing to do ($((SECONDS - t0))s)"
+  exit 0
+fi
+
+# ---------------------------------------------------------------- wheelhouse
+# The base image's Python decides which wheels to fetch.
+read -r PYVER PYTAG < <(docker run --rm --network none --entrypoint python3 "$BASE_IMAGE" \
+  -c 'import sys; v=sys.version_info; print(f"{v.major}.{v.minor}", f"{v.major}{v.minor}")') \
+  || die "cannot run python3 in $BASE_IMAGE"
+WHEELHOUSE="$VAR/wheelhouse/py$PYTAG"
+mkdir -p "$WHEELHOUSE"
+printf '%s\n' "$REQS" >"$VAR/wheelhouse/requirements-py$PYTAG.txt"
+log "pip download for Python $PYVER manylinux x86_64 -> var/wheelhouse/py$PYTAG (jupyterhub==$JUPYTERHUB_VERSION)"
+t=$SECONDS
+# The host's pip (and its CA configuration) does the download. pip does not expand a PEP 600
+# manylinux tag to older ones, so every tag up to bookworm's glibc (2.36) is listed.
+PLATFORMS=(--platform manylinux2014_x86_64 --platform manylinux2010_x86_64 --platform manylinux1_x86_64)
+for minor in $(seq 5 "${GLIBC_MINOR:-36}"); do PLATFORMS+=(--platform "manylinux_2_${minor}_x86_64"); done
+python3 -m pip download -q --disable-pip-version-check --only-binary=:all: \
+  "${PLATFORMS[@]}" --python-version "$PYVER" --implementation cp --abi "cp$PYTAG" \
+  -d "$WHEELHOUSE" -r "$VAR/wheelhouse/requirements-py$PYTAG.txt" \
+  >"$VAR/log/pip-download.log" 2>&1 \
+  || { tail -n 20 "$VAR/log/pip-download.log" >&2; die "pip download failed (log: var/log/pip-download.log)"; }
+log "wheelhouse ready: $(find "$WHEELHOUSE" -name '*.whl' | wc -l) wheels, $(du -sh "$WHEELHOUSE" | cut -f1) in $((SECONDS - t))s"
+
+# ---------------------------------------------------------------- build
+CTX="$VAR/build/singleuser"
+rm -rf "$CTX"
+mkdir -p "$CTX"
+cp -a "$CTX_SRC"/. "$CTX"/
+cp "$VAR/wheelhouse/requirements-py$PYTAG.txt" "$CTX/requirements.txt"
+cp -al "$WHEELHOUSE" "$CTX/wheelhouse" 2>/dev/null || cp -a "$WHEELHOUSE" "$CTX/wheelhouse"
+log "docker build $SINGLEUSER_IMAGE (log: var/log/build-singleuser.log)"
+t=$SECONDS
+docker build --network none \
+  --build-arg BASE_IMAGE="$BASE_IMAGE" --build-arg INPUTS_HASH="$INPUTS_HASH" \
+  -t "$SINGLEUSER_IMAGE" "$CTX" >"$VAR/log/build-singleuser.log" 2>&1 \
+  || { tail -n 30 "$VAR/log/build-singleuser.log" >&2; die "docker build failed (log: var/log/build-singleuser.log)"; }
+rm -rf "$CTX"
+log "built $SINGLEUSER_IMAGE in $((SECONDS - t))s (total $((SECONDS - t0))s)"
+docker image prune -f --filter "label=org.opencontainers.image.title=gpuspawner single-user" >/dev/null 2>&1 || true

@@ -1,0 +1,49 @@
+# shellcheck shell=bash
+# Shared helpers for the project's scripts. Source it; it sets REPO, VAR and helpers.
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VAR="$REPO/var"
+mkdir -p "$VAR/log" "$VAR/run"
+
+log() { printf '[%s] %s\n' "$(basename "$0")" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+# apt-get update only when a package is missing, and at most once an hour across the scripts
+# (a failed install after a skipped update updates and retries once).
+_APT_UPDATED=0
+[ -n "$(find "$VAR/run/apt-updated" -mmin -60 2>/dev/null)" ] && _APT_UPDATED=1
+_apt_update() {
+  log "apt-get update"
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq >"$VAR/log/apt-update.log" 2>&1 \
+    || die "apt-get update failed (see $VAR/log/apt-update.log)"
+  _APT_UPDATED=2
+  touch "$VAR/run/apt-updated"
+}
+apt_install() {
+  local missing=() pkg
+  for pkg in "$@"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' \
+      || missing+=("$pkg")
+  done
+  [ "${#missing[@]}" -eq 0 ] && return 0
+  command -v apt-get >/dev/null || die "apt-get not found; install ${missing[*]} by other means"
+  [ "$_APT_UPDATED" -eq 0 ] && _apt_update
+  log "apt-get install ${missing[*]}"
+  until DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      "${missing[@]}" >"$VAR/log/apt-install.log" 2>&1; do
+    [ "$_APT_UPDATED" -eq 2 ] \
+      && die "apt-get install ${missing[*]} failed (see $VAR/log/apt-install.log)"
+    _apt_update
+  done
+}
+
+# wait_for_engine HOST_ARGS... : poll `docker [HOST_ARGS] info` up to ENGINE_TIMEOUT seconds.
+wait_for_engine() {
+  local timeout="${ENGINE_TIMEOUT:-60}" i=0
+  while ! docker "$@" info >/dev/null 2>&1; do
+    i=$((i + 1))
+    [ "$i" -ge $((timeout * 2)) ] && return 1
+    sleep 0.5
+  done
+}
+
+SINGLEUSER_IMAGE="${SINGLEUSER_IMAGE:-gpuspawner/singleuser:latest}"
