@@ -17,7 +17,7 @@ import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
-from docker.errors import APIError, NotFound
+from docker.errors import APIError, ImageNotFound, NotFound
 from docker.types import DeviceRequest
 from dockerspawner import DockerSpawner
 from jinja2 import ChoiceLoader, Environment, FileSystemLoader, PackageLoader, select_autoescape
@@ -372,7 +372,11 @@ class GPUSpawner(DockerSpawner):
             self.port = free_port(rt.host if rt.host != "localhost" else "127.0.0.1")
         self._apply_container_config(alloc, uid, gid, home, disk_opt)
         self._emit(40, f"creating container from {self.image}")
-        ip_port = await super().start()
+        try:
+            ip_port = await super().start()
+        except ImageNotFound:
+            raise web.HTTPError(500, f"image {self.image!r} is not on node {rt.name}; the "
+                                     "admin must build or pull it (make images)") from None
         self._emit(90, f"container {self.object_name} started, waiting for the server")
         return ip_port
 
@@ -512,12 +516,19 @@ class GPUSpawner(DockerSpawner):
             self.clear_state()
 
     async def poll(self) -> int | None:
-        """DockerSpawner's poll; after a hub restart it also books this server's allocation
-        from spawner state if the labels did not bring it back (and the container runs)."""
+        """DockerSpawner's poll. A stopped container releases its allocation; after a hub
+        restart a running one books its allocation from spawner state if the labels did not
+        bring it back."""
         await self.cluster.ensure_restored()
         status = await super().poll()
         a = self.allocation
-        if status is None and a is not None and self.cluster.ledger.get(a.id) is None:
+        if status is not None and a is not None and not getattr(self, "_spawn_pending", False):
+            # the container died (killed, crashed, OOM): JupyterHub does not call stop() for a
+            # server whose poll says it stopped, so the allocation is released here
+            self.log.warning("%s stopped with status %s; releasing its allocation",
+                             self._log_name, status)
+            self._release()
+        elif status is None and a is not None and self.cluster.ledger.get(a.id) is None:
             report = self.cluster.ledger.restore([a])
             for c in report.conflicts:
                 self.log.error("%s: allocation from state refused: %s", self._log_name,

@@ -160,7 +160,7 @@ async def test_gpu_start_fails_without_nvidia_runtime_and_releases(make_spawner,
 
 async def test_missing_image_leaves_no_allocation(make_spawner, client):
     sp = make_spawner("imguser", {"profile": "missing"})
-    with pytest.raises(docker.errors.ImageNotFound):
+    with pytest.raises(web.HTTPError, match="image 'gpuspawner/nope:0' is not on node"):
         await asyncio.wait_for(sp.start(), 60)
     assert sp.cluster.ledger.allocations() == []
 
