@@ -57,7 +57,7 @@ hub:
 lint: venv
 	$(VENV)/bin/ruff check $(LINT_DIRS)
 
-test: venv chp engine images lint
+test: venv chp engine images btrfs-engine lint
 	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
 test-unit: venv

@@ -358,8 +358,13 @@ class GPUSpawner(DockerSpawner):
         if alloc.disk_bytes:
             supported, driver = await asyncio.to_thread(rt.disk_limit_supported)
             if supported:
-                disk_opt = {"size": str(alloc.disk_bytes)}
-                self._emit(30, f"disk limited to {format_bytes(alloc.disk_bytes)} "
+                size = alloc.disk_bytes
+                if driver in ("btrfs", "zfs"):
+                    # their quota counts the image's own bytes too (a subvolume/dataset per
+                    # container); the profile's disk is the space the user may write
+                    size += await self._image_size()
+                disk_opt = {"size": str(size)}
+                self._emit(30, f"disk limited to {format_bytes(alloc.disk_bytes)} writable "
                                f"({driver} storage_opt size)")
             elif self.disk_limit_mode == "refuse":
                 raise web.HTTPError(400, f"profile {profile.slug!r}: node {rt.name} cannot "
@@ -379,6 +384,13 @@ class GPUSpawner(DockerSpawner):
                                      "admin must build or pull it (make images)") from None
         self._emit(90, f"container {self.object_name} started, waiting for the server")
         return ip_port
+
+    async def _image_size(self) -> int:
+        """Size of the spawn's image on the node's engine, bytes (0 if unknown)."""
+        try:
+            return int((await self.docker("inspect_image", self.image)).get("Size") or 0)
+        except (APIError, NotFound, ValueError):
+            return 0
 
     def get_env(self) -> dict[str, str]:
         """DockerSpawner's env plus the allocation: ``CUDA_DEVICE_ORDER=PCI_BUS_ID``,

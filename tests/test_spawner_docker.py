@@ -242,3 +242,48 @@ async def test_bad_options_are_400_and_reserve_nothing(make_spawner, options, me
     assert e.value.status_code == 400
     assert message in e.value.log_message
     assert sp.cluster.ledger.allocations() == []
+
+
+BTRFS_SOCK = Path(__file__).resolve().parents[1] / "var" / "run" / "docker-btrfs.sock"
+
+
+async def test_disk_limit_enforced_on_btrfs_engine(make_spawner, tmp_path):
+    """On the btrfs engine (make btrfs-engine), writing past the profile's disk fails."""
+    url = f"unix://{BTRFS_SOCK}"
+    try:
+        btrfs = docker.APIClient(base_url=url, version="auto")
+        assert btrfs.info()["Driver"] == "btrfs"
+        btrfs.inspect_image(IMAGE)
+    except Exception as e:
+        pytest.skip(f"needs the btrfs engine with {IMAGE} (make btrfs-engine): {e}")
+    topo = gpu_topology(tmp_path)
+    sp = make_spawner("diskuser", {"profile": "disk"},
+                      nodes=[{"name": "btrfs", "docker_url": url, "topology": str(topo)}],
+                      profiles=[{"slug": "disk", "cpu": 1, "memory": "256M", "disk": "64M"}])
+    await asyncio.wait_for(sp.start(), 90)
+    try:
+        assert any("disk limited to 64.0 MiB writable (btrfs" in e["message"]
+                   for e in sp._events)
+
+        def run(cmd: str) -> str:
+            ex = btrfs.exec_create(sp.object_id, ["sh", "-c", cmd])
+            return btrfs.exec_start(ex).decode()
+
+        small = run("dd if=/dev/zero of=/tmp/small bs=1M count=16 2>&1; echo rc=$?")
+        assert "rc=0" in small, small
+        big = run("dd if=/dev/zero of=/tmp/big bs=1M count=128 2>&1; echo rc=$?")
+        assert "rc=1" in big and ("Disk quota exceeded" in big or "No space left" in big), big
+    finally:
+        await sp.stop()
+    assert sp.cluster.ledger.allocations() == []
+
+
+async def test_disk_on_overlay2_is_accounted_or_refused(make_spawner, client):
+    profiles = [{"slug": "disk", "cpu": 1, "memory": "256M", "disk": "1G"}]
+    refuse = make_spawner("refuser", {"profile": "disk"}, profiles=profiles,
+                          disk_limit_mode="refuse")
+    if refuse.cluster.nodes["gpunode"].disk_limit_supported()[0]:
+        pytest.skip("the default engine can limit disk")
+    with pytest.raises(web.HTTPError, match="cannot limit disk .*'refuse'"):
+        await refuse.start()
+    assert refuse.cluster.ledger.allocations() == []
