@@ -1,0 +1,156 @@
+"""Spawn time: REST request to ready server, GPUSpawner against plain DockerSpawner with the same
+image, host networking and memory limit, sequential and concurrent, in the same run; plus the
+cost of placement and bookkeeping per spawn (profile check, ledger reserve, container config,
+release) measured in-process without Docker.
+
+Needs the engine, the image and configurable-http-proxy (``make engine images chp``).
+Run: ``.venv/bin/python benchmarks/spawn.py [--sequential 5] [--concurrent 8]``.
+Bounded: at most ``--sequential`` + ``--concurrent`` spawns per spawner, each with a 120 s limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.hubrunner import Hub  # noqa: E402
+
+PLAIN = """
+import socket
+from dockerspawner import DockerSpawner
+
+class HostDockerSpawner(DockerSpawner):
+    \"\"\"Plain DockerSpawner with host networking (ENVIRONMENT.md): a free port per spawn.\"\"\"
+    async def start(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        return await super().start()
+
+    async def get_ip_and_port(self):
+        return "127.0.0.1", self.port
+
+c.JupyterHub.spawner_class = HostDockerSpawner
+c.HostDockerSpawner.image = "gpuspawner/singleuser:latest"
+c.HostDockerSpawner.network_name = "host"
+c.HostDockerSpawner.use_internal_ip = True
+c.HostDockerSpawner.ip = "127.0.0.1"
+c.HostDockerSpawner.remove = True
+c.HostDockerSpawner.pull_policy = "never"
+c.HostDockerSpawner.mem_limit = "256M"
+c.HostDockerSpawner.extra_create_kwargs = {"user": "1000:100"}
+c.HostDockerSpawner.environment = {"HOME": "/tmp"}
+"""
+
+PROFILES = [{"slug": "cpu", "cpu": 0, "memory": "256M", "default": True}]
+
+
+def spawn_once(hub: Hub, user: str, body: dict | None) -> float:
+    t0 = time.perf_counter()
+    r = hub.api("POST", f"/users/{user}/server", body, timeout=120)
+    if r.status_code not in (201, 202):
+        raise RuntimeError(f"spawn of {user} failed: {r.status_code} {r.text}")
+    hub.wait_ready(user, timeout=120)
+    return time.perf_counter() - t0
+
+
+def stop_all(hub: Hub, users: list[str]) -> None:
+    for u in users:
+        hub.api("DELETE", f"/users/{u}/server")
+    for u in users:
+        hub.wait_stopped(u, timeout=60)
+
+
+def measure(hub: Hub, tag: str, body: dict | None, sequential: int,
+            concurrent: int) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {"sequential": [], "concurrent": []}
+    users = [f"{tag}s{i}" for i in range(sequential)]
+    for u in users:
+        hub.ensure_user(u)
+        out["sequential"].append(spawn_once(hub, u, body))
+        stop_all(hub, [u])
+    users = [f"{tag}c{i}" for i in range(concurrent)]
+    for u in users:
+        hub.ensure_user(u)
+    times: dict[str, float] = {}
+
+    def run(u: str) -> None:
+        times[u] = spawn_once(hub, u, body)
+
+    threads = [threading.Thread(target=run, args=(u,)) for u in users]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    out["concurrent"] = [times[u] for u in users if u in times]
+    stop_all(hub, users)
+    return out
+
+
+def bookkeeping_ms(n: int = 2000) -> tuple[float, float]:
+    """Median and p99 of profile check + reserve + container config + release, ms."""
+    from jupyterhub.objects import Hub as HubObj
+
+    from gpuspawner.cluster import reset_clusters
+    from gpuspawner.spawner import GPUSpawner
+    from tests.test_spawner_docker import FakeUser
+
+    reset_clusters()
+    sp = GPUSpawner(user=FakeUser("bench"), hub=HubObj(), oauth_client_id="c", api_token="t",
+                    profiles=PROFILES)
+    sp.user_options = {"profile": "cpu"}
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        profile = sp.chosen_profile()
+        alloc = sp.cluster.ledger.reserve(profile.bundle, sp._owner())
+        sp.allocation = alloc
+        sp._apply_container_config(alloc, 1000, 100, None, {})
+        sp.get_env()
+        sp._release()
+        samples.append((time.perf_counter() - t0) * 1000)
+    samples.sort()
+    return statistics.median(samples), samples[int(len(samples) * 0.99) - 1]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sequential", type=int, default=5)
+    ap.add_argument("--concurrent", type=int, default=8)
+    args = ap.parse_args()
+    med, p99 = bookkeeping_ms()
+    print(f"placement + bookkeeping per spawn: median {med:.3f} ms, p99 {p99:.3f} ms")
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        nodes = [{"name": "local", "topology": "auto"}]
+        runs = (("gpuspawner", "", {"profile": "cpu"}), ("dockerspawner", PLAIN, None))
+        for name, extra, body in runs:
+            hub = Hub(Path(tmp) / name, nodes, PROFILES, extra_config=extra)
+            hub.start()
+            try:
+                results[name] = measure(hub, name[:3], body, args.sequential,
+                                        args.concurrent)
+            finally:
+                hub.stop()
+    print(f"{'spawner':<14} {'mode':<11} {'n':>3} {'median s':>9} {'max s':>7}")
+    for name, r in results.items():
+        for mode, xs in r.items():
+            print(f"{name:<14} {mode:<11} {len(xs):>3} {statistics.median(xs):>9.2f} "
+                  f"{max(xs):>7.2f}")
+    for mode in ("sequential", "concurrent"):
+        ratio = (statistics.median(results["gpuspawner"][mode])
+                 / statistics.median(results["dockerspawner"][mode]))
+        print(f"ratio gpuspawner/dockerspawner ({mode}, medians): {ratio:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
