@@ -17,7 +17,7 @@ STAMP  := $(VENV)/.installed
 CHP    := node_modules/.bin/configurable-http-proxy
 HUB_CONFIG ?= hub_config/jupyterhub_config.py
 PYTEST_ARGS ?=
-LINT_DIRS := $(wildcard gpuspawner tests idle_culler benchmarks)
+LINT_DIRS := $(wildcard gpuspawner tests idle_culler benchmarks hub_config)
 
 .PHONY: help venv chp engine btrfs-engine images up hub test test-unit lint clean distclean
 
