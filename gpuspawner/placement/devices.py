@@ -262,20 +262,32 @@ def plan(state: NodeState, bundle: Bundle, allow_spill: bool) -> Plan | None:
     return plan_spill(state, bundle)
 
 
-def quick_fit(state: NodeState, bundle: Bundle) -> bool:
-    """Cheap necessary condition for :func:`plan` (node totals only); False = surely no fit."""
+def quick_fit(state: NodeState, bundle: Bundle, aligned: bool = False) -> bool:
+    """Cheap necessary condition for :func:`plan` (node totals, and with ``aligned`` the
+    per-NUMA-node condition when one NUMA node must hold the bundle); False = surely no fit."""
     if state.free_disk < bundle.disk_bytes:
         return False
     if state.free_cpu_count() < bundle.cores or state.free_memory() < bundle.memory_bytes:
         return False
+    if aligned and min_numa_count(state, bundle) == 1:
+        for nid in state.numa_ids:
+            if (len(state.free_cpus[nid]) >= bundle.cores
+                    and state.free_mem[nid] >= bundle.memory_bytes
+                    and _gpus_fit(state, bundle, state.gpus_by_numa[nid])):
+                return True
+        return False
+    return _gpus_fit(state, bundle, state.node.gpus)
+
+
+def _gpus_fit(state: NodeState, bundle: Bundle, gpus: tuple[GPU, ...]) -> bool:
     if bundle.gpus:
         n = 0
-        for g in state.node.gpus:
+        for g in gpus:
             if state.gpu_used[g.uuid] == 0 and model_allowed(g, bundle):
                 n += 1
         return n >= bundle.gpus
     if bundle.gpu_milli:
-        for g in state.node.gpus:
+        for g in gpus:
             if (g.shareable and state.gpu_used[g.uuid] + bundle.gpu_milli <= GPU_MILLI
                     and model_allowed(g, bundle)):
                 return True

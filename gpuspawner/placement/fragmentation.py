@@ -122,19 +122,20 @@ class FragmentationModel:
 
     Signatures are interned to small integer ids (:meth:`intern`) so that a decision hashes
     ints, not nested tuples. The mix is the count of GPU task types seen by :meth:`observe`
-    (the ``top`` most frequent types). Weights are recomputed every ``refresh_every``
-    observations (and when a new type appears) and adopted only when some weight moved by more
-    than ``tolerance``, so the per-signature scores stay cached between real changes of the mix
-    and a decision's cost does not grow with the number of nodes.
+    (the ``top`` most frequent types). Weights are recomputed after 16, 32, 64, ...
+    observations, then every ``refresh_every``, and adopted only when they moved by more than
+    ``tolerance`` in L1 distance: a new weighting invalidates every cached score, so it is
+    adopted rarely, and a decision's cost does not grow with the number of nodes.
     """
 
-    def __init__(self, top: int = 24, refresh_every: int = 256, tolerance: float = 0.02,
+    def __init__(self, top: int = 8, refresh_every: int = 512, tolerance: float = 0.1,
                  prior: dict[Demand, int] | None = None) -> None:
         self.top = top
         self.refresh_every = refresh_every
         self.tolerance = tolerance
         self.counts: Counter[Demand] = Counter(prior or {})
         self._since = 0
+        self._next_refresh = 16
         self._weights: dict[Demand, float] = {}
         self._ids: dict[Signature, int] = {}
         self._sigs: list[Signature] = []
@@ -162,9 +163,11 @@ class FragmentationModel:
         common = self.counts.most_common(self.top)
         total = sum(c for _, c in common)
         weights = {d: c / total for d, c in common} if total else {}
-        if not force and weights.keys() == self._weights.keys() and all(
-                abs(weights[d] - w) <= self.tolerance for d, w in self._weights.items()):
-            return
+        if not force:
+            keys = weights.keys() | self._weights.keys()
+            moved = sum(abs(weights.get(d, 0.0) - self._weights.get(d, 0.0)) for d in keys)
+            if moved <= self.tolerance:
+                return
         self._weights = weights
         self._score.clear()
         self._delta.clear()
@@ -173,10 +176,10 @@ class FragmentationModel:
         """Count one arriving GPU request (CPU-only ones are not part of the GPU mix)."""
         if not (d.gpus or d.milli):
             return
-        first = d not in self.counts
         self.counts[d] += 1
         self._since += 1
-        if first and len(self.counts) <= self.top or self._since >= self.refresh_every:
+        if self._since >= self._next_refresh:
+            self._next_refresh = min(self.refresh_every, self._next_refresh * 2)
             self._reweight()
 
     def score(self, sid: int) -> float:

@@ -48,6 +48,11 @@ class _Cluster:
     buckets: dict[tuple[int, int, int], dict[str, NodeState]] = field(default_factory=dict)
     frag: FragmentationModel = field(default_factory=FragmentationModel)
     rng: random.Random = field(default_factory=random.Random)
+    #: bucket key -> version, bumped whenever a node that might now fit more joins or grows
+    versions: dict[tuple[int, int, int], int] = field(default_factory=dict)
+    #: bundle shape id -> {bucket key: version at which no node of it fitted}
+    no_fit: dict[int, dict[tuple[int, int, int], int]] = field(default_factory=dict)
+    shapes: dict[tuple, int] = field(default_factory=dict)
 
 
 class Ledger:
@@ -264,7 +269,7 @@ class Ledger:
     def _book(self, st: NodeState, alloc: Allocation) -> None:
         old = self._bucket_key(st)
         st.book(alloc)
-        self._rebucket(st, old)
+        self._rebucket(st, old, grew=False)
         self._allocs[alloc.id] = alloc
         self._by_owner[(alloc.owner.user, alloc.owner.server)] = alloc.id
         u = _usage(alloc)
@@ -279,17 +284,24 @@ class Ledger:
         return (self._c.frag.intern(st.sig), st.free_cpu_count().bit_length(),
                 (st.free_memory() >> 20).bit_length())
 
-    def _rebucket(self, st: NodeState, old: tuple[int, int, int] | None = None) -> None:
+    def _rebucket(self, st: NodeState, old: tuple[int, int, int] | None = None,
+                  grew: bool = True) -> None:
+        """Move a node to the bucket of its current key. ``grew`` says the node may fit more
+        than before (added, or something released), which invalidates the bucket's cached
+        no-fit results; bookings only shrink a node, so they keep them."""
         key = self._bucket_key(st)
-        if key == old:
-            return
-        if old is not None:
-            bucket = self._c.buckets.get(old)
-            if bucket is not None:
-                bucket.pop(st.name, None)
-                if not bucket:
-                    del self._c.buckets[old]
-        self._c.buckets.setdefault(key, {})[st.name] = st
+        c = self._c
+        if key != old:
+            if old is not None:
+                bucket = c.buckets.get(old)
+                if bucket is not None:
+                    bucket.pop(st.name, None)
+                    if not bucket:
+                        del c.buckets[old]
+            c.buckets.setdefault(key, {})[st.name] = st
+            c.versions[key] = c.versions.get(key, 0) + 1
+        elif grew:
+            c.versions[key] = c.versions.get(key, 0) + 1
 
     def release(self, allocation_id: str) -> Allocation:
         """Give back everything an allocation holds.

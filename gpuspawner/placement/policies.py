@@ -41,6 +41,9 @@ class ClusterView(Protocol):
 
     states: list[NodeState]
     buckets: dict[tuple[int, int, int], dict[str, NodeState]]
+    versions: dict[tuple[int, int, int], int]
+    no_fit: dict[int, dict[tuple[int, int, int], int]]
+    shapes: dict[tuple, int]
     frag: FragmentationModel
     rng: random.Random
 
@@ -56,7 +59,7 @@ def _try(states: Iterable[NodeState], bundle: Bundle, spill: bool,
     for st in states:
         if ok is not None and not ok(st):
             continue
-        if quick_fit(st, bundle):
+        if quick_fit(st, bundle, not spill):
             p = plan(st, bundle, spill)
             if p is not None:
                 return st, p
@@ -124,10 +127,24 @@ def fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> C
     # a bucket's nodes have fewer than 2**cpu_class free cores and 2**mem_class free MiB
     cores = bundle.cores
     mib = bundle.memory_bytes >> 20
+    # buckets where this very bundle shape found no room, unchanged since (fill: no release)
+    if ok is None:
+        shape = c.shapes.get((bundle, spill))
+        if shape is None:
+            if len(c.shapes) > 10_000:
+                c.shapes.clear()
+                c.no_fit.clear()
+            shape = c.shapes[(bundle, spill)] = len(c.shapes)
+        no_fit = c.no_fit.setdefault(shape, {})
+    else:
+        no_fit = {}
+    versions = c.versions
     scored = []
     for key in c.buckets:
         sid, cpu_class, mem_class = key
         if cores >> cpu_class or mib >> mem_class:
+            continue
+        if no_fit.get(key, -1) == versions[key]:
             continue
         delta = table.get(sid, miss)
         if delta is miss:
@@ -141,11 +158,15 @@ def fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> C
     got = _try(c.buckets[first[3]].values(), bundle, spill, ok)
     if got is not None:
         return got
+    if ok is None:
+        no_fit[first[3]] = versions[first[3]]
     scored.sort()
     for _delta, _free, _cls, key in scored[1:]:
         got = _try(c.buckets[key].values(), bundle, spill, ok)
         if got is not None:
             return got
+        if ok is None:
+            no_fit[key] = versions[key]
     return None
 
 
