@@ -374,3 +374,11 @@ async def test_asyncio_tasks_never_overbook():
     ok = [r for r in results if isinstance(r, Allocation)]
     assert len(ok) == 2
     assert all(isinstance(r, PlacementRefused) for r in results if r not in ok)
+
+
+def test_refusal_for_a_bundle_spanning_numa_nodes_says_how_many():
+    ledger = Ledger([make_node(gpus=4, numa=2, cores=16)])
+    ledger.reserve(Bundle(cores=1, gpus=1), Owner("a"))
+    with pytest.raises(PlacementRefused,
+                       match="no node has 4 free GPU on 2 NUMA nodes; best: n1 with 3 free"):
+        ledger.reserve(Bundle(cores=2, gpus=4), Owner("b"))

@@ -440,7 +440,9 @@ def _explain(states: list[NodeState], bundle: Bundle) -> tuple[str, str, str | N
         n = free[best.name]
         if n < need:
             if bundle.gpus:
-                where = " on one NUMA node" if strict else ""
+                m = min_numa_count(best, bundle) or 1
+                where = ("" if not strict else " on one NUMA node" if m == 1
+                         else f" on {m} NUMA nodes")
                 return (f"no node has {bundle.gpus} free {models}{where}; best: {best.name} "
                         f"with {n} free", "gpus", best.name)
             return (f"no shareable {models} has {bundle.gpu_milli} milli-GPU free; best: "
