@@ -335,8 +335,12 @@ class GPUSpawner(DockerSpawner):
             alloc = cluster.ledger.reserve(profile.bundle, self._owner(),
                                            nodes=profile.nodes or None)
         except QuotaExceeded as e:
+            from .metrics import placement_refused
+            placement_refused(e)
             raise web.HTTPError(400, f"profile: {e}") from None
         except PlacementError as e:
+            from .metrics import placement_refused
+            placement_refused(e)
             raise web.HTTPError(400, f"profile {profile.slug!r}: {e}") from None
         self.allocation = alloc
         self._emit(20, f"placed on {alloc.summary()}")

@@ -119,3 +119,12 @@ if api_token:
 # c.LDAPAuthenticator.auth_state_attributes = ["uidNumber", "gidNumber", "homeDirectory"]
 # c.Authenticator.enable_auth_state = True   # needs JUPYTERHUB_CRYPT_KEY
 # c.GPUSpawner.home_path_template = "/shared/home/{username}"
+
+# -- gpuspawner service (gpuspawner/service/) -----------------------------------------------
+# /services/gpuspawner/: REST API (api/nodes, api/allocations, api/users/{name}/usage,
+# api/openapi.json), the admin GPU map (admin) and Prometheus metrics (metrics). It runs inside
+# this hub process on a loopback port and reads the spawners' own ledger: one source of truth
+# (docs/service.md). GPUSPAWNER_SERVICE_PORT fixes its port (default: a free one).
+from gpuspawner.service import configure_service  # noqa: E402
+
+configure_service(c, port=int(os.environ.get("GPUSPAWNER_SERVICE_PORT", "0")))

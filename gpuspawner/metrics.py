@@ -1,0 +1,198 @@
+"""Prometheus metrics of GPU placement, served by the hub service at
+``/services/gpuspawner/metrics`` (``gpuspawner.service``).
+
+Two kinds:
+
+- **state**, computed at scrape time from the hub process's ledger (``ClusterCollector``): no
+  counter is kept beside the ledger, so the numbers cannot drift from it. GPUs total / allocated
+  / free by node and model, cores and memory, allocations and GPUs by user and by group.
+- **events**, which the ledger does not remember: placement refusals by reason (the spawner
+  calls :func:`placement_refused` where it turns a refusal into HTTP 400) and spawn-to-ready
+  time (:func:`track_spawn`, from the spawn request's pre-spawn hook until JupyterHub's spawn
+  future completes: server answering and proxy route added).
+
+All metrics live in :data:`REGISTRY` (not prometheus_client's default registry, which the hub
+serves at ``/hub/metrics`` with its own metrics). Units follow Prometheus conventions: seconds,
+bytes, GPUs (a fraction for shares: milli-GPU / 1000).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+log = logging.getLogger("gpuspawner")
+
+#: the registry the service exposes
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+PLACEMENT_REFUSALS = Counter(
+    "gpuspawner_placement_refusals",
+    "Spawns refused by the placement ledger, by reason (quota_<resource> for quotas; else the "
+    "PlacementRefused reason: gpus, gpu_share, numa, cores, memory, disk, no_gpu_model, ...)",
+    ["reason"], registry=REGISTRY)
+
+#: buckets in seconds: a container start is 2-10 s here, image pulls and GPU inits take longer
+SPAWN_BUCKETS = (0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300)
+
+SPAWN_READY = Histogram(
+    "gpuspawner_spawn_ready_seconds",
+    "Seconds from the spawn request (pre-spawn hook) until the server answers and is routed, "
+    "by GPUs in the allocation (0, a share like 0.25, or whole GPUs)",
+    ["gpus"], buckets=SPAWN_BUCKETS, registry=REGISTRY)
+
+
+def refusal_reason(error: BaseException) -> str:
+    """The ``reason`` label of a placement error: ``quota_<resource>`` (e.g.
+    ``quota_gpu_milli``) for a QuotaExceeded, else the error's ``reason`` attribute."""
+    resource = getattr(error, "resource", None)
+    reason = str(getattr(error, "reason", "placement") or "placement")
+    return f"quota_{resource}" if reason == "quota" and resource else reason
+
+
+def placement_refused(error: BaseException) -> None:
+    """Count one refusal (called by GPUSpawner.start before it answers HTTP 400). Never
+    raises: metrics must not change what the user sees."""
+    try:
+        PLACEMENT_REFUSALS.labels(reason=refusal_reason(error)).inc()
+    except Exception as e:  # pragma: no cover - defensive
+        log.warning("metrics: cannot count refusal %r: %s", error, e)
+
+
+def gpus_label(milli: int) -> str:
+    """``"0"``, ``"0.25"``, ``"1"``, ``"2"``: the GPUs of an allocation as a label value."""
+    return f"{milli / 1000:g}"
+
+
+def track_spawn(spawner: Any, clock=time.monotonic) -> None:
+    """Measure this spawn's time to ready into :data:`SPAWN_READY`.
+
+    Call it when the spawn starts (a pre-spawn hook: JupyterHub runs it inside ``User.spawn``,
+    after ``BaseHandler.spawn_single_user`` has set ``spawner._spawn_future``, the future that
+    completes when the server answers and its proxy route exists). Failed or cancelled spawns
+    are not observed (the hub's own ``jupyterhub_server_spawn_duration_seconds`` counts them).
+    Never raises.
+    """
+    started = clock()
+
+    def done(fut: asyncio.Future) -> None:
+        try:
+            if fut.cancelled() or fut.exception() is not None or not spawner.ready:
+                return
+            alloc = getattr(spawner, "allocation", None)
+            milli = alloc.total_gpu_milli if alloc is not None else 0
+            SPAWN_READY.labels(gpus=gpus_label(milli)).observe(clock() - started)
+        except Exception as e:  # pragma: no cover - defensive
+            log.warning("metrics: spawn time of %s not recorded: %s", spawner, e)
+
+    def attach() -> None:
+        fut = getattr(spawner, "_spawn_future", None)
+        if fut is None:
+            log.debug("metrics: %s has no spawn future; spawn time not recorded", spawner)
+            return
+        fut.add_done_callback(done)
+
+    try:
+        attach()
+    except Exception as e:  # pragma: no cover - defensive
+        log.warning("metrics: cannot track spawn of %s: %s", spawner, e)
+
+
+class ClusterCollector(Collector):
+    """Gauges computed from the ledgers of ``clusters()`` at each scrape.
+
+    Args:
+        clusters: returns the clusters to report (default: every cluster of this process,
+            :func:`gpuspawner.cluster.current_clusters`).
+    """
+
+    def __init__(self, clusters=None) -> None:
+        if clusters is None:
+            from .cluster import current_clusters
+
+            clusters = current_clusters
+        self._clusters = clusters
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # unchecked collector: families are known only at scrape time
+
+    def collect(self) -> Iterator[Metric]:
+        total = GaugeMetricFamily("gpuspawner_gpus_total", "GPUs on the node",
+                                  labels=["node", "model"])
+        allocated = GaugeMetricFamily(
+            "gpuspawner_gpus_allocated", "GPUs allocated (milli-GPU / 1000; shares count "
+            "as fractions)", labels=["node", "model"])
+        free = GaugeMetricFamily("gpuspawner_gpus_free", "GPUs with no allocation at all",
+                                 labels=["node", "model"])
+        cores = GaugeMetricFamily("gpuspawner_cores", "Logical CPUs by state",
+                                  labels=["node", "state"])
+        memory = GaugeMetricFamily("gpuspawner_memory_bytes", "Memory by state, bytes",
+                                   labels=["node", "state"])
+        u_allocs = GaugeMetricFamily("gpuspawner_user_allocations",
+                                     "Allocations (running servers) held by a user",
+                                     labels=["user"])
+        u_gpus = GaugeMetricFamily("gpuspawner_user_gpus", "GPUs held by a user",
+                                   labels=["user"])
+        g_allocs = GaugeMetricFamily(
+            "gpuspawner_group_allocations",
+            "Allocations held by members of a group (group at reservation time)",
+            labels=["group"])
+        g_gpus = GaugeMetricFamily("gpuspawner_group_gpus", "GPUs held by members of a group",
+                                   labels=["group"])
+        users: dict[str, list[int]] = {}
+        groups: dict[str, list[int]] = {}
+        for cluster in self._clusters():
+            ledger = cluster.ledger
+            for node in ledger.snapshot():
+                by_model: dict[str, list[float]] = {}
+                for g in node["gpus"]:
+                    row = by_model.setdefault(g["model"] or "unknown", [0, 0.0, 0])
+                    row[0] += 1
+                    row[1] += g["milli_used"] / 1000
+                    row[2] += g["milli_used"] == 0
+                for model, (n, used, untouched) in sorted(by_model.items()):
+                    total.add_metric([node["name"], model], n)
+                    allocated.add_metric([node["name"], model], used)
+                    free.add_metric([node["name"], model], untouched)
+                n_cpu = sum(len(nn["cpus"]) for nn in node["numa_nodes"])
+                n_free = sum(len(nn["cpus_free"]) for nn in node["numa_nodes"])
+                cores.add_metric([node["name"], "total"], n_cpu)
+                cores.add_metric([node["name"], "allocated"], n_cpu - n_free)
+                mem = sum(nn["memory_bytes"] for nn in node["numa_nodes"])
+                mem_free = sum(nn["memory_free_bytes"] for nn in node["numa_nodes"])
+                memory.add_metric([node["name"], "total"], mem)
+                memory.add_metric([node["name"], "allocated"], mem - mem_free)
+            for a in ledger.allocations():
+                row = users.setdefault(a.owner.user, [0, 0])
+                row[0] += 1
+                row[1] += a.total_gpu_milli
+                for g in a.owner.groups:
+                    grow = groups.setdefault(g, [0, 0])
+                    grow[0] += 1
+                    grow[1] += a.total_gpu_milli
+        for user, (n, milli) in sorted(users.items()):
+            u_allocs.add_metric([user], n)
+            u_gpus.add_metric([user], milli / 1000)
+        for group, (n, milli) in sorted(groups.items()):
+            g_allocs.add_metric([group], n)
+            g_gpus.add_metric([group], milli / 1000)
+        yield from (total, allocated, free, cores, memory, u_allocs, u_gpus, g_allocs, g_gpus)
+
+
+_COLLECTOR: ClusterCollector | None = None
+
+
+def register_cluster_collector() -> ClusterCollector:
+    """Add the ledger gauges to :data:`REGISTRY` (once per process)."""
+    global _COLLECTOR
+    if _COLLECTOR is None:
+        _COLLECTOR = ClusterCollector()
+        REGISTRY.register(_COLLECTOR)
+    return _COLLECTOR

@@ -1,0 +1,454 @@
+"""The ``gpuspawner`` hub service: a Tornado application that runs **inside the hub process**.
+
+Why in the hub process: the placement state lives in one object, the hub's
+:class:`~gpuspawner.cluster.Cluster` (ledger), which GPUSpawner instances change under a lock.
+A separate service process would need a second copy (a database table, a cache, a poll of the
+hub) that can drift from it. Here the handlers read that very object at each request.
+
+How: JupyterHub 6 runs ``initialize()`` (which executes ``jupyterhub_config.py``) inside its
+running asyncio loop (``JupyterHub.launch_instance`` -> ``IOLoop.run_sync``), so the config
+can bind a loopback socket and attach a Tornado ``HTTPServer`` to that loop
+(:func:`configure_service`). The hub registers it as an *external* service with a URL: the proxy
+routes ``/services/gpuspawner/`` to it and the hub is its OAuth provider. Users are identified
+with :class:`jupyterhub.services.auth.HubOAuth` (cookie after an OAuth login, or an API token
+in ``Authorization``), asynchronously: the hub answers those checks on the same loop, so the
+blocking ``sync=True`` calls of ``HubAuthenticated`` would deadlock.
+
+Access (JupyterHub scopes): every request needs ``access:services!service=gpuspawner`` (given to
+all users by the default ``user`` role, see :func:`configure_service`). Admins (the hub's admin
+flag, unfiltered ``admin:users``, or the custom scope ``custom:gpuspawner:admin``) see every
+allocation and the admin page; others see their own. ``metrics`` also accepts ``read:metrics``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from jupyterhub.services.auth import (
+    HubOAuth,
+    HubOAuthCallbackHandler,
+    HubOAuthenticated,
+    UserNotAllowed,
+)
+from jupyterhub.utils import url_path_join
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from tornado import web
+from tornado.httpserver import HTTPServer
+from tornado.netutil import bind_sockets
+
+from .. import metrics
+from ..cluster import Cluster, current_clusters, get_cluster
+from .openapi import openapi_document
+from .views import allocation_views, map_view, node_views, usage_view
+
+log = logging.getLogger("gpuspawner")
+
+#: custom scope granting the admin view (all allocations, the map, metrics)
+ADMIN_SCOPE = "custom:gpuspawner:admin"
+
+
+# -- the hub process's state ---------------------------------------------------------------
+def _hub_app() -> Any:
+    from jupyterhub.app import JupyterHub
+
+    if not JupyterHub.initialized():
+        raise web.HTTPError(503, "the hub is not initialised")
+    return JupyterHub.instance()
+
+
+def hub_cluster() -> Cluster:
+    """The cluster GPUSpawner uses in this hub process.
+
+    The key arguments (``nodes``, ``placement_policy``, ``quotas``) are resolved from the hub's
+    configuration the way traitlets resolves them for the spawner class (sections of the
+    class's MRO, the most derived last, over the traits' defaults), so
+    :func:`~gpuspawner.cluster.get_cluster` returns the very object the spawners hold, created
+    on first use if no spawner has run yet.
+
+    Raises:
+        web.HTTPError(503): the hub does not use GPUSpawner.
+    """
+    from ..spawner import GPUSpawner
+
+    app = _hub_app()
+    cls = app.spawner_class
+    if not (isinstance(cls, type) and issubclass(cls, GPUSpawner)):
+        raise web.HTTPError(503, f"the hub's spawner_class is {cls!r}, not a GPUSpawner")
+    traits = cls.class_traits()
+    values: dict[str, Any] = {name: traits[name].default()
+                              for name in ("nodes", "placement_policy", "quotas")}
+    for klass in reversed(cls.mro()):
+        section = klass.__name__
+        if section in app.config:
+            for name in values:
+                if name in app.config[section]:
+                    values[name] = app.config[section][name]
+    cluster = get_cluster(values["nodes"], values["placement_policy"], values["quotas"])
+    if len(current_clusters()) > 1:
+        log.warning("gpuspawner service: %d clusters in this process; showing the one of the "
+                    "hub's GPUSpawner configuration", len(current_clusters()))
+    return cluster
+
+
+def hub_user(name: str) -> tuple[bool, list[str]] | None:
+    """(admin flag, group names) of a hub user from the hub's database, or None if unknown."""
+    from jupyterhub import orm
+
+    app = _hub_app()
+    u = orm.User.find(app.db, name)
+    if u is None:
+        return None
+    return bool(u.admin), sorted(g.name for g in u.groups)
+
+
+# -- handlers ----------------------------------------------------------------------------------
+class _Base(HubOAuthenticated, web.RequestHandler):
+    """Identify the caller with the hub (async), answer JSON errors on the API."""
+
+    #: no authentication (the OpenAPI document)
+    public = False
+    #: answer errors as JSON (API) rather than HTML
+    api = True
+
+    def initialize(self, service: GPUService) -> None:
+        self.service = service
+        self.hub_auth = service.hub_auth
+
+    @property
+    def hub_scopes(self) -> set[str]:
+        return {f"access:services!service={self.service.name}"}
+
+    async def prepare(self) -> None:
+        # resolve the user asynchronously; HubAuthenticated.get_current_user then returns this
+        # cached model instead of blocking the hub's own loop
+        self._denied = False
+        model = None
+        if not self.public:
+            model = await self.hub_auth.get_user(self, sync=False)
+            if model:
+                try:
+                    model = self.check_hub_user(model)
+                except UserNotAllowed:
+                    model, self._denied = None, True
+        self._hub_auth_user_cache = model
+
+    def require_user(self) -> dict[str, Any]:
+        """The caller's hub model. Raises 401 (nobody) or 403 (missing scope)."""
+        user = self.current_user
+        if not user:
+            raise web.HTTPError(403 if self._denied else 401,
+                                "this service needs access:services!service="
+                                f"{self.service.name}" if self._denied else
+                                "log in to the hub or send a JupyterHub API token")
+        return user
+
+    def is_admin(self, model: dict[str, Any]) -> bool:
+        return self.service.is_admin(model)
+
+    def write_json(self, data: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json; charset=UTF-8")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(data, sort_keys=True))
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        message = self._reason
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, web.HTTPError) and exc.log_message:
+            message = exc.log_message % exc.args if exc.args else exc.log_message
+        if self.api:
+            self.set_header("Content-Type", "application/json; charset=UTF-8")
+            self.finish(json.dumps({"status": status_code, "message": message}))
+        else:
+            self.set_header("Content-Type", "text/html; charset=UTF-8")
+            from html import escape
+
+            self.finish(f"<!doctype html><title>{status_code}</title><h1>{status_code}</h1>"
+                        f"<p>{escape(message)}</p>")
+
+    async def cluster(self) -> Cluster:
+        c = self.service.cluster_provider()
+        await c.ensure_restored()
+        return c
+
+
+class NodesHandler(_Base):
+    async def get(self) -> None:
+        user = self.require_user()
+        cluster = await self.cluster()
+        viewer = None if self.is_admin(user) else user["name"]
+        self.write_json(node_views(cluster, viewer))
+
+
+class AllocationsHandler(_Base):
+    async def get(self) -> None:
+        user = self.require_user()
+        cluster = await self.cluster()
+        wanted = self.get_query_argument("user", None)
+        if self.is_admin(user):
+            self.write_json(allocation_views(cluster, wanted))
+            return
+        if wanted is not None and wanted != user["name"]:
+            raise web.HTTPError(403, f"{user['name']} may not read the allocations of "
+                                     "another user")
+        self.write_json(allocation_views(cluster, user["name"]))
+
+
+class UsageHandler(_Base):
+    async def get(self, name: str) -> None:
+        user = self.require_user()
+        admin = self.is_admin(user)
+        if not admin and name != user["name"]:
+            raise web.HTTPError(403, f"{user['name']} may not read the usage of another user")
+        cluster = await self.cluster()
+        if name == user["name"] and user.get("groups") is not None:
+            groups = list(user["groups"])
+        else:
+            info = self.service.user_lookup(name)
+            groups = info[1] if info else []
+        self.write_json(usage_view(cluster, name, groups))
+
+
+class OpenAPIHandler(_Base):
+    public = True
+
+    def get(self) -> None:
+        self.write_json(openapi_document(self.service.prefix))
+
+
+class MetricsHandler(_Base):
+    @property
+    def hub_scopes(self) -> set[str]:
+        return {f"access:services!service={self.service.name}", "read:metrics"}
+
+    def get(self) -> None:
+        user = self.require_user()
+        if not (self.is_admin(user) or "read:metrics" in (user.get("scopes") or [])):
+            raise web.HTTPError(403, "metrics need read:metrics or the admin view")
+        self.set_header("Content-Type", CONTENT_TYPE_LATEST)
+        self.finish(generate_latest(metrics.REGISTRY))
+
+
+class AdminPageHandler(_Base):
+    api = False
+
+    async def get(self) -> None:
+        if not self.current_user:
+            if self._denied:
+                raise web.HTTPError(403, "this page needs access to the gpuspawner service")
+            self.redirect(self.get_login_url())
+            return
+        user = self.current_user
+        if not self.is_admin(user):
+            raise web.HTTPError(403, "the GPU map is for hub admins; your own allocations are "
+                                     f"at {self.service.prefix}api/allocations")
+        cluster = await self.cluster()
+        view = map_view(cluster)
+        html = self.service.templates.get_template("admin.html.j2").render(
+            view=view, user=user, prefix=self.service.prefix, hub_prefix="/hub/")
+        self.set_header("Content-Type", "text/html; charset=UTF-8")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(html)
+
+
+class RootHandler(_Base):
+    public = True
+    api = False
+
+    def get(self) -> None:
+        self.redirect(self.service.prefix + "admin")
+
+
+class CallbackHandler(HubOAuthCallbackHandler):
+    """OAuth callback; its ``current_user`` comes from the async ``prepare`` too."""
+
+    def initialize(self, service: GPUService) -> None:
+        self.service = service
+        self.hub_auth = service.hub_auth
+
+    async def prepare(self) -> None:
+        model = await self.hub_auth.get_user(self, sync=False)
+        self._hub_auth_user_cache = model
+
+
+class NotFoundHandler(_Base):
+    public = True
+
+    def prepare(self) -> None:
+        raise web.HTTPError(404, f"no such endpoint: {self.request.path}")
+
+
+# -- the service -------------------------------------------------------------------------------
+class GPUService:
+    """The service's Tornado application and its hub OAuth client.
+
+    Args:
+        name: service name (``/services/<name>/``).
+        api_token: the token the hub registers for this service; also its OAuth client
+            secret.
+        base_url: the hub's ``base_url``.
+        hub_api_url: the hub's internal API URL; default: read from the running hub.
+        cluster_provider: returns the cluster to show (default :func:`hub_cluster`).
+        user_lookup: name -> (admin, groups) or None (default :func:`hub_user`).
+    """
+
+    def __init__(self, name: str, api_token: str, base_url: str = "/",
+                 hub_api_url: str | None = None,
+                 cluster_provider: Callable[[], Cluster] = hub_cluster,
+                 user_lookup: Callable[[str], tuple[bool, list[str]] | None] = hub_user,
+                 ) -> None:
+        self.name = name
+        self.api_token = api_token
+        self.base_url = base_url
+        self.prefix = url_path_join(base_url, "services", name) + "/"
+        self.hub_prefix = url_path_join(base_url, "hub") + "/"
+        self._hub_api_url = hub_api_url
+        self.cluster_provider = cluster_provider
+        self.user_lookup = user_lookup
+        self._hub_auth: HubOAuth | None = None
+        self.templates = Environment(loader=PackageLoader("gpuspawner", "service/templates"),
+                                     autoescape=select_autoescape(["html", "j2"]))
+        self.server: HTTPServer | None = None
+        self.port: int | None = None
+
+    @property
+    def hub_auth(self) -> HubOAuth:
+        """The OAuth client, made on first use (the hub's API URL is known by then)."""
+        if self._hub_auth is None:
+            api_url = self._hub_api_url or _hub_app().hub.api_url
+            self._hub_auth = HubOAuth(
+                api_token=self.api_token,
+                api_url=api_url,
+                base_url=self.prefix,
+                hub_prefix=self.hub_prefix,
+                oauth_client_id=f"service-{self.name}",
+                oauth_redirect_uri=self.prefix + "oauth_callback",
+                access_scopes={f"access:services!service={self.name}"},
+                cache_max_age=60,
+            )
+        return self._hub_auth
+
+    def is_admin(self, model: dict[str, Any]) -> bool:
+        """Admin view: the custom scope, unfiltered ``admin:users`` or the hub's admin flag."""
+        scopes = set(model.get("scopes") or [])
+        if ADMIN_SCOPE in scopes or "admin:users" in scopes:
+            return True
+        if model.get("kind", "user") != "user":
+            return False
+        if model.get("admin"):
+            return True
+        info = self.user_lookup(model["name"])
+        return bool(info and info[0])
+
+    def make_app(self) -> web.Application:
+        p = self.prefix
+        kw = {"service": self}
+        return web.Application([
+            (p.rstrip("/") + "/?", RootHandler, kw),
+            (p + "admin", AdminPageHandler, kw),
+            (p + "api/nodes", NodesHandler, kw),
+            (p + "api/allocations", AllocationsHandler, kw),
+            (p + r"api/users/([^/]+)/usage", UsageHandler, kw),
+            (p + "api/openapi.json", OpenAPIHandler, kw),
+            (p + "metrics", MetricsHandler, kw),
+            (p + "oauth_callback", CallbackHandler, kw),
+        ], cookie_secret=secrets.token_bytes(32), default_handler_class=NotFoundHandler,
+            default_handler_args=kw, xsrf_cookies=False, log_function=_log_request)
+
+    def listen(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Bind ``host:port`` now (0 = a free port) and serve on the running loop.
+
+        Returns:
+            the bound port.
+        """
+        sockets = bind_sockets(port, host)
+        self.port = sockets[0].getsockname()[1]
+        self.server = HTTPServer(self.make_app(), xheaders=True)
+        self.server.add_sockets(sockets)
+        return self.port
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def _log_request(handler: web.RequestHandler) -> None:
+    status = handler.get_status()
+    level = logging.WARNING if status >= 500 else logging.DEBUG
+    log.log(level, "gpuspawner service %s %s %s %.1fms", status, handler.request.method,
+            handler.request.uri, 1000 * handler.request.request_time())
+
+
+# -- hub configuration -------------------------------------------------------------------------
+def configure_service(c: Any, name: str = "gpuspawner", host: str = "127.0.0.1",
+                      port: int = 0, admin_groups: Iterable[str] = ("gpuspawner-admins",),
+                      track_spawn_time: bool = True) -> GPUService | None:
+    """Start the service inside the hub process and register it with the hub (call it from
+    ``jupyterhub_config.py``; see ``docs/service.md``).
+
+    It binds ``host:port`` (loopback; 0 = a free port), adds the external service
+    ``{"name": name, "url": ..., "oauth_no_confirm": True}``, defines the custom scope
+    :data:`ADMIN_SCOPE` and a role granting it (with service access) to the hub's
+    ``admin_users`` and the JupyterHub groups ``admin_groups``, adds
+    ``access:services!service=<name>`` to every user (``JupyterHub.extra_user_scopes``),
+    registers the ledger
+    gauges and, with ``track_spawn_time``, chains :func:`gpuspawner.metrics.track_spawn` in
+    front of any ``pre_spawn_hook`` already configured.
+
+    Returns:
+        the service, or None when no event loop is running (a config load that serves nothing,
+        e.g. ``jupyterhub --help-all``).
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        log.info("gpuspawner service: no running event loop; not started")
+        return None
+    jh = c.JupyterHub
+    base_url = jh.base_url if "base_url" in jh else "/"
+    service = GPUService(name, secrets.token_hex(32), base_url=base_url)
+    service.listen(host, port)
+
+    # append/update/add work on lists already set above and on unset (lazy) values alike
+    jh.services.append({
+        "name": name,
+        "url": service.url,
+        "api_token": service.api_token,
+        "oauth_no_confirm": True,
+        "oauth_client_allowed_scopes": [ADMIN_SCOPE],
+        "display": True,
+        "info": {"description": "GPU placement: map, REST API, metrics"},
+    })
+    jh.custom_scopes.update({ADMIN_SCOPE: {
+        "description": "See every user's GPU allocations and usage, the GPU map and metrics "
+                       "of the gpuspawner service"}})
+    access = f"access:services!service={name}"
+    # every user may open the service (JupyterHub adds these to the default 'user' role)
+    jh.extra_user_scopes.add(access)
+    admins = sorted(c.Authenticator.admin_users) if "admin_users" in c.Authenticator else []
+    jh.load_roles.append({"name": f"{name}-service-admins",
+                          "description": "admin view of the gpuspawner service",
+                          "scopes": [ADMIN_SCOPE, access],
+                          "users": admins, "groups": sorted(admin_groups)})
+
+    metrics.register_cluster_collector()
+    if track_spawn_time:
+        previous = None
+        for section in ("GPUSpawner", "DockerSpawner", "Spawner"):
+            if section in c and "pre_spawn_hook" in c[section]:
+                previous = c[section]["pre_spawn_hook"]
+                break
+
+        def pre_spawn_hook(spawner: Any) -> Any:
+            metrics.track_spawn(spawner)
+            return previous(spawner) if previous else None
+
+        c.GPUSpawner.pre_spawn_hook = pre_spawn_hook
+    log.info("gpuspawner service listening on %s (proxied at %s)", service.url, service.prefix)
+    return service

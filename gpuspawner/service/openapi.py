@@ -1,0 +1,200 @@
+"""The OpenAPI 3.0 document of the service's REST API, served at ``api/openapi.json``.
+
+Kept next to the handlers (``app.py``) and checked against them by schemathesis in
+``tests/test_service_hub.py`` (every documented response, no server errors).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_INT = {"type": "integer"}
+_INT_OR_NULL = {"type": "integer", "nullable": True}
+_STR = {"type": "string"}
+
+USAGE = {
+    "type": "object",
+    "description": "Resources held. gpu_milli: 1000 = one GPU; memory/disk in bytes.",
+    "required": ["gpu_milli", "cores", "memory_bytes", "disk_bytes", "servers"],
+    "properties": {k: _INT for k in ("gpu_milli", "cores", "memory_bytes", "disk_bytes",
+                                     "servers")},
+}
+LIMITS = {
+    "type": "object",
+    "nullable": True,
+    "description": "Upper limits by resource (units as in Usage); null = unlimited.",
+    "properties": {k: _INT_OR_NULL for k in ("gpu_milli", "cores", "memory_bytes",
+                                             "disk_bytes", "servers")},
+}
+HOLDER = {
+    "type": "object",
+    "required": ["user", "milli"],
+    "properties": {
+        "allocation": {"type": "string", "nullable": True,
+                       "description": "null when held by another user (non-admin view)"},
+        "user": _STR,
+        "server": {"type": "string", "nullable": True},
+        "milli": _INT,
+        "mine": {"type": "boolean"},
+    },
+}
+GPU = {
+    "type": "object",
+    "required": ["uuid", "model", "milli_used", "holders"],
+    "properties": {
+        "uuid": _STR, "index": _INT, "model": _STR, "memory_bytes": _INT,
+        "pci_bus_id": _STR, "numa_node": _INT_OR_NULL, "shareable": {"type": "boolean"},
+        "milli_used": {"type": "integer", "minimum": 0, "maximum": 1000},
+        "holders": {"type": "array", "items": {"$ref": "#/components/schemas/Holder"}},
+    },
+}
+NUMA = {
+    "type": "object",
+    "required": ["id", "cpus", "cpus_free", "memory_bytes", "memory_free_bytes"],
+    "properties": {
+        "id": _INT,
+        "cpus": {"type": "array", "items": _INT},
+        "cpus_free": {"type": "array", "items": _INT},
+        "cpu_owners": {"type": "object", "additionalProperties": _STR,
+                       "description": "CPU id -> user holding it"},
+        "memory_bytes": _INT,
+        "memory_free_bytes": _INT,
+    },
+}
+NODE = {
+    "type": "object",
+    "required": ["name", "numa_nodes", "gpus", "summary"],
+    "properties": {
+        "name": _STR,
+        "labels": {"type": "object", "additionalProperties": _STR},
+        "disk_bytes": _INT,
+        "disk_free_bytes": _INT,
+        "numa_nodes": {"type": "array", "items": {"$ref": "#/components/schemas/NumaNode"}},
+        "gpus": {"type": "array", "items": {"$ref": "#/components/schemas/GPU"}},
+        "summary": {
+            "type": "object",
+            "required": ["gpus_total", "gpus_free", "gpu_milli_used", "cores_total",
+                         "cores_free", "memory_bytes", "memory_free_bytes"],
+            "properties": {k: _INT for k in ("gpus_total", "gpus_free", "gpu_milli_used",
+                                             "cores_total", "cores_free", "memory_bytes",
+                                             "memory_free_bytes")},
+        },
+    },
+}
+ALLOCATION = {
+    "type": "object",
+    "required": ["id", "owner", "node", "gpus", "cpuset", "memory_bytes", "gpu_milli"],
+    "properties": {
+        "id": _STR,
+        "owner": {"type": "object", "required": ["user", "server", "groups"], "properties": {
+            "user": _STR, "server": _STR, "groups": {"type": "array", "items": _STR}}},
+        "node": _STR,
+        "gpus": {"type": "array", "items": {"type": "object", "required": ["uuid", "milli"],
+                                            "properties": {"uuid": _STR, "milli": _INT}}},
+        "cpuset": {"type": "array", "items": _INT},
+        "mems": {"type": "array", "items": _INT},
+        "memory_bytes": _INT,
+        "memory_by_numa": {"type": "object", "additionalProperties": _INT},
+        "disk_bytes": _INT,
+        "created": {"type": "number", "description": "seconds since the epoch"},
+        "numa_aligned": {"type": "boolean"},
+        "note": _STR,
+        "gpu_milli": _INT,
+        "cpuset_text": _STR,
+        "summary": _STR,
+    },
+}
+USER_USAGE = {
+    "type": "object",
+    "required": ["user", "groups", "usage", "quota", "remaining", "group_quotas"],
+    "properties": {
+        "user": _STR,
+        "groups": {"type": "array", "items": _STR},
+        "usage": {"$ref": "#/components/schemas/Usage"},
+        "quota": {"$ref": "#/components/schemas/Limits"},
+        "remaining": {"$ref": "#/components/schemas/Limits"},
+        "group_quotas": {"type": "array", "items": {
+            "type": "object", "required": ["group", "usage", "quota"],
+            "properties": {"group": _STR, "usage": {"$ref": "#/components/schemas/Usage"},
+                           "quota": {"$ref": "#/components/schemas/Limits"}}}},
+        "allocations": {"type": "array", "items": _STR},
+    },
+}
+ERROR = {
+    "type": "object",
+    "required": ["status", "message"],
+    "properties": {"status": _INT, "message": _STR},
+}
+
+
+def _resp(description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"description": description,
+            "content": {"application/json": {"schema": schema}}}
+
+
+_ERR = {"$ref": "#/components/schemas/Error"}
+_DENIED = {
+    "401": _resp("no token or cookie identifies a hub user", _ERR),
+    "403": _resp("authenticated, but not allowed", _ERR),
+}
+
+
+def openapi_document(prefix: str = "/services/gpuspawner/") -> dict[str, Any]:
+    """The OpenAPI 3.0.3 document; ``servers`` is the service's URL prefix on the hub."""
+    return {
+        "openapi": "3.0.3",
+        "info": {
+            "title": "gpuspawner hub service",
+            "version": "1",
+            "description": "GPU placement state of this JupyterHub, read from the hub "
+                           "process's ledger. Authenticate with a JupyterHub API token "
+                           "(`Authorization: token ...`) or the hub's OAuth cookie. Admins "
+                           "(or holders of the custom:gpuspawner:admin scope) see everyone; "
+                           "users see their own allocations and usage.",
+        },
+        "servers": [{"url": prefix.rstrip("/")}],
+        "components": {
+            "securitySchemes": {"token": {"type": "apiKey", "in": "header",
+                                          "name": "Authorization",
+                                          "description": "token <JupyterHub API token>"}},
+            "schemas": {"Usage": USAGE, "Limits": LIMITS, "Holder": HOLDER, "GPU": GPU,
+                        "NumaNode": NUMA, "Node": NODE, "Allocation": ALLOCATION,
+                        "UserUsage": USER_USAGE, "Error": ERROR},
+        },
+        "security": [{"token": []}],
+        "paths": {
+            "/api/nodes": {"get": {
+                "operationId": "listNodes",
+                "summary": "Nodes with free/used GPUs, NUMA nodes and cores",
+                "responses": {"200": _resp("the nodes", {
+                    "type": "array", "items": {"$ref": "#/components/schemas/Node"}}),
+                    **_DENIED},
+            }},
+            "/api/allocations": {"get": {
+                "operationId": "listAllocations",
+                "summary": "Allocations: all for admins, the caller's own for users",
+                "parameters": [{"name": "user", "in": "query", "required": False,
+                                "schema": _STR,
+                                "description": "only this user's (others: admins only)"}],
+                "responses": {"200": _resp("allocations, oldest first", {
+                    "type": "array", "items": {"$ref": "#/components/schemas/Allocation"}}),
+                    **_DENIED},
+            }},
+            "/api/users/{name}/usage": {"get": {
+                "operationId": "getUserUsage",
+                "summary": "What a user holds, their quota and their groups' quotas",
+                "parameters": [{"name": "name", "in": "path", "required": True,
+                                "schema": _STR}],
+                "responses": {"200": _resp("usage and quota", {
+                    "$ref": "#/components/schemas/UserUsage"}), **_DENIED},
+            }},
+            "/api/openapi.json": {"get": {
+                "operationId": "getOpenAPI",
+                "summary": "This document",
+                "security": [],
+                "responses": {"200": {"description": "OpenAPI 3.0 document",
+                                      "content": {"application/json": {
+                                          "schema": {"type": "object"}}}}},
+            }},
+        },
+    }

@@ -1,0 +1,185 @@
+"""What the service shows, computed from the hub process's one :class:`~gpuspawner.cluster.Cluster`
+(its ledger) at each request: no copy, no cache, so nothing can drift.
+
+Units: memory and disk in bytes, GPUs in milli-GPU (1000 = one GPU) unless a key says
+``gpus``, cores as logical CPU counts, times in seconds since the epoch.
+"""
+
+from __future__ import annotations
+
+import colorsys
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import fields
+from typing import Any
+
+from ..cluster import Cluster
+from ..placement import GPU_MILLI, Allocation, Quota, format_bytes, format_cpu_list
+
+#: what a non-admin sees instead of another user's name
+OTHER = "(another user)"
+
+
+def node_views(cluster: Cluster, viewer: str | None) -> list[dict[str, Any]]:
+    """``GET api/nodes``: the ledger's snapshot with per-node totals.
+
+    Args:
+        cluster: the hub's cluster.
+        viewer: the requesting user's name, or None for an admin. A non-admin sees who holds
+            a device only where it is themself; other holders read :data:`OTHER`, without
+            allocation id or server name.
+    """
+    out = []
+    for node in cluster.ledger.snapshot():
+        for g in node["gpus"]:
+            g["holders"] = [_holder(h, viewer) for h in g["holders"]]
+        for nn in node["numa_nodes"]:
+            nn["cpu_owners"] = {c: (u if viewer is None or u == viewer else OTHER)
+                                for c, u in nn["cpu_owners"].items()}
+        gpus = node["gpus"]
+        node["summary"] = {
+            "gpus_total": len(gpus),
+            "gpus_free": sum(1 for g in gpus if g["milli_used"] == 0),
+            "gpu_milli_used": sum(g["milli_used"] for g in gpus),
+            "cores_total": sum(len(nn["cpus"]) for nn in node["numa_nodes"]),
+            "cores_free": sum(len(nn["cpus_free"]) for nn in node["numa_nodes"]),
+            "memory_bytes": sum(nn["memory_bytes"] for nn in node["numa_nodes"]),
+            "memory_free_bytes": sum(nn["memory_free_bytes"] for nn in node["numa_nodes"]),
+        }
+        out.append(node)
+    return out
+
+
+def _holder(h: Mapping[str, Any], viewer: str | None) -> dict[str, Any]:
+    if viewer is None or h["user"] == viewer:
+        return {**h, "mine": viewer is not None}
+    return {"allocation": None, "user": OTHER, "server": None, "milli": h["milli"],
+            "mine": False}
+
+
+def allocation_view(a: Allocation) -> dict[str, Any]:
+    """One allocation as JSON (``Allocation.to_dict`` plus readable fields)."""
+    d = a.to_dict()
+    d["gpu_milli"] = a.total_gpu_milli
+    d["cpuset_text"] = a.cpuset_str()
+    d["summary"] = a.summary()
+    return d
+
+
+def allocation_views(cluster: Cluster, user: str | None = None) -> list[dict[str, Any]]:
+    """``GET api/allocations``: every allocation (``user`` None) or one user's, oldest first."""
+    return [allocation_view(a) for a in cluster.ledger.allocations(user)]
+
+
+def quota_dict(q: Quota | None) -> dict[str, int | None] | None:
+    """A quota's limits by resource (None = unlimited), or None when there is no quota."""
+    if q is None:
+        return None
+    return {f.name: getattr(q, f.name) for f in fields(q)}
+
+
+def usage_view(cluster: Cluster, user: str, groups: Iterable[str]) -> dict[str, Any]:
+    """``GET api/users/{name}/usage``: what the user holds, their quota, what each of their
+    groups holds against its quota, and what they may still take (the tightest limit)."""
+    ledger = cluster.ledger
+    groups = sorted(set(groups))
+    table = ledger.quotas
+    return {
+        "user": user,
+        "groups": groups,
+        "usage": ledger.usage(user).to_dict(),
+        "quota": quota_dict(table.user_quota(user)),
+        "remaining": ledger.quota_remaining(user, groups),
+        "group_quotas": [{
+            "group": g,
+            "usage": ledger.group_usage(g).to_dict(),
+            "quota": quota_dict(table.groups.get(g)),
+        } for g in groups],
+        "allocations": [a.id for a in ledger.allocations(user)],
+    }
+
+
+# -- the admin map ---------------------------------------------------------------------------
+def owner_colour(user: str) -> str:
+    """A stable colour per user (hue from a hash of the name), as CSS ``hsl()``."""
+    hue = int(hashlib.sha256(user.encode()).hexdigest()[:4], 16) % 360
+    return f"hsl({hue}, 65%, 45%)"
+
+
+def _mix(hue_css: str, fraction: float) -> str:
+    """Lighter for less use: a share at 25 % is pale, an exclusive GPU full colour."""
+    hue = int(hue_css[4:].split(",")[0])
+    light = 0.88 - 0.43 * max(0.0, min(1.0, fraction))
+    r, g, b = colorsys.hls_to_rgb(hue / 360, light, 0.65)
+    return f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}"
+
+
+def map_view(cluster: Cluster) -> dict[str, Any]:
+    """Everything the admin page renders: per node, one cell per GPU and one per NUMA node's
+    cores (coloured by owner and utilisation), the allocations table and quota use."""
+    nodes = node_views(cluster, None)
+    ledger = cluster.ledger
+    colours: dict[str, str] = {}
+    rows = []
+    for node in nodes:
+        gpu_cells = []
+        for g in node["gpus"]:
+            owners = sorted({h["user"] for h in g["holders"]})
+            for u in owners:
+                colours.setdefault(u, owner_colour(u))
+            frac = g["milli_used"] / GPU_MILLI
+            colour = _mix(colours[owners[0]], frac) if owners else "#eeeeee"
+            gpu_cells.append({
+                "uuid": g["uuid"], "index": g["index"], "model": g["model"] or "GPU",
+                "numa_node": g["numa_node"], "milli_used": g["milli_used"],
+                "owners": owners, "colour": colour,
+                "title": f"GPU {g['index']} {g['model']} {g['uuid']}: "
+                         + (f"{g['milli_used']}/1000 milli, " + ", ".join(owners)
+                            if owners else "free"),
+            })
+        numa_cells = []
+        for nn in node["numa_nodes"]:
+            total = len(nn["cpus"])
+            used = total - len(nn["cpus_free"])
+            by_user: dict[str, int] = {}
+            for u in nn["cpu_owners"].values():
+                by_user[u] = by_user.get(u, 0) + 1
+            for u in by_user:
+                colours.setdefault(u, owner_colour(u))
+            numa_cells.append({
+                "id": nn["id"], "cores_total": total, "cores_used": used,
+                "cpus": format_cpu_list(nn["cpus"]),
+                "memory": format_bytes(nn["memory_bytes"]),
+                "memory_used": format_bytes(nn["memory_bytes"] - nn["memory_free_bytes"]),
+                "utilisation": used / total if total else 0.0,
+                "segments": [{"user": u, "cores": n, "colour": colours[u],
+                              "percent": 100 * n / total}
+                             for u, n in sorted(by_user.items())],
+            })
+        rows.append({"name": node["name"], "summary": node["summary"], "gpus": gpu_cells,
+                     "numa": numa_cells})
+    allocs = ledger.allocations()
+    users = sorted({a.owner.user for a in allocs} | set(ledger.quotas.users))
+    quota_rows = []
+    for u in users:
+        groups = sorted({g for a in ledger.allocations(u) for g in a.owner.groups})
+        view = usage_view(cluster, u, groups)
+        quota_rows.append({"user": u, "usage": view["usage"], "quota": view["quota"] or {},
+                           "colour": colours.get(u, owner_colour(u))})
+    group_rows = [{"group": g, "usage": ledger.group_usage(g).to_dict(),
+                   "quota": quota_dict(q) or {}} for g, q in sorted(ledger.quotas.groups.items())]
+    return {
+        "nodes": rows,
+        "allocations": [allocation_view(a) for a in allocs],
+        "quota_rows": quota_rows,
+        "group_rows": group_rows,
+        "default_quota": quota_dict(ledger.quotas.default_user),
+        "legend": sorted(colours.items()),
+        "totals": {
+            "gpus": sum(r["summary"]["gpus_total"] for r in rows),
+            "gpus_free": sum(r["summary"]["gpus_free"] for r in rows),
+            "gpu_milli_used": sum(r["summary"]["gpu_milli_used"] for r in rows),
+            "allocations": len(allocs),
+        },
+        "policy": ledger.policy_name,
+    }

@@ -1,0 +1,228 @@
+"""The service's views, OpenAPI document and metrics on a real ledger (no hub, no engine).
+
+Topology: ``tests/data/topologies/dgx-a100.yaml`` (8 A100 on 2 NUMA nodes) plus a CPU-only node,
+with quotas; two users hold allocations. Every view is validated against the OpenAPI
+document's schema, so the document and the code cannot disagree silently.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuspawner import metrics
+from gpuspawner.cluster import Cluster
+from gpuspawner.placement import Bundle, Ledger, Owner, QuotaExceeded, QuotaTable
+from gpuspawner.placement.topology import load_topology_file
+from gpuspawner.service.openapi import openapi_document
+from gpuspawner.service.views import (
+    OTHER,
+    allocation_views,
+    map_view,
+    node_views,
+    usage_view,
+)
+
+TOPO = Path(__file__).parent / "data" / "topologies"
+
+
+@pytest.fixture
+def cluster() -> Cluster:
+    dgx = load_topology_file(str(TOPO / "dgx-a100.yaml"))
+    cpu = load_topology_file(str(TOPO / "cpu-only.yaml"))
+    quotas = QuotaTable.from_config(users={"alice": {"gpus": 2}},
+                                    groups={"lab": {"gpus": 4}},
+                                    default_user={"gpus": 1, "servers": 2})
+    ledger = Ledger([dgx, cpu], quotas=quotas)
+    ledger.reserve(Bundle(cores=8, memory_bytes=2**30, gpus=2, gpu_models=("A100",)),
+                   Owner("alice", "", ("lab",)))
+    ledger.reserve(Bundle(cores=2, memory_bytes=2**30, gpus=1, gpu_models=("A100",)),
+                   Owner("bob", "work", ("lab",)))
+    return Cluster({n.name: None for n in ledger.nodes}, ledger)  # type: ignore[misc]
+
+
+def _json_schema(name: str) -> dict[str, Any]:
+    """The OpenAPI component ``name`` as a JSON Schema (``nullable`` -> a null type)."""
+    doc = copy.deepcopy(openapi_document())
+
+    def fix(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.pop("nullable", False) and "type" in node:
+                node["type"] = [node["type"], "null"]
+            for v in node.values():
+                fix(v)
+        elif isinstance(node, list):
+            for v in node:
+                fix(v)
+
+    fix(doc)
+    return {"$ref": f"#/components/schemas/{name}", "components": doc["components"]}
+
+
+def _validate(instance: Any, name: str, array: bool = False) -> None:
+    schema = _json_schema(name)
+    if array:
+        schema = {"type": "array", "items": {"$ref": schema["$ref"]},
+                  "components": schema["components"]}
+    jsonschema.validate(instance, schema)
+
+
+def test_admin_node_view_names_every_holder(cluster):
+    nodes = node_views(cluster, None)
+    _validate(nodes, "Node", array=True)
+    dgx = next(n for n in nodes if n["gpus"])
+    held = {h["user"] for g in dgx["gpus"] for h in g["holders"]}
+    assert held == {"alice", "bob"}
+    assert dgx["summary"]["gpus_total"] == 8
+    assert dgx["summary"]["gpus_free"] == 5
+    assert dgx["summary"]["gpu_milli_used"] == 3000
+    assert dgx["summary"]["cores_free"] == dgx["summary"]["cores_total"] - 10
+
+
+def test_user_node_view_hides_other_users(cluster):
+    nodes = node_views(cluster, "bob")
+    _validate(nodes, "Node", array=True)
+    holders = [h for n in nodes for g in n["gpus"] for h in g["holders"]]
+    mine = [h for h in holders if h["mine"]]
+    others = [h for h in holders if not h["mine"]]
+    assert [h["user"] for h in mine] == ["bob"]
+    assert len(others) == 2 and all(h["user"] == OTHER and h["allocation"] is None
+                                    for h in others)
+    owners = {u for n in nodes for nn in n["numa_nodes"] for u in nn["cpu_owners"].values()}
+    assert owners == {"bob", OTHER}
+
+
+def test_allocations_and_usage(cluster):
+    allocs = allocation_views(cluster)
+    _validate(allocs, "Allocation", array=True)
+    assert [a["owner"]["user"] for a in allocs] == ["alice", "bob"]
+    assert [a["gpu_milli"] for a in allocation_views(cluster, "bob")] == [1000]
+    u = usage_view(cluster, "alice", ["lab"])
+    _validate(u, "UserUsage")
+    assert u["usage"]["gpu_milli"] == 2000 and u["quota"]["gpu_milli"] == 2000
+    assert u["remaining"]["gpu_milli"] == 0
+    assert u["group_quotas"] == [{"group": "lab",
+                                  "usage": {**u["group_quotas"][0]["usage"],
+                                            "gpu_milli": 3000},
+                                  "quota": {"gpu_milli": 4000, "cores": None,
+                                            "memory_bytes": None, "disk_bytes": None,
+                                            "servers": None}}]
+    # a user without an entry gets default_user
+    assert usage_view(cluster, "nobody", [])["quota"]["servers"] == 2
+
+
+def test_map_view_cells_match_the_ledger(cluster):
+    view = map_view(cluster)
+    dgx = next(r for r in view["nodes"] if r["gpus"])
+    busy = [g for g in dgx["gpus"] if g["owners"]]
+    assert sorted(o for g in busy for o in g["owners"]) == ["alice", "alice", "bob"]
+    assert all(g["milli_used"] == 1000 for g in busy)
+    assert len({g["colour"] for g in busy}) == 2  # one colour per owner
+    free = [g for g in dgx["gpus"] if not g["owners"]]
+    assert {g["colour"] for g in free} == {"#eeeeee"}
+    used = sum(m["cores_used"] for m in dgx["numa"])
+    assert used == 10
+    assert view["totals"] == {"gpus": 8, "gpus_free": 5, "gpu_milli_used": 3000,
+                              "allocations": 2}
+    rows = {q["user"]: q for q in view["quota_rows"]}
+    assert rows["alice"]["usage"]["gpu_milli"] == 2000
+    assert rows["alice"]["quota"]["gpu_milli"] == 2000
+
+
+def test_admin_template_renders_every_cell(cluster):
+    from jinja2 import Environment, PackageLoader, select_autoescape
+
+    env = Environment(loader=PackageLoader("gpuspawner", "service/templates"),
+                      autoescape=select_autoescape(["html", "j2"]))
+    html = env.get_template("admin.html.j2").render(
+        view=map_view(cluster), user={"name": "admin"}, prefix="/services/gpuspawner/",
+        hub_prefix="/hub/")
+    assert html.count('class="gpu"') == 5
+    assert html.count('class="gpu busy"') == 3
+    assert html.count('class="numa"') == 4  # 2 NUMA nodes on each node
+    assert 'data-quota-user="alice" data-gpu-milli="2000" data-gpu-milli-limit="2000"' in html
+
+
+def test_openapi_document_is_valid_openapi_3():
+    doc = openapi_document("/services/gpuspawner/")
+    assert doc["openapi"].startswith("3.0")
+    assert set(doc["paths"]) == {"/api/nodes", "/api/allocations", "/api/users/{name}/usage",
+                                 "/api/openapi.json"}
+    assert doc["servers"] == [{"url": "/services/gpuspawner"}]
+    # every schema is a valid JSON Schema and every $ref resolves
+    for name in doc["components"]["schemas"]:
+        schema = _json_schema(name)
+        jsonschema.Draft7Validator.check_schema(schema)
+        jsonschema.Draft7Validator(schema).is_valid({})
+
+
+def _samples(registry) -> dict[tuple[str, tuple], float]:
+    from prometheus_client import generate_latest
+
+    out = {}
+    for fam in text_string_to_metric_families(generate_latest(registry).decode()):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_cluster_collector_reports_the_ledger(cluster):
+    from prometheus_client import CollectorRegistry
+
+    reg = CollectorRegistry()
+    reg.register(metrics.ClusterCollector(lambda: [cluster]))
+    s = _samples(reg)
+    dgx = next(n.name for n in cluster.ledger.nodes if n.gpus)
+    key = (("model", "A100"), ("node", dgx))
+    assert s[("gpuspawner_gpus_total", key)] == 8
+    assert s[("gpuspawner_gpus_allocated", key)] == 3
+    assert s[("gpuspawner_gpus_free", key)] == 5
+    assert s[("gpuspawner_user_gpus", (("user", "alice"),))] == 2
+    assert s[("gpuspawner_user_allocations", (("user", "bob"),))] == 1
+    assert s[("gpuspawner_group_gpus", (("group", "lab"),))] == 3
+    cluster.ledger.release(cluster.ledger.allocations("bob")[0].id)
+    s = _samples(reg)  # computed at scrape time: follows the ledger at once
+    assert s[("gpuspawner_gpus_free", key)] == 6
+    assert ("gpuspawner_user_gpus", (("user", "bob"),)) not in s
+
+
+def test_refusals_are_counted_by_reason(cluster):
+    before = _samples(metrics.REGISTRY)
+    with pytest.raises(QuotaExceeded) as e:
+        cluster.ledger.reserve(Bundle(cores=1, memory_bytes=2**20, gpus=1),
+                               Owner("alice", "third", ("lab",)))
+    metrics.placement_refused(e.value)
+    after = _samples(metrics.REGISTRY)
+    key = ("gpuspawner_placement_refusals_total", (("reason", "quota_gpu_milli"),))
+    assert after[key] == before.get(key, 0) + 1
+    assert metrics.refusal_reason(e.value) == "quota_gpu_milli"
+
+
+async def test_track_spawn_observes_ready_spawns_only():
+    import asyncio
+
+    class FakeSpawner:
+        ready = True
+        allocation = None
+
+    times = iter([10.0, 12.5])
+    sp = FakeSpawner()
+    sp._spawn_future = asyncio.get_running_loop().create_future()
+    before = _samples(metrics.REGISTRY)
+    metrics.track_spawn(sp, clock=lambda: next(times))
+    sp._spawn_future.set_result(None)
+    await asyncio.sleep(0)  # done callbacks run on the next loop iteration
+    after = _samples(metrics.REGISTRY)
+    key = ("gpuspawner_spawn_ready_seconds_sum", (("gpus", "0"),))
+    assert after[key] - before.get(key, 0) == pytest.approx(2.5)
+    failed = FakeSpawner()
+    failed._spawn_future = asyncio.get_running_loop().create_future()
+    metrics.track_spawn(failed, clock=lambda: 0.0)
+    failed._spawn_future.set_exception(RuntimeError("boom"))
+    await asyncio.sleep(0)
+    assert _samples(metrics.REGISTRY)[key] == after[key]
