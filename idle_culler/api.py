@@ -1,0 +1,193 @@
+"""The service's web API under ``/services/<name>/`` (hub OAuth; API clients send a hub token
+in ``Authorization: token ...``).
+
+====================================  =======  ==========================================
+path (below the service prefix)       method   who / what
+====================================  =======  ==========================================
+``api/status``                        GET      a user: their own servers (decision, "will be
+                                               culled at T, because ...", figures, policy);
+                                               an admin: every server (``?user=NAME`` filters)
+``api/policy``                        GET      the caller's effective policy with sources
+``api/policies``                      GET/PUT  admin: the whole policy document; PUT replaces
+                                               it and writes it to the policies file
+``api/policies/global``               PUT      admin: replace the global entry
+``api/policies/(users|groups)/NAME``  PUT/DEL  admin: set or remove one entry
+``metrics``                           GET      admin: Prometheus text format
+``oauth_callback``                    GET      hub OAuth
+====================================  =======  ==========================================
+
+Admins are hub admins (``admin: true`` in the user model the hub returns for the token).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler, HubOAuthenticated
+from jupyterhub.utils import url_path_join
+from tornado import web
+
+from .core import Culler
+from .metrics import Metrics
+from .policies import PolicyError, normalize_entry
+
+
+class BaseHandler(HubOAuthenticated, web.RequestHandler):
+    def initialize(self, culler: Culler, hub_auth: HubOAuth,
+                   metrics: Metrics | None = None) -> None:
+        self.culler = culler
+        self.hub_auth = hub_auth
+        self.metrics = metrics
+
+    def check_xsrf_cookie(self) -> None:
+        # API clients authenticate with a token header, not a cookie
+        if self.request.headers.get("Authorization"):
+            return None
+        return super().check_xsrf_cookie()
+
+    @property
+    def is_admin(self) -> bool:
+        return bool(self.current_user and self.current_user.get("admin"))
+
+    def require_admin(self) -> None:
+        if not self.is_admin:
+            raise web.HTTPError(403, "admin only")
+
+    def write_json(self, data: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(data, sort_keys=True))
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        reason = self._reason
+        exc = kwargs.get("exc_info")
+        if exc and isinstance(exc[1], web.HTTPError) and exc[1].log_message:
+            reason = exc[1].log_message
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"status": status_code, "message": reason}))
+
+    def body(self) -> Any:
+        try:
+            return json.loads(self.request.body or b"null")
+        except ValueError as e:
+            raise web.HTTPError(400, f"body is not JSON: {e}") from e
+
+
+class StatusHandler(BaseHandler):
+    @web.authenticated
+    def get(self) -> None:
+        me = self.current_user["name"]
+        if self.is_admin:
+            self.write_json(self.culler.user_status(self.get_argument("user", None)))
+        else:
+            self.write_json(self.culler.user_status(me))
+
+
+class MyPolicyHandler(BaseHandler):
+    @web.authenticated
+    def get(self) -> None:
+        u = self.current_user
+        user = u["name"]
+        groups = u.get("groups") or []
+        if self.is_admin and self.get_argument("user", None):
+            user = self.get_argument("user")
+            groups = [g for g in self.get_argument("groups", "").split(",") if g]
+        pol = self.culler.policies.resolve(user, groups)
+        self.write_json({"user": user, "groups": groups, "policy": pol.to_json()})
+
+
+class PoliciesHandler(BaseHandler):
+    @web.authenticated
+    def get(self) -> None:
+        self.require_admin()
+        self.write_json(self.culler.policies.to_dict())
+
+    @web.authenticated
+    def put(self) -> None:
+        self.require_admin()
+        try:
+            self.culler.policies.replace(self.body())
+        except PolicyError as e:
+            raise web.HTTPError(400, str(e)) from e
+        self.culler.policies.save()
+        self.write_json(self.culler.policies.to_dict())
+
+
+class PolicyEntryHandler(BaseHandler):
+    def _apply(self, section: str, name: str | None, entry: Any) -> None:
+        doc = self.culler.policies.to_dict()
+        if section == "global":
+            doc["global"] = entry or {}
+        elif entry is None:
+            if name not in doc[section]:
+                raise web.HTTPError(404, f"no {section} entry {name!r}")
+            del doc[section][name]
+        else:
+            doc[section][name] = entry
+        try:
+            if entry is not None:
+                normalize_entry(entry, f"{section}.{name}" if name else section)
+            self.culler.policies.replace(doc)
+        except PolicyError as e:
+            raise web.HTTPError(400, str(e)) from e
+        self.culler.policies.save()
+        self.write_json(self.culler.policies.to_dict())
+
+    @web.authenticated
+    def put(self, section: str, name: str | None = None) -> None:
+        self.require_admin()
+        if (section == "global") != (name is None):
+            raise web.HTTPError(404)
+        self._apply(section, name, self.body())
+
+    @web.authenticated
+    def delete(self, section: str, name: str | None = None) -> None:
+        self.require_admin()
+        if section == "global" or name is None:
+            raise web.HTTPError(405)
+        self._apply(section, name, None)
+
+
+class MetricsHandler(BaseHandler):
+    @web.authenticated
+    def get(self) -> None:
+        self.require_admin()
+        self.set_header("Content-Type", "text/plain; version=0.0.4")
+        self.finish(self.metrics.render() if self.metrics else b"")
+
+
+class CallbackHandler(HubOAuthCallbackHandler):
+    """Finishes the hub OAuth login with the service's own :class:`HubOAuth`."""
+
+    def initialize(self, culler: Culler, hub_auth: HubOAuth,
+                   metrics: Metrics | None = None) -> None:
+        self.hub_auth = hub_auth
+
+
+class IndexHandler(BaseHandler):
+    @web.authenticated
+    def get(self) -> None:
+        self.redirect(url_path_join(self.request.path, "api/status"))
+
+
+def make_app(culler: Culler, prefix: str, metrics: Metrics | None = None,
+             hub_auth: HubOAuth | None = None, cookie_secret: bytes | None = None
+             ) -> web.Application:
+    """The tornado application; ``prefix`` is ``JUPYTERHUB_SERVICE_PREFIX``
+    (``/services/idle-culler/``)."""
+    import os
+
+    hub_auth = hub_auth or HubOAuth(cache_max_age=10)
+    kw = {"culler": culler, "hub_auth": hub_auth, "metrics": metrics}
+    p = prefix.rstrip("/")
+    return web.Application([
+        (p + "/?", IndexHandler, kw),
+        (p + "/api/status", StatusHandler, kw),
+        (p + "/api/policy", MyPolicyHandler, kw),
+        (p + "/api/policies", PoliciesHandler, kw),
+        (p + r"/api/policies/(global)", PolicyEntryHandler, kw),
+        (p + r"/api/policies/(users|groups)/([^/]+)", PolicyEntryHandler, kw),
+        (p + "/metrics", MetricsHandler, kw),
+        (p + "/oauth_callback", CallbackHandler, kw),
+    ], cookie_secret=cookie_secret or os.urandom(32), xsrf_cookies=False)

@@ -1,0 +1,124 @@
+"""The hub REST API as the culler uses it: bounded concurrency, retries with backoff,
+pagination (``Accept: application/jupyterhub-pagination+json``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+log = logging.getLogger("idle_culler.hub")
+
+#: HTTP statuses worth retrying (hub restarting, proxy in the way, overload)
+RETRY_STATUS = {429, 500, 502, 503, 504, 599}
+
+
+class HubAPIError(RuntimeError):
+    """A hub API call that failed after all retries (``status`` 599 = no HTTP answer)."""
+
+    def __init__(self, method: str, url: str, status: int, body: str = "") -> None:
+        super().__init__(f"{method} {url}: HTTP {status} {body[:200]}")
+        self.status = status
+
+
+class HubClient:
+    """Calls ``{url}/...`` (``url`` = the hub API, e.g. ``http://127.0.0.1:8081/hub/api``) with
+    ``token``. At most ``concurrency`` requests are in flight; a request that fails with a
+    status in :data:`RETRY_STATUS` or a connection error is retried ``retries`` times, waiting
+    ``backoff * 2**attempt`` seconds (with +-25 % jitter, capped at ``max_backoff``)."""
+
+    def __init__(self, url: str, token: str, concurrency: int = 10, retries: int = 4,
+                 backoff: float = 0.5, max_backoff: float = 10.0,
+                 request_timeout: float = 60.0) -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+        self.semaphore = asyncio.Semaphore(concurrency)
+        self.retries = retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.request_timeout = request_timeout
+        self.client = AsyncHTTPClient(force_instance=True, max_clients=max(concurrency, 10))
+        self.requests = 0
+        self.retried = 0
+
+    def close(self) -> None:
+        self.client.close()
+
+    async def request(self, method: str, path: str, body: Any = None,
+                      headers: dict[str, str] | None = None,
+                      ok: tuple[int, ...] = ()) -> tuple[int, Any]:
+        """``(status, decoded JSON or None)``; statuses in ``ok`` (besides 2xx) are returned,
+        not raised (e.g. 404 for a server already gone)."""
+        url = path if path.startswith("http") else f"{self.url}{path}"
+        hdrs = {"Authorization": f"token {self.token}", **(headers or {})}
+        data = None if body is None else json.dumps(body)
+        if data is None and method in ("POST", "PATCH", "PUT"):
+            data = ""
+        req = HTTPRequest(url, method=method, headers=hdrs, body=data,
+                          allow_nonstandard_methods=True,
+                          request_timeout=self.request_timeout)
+        attempt = 0
+        while True:
+            self.requests += 1
+            status, text = 599, ""
+            try:
+                async with self.semaphore:
+                    r = await self.client.fetch(req, raise_error=False)
+                status, text = r.code, (r.body or b"").decode(errors="replace")
+            except (OSError, HTTPClientError, asyncio.TimeoutError) as e:
+                status, text = 599, str(e)
+            if 200 <= status < 300 or status in ok:
+                return status, (json.loads(text) if text.strip() else None)
+            if status not in RETRY_STATUS or attempt >= self.retries:
+                raise HubAPIError(method, url, status, text)
+            delay = min(self.max_backoff, self.backoff * 2**attempt)
+            delay *= random.uniform(0.75, 1.25)
+            attempt += 1
+            self.retried += 1
+            log.warning("%s %s: HTTP %s, retry %d/%d in %.2fs", method, url, status, attempt,
+                        self.retries, delay)
+            await asyncio.sleep(delay)
+
+    async def paginate(self, path: str, params: dict[str, Any]) -> AsyncIterator[dict]:
+        """Items of a paginated list endpoint (also a plain list, from hubs < 2)."""
+        url: str | None = f"{self.url}{path}?{urlencode(params)}"
+        while url:
+            _, page = await self.request(
+                "GET", url, headers={"Accept": "application/jupyterhub-pagination+json"})
+            if isinstance(page, list):
+                for item in page:
+                    yield item
+                return
+            for item in page.get("items", []):
+                yield item
+            nxt = (page.get("_pagination") or {}).get("next")
+            url = nxt["url"] if nxt else None
+
+    async def users(self, page_size: int = 0, state: str = "ready") -> AsyncIterator[dict]:
+        params: dict[str, Any] = {"state": state}
+        if page_size:
+            params["limit"] = page_size
+        async for u in self.paginate("/users", params):
+            yield u
+
+    def server_path(self, user: str, server: str) -> str:
+        if server:
+            return f"/users/{quote(user, safe='')}/servers/{quote(server, safe='')}"
+        return f"/users/{quote(user, safe='')}/server"
+
+    async def stop_server(self, user: str, server: str, remove: bool = False) -> int:
+        """DELETE the server; returns 204 (stopped), 202 (stopping) or 404/400 (already gone)."""
+        body = {"remove": True} if (remove and server) else None
+        status, _ = await self.request("DELETE", self.server_path(user, server), body=body,
+                                       ok=(400, 404))
+        return status
+
+    async def delete_user(self, user: str) -> int:
+        status, _ = await self.request("DELETE", f"/users/{quote(user, safe='')}", ok=(404,))
+        return status

@@ -1,0 +1,363 @@
+"""Idle culler, without a hub: policies and their precedence, ``explain``, the GPU sources
+(dcgm-exporter text on loopback, NVML through the nvidia-ml-py test double), network rates,
+the decision rules, and the hub client's retries."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+import yaml
+from tornado import web
+
+from idle_culler.core import Culler, iso
+from idle_culler.gpu import GPUHistory, NVMLSampler, PrometheusSource, parse_dcgm
+from idle_culler.hub import HubAPIError, HubClient
+from idle_culler.netstats import NetworkMeter
+from idle_culler.policies import PolicyError, PolicySet, parse_duration
+from tests.culler_hub import free_port
+from tests.nvml_double import FakeGPU, FakeNVML, NVMLError, _Handle, _Struct
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------ policies
+def test_durations() -> None:
+    assert parse_duration("10m") == 600
+    assert parse_duration("2h") == 7200
+    assert parse_duration(90) == 90
+    assert parse_duration("1.5s") == 1.5
+    for bad in ("ten", -1, True, "5y", None):
+        with pytest.raises(PolicyError):
+            parse_duration(bad, "x")
+
+
+def test_bad_entries_name_the_field() -> None:
+    with pytest.raises(PolicyError, match=r"users.bob.idle_timeut: unknown field"):
+        PolicySet({"users": {"bob": {"idle_timeut": 5}}})
+    with pytest.raises(PolicyError, match=r"global.gpu_idle_threshold: out of range"):
+        PolicySet({"global": {"gpu_idle_threshold": 150}})
+    with pytest.raises(PolicyError, match="exempt"):
+        PolicySet({"groups": {"g": {"exempt": "yes"}}})
+    with pytest.raises(PolicyError, match="unknown sections"):
+        PolicySet({"user": {}})
+
+
+POLICY = {
+    "global": {"idle_timeout": "1h", "gpu_idle_threshold": 5, "gpu_window": "10m",
+               "warning": "5m", "max_age": "24h"},
+    "groups": {
+        "long-jobs": {"idle_timeout": "8h", "max_age": 0, "network_floor": 100},
+        "students": {"idle_timeout": "30m", "max_age": "12h", "gpu_idle_threshold": 10,
+                     "network_floor": 5000},
+        "vip": {"exempt": True},
+    },
+    "users": {"alice": {"idle_timeout": "20m"}},
+}
+
+
+def test_precedence_user_then_most_lenient_group_then_global() -> None:
+    ps = PolicySet(POLICY, base={"idle_timeout": 60, "max_age": 99})
+    # no entries: global, then cli, then default
+    p = ps.resolve("zoe", ["nobody-group"])
+    assert (p.idle_timeout, p.sources["idle_timeout"]) == (3600, "global")
+    assert p.sources["grace_period"] == "default"
+    # most lenient of the groups, field by field
+    p = ps.resolve("bob", ["students", "long-jobs"])
+    assert (p.idle_timeout, p.sources["idle_timeout"]) == (8 * 3600, "group:long-jobs")
+    assert (p.max_age, p.sources["max_age"]) == (0, "group:long-jobs")  # 0 = off = lenient
+    assert (p.gpu_idle_threshold, p.sources["gpu_idle_threshold"]) == (10, "group:students")
+    assert (p.network_floor, p.sources["network_floor"]) == (100, "group:long-jobs")
+    assert (p.warning, p.sources["warning"]) == (300, "global")
+    # the user's entry beats the groups even when stricter
+    p = ps.resolve("alice", ["long-jobs"])
+    assert (p.idle_timeout, p.sources["idle_timeout"]) == (1200, "user:alice")
+    assert p.sources["max_age"] == "group:long-jobs"
+    # exemption from any group
+    assert ps.resolve("eve", ["students", "vip"]).exempt is True
+    # the command line sits between global and the defaults
+    p = PolicySet({}, base={"idle_timeout": 60}).resolve("x")
+    assert (p.idle_timeout, p.sources["idle_timeout"]) == (60, "cli")
+
+
+def test_save_roundtrip(tmp_path: Path) -> None:
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump(POLICY))
+    ps = PolicySet.load(f)
+    ps.replace({**ps.to_dict(), "users": {"bob": {"exempt": True}}})
+    ps.save()
+    again = PolicySet.load(f)
+    assert again.resolve("bob").exempt and again.resolve("alice").idle_timeout == 3600
+    with pytest.raises(PolicyError):
+        ps.replace({"global": {"warning": "soon"}})
+    assert PolicySet.load(f).resolve("bob").exempt  # a rejected document changes nothing
+
+
+def test_explain_cli(tmp_path: Path) -> None:
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump(POLICY))
+    out = subprocess.run(
+        [sys.executable, "-m", "idle_culler", "explain", "--policies", str(f), "--user",
+         "alice", "--groups", "students,long-jobs"], capture_output=True, text=True,
+        cwd=REPO, timeout=60, check=True).stdout
+    doc = json.loads(out)
+    assert doc["policy"]["idle_timeout"] == {"value": 1200.0, "source": "user:alice"}
+    assert doc["policy"]["max_age"] == {"value": 0.0, "source": "group:long-jobs"}
+    assert doc["policy"]["gpu_window"] == {"value": 600.0, "source": "global"}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("global: {idle_timeout: soon}\n")
+    r = subprocess.run([sys.executable, "-m", "idle_culler", "explain", "--policies",
+                        str(bad), "--user", "a"], capture_output=True, text=True, cwd=REPO,
+                       timeout=60)
+    assert r.returncode == 2 and "global.idle_timeout" in r.stderr
+
+
+def test_shipped_policies_file_is_valid() -> None:
+    ps = PolicySet.load(REPO / "hub_config" / "culler_policies.yaml")
+    assert ps.resolve("someone").idle_timeout > 0
+
+
+# ------------------------------------------------------------------ GPU sources
+DCGM_TEXT = """\
+# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).
+# TYPE DCGM_FI_DEV_GPU_UTIL gauge
+DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-aaaa",device="nvidia0",modelName="NVIDIA A100"} 37
+DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-bbbb",device="nvidia1",Hostname="n1"} 0
+DCGM_FI_DEV_GPU_UTIL_OTHER{gpu="2",UUID="GPU-cccc"} 99
+DCGM_FI_DEV_MEM_COPY_UTIL{gpu="0",UUID="GPU-aaaa"} 12
+DCGM_FI_DEV_GPU_UTIL{gpu="3"} 50
+DCGM_FI_DEV_GPU_UTIL{gpu="4",UUID="GPU-dddd",GPU_I_ID="1"} 20
+DCGM_FI_DEV_GPU_UTIL{gpu="4",UUID="GPU-dddd",GPU_I_ID="2"} 40
+"""
+
+
+def test_parse_dcgm() -> None:
+    assert parse_dcgm(DCGM_TEXT) == {"GPU-aaaa": 37.0, "GPU-bbbb": 0.0, "GPU-dddd": 30.0}
+
+
+def test_history_window_mean_and_coverage() -> None:
+    h = GPUHistory()
+    now = 1000.0
+    for t in range(0, 60, 5):
+        h.add("GPU-a", 80.0 if t < 30 else 0.0, now - 60 + t)
+    w = h.mean(["GPU-a"], 25, now)
+    assert w.mean == 0.0 and w.covered and w.samples == 5
+    w = h.mean(["GPU-a"], 60, now)
+    assert w.mean == pytest.approx(40.0) and w.covered
+    assert not h.mean(["GPU-a"], 120, now).covered  # observed for 60 s only
+    assert not h.mean(["GPU-a", "GPU-unknown"], 25, now).covered
+    assert h.mean([], 25, now).mean is None
+
+
+class _Exporter(web.RequestHandler):
+    text = ""
+
+    def get(self) -> None:
+        self.set_header("Content-Type", "text/plain; version=0.0.4")
+        self.finish(type(self).text)
+
+
+async def test_prometheus_source_on_loopback() -> None:
+    class H(_Exporter):
+        text = DCGM_TEXT
+
+    port = free_port()
+    server = web.Application([("/metrics", H)]).listen(port, "127.0.0.1")
+    try:
+        h = GPUHistory()
+        src = PrometheusSource(h, [f"http://127.0.0.1:{port}/metrics",
+                                   f"http://127.0.0.1:{free_port()}/metrics"], timeout=2)
+        assert await src.scrape_once() == 3
+        assert src.errors == 1  # the dead endpoint is counted, the live one still read
+        assert h.mean(["GPU-aaaa"], 10).mean == 37.0
+        H.text = DCGM_TEXT.replace("} 37", "} 5")
+        await src.scrape_once()
+        assert h.mean(["GPU-aaaa"], 10).mean == 21.0
+    finally:
+        server.stop()
+
+
+class UtilNVML(FakeNVML):
+    """The nvidia-ml-py double plus the two functions the sampler uses, with the real
+    binding's names and shapes: ``nvmlDeviceGetHandleByUUID(uuid)`` and
+    ``nvmlDeviceGetUtilizationRates(handle) -> .gpu, .memory`` (percent)."""
+
+    FUNCTIONS = (*FakeNVML.FUNCTIONS, "nvmlDeviceGetHandleByUUID",
+                 "nvmlDeviceGetUtilizationRates")
+
+    def __init__(self, gpus: list[FakeGPU], **kw: Any) -> None:
+        super().__init__(gpus, **kw)
+        self.util = {g.uuid: 0 for g in gpus}
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> _Handle:
+        u = uuid.decode() if isinstance(uuid, bytes) else uuid
+        if not self.initialized:
+            raise NVMLError(self.NVML_ERROR_UNINITIALIZED)
+        for i, g in enumerate(self.gpus):
+            if g.uuid == u:
+                return _Handle(i)
+        raise NVMLError(self.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: _Handle) -> _Struct:
+        g = self._device("nvmlDeviceGetUtilizationRates", handle)
+        return _Struct(gpu=self.util[g.uuid], memory=0)
+
+
+def test_double_functions_exist_in_real_pynvml() -> None:
+    for name in UtilNVML.FUNCTIONS:
+        assert callable(getattr(pynvml, name)), name
+
+
+def test_nvml_sampler_with_double() -> None:
+    gpus = [FakeGPU("GPU-n0"), FakeGPU("GPU-n1", pci_bus_id="00000000:08:00.0"),
+            FakeGPU("GPU-mig", fail={"nvmlDeviceGetUtilizationRates":
+                                     FakeNVML.NVML_ERROR_NOT_SUPPORTED})]
+    nv = UtilNVML(gpus)
+    nv.util.update({"GPU-n0": 90, "GPU-n1": 3})
+    h = GPUHistory()
+    s = NVMLSampler(h, interval=0.02, nvml=nv, uuids=lambda: ["GPU-n0", "GPU-n1", "GPU-mig",
+                                                               "GPU-elsewhere"])
+    assert s.start()
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and h.mean(["GPU-n1"], 60).samples < 5:
+            time.sleep(0.02)
+        assert h.mean(["GPU-n0"], 60).mean == 90 and h.mean(["GPU-n1"], 60).mean == 3
+        assert h.mean(["GPU-mig"], 60).mean is None  # NotSupported (MIG) is skipped
+        assert any(c[0] == "nvmlDeviceGetUtilizationRates" for c in nv.calls)
+    finally:
+        s.stop()
+    assert nv.shutdown_calls == 1
+    # no UUIDs known yet: every device by index
+    nv2 = UtilNVML([FakeGPU("GPU-x")])
+    s2 = NVMLSampler(GPUHistory(), nvml=nv2)
+    nv2.nvmlInit()
+    assert s2.sample_once() == 1
+
+
+def test_nvml_sampler_without_library() -> None:
+    nv = FakeNVML([], init_error=FakeNVML.NVML_ERROR_LIBRARY_NOT_FOUND)
+    s = NVMLSampler(GPUHistory(), nvml=nv)
+    assert s.start() is False and "nvmlInit failed" in (s.error or "")
+
+
+def test_network_meter_rates() -> None:
+    counters = {"a/": 1000}
+    m = NetworkMeter(lambda key, state: counters.get(key))
+    assert m.observe("a/", {}, 100.0) is None  # first reading
+    counters["a/"] = 6000
+    assert m.observe("a/", {}, 110.0) == 500.0  # bytes/s
+    counters["a/"] = 10  # new container: counter restarted
+    assert m.observe("a/", {}, 120.0) is None
+    assert m.observe("b/", {}, 120.0) is None  # no networks (host network): no signal
+
+
+# ------------------------------------------------------------------ decisions
+def server(started: float, last: float, gpus: list[str] = (), **kw: Any) -> dict[str, Any]:
+    return {"ready": True, "pending": None, "started": iso(started),
+            "last_activity": iso(last),
+            "state": {"allocation": {"gpus": [{"uuid": g, "milli": 1000} for g in gpus]}},
+            **kw}
+
+
+def culler(policy: dict[str, Any], **kw: Any) -> Culler:
+    return Culler(HubClient("http://127.0.0.1:1/hub/api", "x"), PolicySet(policy), **kw)
+
+
+def test_pending_and_not_ready_are_never_culled() -> None:
+    c = culler({"global": {"idle_timeout": 1, "max_age": 1}})
+    u = {"name": "u", "groups": []}
+    for s in (server(0, 0, pending="spawn", ready=False), server(0, 0, ready=False),
+              server(0, 0, pending="stop")):
+        assert c.evaluate(u, "", s, 10_000).action == "skip"
+
+
+def test_warning_then_cull_then_withdrawn() -> None:
+    c = culler({"global": {"idle_timeout": 100, "warning": 30}})
+    u = {"name": "u", "groups": []}
+    s = server(0, 0)
+    assert c.evaluate(u, "", s, 60).action == "keep"
+    d = c.evaluate(u, "", s, 75)  # due at 100, warning from 70
+    assert d.action == "warn" and d.cull_at == 105  # the full warning lead after the mark
+    assert d.message.startswith("will be culled at ") and "no activity for" in d.message
+    assert c.evaluate(u, "", s, 100).action == "warn"
+    assert c.evaluate(u, "", s, 106).action == "cull"
+    # activity resumes during the warning: the mark is withdrawn
+    c.evaluate(u, "", s, 80)
+    assert "u/" in c.warnings
+    assert c.evaluate(u, "", server(0, 80), 81).action == "keep" and "u/" not in c.warnings
+
+
+def test_gpu_rules() -> None:
+    h = GPUHistory()
+    c = culler({"global": {"idle_timeout": 50, "gpu_idle_threshold": 5, "gpu_window": 20}},
+               history=h)
+    u = {"name": "u", "groups": []}
+    for t in range(0, 100, 2):
+        h.add("GPU-busy", 60, t)
+        h.add("GPU-idle", 1 if t >= 70 else 60, t)
+    s_busy = server(0, 0, ["GPU-busy"])
+    d = c.evaluate(u, "busy", s_busy, 99)
+    assert d.action == "keep" and d.figures["gpu_mean_percent"] == 60  # busy GPU = activity
+    d = c.evaluate(u, "idle", server(0, 0, ["GPU-idle"]), 99)
+    assert (d.action, d.reason) == ("cull", "gpu_idle") and d.figures["gpu_mean_percent"] == 1
+    # unknown GPU (no samples): never "gpu_idle", the idle timeout applies
+    d = c.evaluate(u, "unknown", server(0, 98, ["GPU-none"]), 99)
+    assert d.action == "keep"
+    # a CPU-only server is never judged on GPU use
+    assert c.evaluate(u, "cpu", server(0, 98), 99).action == "keep"
+
+
+def test_grace_and_max_age() -> None:
+    c = culler({"global": {"idle_timeout": 10, "grace_period": 60, "max_age": 100}})
+    u = {"name": "u", "groups": []}
+    assert c.evaluate(u, "", server(0, 0), 30).action == "keep"  # idle, but in grace
+    assert c.evaluate(u, "", server(0, 0), 61).reason == "idle"
+    d = c.evaluate(u, "", server(0, 100), 100)  # active, but too old
+    assert (d.action, d.reason) == ("cull", "max_age")
+
+
+# ------------------------------------------------------------------ hub client
+async def test_hub_client_retries_with_backoff() -> None:
+    calls: list[float] = []
+
+    class Flaky(web.RequestHandler):
+        def get(self) -> None:
+            calls.append(time.monotonic())
+            if len(calls) <= 2:
+                self.set_status(503)
+                self.finish("busy")
+            else:
+                self.finish({"ok": True})
+
+    class Bad(web.RequestHandler):
+        def get(self) -> None:
+            self.set_status(403)
+            self.finish("no")
+
+    port = free_port()
+    srv = web.Application([("/hub/api/flaky", Flaky), ("/hub/api/bad", Bad)]).listen(
+        port, "127.0.0.1")
+    try:
+        hub = HubClient(f"http://127.0.0.1:{port}/hub/api", "t", retries=3, backoff=0.1)
+        status, body = await hub.request("GET", "/flaky")
+        assert (status, body) == (200, {"ok": True}) and hub.retried == 2
+        assert calls[2] - calls[1] >= 0.1  # backoff doubles (0.1 then 0.2, +-25 %)
+        with pytest.raises(HubAPIError) as e:
+            await hub.request("GET", "/bad")  # not retried
+        assert e.value.status == 403 and hub.retried == 2
+        dead = HubClient(f"http://127.0.0.1:{free_port()}/hub/api", "t", retries=1,
+                         backoff=0.01)
+        with pytest.raises(HubAPIError) as e:
+            await dead.request("GET", "/x")
+        assert e.value.status == 599
+    finally:
+        srv.stop()
+        await asyncio.sleep(0)
