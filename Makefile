@@ -57,7 +57,11 @@ hub:
 lint: venv
 	$(VENV)/bin/ruff check $(LINT_DIRS)
 
-test: venv chp engine images btrfs-engine lint
+# slapd + ldap-utils + chromium for the LDAP and service tests (Debian packages)
+test-tools:
+	scripts/ldap.sh
+
+test: venv chp engine images btrfs-engine test-tools lint
 	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
 test-unit: venv

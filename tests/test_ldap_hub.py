@@ -1,0 +1,170 @@
+"""LDAP end to end (marked ``docker``): a real slapd on loopback (tests/ldap_server.py), a real hub
+loading ``hub_config/ldap.py`` after the main configuration, logins through the hub's login form
+over HTTP, GPUSpawner containers on the real engine.
+
+Checks: auth_state keeps uidNumber/gidNumber/homeDirectory; LDAP groups become JupyterHub groups;
+the host home directory ends up owned by the LDAP uid/gid and the container runs as them;
+gpu-users members are offered the GPU profile and students members are not; wrong passwords,
+unknown users and accounts outside the allowed groups are refused; the third GPU of a gpu-users
+member with a 2-GPU quota is refused (GPUs held as in tests/test_service_hub.py: labelled
+containers restored into the ledger at hub start).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+
+import pytest
+import requests
+
+from tests.hubrunner import REPO, Hub
+from tests.ldap_server import USERS, Slapd, ensure_installed
+from tests.test_service_hub import DGX, EXTRA_ADMIN_SCOPES, engine_or_skip, hold, remove_held
+
+pytestmark = pytest.mark.docker
+USER = {u.uid: u for u in USERS}
+LDAP_CONFIG = REPO / "hub_config" / "ldap.py"
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return engine_or_skip()
+
+
+@pytest.fixture(scope="module")
+def slapd(tmp_path_factory):
+    ensure_installed()
+    server = Slapd(tmp_path_factory.mktemp("slapd"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def hub(engine, slapd, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ldaphub")
+    remove_held(engine)
+    hold(engine, "dgx", "dave", "g1", [2], [8, 9])
+    hold(engine, "dgx", "dave", "g2", [3], [10, 11])
+    nodes = [{"name": "local", "topology": "auto"}, {"name": "dgx", "topology": str(DGX)}]
+    profiles = [
+        {"slug": "cpu", "display_name": "CPU", "cpu": 1, "memory": "256M",
+         "nodes": ["local"], "default": True},
+        {"slug": "a100", "display_name": "1 x A100", "cpu": 2, "memory": "1G", "gpus": 1,
+         "gpu_models": ["A100"], "groups": ["gpu-users"]},
+    ]
+    h = Hub(tmp, nodes, profiles, extra_config=(
+        f"load_subconfig({str(LDAP_CONFIG)!r})\n" + EXTRA_ADMIN_SCOPES +
+        "c.GPUSpawner.quotas = {'default_user': {'gpus': 2, 'servers': 3}}\n"))
+    h.env.update({
+        "GPUSPAWNER_LDAP_URL": f"ldap://127.0.0.1:{slapd.port}",
+        "GPUSPAWNER_LDAP_BASE_DN": "dc=example,dc=org",
+        "GPUSPAWNER_LDAP_TLS": "insecure",  # loopback only (ldap.py refuses it elsewhere)
+        "GPUSPAWNER_LDAP_ALLOWED_GROUPS": "gpu-users,students,hub-admins",
+        "JUPYTERHUB_CRYPT_KEY": secrets.token_hex(32),
+        "GPUSPAWNER_CULLER": "off",
+    })
+    h.start()
+    yield h
+    for user in h.api("GET", "/users").json():
+        for server in (user.get("servers") or {}):
+            h.api("DELETE", f"/users/{user['name']}/servers/{server}" if server
+                  else f"/users/{user['name']}/server")
+    for user in h.api("GET", "/users").json():
+        for server in (user.get("servers") or {}):
+            h.wait_stopped(user["name"], server)
+    h.stop()
+    remove_held(engine)
+
+
+def form_login(hub: Hub, name: str, password: str) -> tuple[requests.Session,
+                                                              requests.Response]:
+    s = requests.Session()
+    s.get(f"{hub.url}/hub/login", timeout=30)
+    r = s.post(f"{hub.url}/hub/login", data={"username": name, "password": password,
+                                             "_xsrf": s.cookies.get("_xsrf")}, timeout=30)
+    return s, r
+
+
+@pytest.mark.parametrize("name", ["alice", "bob", "dave", "erin"])
+def test_login_form_keeps_posix_ids_and_groups(hub, name):
+    u = USER[name]
+    s, r = form_login(hub, name, u.password)
+    assert r.status_code == 200, r.text[:300]
+    assert "/hub/login" not in r.url
+    model = hub.api("GET", f"/users/{name}").json()
+    assert model["groups"] == sorted(u.groups)
+    assert model["admin"] is (name == "erin")  # hub-admins -> admin
+    state = model["auth_state"]
+    assert state["uidNumber"] == u.uid_number
+    assert state["gidNumber"] == u.gid_number
+    assert state["homeDirectory"] == u.home
+
+
+@pytest.mark.parametrize("name, password", [
+    ("alice", "not-her-password"),
+    ("nobody", "whatever"),
+    ("carol", "carol-pw-3"),  # a valid account in none of the allowed groups
+])
+def test_refused_logins(hub, name, password):
+    s, r = form_login(hub, name, password)
+    assert r.status_code == 403, (r.status_code, r.url)
+    assert "Invalid username or password" in r.text
+    # not logged in: the hub sends the session back to its login page
+    r = s.get(f"{hub.url}/hub/home", allow_redirects=False, timeout=30)
+    assert r.status_code == 302 and "/hub/login" in r.headers["Location"]
+    if name != "alice":  # no hub user is made for a refused login
+        assert hub.api("GET", f"/users/{name}").status_code == 404
+
+
+def test_gpu_profile_offered_to_gpu_users_only(hub):
+    s, _ = form_login(hub, "alice", USER["alice"].password)
+    html = s.get(f"{hub.url}/hub/spawn/alice", timeout=30).text
+    assert 'data-profile="a100" data-available="true"' in html
+    assert 'value="a100">' in html  # an enabled radio button
+    s, _ = form_login(hub, "bob", USER["bob"].password)
+    html = s.get(f"{hub.url}/hub/spawn/bob", timeout=30).text
+    assert 'data-profile="a100" data-available="false"' in html
+    assert 'value="a100" disabled' in html
+    assert "not available to your group" in html
+    # and a REST request for it is refused, not only hidden
+    r = hub.api("POST", "/users/bob/server", {"profile": "a100"})
+    assert r.status_code == 400 and "not available to your groups" in r.json()["message"]
+
+
+def test_home_owned_by_ldap_ids(hub, engine):
+    u = USER["alice"]
+    s, _ = form_login(hub, "alice", u.password)
+    r = s.post(f"{hub.url}/hub/spawn/alice", data={"profile": "cpu",
+                                                   "_xsrf": s.cookies.get("_xsrf")},
+               timeout=60)
+    assert r.status_code == 200, r.text[:300]
+    hub.wait_ready("alice", timeout=90)
+    home = hub.state_dir / "home" / "alice"
+    st = os.stat(home)
+    assert (st.st_uid, st.st_gid) == (u.uid_number, u.gid_number)
+    assert st.st_mode & 0o777 == 0o700
+    (c,) = engine.containers(filters={"label": "gpuspawner.user=alice"})
+    ex = engine.exec_create(c["Id"], ["sh", "-c", "id -u; id -g; touch $HOME/x && echo ok"])
+    uid, gid, ok = engine.exec_start(ex).decode().split()
+    assert (int(uid), int(gid), ok) == (u.uid_number, u.gid_number, "ok")
+    assert os.stat(home / "x").st_uid == u.uid_number
+    hub.api("DELETE", "/users/alice/server")
+    hub.wait_stopped("alice")
+
+
+QUOTA_MESSAGE = "over your quota for GPUs: asked for 1 GPU, 2 GPUs of 2 GPUs in use"
+
+
+def test_third_gpu_refused_form_and_rest(hub):
+    s, _ = form_login(hub, "dave", USER["dave"].password)
+    html = s.get(f"{hub.url}/hub/spawn/dave", timeout=30).text
+    assert "you use 2 of your 2 GPUs" in html
+    assert 'data-profile="a100" data-available="false"' in html and "over your quota" in html
+    r = s.post(f"{hub.url}/hub/spawn/dave", data={"profile": "a100",
+                                                  "_xsrf": s.cookies.get("_xsrf")}, timeout=60)
+    assert QUOTA_MESSAGE in r.text
+    r = hub.api("POST", "/users/dave/servers/third", {"profile": "a100"})
+    assert r.status_code == 400 and QUOTA_MESSAGE in r.json()["message"]
+    assert not hub.api("GET", "/users/dave").json()["servers"]
