@@ -48,6 +48,7 @@ class IdleCuller(Application):
         "dcgm-interval": "IdleCuller.dcgm_interval",
         "nvml-interval": "IdleCuller.nvml_interval",
         "retries": "IdleCuller.retries",
+        "backoff": "IdleCuller.backoff",
         "config": "IdleCuller.config_file",
         "log-level": "Application.log_level",
     }
@@ -100,6 +101,10 @@ class IdleCuller(Application):
     web = Bool(True, help="Serve the web API on $JUPYTERHUB_SERVICE_URL.").tag(config=True)
     config_file = Unicode("idle_culler_config.py", help="traitlets config file."
                           ).tag(config=True)
+
+    @default("log_level")
+    def _log_level(self) -> int:
+        return logging.INFO
 
     @default("url")
     def _url(self) -> str:

@@ -63,8 +63,7 @@ c.JupyterHub.services.append({{
 }})
 c.JupyterHub.load_roles.append({{"name": "idle-culler", "services": ["idle-culler"],
                                  "scopes": {SCOPES!r}}})
-c.JupyterHub.load_roles.append({{"name": "user",
-    "scopes": ["self", "access:services!service=idle-culler"]}})
+c.JupyterHub.extra_user_scopes = {{"access:services!service=idle-culler"}}
 """
     h = CullerHub(d, extra_config=extra)
     h.policies_file = policies  # type: ignore[attr-defined]
@@ -402,3 +401,16 @@ def test_service_policy_changes_at_run_time(hub: CullerHub) -> None:
     mine_ = service_get(hub, "api/policy", xavier).json()
     assert mine_["policy"]["idle_timeout"] == {"value": 1.0, "source": "user:xavier"}
     hub.wait_stopped("xavier", timeout=15)
+
+
+def test_service_page_through_hub_oauth(hub: CullerHub) -> None:
+    """A browser: log in to the hub, open the service, follow the OAuth redirects."""
+    s = requests.Session()
+    r = s.get(f"{hub.url}/hub/login", timeout=10)
+    xsrf = s.cookies.get("_xsrf", "")
+    r = s.post(f"{hub.url}/hub/login", data={"username": "xavier", "password": "x",
+                                               "_xsrf": xsrf}, timeout=10)
+    assert r.status_code == 200, r.text
+    r = s.get(f"{hub.url}/services/idle-culler/", timeout=10)
+    assert r.status_code == 200 and r.url.endswith("/services/idle-culler/api/status"), r.url
+    assert all(x["user"] == "xavier" for x in r.json()["servers"])
