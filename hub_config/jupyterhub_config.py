@@ -128,3 +128,45 @@ if api_token:
 from gpuspawner.service import configure_service  # noqa: E402
 
 configure_service(c, port=int(os.environ.get("GPUSPAWNER_SERVICE_PORT", "0")))
+
+# -- idle culler (idle_culler/) -------------------------------------------------------------
+# A hub-managed service: culls idle servers by activity, GPU utilisation and age under the
+# policies in hub_config/culler_policies.yaml (see idle_culler/README.md). Its web API is at
+# /services/idle-culler/ (users: their servers' status and cull warnings; admins: everything,
+# and policy changes, written back to the file). GPUSPAWNER_CULLER=off leaves it out.
+if os.environ.get("GPUSPAWNER_CULLER", "on") != "off":
+    import socket
+    import sys
+
+    def _culler_port() -> int:
+        if os.environ.get("GPUSPAWNER_CULLER_PORT"):
+            return int(os.environ["GPUSPAWNER_CULLER_PORT"])
+        with socket.socket() as s:  # a free loopback port for this hub run
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    c.JupyterHub.services.append({
+        "name": "idle-culler",
+        "url": f"http://127.0.0.1:{_culler_port()}",
+        "command": [
+            sys.executable, "-m", "idle_culler",
+            "--policies", os.environ.get("GPUSPAWNER_CULLER_POLICIES",
+                                         str(REPO / "hub_config" / "culler_policies.yaml")),
+            "--cull-log", str(STATE / "culls.jsonl"),
+            "--cull-every", os.environ.get("GPUSPAWNER_CULLER_EVERY", "60"),
+            "--timeout", "3600",
+            "--concurrency", "10",
+            # on a GPU node: "--nvml"; with dcgm-exporter: "--dcgm-url", "http://node-1:9400/metrics"
+        ],
+        "cwd": str(REPO),
+        "oauth_no_confirm": True,
+    })
+    c.JupyterHub.load_roles.append({
+        "name": "idle-culler",
+        "description": "Cull idle servers (idle_culler/README.md)",
+        "scopes": ["list:users", "read:users:activity", "read:users:groups", "read:servers",
+                   "delete:servers", "admin:server_state"],
+        "services": ["idle-culler"],
+    })
+    # users may open the culler's page (their own servers' status) through hub OAuth
+    c.JupyterHub.extra_user_scopes.add("access:services!service=idle-culler")
