@@ -83,7 +83,7 @@ c.JupyterHub.extra_user_scopes = {{"access:services!service=idle-culler"}}
 PRESPAWN: dict[str, tuple[str, ...]] = {
     "gpu-prometheus": (), "gpu-nvml": (), "gbob": ("long-jobs",), "gcarol": ("long-jobs",),
     "gdave": ("short",), "erin": (), "frank": (), "dora": (), "dina": (), "hidle": (),
-    "hbusy": (), "hstuck": (), "xavier": (),
+    "hbusy": (), "hstuck": (), "xavier": (), "cli-user": (),
 }
 
 
@@ -414,3 +414,29 @@ def test_service_page_through_hub_oauth(hub: CullerHub) -> None:
     r = s.get(f"{hub.url}/services/idle-culler/", timeout=10)
     assert r.status_code == 200 and r.url.endswith("/services/idle-culler/api/status"), r.url
     assert all(x["user"] == "xavier" for x in r.json()["servers"])
+
+
+def test_cli_once_dry_run(hub: CullerHub, tmp_path: Path) -> None:
+    """``python -m idle_culler --once --dry-run``: one pass, reports, culls nothing."""
+    import os
+    import subprocess
+    import sys
+
+    start_servers(hub, [("cli-user", "", ())])
+    pol = tmp_path / "p.yaml"
+    pol.write_text(yaml.safe_dump({"global": {"exempt": True},
+                                   "users": {"cli-user": {"exempt": False}}}))
+    log_file = tmp_path / "culls.jsonl"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTERHUB_")}
+    env["JUPYTERHUB_API_TOKEN"] = CULLER_TOKEN
+    r = subprocess.run(
+        [sys.executable, "-m", "idle_culler", "--once", "--dry-run", "--url", hub.api_url,
+         "--policies", str(pol), "--timeout", "0.5", "--cull-log", str(log_file)],
+        capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[1],
+        env=env)
+    assert r.returncode == 0, r.stderr
+    assert "would cull cli-user/: idle" in r.stderr
+    rec = [json.loads(x) for x in log_file.read_text().splitlines()]
+    assert [(x["user"], x["reason"], x["dry_run"]) for x in rec] == [("cli-user", "idle", True)]
+    assert rec[0]["policy_source"]["idle_timeout"] == "cli"
+    assert hub.server("cli-user") is not None
