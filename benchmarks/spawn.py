@@ -81,9 +81,13 @@ def measure(hub: Hub, tag: str, body: dict | None, sequential: int,
     for u in users:
         hub.ensure_user(u)
     times: dict[str, float] = {}
+    errors: dict[str, str] = {}
 
     def run(u: str) -> None:
-        times[u] = spawn_once(hub, u, body)
+        try:
+            times[u] = spawn_once(hub, u, body)
+        except Exception as e:  # reported below, the run goes on
+            errors[u] = str(e)[:300]
 
     threads = [threading.Thread(target=run, args=(u,)) for u in users]
     for t in threads:
@@ -91,7 +95,9 @@ def measure(hub: Hub, tag: str, body: dict | None, sequential: int,
     for t in threads:
         t.join(180)
     out["concurrent"] = [times[u] for u in users if u in times]
-    stop_all(hub, users)
+    for u, e in errors.items():
+        print(f"  {tag}: concurrent spawn of {u} failed: {e}", file=sys.stderr)
+    stop_all(hub, [u for u in users if u in times])
     return out
 
 
@@ -143,9 +149,12 @@ def main() -> int:
     print(f"{'spawner':<14} {'mode':<11} {'n':>3} {'median s':>9} {'max s':>7}")
     for name, r in results.items():
         for mode, xs in r.items():
-            print(f"{name:<14} {mode:<11} {len(xs):>3} {statistics.median(xs):>9.2f} "
-                  f"{max(xs):>7.2f}")
+            if xs:
+                print(f"{name:<14} {mode:<11} {len(xs):>3} {statistics.median(xs):>9.2f} "
+                      f"{max(xs):>7.2f}")
     for mode in ("sequential", "concurrent"):
+        if not (results["gpuspawner"][mode] and results["dockerspawner"][mode]):
+            continue
         ratio = (statistics.median(results["gpuspawner"][mode])
                  / statistics.median(results["dockerspawner"][mode]))
         print(f"ratio gpuspawner/dockerspawner ({mode}, medians): {ratio:.3f}")

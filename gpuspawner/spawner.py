@@ -167,6 +167,14 @@ class GPUSpawner(DockerSpawner):
     def _default_options_form(self) -> str:
         return ""  # get_options_form renders the profile cards
 
+    @default("apply_user_options")
+    def _default_apply_user_options(self):
+        def apply_user_options(spawner: GPUSpawner, user_options: dict[str, Any]) -> None:
+            """Validate early (JupyterHub runs this before start and answers 400 for an
+            HTTPError); start() checks again against the current configuration."""
+            spawner.chosen_profile()
+        return apply_user_options
+
     @default("options_from_form")
     def _default_options_from_form(self):
         def options_from_form(formdata: dict[str, list[str]]) -> dict[str, Any]:
