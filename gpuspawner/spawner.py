@@ -25,6 +25,7 @@ from tornado import web
 from traitlets import Bool, Callable, Dict, Enum, Int, List, Unicode, Union, default
 
 from .cluster import ALLOCATION_LABEL, MANAGED_LABEL, Cluster, NodeRuntime, get_cluster
+from .metrics import placement_refused
 from .placement import (
     GPU_MILLI,
     Allocation,
@@ -343,11 +344,9 @@ class GPUSpawner(DockerSpawner):
             alloc = cluster.ledger.reserve(profile.bundle, self._owner(),
                                            nodes=profile.nodes or None)
         except QuotaExceeded as e:
-            from .metrics import placement_refused
             placement_refused(e)
             raise web.HTTPError(400, f"profile: {e}") from None
         except PlacementError as e:
-            from .metrics import placement_refused
             placement_refused(e)
             raise web.HTTPError(400, f"profile {profile.slug!r}: {e}") from None
         self.allocation = alloc
