@@ -1,0 +1,190 @@
+"""REST handlers of the gpuviews server extension (``/api/gpuspawner/...``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from typing import Any
+
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+from tornado import web
+from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+
+from .sampler import Sampler
+
+AUTH_RESOURCE = "gpuspawner"
+
+
+class _Base(APIHandler):
+    auth_resource = AUTH_RESOURCE
+
+    @property
+    def sampler(self) -> Sampler:
+        return self.settings["gpuspawner_sampler"]
+
+    async def fresh(self) -> None:
+        """Wake the sampler; wait (in a worker thread) for a sample if it was in standby."""
+        s = self.sampler
+        s.touch()
+        if s.needs_wait():
+            await asyncio.get_running_loop().run_in_executor(None, s.wait_fresh)
+
+
+class GPUsHandler(_Base):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        await self.fresh()
+        doc = self.sampler.gpus_view()
+        doc["culler"] = await self.settings["gpuspawner_culler"].status()
+        self.finish(json.dumps(doc))
+
+
+class MetricsHandler(_Base):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        await self.fresh()
+        self.finish(json.dumps(self.sampler.metrics_view()))
+
+
+class CullerStatus:
+    """This server's entry in the idle culler service's ``api/status``, cached.
+
+    Asked with the server's own ``$JUPYTERHUB_API_TOKEN`` at ``culler_url`` (default
+    ``$GPUSPAWNER_CULLER_URL``, else ``$JUPYTERHUB_PUBLIC_HUB_URL`` / the origin of
+    ``$JUPYTERHUB_API_URL`` + ``/services/idle-culler/``). Any failure gives None.
+    """
+
+    def __init__(self, url: str | None = None, ttl: float = 30.0, timeout: float = 2.0,
+                 env: dict[str, str] | None = None) -> None:
+        env = dict(os.environ if env is None else env)
+        self.token = env.get("JUPYTERHUB_API_TOKEN")
+        self.user = env.get("JUPYTERHUB_USER")
+        self.server_name = env.get("JUPYTERHUB_SERVER_NAME", "")
+        self.url = url or env.get("GPUSPAWNER_CULLER_URL") or self._default_url(env)
+        self.ttl = ttl
+        self.timeout = timeout
+        self._cached: tuple[float, dict | None] | None = None
+
+    @staticmethod
+    def _default_url(env: dict[str, str]) -> str | None:
+        if not env.get("JUPYTERHUB_SERVICE_PREFIX") or not env.get("JUPYTERHUB_API_TOKEN"):
+            return None
+        base = env.get("JUPYTERHUB_PUBLIC_HUB_URL") or env.get("JUPYTERHUB_PUBLIC_URL")
+        if base:
+            from urllib.parse import urlsplit
+            u = urlsplit(base)
+            base = f"{u.scheme}://{u.netloc}"
+        else:
+            api = env.get("JUPYTERHUB_API_URL", "")
+            if "://" not in api:
+                return None
+            scheme, rest = api.split("://", 1)
+            base = f"{scheme}://{rest.split('/', 1)[0]}"
+        return url_path_join(base, "services/idle-culler/")
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.url and self.token)
+
+    async def status(self) -> dict | None:
+        if not self.configured:
+            return None
+        now = time.monotonic()
+        if self._cached and now - self._cached[0] < self.ttl:
+            return self._cached[1]
+        result = None
+        try:
+            req = HTTPRequest(url_path_join(self.url or "", "api/status"),
+                              headers={"Authorization": f"token {self.token}"},
+                              request_timeout=self.timeout, connect_timeout=self.timeout,
+                              follow_redirects=False)
+            resp = await AsyncHTTPClient().fetch(req)
+            doc = json.loads(resp.body)
+            result = self._mine(doc)
+        except Exception:  # noqa: BLE001 - the culler is optional: failures give null
+            result = None
+        self._cached = (now, result)
+        return result
+
+    def _mine(self, doc: Any) -> dict | None:
+        if not isinstance(doc, dict):
+            return None
+        servers = [s for s in doc.get("servers") or [] if isinstance(s, dict)]
+        mine = [s for s in servers
+                if (self.user is None or s.get("user") == self.user)
+                and (s.get("server", s.get("name", "")) or "") == self.server_name]
+        if not mine and servers and self.user is not None:
+            mine = [s for s in servers if s.get("user") == self.user]
+        if not mine:
+            return None
+        return {"server": mine[0], "last_pass": doc.get("last_pass")}
+
+
+def kernel_pid_resolver(kernel_manager: Any):
+    """A function mapping NVML PIDs to this server's kernel ids: a PID belongs to a kernel when
+    it is the kernel's process or one of its descendants (read from /proc)."""
+
+    def kernel_pids() -> dict[int, str]:
+        out: dict[int, str] = {}
+        try:
+            ids = list(kernel_manager.list_kernel_ids())
+        except Exception:  # noqa: BLE001
+            return out
+        for kid in ids:
+            try:
+                km = kernel_manager.get_kernel(kid)
+                prov = getattr(km, "provisioner", None)
+                pid = getattr(prov, "pid", None)
+                if pid is None:
+                    proc = getattr(prov, "process", None) or getattr(km, "kernel", None)
+                    pid = getattr(proc, "pid", None)
+                if pid is not None:
+                    out[int(pid)] = kid
+            except Exception:  # noqa: BLE001
+                continue
+        return out
+
+    def resolve(pids: set[int]) -> dict[int, str]:
+        roots = kernel_pids()
+        if not roots:
+            return {}
+        result: dict[int, str] = {}
+        for pid in pids:
+            seen = 0
+            p = pid
+            while p > 1 and seen < 64:
+                if p in roots:
+                    result[pid] = roots[p]
+                    break
+                p = _ppid(p)
+                seen += 1
+        return result
+
+    return resolve
+
+
+def _ppid(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return int(data[data.rindex(b")") + 2:].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def setup_handlers(web_app: Any, base_url: str) -> None:
+    handlers = [
+        (url_path_join(base_url, "api/gpuspawner/gpus"), GPUsHandler),
+        (url_path_join(base_url, "api/gpuspawner/metrics"), MetricsHandler),
+    ]
+    web_app.add_handlers(".*$", handlers)
+
+
+__all__ = ["CullerStatus", "GPUsHandler", "MetricsHandler", "kernel_pid_resolver",
+           "setup_handlers"]
