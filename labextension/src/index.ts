@@ -1,0 +1,74 @@
+import {
+  ILayoutRestorer,
+  JupyterFrontEnd,
+  JupyterFrontEndPlugin
+} from '@jupyterlab/application';
+import { IStatusBar } from '@jupyterlab/statusbar';
+import { LabIcon } from '@jupyterlab/ui-components';
+
+import { GpuPanel } from './panel';
+import { GpuDataSource } from './source';
+import { GpuStatusItem } from './status';
+
+const gpuIcon = new LabIcon({
+  name: 'gpuspawner:gpu',
+  svgstr:
+    '<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16" viewBox="0 0 24 24">' +
+    '<g class="jp-icon3" fill="#616161"><path d="M7 5h10a2 2 0 0 1 2 2v10a2 2 0 0 1-2 2H7a2 2 0 0 1-2-2V7a2 2 0 0 1 2-2zm1 3v8h8V8z"/>' +
+    '<path d="M8 1h2v3H8zm6 0h2v3h-2zM8 20h2v3H8zm6 0h2v3h-2zM1 8h3v2H1zm0 6h3v2H1zm19-6h3v2h-3zm0 6h3v2h-3z"/></g></svg>'
+});
+
+export const COMMAND_OPEN = 'gpuspawner:open-gpu-panel';
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: 'gpuspawner-labextension:plugin',
+  description: 'GPU status bar item and side panel of gpuspawner sessions',
+  autoStart: true,
+  optional: [IStatusBar, ILayoutRestorer],
+  activate: (
+    app: JupyterFrontEnd,
+    statusBar: IStatusBar | null,
+    restorer: ILayoutRestorer | null
+  ) => {
+    const source = new GpuDataSource(app.serviceManager.serverSettings);
+    const panel = new GpuPanel(source);
+    panel.title.icon = gpuIcon;
+    app.shell.add(panel, 'right', { rank: 900 });
+    if (restorer) {
+      restorer.add(panel, panel.id);
+    }
+
+    // kernel id -> notebook path, for the process table
+    const sessions = app.serviceManager.sessions;
+    const updateKernelNames = () => {
+      const names: Record<string, string> = {};
+      for (const s of sessions.running()) {
+        if (s.kernel) {
+          names[s.kernel.id] = s.path || s.name;
+        }
+      }
+      panel.kernelNames = names;
+    };
+    sessions.runningChanged.connect(updateKernelNames);
+    updateKernelNames();
+
+    app.commands.addCommand(COMMAND_OPEN, {
+      label: 'Show GPU panel',
+      execute: () => app.shell.activateById(panel.id)
+    });
+
+    if (statusBar) {
+      const item = new GpuStatusItem(source, () => {
+        void app.commands.execute(COMMAND_OPEN);
+      });
+      statusBar.registerStatusItem('gpuspawner-labextension:status', {
+        item,
+        align: 'left',
+        rank: 50
+      });
+    }
+    console.log('gpuspawner-labextension is activated');
+  }
+};
+
+export default plugin;

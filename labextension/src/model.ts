@@ -1,0 +1,475 @@
+/**
+ * Pure data logic of the GPU views: parse the server extension's JSON defensively and derive
+ * the values the status bar item and the side panel display. No DOM, no JupyterLab imports,
+ * so it is unit-tested with node's own test runner (test/model.test.ts).
+ *
+ * REST contract (gpuspawner.gpuviews, under the server's base URL):
+ *   GET api/gpuspawner/gpus     -> GpusResponse
+ *   GET api/gpuspawner/metrics  -> MetricsResponse
+ */
+
+/** States reported by the server, plus two of the client's own. */
+export type ServerState = 'ok' | 'no_nvml' | 'no_gpu' | 'permission' | 'error';
+export type ViewState = ServerState | 'loading' | 'unreachable';
+
+export interface GpuInfo {
+  uuid: string;
+  index: number | null;
+  name: string;
+  memory_total_bytes: number | null;
+  pci_bus_id: string | null;
+  numa_node: number | null;
+  mig: boolean;
+  in_allocation: boolean;
+}
+
+export interface CullerStatus {
+  status: string;
+  cull_at: string | null;
+  reason: string | null;
+}
+
+export interface GpusResponse {
+  state: ServerState;
+  message: string;
+  allocation: Record<string, unknown> | null;
+  gpus: GpuInfo[];
+  warnings: string[];
+  culler: CullerStatus | null;
+}
+
+export interface ProcessInfo {
+  pid: number;
+  used_memory_bytes: number | null;
+  kernel_id: string | null;
+}
+
+export interface GpuSample {
+  uuid: string;
+  utilization_percent: number | null;
+  memory_used_bytes: number | null;
+  memory_total_bytes: number | null;
+  temperature_c: number | null;
+  power_w: number | null;
+  processes: ProcessInfo[];
+}
+
+export interface HistoryPoint {
+  timestamp: number | null; // milliseconds since the epoch
+  gpus: Record<string, { utilization_percent: number | null; memory_used_bytes: number | null }>;
+}
+
+export interface MetricsResponse {
+  state: ServerState;
+  message: string;
+  timestamp: number | null; // milliseconds since the epoch
+  gpus: GpuSample[];
+  history: HistoryPoint[];
+}
+
+const SERVER_STATES: ServerState[] = ['ok', 'no_nvml', 'no_gpu', 'permission', 'error'];
+
+type Obj = Record<string, unknown>;
+
+function isObj(v: unknown): v is Obj {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+/** A finite number, or null (NaN, strings, missing values all become null). */
+export function num(v: unknown): number | null {
+  return typeof v === 'number' && Number.isFinite(v) ? v : null;
+}
+
+function str(v: unknown): string | null {
+  return typeof v === 'string' ? v : null;
+}
+
+function arr(v: unknown): unknown[] {
+  return Array.isArray(v) ? v : [];
+}
+
+function state(v: unknown): ServerState {
+  return SERVER_STATES.includes(v as ServerState) ? (v as ServerState) : 'error';
+}
+
+/**
+ * A timestamp as milliseconds since the epoch: ISO strings, or numbers in seconds (Python's
+ * time.time()) or milliseconds (anything above 1e11 is taken as milliseconds).
+ */
+export function parseTime(v: unknown): number | null {
+  if (typeof v === 'number' && Number.isFinite(v)) {
+    return v > 1e11 ? v : v * 1000;
+  }
+  if (typeof v === 'string' && v) {
+    const t = Date.parse(v);
+    return Number.isNaN(t) ? null : t;
+  }
+  return null;
+}
+
+export class ParseError extends Error {}
+
+export function parseGpus(raw: unknown): GpusResponse {
+  if (!isObj(raw)) {
+    throw new ParseError('the gpus answer is not a JSON object');
+  }
+  const gpus: GpuInfo[] = arr(raw.gpus)
+    .filter(isObj)
+    .map((g, i) => ({
+      uuid: str(g.uuid) ?? `gpu-${i}`,
+      index: num(g.index),
+      name: str(g.name) ?? 'GPU',
+      memory_total_bytes: num(g.memory_total_bytes),
+      pci_bus_id: str(g.pci_bus_id),
+      numa_node: num(g.numa_node),
+      mig: g.mig === true,
+      in_allocation: g.in_allocation === true
+    }));
+  let culler: CullerStatus | null = null;
+  if (isObj(raw.culler)) {
+    culler = {
+      status: str(raw.culler.status) ?? 'unknown',
+      cull_at: str(raw.culler.cull_at),
+      reason: str(raw.culler.reason)
+    };
+  }
+  return {
+    state: state(raw.state),
+    message: str(raw.message) ?? '',
+    allocation: isObj(raw.allocation) ? raw.allocation : null,
+    gpus,
+    warnings: arr(raw.warnings).filter((w): w is string => typeof w === 'string'),
+    culler
+  };
+}
+
+export function parseMetrics(raw: unknown): MetricsResponse {
+  if (!isObj(raw)) {
+    throw new ParseError('the metrics answer is not a JSON object');
+  }
+  const gpus: GpuSample[] = arr(raw.gpus)
+    .filter(isObj)
+    .map((g, i) => ({
+      uuid: str(g.uuid) ?? `gpu-${i}`,
+      utilization_percent: num(g.utilization_percent),
+      memory_used_bytes: num(g.memory_used_bytes),
+      memory_total_bytes: num(g.memory_total_bytes),
+      temperature_c: num(g.temperature_c),
+      power_w: num(g.power_w),
+      processes: arr(g.processes)
+        .filter(isObj)
+        .filter(p => num(p.pid) !== null)
+        .map(p => ({
+          pid: num(p.pid) as number,
+          used_memory_bytes: num(p.used_memory_bytes),
+          kernel_id: str(p.kernel_id)
+        }))
+    }));
+  const history: HistoryPoint[] = arr(raw.history)
+    .filter(isObj)
+    .map(h => {
+      const per: HistoryPoint['gpus'] = {};
+      if (isObj(h.gpus)) {
+        for (const [uuid, v] of Object.entries(h.gpus)) {
+          if (isObj(v)) {
+            per[uuid] = {
+              utilization_percent: num(v.utilization_percent),
+              memory_used_bytes: num(v.memory_used_bytes)
+            };
+          }
+        }
+      }
+      return { timestamp: parseTime(h.timestamp), gpus: per };
+    });
+  return {
+    state: state(raw.state),
+    message: str(raw.message) ?? '',
+    timestamp: parseTime(raw.timestamp),
+    gpus,
+    history
+  };
+}
+
+/** Bytes as "512 MiB", "3.2 GiB"; "–" when unknown. */
+export function formatBytes(b: number | null): string {
+  if (b === null) {
+    return '–';
+  }
+  const KiB = 1024;
+  const MiB = KiB * 1024;
+  const GiB = MiB * 1024;
+  if (b >= GiB) {
+    return `${(b / GiB).toFixed(1)} GiB`;
+  }
+  if (b >= MiB) {
+    return `${Math.round(b / MiB)} MiB`;
+  }
+  if (b >= KiB) {
+    return `${Math.round(b / KiB)} KiB`;
+  }
+  return `${Math.round(b)} B`;
+}
+
+export function formatPercent(p: number | null): string {
+  return p === null ? 'n/a' : `${Math.round(p)}%`;
+}
+
+/**
+ * The session's GPUs: those the server marks as part of the allocation; when none is marked
+ * (no allocation known, e.g. a plain JupyterLab), every GPU NVML shows.
+ */
+export function sessionGpus(gpus: GpuInfo[]): GpuInfo[] {
+  const mine = gpus.filter(g => g.in_allocation);
+  return mine.length > 0 ? mine : gpus;
+}
+
+export type Level = 'ok' | 'warn' | 'error' | 'idle';
+
+export interface StatusView {
+  /** short text for the status bar */
+  text: string;
+  /** tooltip */
+  title: string;
+  level: Level;
+}
+
+/** Display text of a non-ok state. */
+export function stateText(s: ViewState): string {
+  switch (s) {
+    case 'loading':
+      return 'loading…';
+    case 'no_nvml':
+      return 'NVML unavailable';
+    case 'no_gpu':
+      return 'no GPU';
+    case 'permission':
+      return 'no permission';
+    case 'unreachable':
+      return 'unavailable';
+    case 'error':
+      return 'error';
+    default:
+      return '';
+  }
+}
+
+export interface GpuRow {
+  info: GpuInfo;
+  sample: GpuSample | null;
+  /** total memory: the sample's, else the static value */
+  memoryTotal: number | null;
+}
+
+/** Static data joined with the newest sample, for the session's GPUs, in index order. */
+export function gpuRows(gpus: GpusResponse, metrics: MetricsResponse | null): GpuRow[] {
+  const byUuid = new Map((metrics?.gpus ?? []).map(s => [s.uuid, s]));
+  return sessionGpus(gpus.gpus)
+    .slice()
+    .sort((a, b) => (a.index ?? 0) - (b.index ?? 0))
+    .map(info => {
+      const sample = byUuid.get(info.uuid) ?? null;
+      return {
+        info,
+        sample,
+        memoryTotal: sample?.memory_total_bytes ?? info.memory_total_bytes
+      };
+    });
+}
+
+/**
+ * The status bar's text: "GPU 37% · 3.2/16.0 GiB" (one GPU), "2 GPUs 37% · …" (several; mean
+ * utilisation, summed memory), "GPU n/a" utilisation on MIG, or the state ("GPU: no GPU").
+ */
+export function deriveStatus(
+  gpus: GpusResponse | null,
+  metrics: MetricsResponse | null,
+  error: string | null = null,
+  now: number = Date.now()
+): StatusView {
+  if (error !== null) {
+    return { text: 'GPU: unavailable', title: error, level: 'error' };
+  }
+  if (gpus === null) {
+    return { text: 'GPU: …', title: 'Loading GPU data', level: 'idle' };
+  }
+  const cull = cullWarning(gpus.culler, now);
+  if (gpus.state !== 'ok') {
+    const level: Level = gpus.state === 'no_gpu' ? 'idle' : 'error';
+    return {
+      text: `GPU: ${stateText(gpus.state)}`,
+      title: [gpus.message || stateText(gpus.state), cull].filter(Boolean).join('\n'),
+      level: cull ? 'warn' : level
+    };
+  }
+  const rows = gpuRows(gpus, metrics);
+  if (rows.length === 0) {
+    return { text: 'GPU: no GPU', title: gpus.message || 'No GPU in this session', level: 'idle' };
+  }
+  const utils = rows
+    .map(r => r.sample?.utilization_percent ?? null)
+    .filter((u): u is number => u !== null);
+  const util = utils.length ? utils.reduce((a, b) => a + b, 0) / utils.length : null;
+  const used = rows.map(r => r.sample?.memory_used_bytes ?? null);
+  const total = rows.map(r => r.memoryTotal);
+  const usedSum = used.every(u => u !== null) ? (used as number[]).reduce((a, b) => a + b, 0) : null;
+  const totalSum = total.every(t => t !== null)
+    ? (total as number[]).reduce((a, b) => a + b, 0)
+    : null;
+  const label = rows.length === 1 ? 'GPU' : `${rows.length} GPUs`;
+  const mem =
+    usedSum === null
+      ? formatBytes(totalSum)
+      : `${formatBytes(usedSum).replace(/ GiB$/, '')}/${formatBytes(totalSum)}`;
+  const text = metrics === null ? `${label} · ${formatBytes(totalSum)}` : `${label} ${formatPercent(util)} · ${mem}`;
+  const lines = rows.map(
+    r =>
+      `#${r.info.index ?? '?'} ${r.info.name}: ${formatPercent(r.sample?.utilization_percent ?? null)}` +
+      `${r.info.mig ? ' (MIG: utilisation not available)' : ''}, ` +
+      `${formatBytes(r.sample?.memory_used_bytes ?? null)} / ${formatBytes(r.memoryTotal)}`
+  );
+  const warnings = [...gpus.warnings, ...(cull ? [cull] : [])];
+  return {
+    text,
+    title: [...lines, ...warnings].join('\n'),
+    level: warnings.length ? 'warn' : 'ok'
+  };
+}
+
+/** The culler's warning for this server, or null when nothing is scheduled. */
+export function cullWarning(culler: CullerStatus | null, now: number = Date.now()): string | null {
+  if (culler === null) {
+    return null;
+  }
+  const status = culler.status.toLowerCase();
+  if (['ok', 'active', 'disabled', 'none', 'unknown', 'exempt'].includes(status)) {
+    return null;
+  }
+  const at = parseTime(culler.cull_at);
+  let when = '';
+  if (at !== null) {
+    const minutes = Math.round((at - now) / 60000);
+    const clock = new Date(at).toISOString().slice(11, 16);
+    when =
+      minutes > 0
+        ? ` in ${minutes} min (at ${clock} UTC)`
+        : ` now (it was due at ${clock} UTC)`;
+  }
+  const reason = culler.reason ? `: ${culler.reason}` : '';
+  if (status === 'culled') {
+    return `The idle culler has stopped this server${reason}`;
+  }
+  return `This server will be stopped by the idle culler${when}${reason}. Save your work.`;
+}
+
+/** One series of the history for a GPU, oldest first; the current sample is appended. */
+export function historySeries(
+  metrics: MetricsResponse | null,
+  uuid: string,
+  key: 'utilization_percent' | 'memory_used_bytes'
+): (number | null)[] {
+  if (metrics === null) {
+    return [];
+  }
+  const points = metrics.history
+    .slice()
+    .sort((a, b) => (a.timestamp ?? 0) - (b.timestamp ?? 0))
+    .map(h => h.gpus[uuid]?.[key] ?? null);
+  const cur = metrics.gpus.find(g => g.uuid === uuid);
+  const lastT = metrics.history.length
+    ? Math.max(...metrics.history.map(h => h.timestamp ?? 0))
+    : null;
+  if (cur && (lastT === null || metrics.timestamp === null || metrics.timestamp > lastT)) {
+    points.push(cur[key]);
+  }
+  return points;
+}
+
+/**
+ * An SVG path ("M x y L x y …") of the values scaled into width × height with `max` at the
+ * top; null values break the line. The newest value sits at the right edge.
+ */
+export function sparklinePath(
+  values: (number | null)[],
+  width: number,
+  height: number,
+  max: number,
+  capacity: number = Math.max(values.length, 2)
+): string {
+  if (values.length === 0 || !(max > 0)) {
+    return '';
+  }
+  const n = Math.max(capacity, values.length, 2);
+  const step = width / (n - 1);
+  const offset = n - values.length;
+  const parts: string[] = [];
+  let pen = false;
+  values.forEach((v, i) => {
+    if (v === null) {
+      pen = false;
+      return;
+    }
+    const x = (offset + i) * step;
+    const y = height - (Math.min(Math.max(v, 0), max) / max) * height;
+    parts.push(`${pen ? 'L' : 'M'}${x.toFixed(1)} ${y.toFixed(1)}`);
+    pen = true;
+  });
+  return parts.join(' ');
+}
+
+export interface ProcessRow {
+  gpu: string;
+  pid: number;
+  memory: string;
+  memoryBytes: number | null;
+  kernel: string;
+}
+
+/**
+ * The processes on the session's GPUs, largest memory first. `kernelNames` maps a kernel id
+ * to a label (the notebook's path); unmapped kernels show a short id, non-kernels "–".
+ */
+export function processRows(
+  gpus: GpusResponse | null,
+  metrics: MetricsResponse | null,
+  kernelNames: Record<string, string> = {}
+): ProcessRow[] {
+  if (metrics === null) {
+    return [];
+  }
+  const infos = new Map((gpus?.gpus ?? []).map(g => [g.uuid, g]));
+  const rows: ProcessRow[] = [];
+  for (const s of metrics.gpus) {
+    const info = infos.get(s.uuid);
+    if (gpus && info === undefined && gpus.gpus.length > 0) {
+      continue;
+    }
+    const gpu = info ? `#${info.index ?? '?'}` : s.uuid.slice(0, 12);
+    for (const p of s.processes) {
+      rows.push({
+        gpu,
+        pid: p.pid,
+        memory: formatBytes(p.used_memory_bytes),
+        memoryBytes: p.used_memory_bytes,
+        kernel: p.kernel_id ? (kernelNames[p.kernel_id] ?? p.kernel_id.slice(0, 8)) : '–'
+      });
+    }
+  }
+  return rows.sort((a, b) => (b.memoryBytes ?? -1) - (a.memoryBytes ?? -1) || a.pid - b.pid);
+}
+
+/** The message the panel shows for a request that failed (HTTP status, network error). */
+export function describeFetchError(path: string, status: number | null, detail = ''): string {
+  if (status === 404) {
+    return (
+      `The gpuspawner server extension did not answer (HTTP 404 for ${path}). ` +
+      'It is not installed or not enabled in this Jupyter server.'
+    );
+  }
+  if (status === 403 || status === 401) {
+    return `Not allowed to read GPU data (HTTP ${status} for ${path}).`;
+  }
+  if (status !== null) {
+    return `GPU data request failed (HTTP ${status} for ${path})${detail ? `: ${detail}` : ''}.`;
+  }
+  return `Could not reach the Jupyter server for GPU data${detail ? `: ${detail}` : ''}.`;
+}

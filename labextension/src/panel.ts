@@ -1,0 +1,159 @@
+/** The side panel: per-GPU charts, processes, allocation warnings and the culler's warning. */
+import { Widget } from '@lumino/widgets';
+
+import { h, svg } from './dom';
+import {
+  cullWarning,
+  formatBytes,
+  formatPercent,
+  gpuRows,
+  historySeries,
+  processRows,
+  sparklinePath,
+  stateText
+} from './model';
+import { GpuDataSource } from './source';
+
+const CHART_W = 240;
+const CHART_H = 40;
+/** points shown in a chart: the server keeps "the last minutes" of history */
+const CHART_CAPACITY = 90;
+
+function sparkline(
+  label: string,
+  values: (number | null)[],
+  max: number,
+  current: string,
+  cls: string
+): HTMLElement {
+  const chart = svg('svg', {
+    class: `jp-gpuspawner-spark ${cls}`,
+    viewBox: `0 0 ${CHART_W} ${CHART_H}`,
+    preserveAspectRatio: 'none',
+    role: 'img',
+    'aria-label': `${label} history`
+  });
+  chart.append(svg('rect', { x: '0', y: '0', width: `${CHART_W}`, height: `${CHART_H}`, class: 'jp-gpuspawner-spark-bg' }));
+  const d = sparklinePath(values, CHART_W, CHART_H, max, CHART_CAPACITY);
+  if (d) {
+    chart.append(svg('path', { d, class: 'jp-gpuspawner-spark-line', 'vector-effect': 'non-scaling-stroke' }));
+  }
+  return h(
+    'div',
+    { class: 'jp-gpuspawner-chart' },
+    h('div', { class: 'jp-gpuspawner-chart-label' }, h('span', {}, label), h('span', { class: 'jp-gpuspawner-value' }, current)),
+    chart
+  );
+}
+
+export class GpuPanel extends Widget {
+  constructor(source: GpuDataSource) {
+    super();
+    this.id = 'gpuspawner-gpu-panel';
+    this.addClass('jp-gpuspawner-panel');
+    this.title.caption = 'GPUs of this session';
+    this._source = source;
+    this._source.changed.connect(this.render, this);
+    this.render();
+  }
+
+  /** kernel id -> label (the notebook path); set by the plugin from the session manager */
+  kernelNames: Record<string, string> = {};
+
+  protected onAfterShow(): void {
+    this._source.setVisible('panel', true);
+    this.render();
+  }
+
+  protected onAfterHide(): void {
+    this._source.setVisible('panel', false);
+  }
+
+  dispose(): void {
+    this._source.setVisible('panel', false);
+    this._source.changed.disconnect(this.render, this);
+    super.dispose();
+  }
+
+  render(): void {
+    const src = this._source;
+    const body: HTMLElement[] = [h('h2', { class: 'jp-gpuspawner-title' }, 'GPUs of this session')];
+    const gpus = src.gpus;
+    const metrics = src.metrics;
+
+    if (src.error !== null) {
+      body.push(
+        h('div', { class: 'jp-gpuspawner-state jp-gpuspawner-state-error', 'data-state': 'unreachable' },
+          h('strong', {}, 'GPU data unavailable'), h('p', {}, src.error))
+      );
+    } else if (gpus === null) {
+      body.push(h('div', { class: 'jp-gpuspawner-state', 'data-state': 'loading' }, 'Loading GPU data…'));
+    }
+
+    if (gpus !== null) {
+      const cull = cullWarning(gpus.culler);
+      if (cull) {
+        body.push(h('div', { class: 'jp-gpuspawner-cull', role: 'alert' }, cull));
+      }
+      if (gpus.state !== 'ok' && src.error === null) {
+        body.push(
+          h('div', { class: `jp-gpuspawner-state jp-gpuspawner-state-${gpus.state}`, 'data-state': gpus.state },
+            h('strong', {}, stateText(gpus.state)), gpus.message ? h('p', {}, gpus.message) : null)
+        );
+      }
+      if (gpus.warnings.length) {
+        body.push(
+          h('ul', { class: 'jp-gpuspawner-warnings' }, ...gpus.warnings.map(w => h('li', {}, w)))
+        );
+      }
+      const rows = gpuRows(gpus, metrics);
+      for (const row of rows) {
+        const s = row.sample;
+        const facts = [
+          row.info.pci_bus_id ? `PCI ${row.info.pci_bus_id}` : null,
+          row.info.numa_node !== null ? `NUMA ${row.info.numa_node}` : null,
+          row.info.mig ? 'MIG' : null,
+          row.info.in_allocation ? 'allocated' : null
+        ].filter(Boolean).join(' · ');
+        const util = historySeries(metrics, row.info.uuid, 'utilization_percent');
+        const mem = historySeries(metrics, row.info.uuid, 'memory_used_bytes');
+        const utilText = row.info.mig && (s?.utilization_percent ?? null) === null
+          ? 'n/a (MIG)'
+          : formatPercent(s?.utilization_percent ?? null);
+        body.push(
+          h('section', { class: 'jp-gpuspawner-gpu', 'data-uuid': row.info.uuid },
+            h('div', { class: 'jp-gpuspawner-gpu-name' }, `#${row.info.index ?? '?'} ${row.info.name}`),
+            h('div', { class: 'jp-gpuspawner-gpu-facts', title: row.info.uuid }, facts || row.info.uuid),
+            sparkline('Utilisation', util, 100, utilText, 'jp-gpuspawner-spark-util'),
+            sparkline('Memory', mem, row.memoryTotal ?? 1,
+              `${formatBytes(s?.memory_used_bytes ?? null)} / ${formatBytes(row.memoryTotal)}`,
+              'jp-gpuspawner-spark-mem'),
+            h('div', { class: 'jp-gpuspawner-gpu-facts' },
+              `Temperature ${s?.temperature_c ?? '–'} °C · Power ${s?.power_w !== null && s?.power_w !== undefined ? s.power_w.toFixed(0) : '–'} W`)
+          )
+        );
+      }
+      if (gpus.state === 'ok' && rows.length === 0) {
+        body.push(h('div', { class: 'jp-gpuspawner-state', 'data-state': 'no_gpu' }, 'No GPU in this session.'));
+      }
+      const procs = processRows(gpus, metrics, this.kernelNames);
+      if (gpus.state === 'ok') {
+        body.push(h('h3', {}, 'Processes'));
+        body.push(
+          procs.length
+            ? h('table', { class: 'jp-gpuspawner-procs' },
+                h('thead', {}, h('tr', {}, h('th', {}, 'GPU'), h('th', {}, 'PID'), h('th', {}, 'Memory'), h('th', {}, 'Kernel'))),
+                h('tbody', {}, ...procs.map(p =>
+                  h('tr', {}, h('td', {}, p.gpu), h('td', {}, `${p.pid}`), h('td', {}, p.memory), h('td', {}, p.kernel)))))
+            : h('p', { class: 'jp-gpuspawner-muted' }, 'No process uses these GPUs.')
+        );
+      }
+    }
+    if (src.updatedAt !== null) {
+      body.push(h('p', { class: 'jp-gpuspawner-muted' }, `Updated ${new Date(src.updatedAt).toLocaleTimeString()}`));
+    }
+    this.node.replaceChildren(...body);
+  }
+
+  private _source: GpuDataSource;
+}

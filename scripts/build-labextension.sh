@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Build the JupyterLab extension in labextension/ into the prebuilt extension
+# gpuspawner/labextension_static/ (the wheel installs it as
+# share/jupyter/labextensions/gpuspawner-labextension, see pyproject.toml shared-data).
+# Steps: npm ci (only when node_modules is missing or older than package-lock.json), tsc,
+# `jupyter labextension build`. Idempotent: skipped when the sources' hash matches the last
+# successful build and the output exists.
+#   --force   build even when nothing changed
+#   --deps    only install node_modules (what the unit tests need)
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+cd "$REPO"
+
+EXT="$REPO/labextension"
+OUT="$REPO/gpuspawner/labextension_static"
+STAMP="$EXT/.build-stamp"
+JUPYTER="${JUPYTER:-$REPO/.venv/bin/jupyter}"
+LOGF="$VAR/log/build-labextension.log"
+
+command -v npm >/dev/null 2>&1 && command -v node >/dev/null 2>&1 || scripts/install-chp.sh --node-only
+[ -x "$JUPYTER" ] || die "$JUPYTER not found: run 'make venv' first (jupyterlab is in the test extra)"
+
+if [ ! -d "$EXT/node_modules" ] || [ "$EXT/package-lock.json" -nt "$EXT/node_modules/.package-lock.json" ]; then
+  log "npm ci in labextension/ (log: var/log/build-labextension.log)"
+  (cd "$EXT" && npm ci --no-audit --no-fund) >"$LOGF" 2>&1 \
+    || { tail -n 20 "$LOGF" >&2; die "npm ci failed"; }
+  touch "$EXT/node_modules/.package-lock.json"
+fi
+[ "${1:-}" = "--deps" ] && exit 0
+
+hash_sources() {
+  (cd "$EXT" && find src style package.json package-lock.json tsconfig.json -type f -print0 \
+    | sort -z | xargs -0 sha256sum; "$JUPYTER" lab --version) | sha256sum | cut -d' ' -f1
+}
+HASH="$(hash_sources)"
+if [ "${1:-}" != "--force" ] && [ -f "$OUT/package.json" ] && [ -f "$STAMP" ] \
+    && [ "$(cat "$STAMP")" = "$HASH" ]; then
+  log "labextension unchanged, $OUT is up to date"
+  exit 0
+fi
+
+start=$(date +%s)
+log "tsc + jupyter labextension build (log: var/log/build-labextension.log)"
+rm -f "$STAMP"
+{
+  (cd "$EXT" && npx tsc -p tsconfig.json)
+  PATH="$(dirname "$JUPYTER"):$PATH" "$JUPYTER" labextension build "$EXT"
+} >>"$LOGF" 2>&1 || { tail -n 30 "$LOGF" >&2; die "labextension build failed"; }
+[ -f "$OUT/package.json" ] || die "$OUT/package.json missing after the build"
+echo "$HASH" >"$STAMP"
+log "built $OUT in $(( $(date +%s) - start )) s"

@@ -1,0 +1,213 @@
+"""The lab extension (labextension/) in a real ``jupyter lab`` from the venv, in Debian's
+Chromium driven by playwright-core (labextension/ui-tests/screenshot.mjs): the status bar item
+is there, clicking it opens the side panel, and the panel shows data or a clear state.
+
+- without the server extension (gpuspawner.gpuviews disabled): the item says
+  "GPU: unavailable" and the panel explains that the server extension did not answer (404);
+- with the server extension: whatever it reports here (on a machine without NVML the
+  "NVML unavailable" state); the screenshot is var/screenshots/labextension-panel.png, copied to
+  docs/labextension-panel.png when that is missing or GPUSPAWNER_UPDATE_DOCS=1;
+- with sample data answered in the browser (page.route): GPU cards with charts, the process
+  table, the allocation warning and the cull warning.
+
+Skips with a reason when the extension is not built (scripts/build-labextension.sh), its
+node_modules (playwright-core) are missing, or /usr/bin/chromium is missing (make test-tools).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+REPO = Path(__file__).resolve().parents[1]
+EXT = REPO / "labextension"
+BUILT = REPO / "gpuspawner" / "labextension_static"
+SCRIPT = EXT / "ui-tests" / "screenshot.mjs"
+SCREENSHOTS = REPO / "var" / "screenshots"
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+JUPYTER = Path(sys.executable).parent / "jupyter"
+
+
+def _skip_reasons() -> list[str]:
+    reasons = []
+    if not (BUILT / "package.json").exists():
+        reasons.append("the lab extension is not built (scripts/build-labextension.sh)")
+    if not (EXT / "node_modules" / "playwright-core").exists():
+        reasons.append("labextension/node_modules has no playwright-core "
+                       "(scripts/build-labextension.sh --deps)")
+    if not shutil.which("node"):
+        reasons.append("node is not installed (scripts/install-chp.sh --node-only)")
+    if not os.access(CHROMIUM, os.X_OK):
+        reasons.append(f"{CHROMIUM} is missing (make test-tools)")
+    if importlib.util.find_spec("jupyterlab") is None or not JUPYTER.exists():
+        reasons.append("jupyterlab is not installed in the venv (make venv)")
+    return reasons
+
+
+pytestmark = pytest.mark.skipif(bool(_skip_reasons()), reason="; ".join(_skip_reasons()))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Lab:
+    """``jupyter lab`` on 127.0.0.1 with a token, in its own Jupyter dirs, with the built
+    extension on the labextensions path (a share dir whose gpuspawner-labextension links to
+    gpuspawner/labextension_static)."""
+
+    def __init__(self, tmp: Path, server_extension: bool):
+        self.tmp = tmp
+        self.port = _free_port()
+        self.token = secrets.token_hex(16)
+        labext = tmp / "labextensions"
+        labext.mkdir(parents=True)
+        (labext / "gpuspawner-labextension").symlink_to(BUILT, target_is_directory=True)
+        (tmp / "root").mkdir()
+        for d in ("config", "data", "runtime"):
+            (tmp / d).mkdir()
+        env = dict(os.environ)
+        env.update(JUPYTER_CONFIG_DIR=str(tmp / "config"), JUPYTER_DATA_DIR=str(tmp / "data"),
+                   JUPYTER_RUNTIME_DIR=str(tmp / "runtime"), JUPYTER_PLATFORM_DIRS="1")
+        # the user config dir wins over the venv's etc/jupyter/jupyter_server_config.d
+        (tmp / "config" / "jupyter_server_config.json").write_text(json.dumps({
+            "ServerApp": {"jpserver_extensions": {"gpuspawner.gpuviews": server_extension}},
+            "LabApp": {"extra_labextensions_path": [str(labext)], "news_url": None,
+                       "check_for_updates_class": "jupyterlab.NeverCheckForUpdate"},
+        }))
+        self.log = (tmp / "lab.log").open("wb")
+        self.proc = subprocess.Popen(
+            [str(JUPYTER), "lab", "--no-browser", "--ip=127.0.0.1", f"--port={self.port}",
+             "--port-retries=0", f"--IdentityProvider.token={self.token}",
+             f"--ServerApp.root_dir={tmp / 'root'}", "--allow-root"],
+            env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=tmp, start_new_session=True)
+        self.base = f"http://127.0.0.1:{self.port}/"
+        deadline = time.monotonic() + 60
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"jupyter lab exited: {self.logtext()[-3000:]}")
+            try:
+                r = requests.get(self.base + "api/status", params={"token": self.token}, timeout=2)
+                if r.status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"jupyter lab did not answer: {self.logtext()[-3000:]}")
+            time.sleep(0.3)
+
+    @property
+    def url(self) -> str:
+        return f"{self.base}lab?token={self.token}"
+
+    def logtext(self) -> str:
+        self.log.flush()
+        return (self.tmp / "lab.log").read_text(errors="replace")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def lab_plain(tmp_path_factory):
+    lab = Lab(tmp_path_factory.mktemp("lab-plain"), server_extension=False)
+    yield lab
+    lab.stop()
+
+
+def shoot(lab: Lab, name: str, *flags: str) -> tuple[dict, Path]:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    out = SCREENSHOTS / name
+    out.unlink(missing_ok=True)
+    p = subprocess.run(["node", str(SCRIPT), lab.url, str(out), *flags], cwd=EXT,
+                       capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, (f"screenshot.mjs failed:\n{p.stderr[-4000:]}\n"
+                               f"lab log:\n{lab.logtext()[-3000:]}")
+    result = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out.stat().st_size > 10_000
+    assert result["pageErrors"] == []
+    return result, out
+
+
+def test_extension_is_listed(lab_plain):
+    r = requests.get(lab_plain.base + "lab/api/extensions",
+                     params={"token": lab_plain.token}, timeout=10)
+    assert r.status_code == 200
+    names = {e["name"]: e for e in r.json()}
+    assert "gpuspawner-labextension" in names
+    assert names["gpuspawner-labextension"]["enabled"]
+
+
+def test_panel_without_server_extension_shows_the_error(lab_plain):
+    result, _ = shoot(lab_plain, "labextension-panel-no-server-extension.png")
+    assert result["status"] == "GPU: unavailable"
+    assert result["statusLevel"] == "error"
+    assert result["panelState"] == "unreachable"
+    assert "GPU data unavailable" in result["panelText"]
+    assert "HTTP 404" in result["panelText"]
+    assert "not installed or not enabled" in result["panelText"]
+
+
+def test_panel_with_sample_data(lab_plain):
+    result, _ = shoot(lab_plain, "labextension-panel-sample.png", "--sample")
+    assert result["status"] == "2 GPUs 79% · 36.2/80.0 GiB"
+    assert result["statusLevel"] == "warn"
+    assert result["panelState"] == "ok"
+    assert result["gpuCards"] == 2
+    assert result["chartPaths"] == 4
+    assert result["processRows"] == 3
+    assert "will be stopped by the idle culler in 1" in result["cull"]
+    assert "idle for 46 min" in result["cull"]
+    assert len(result["warnings"]) == 1
+    assert "NVIDIA A100-SXM4-40GB" in result["panelText"]
+    assert "PCI 00000000:07:00.0" in result["panelText"]
+
+
+def test_panel_with_the_server_extension(tmp_path):
+    spec = importlib.util.find_spec("gpuspawner.gpuviews")
+    if spec is None:
+        pytest.skip("gpuspawner.gpuviews (the server extension) is not there yet")
+    lab = Lab(tmp_path, server_extension=True)
+    try:
+        r = requests.get(lab.base + "api/gpuspawner/gpus", params={"token": lab.token},
+                         timeout=10)
+        if r.status_code == 404:
+            pytest.skip("gpuspawner.gpuviews does not serve api/gpuspawner/gpus yet")
+        assert r.status_code == 200, r.text
+        served = r.json()
+        result, shot = shoot(lab, "labextension-panel.png")
+    finally:
+        lab.stop()
+    assert result["panelState"] == served["state"]
+    expected_status = {
+        "no_nvml": "GPU: NVML unavailable", "no_gpu": "GPU: no GPU",
+        "permission": "GPU: no permission", "error": "GPU: error",
+    }
+    if served["state"] in expected_status:
+        assert result["status"] == expected_status[served["state"]]
+    else:
+        assert result["status"].startswith(("GPU ", "GPU:", f"{len(served['gpus'])} GPUs"))
+        assert result["gpuCards"] >= 1
+    # docs/ keeps a committed copy; refresh it on request, not on every run
+    docs = REPO / "docs" / "labextension-panel.png"
+    if not docs.exists() or os.environ.get("GPUSPAWNER_UPDATE_DOCS") == "1":
+        shutil.copyfile(shot, docs)
