@@ -180,6 +180,16 @@ def test_panel_with_sample_data(lab_plain):
     assert len(result["warnings"]) == 1
     assert "NVIDIA A100-SXM4-40GB" in result["panelText"]
     assert "PCI 00000000:07:00.0" in result["panelText"]
+    # polling: every 5 s with only the status item, at once and then every 2 s with the panel
+    print("metrics requests, ms from opening the panel:", result["metricsRequests"])
+    before = [t for t in result["metricsRequests"] if t < 0]
+    after = [t for t in result["metricsRequests"] if t >= 0]
+    gaps_before = [b - a for a, b in zip(before, before[1:], strict=False)]
+    gaps_after = [b - a for a, b in zip(after, after[1:], strict=False)]
+    assert gaps_before and all(4500 <= g <= 6500 for g in gaps_before), result["metricsRequests"]
+    assert after and after[0] < 1000, result["metricsRequests"]
+    assert len(gaps_after) >= 3 and all(1500 <= g <= 3000 for g in gaps_after), (
+        result["metricsRequests"])
 
 
 def test_panel_with_the_server_extension(tmp_path):

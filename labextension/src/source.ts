@@ -100,6 +100,9 @@ export class GpuDataSource {
     if (this._users.size > 0 && (before === 0 || !this._started)) {
       this._started = true;
       void this._poll.start().then(() => this._poll.refresh());
+    } else if (visible && user === 'panel') {
+      // fresh data at once when the panel opens; the next ticks follow the 2 s interval
+      void this._poll.refresh();
     }
   }
 

@@ -82,11 +82,16 @@ let code = 0;
 try {
   const page = await browser.newPage({ viewport: { width: 1400, height: 800 } });
   const consoleErrors = [];
+  const metricsRequests = [];
+  let openedAt = null;
   page.on('pageerror', e => consoleErrors.push(String(e)));
   if (sample) {
     const json = body => ({ status: 200, contentType: 'application/json', body: JSON.stringify(body) });
     await page.route('**/api/gpuspawner/gpus*', r => r.fulfill(json(sampleGpus())));
-    await page.route('**/api/gpuspawner/metrics*', r => r.fulfill(json(sampleMetrics())));
+    await page.route('**/api/gpuspawner/metrics*', r => {
+      metricsRequests.push(Date.now());
+      return r.fulfill(json(sampleMetrics()));
+    });
   }
   await page.goto(url, { timeout });
   const item = page.locator('#gpuspawner-gpu-status');
@@ -97,6 +102,11 @@ try {
     null,
     { timeout }
   );
+  if (sample) {
+    // the polling cadence with only the status item shown (5 s)
+    await page.waitForTimeout(11000);
+  }
+  openedAt = Date.now();
   await item.click();
   const panel = page.locator('#gpuspawner-gpu-panel');
   await panel.waitFor({ state: 'visible', timeout });
@@ -111,7 +121,7 @@ try {
   if (sample) {
     // two more polls (2 s each while the panel is visible) so the charts have moved
     await page.waitForFunction(() => document.querySelectorAll('#gpuspawner-gpu-panel path').length >= 4, null, { timeout });
-    await page.waitForTimeout(4500);
+    await page.waitForTimeout(6500);
   }
   // toasts (news, build notices) would cover part of the screenshot
   await page.evaluate(() => document.querySelectorAll('.Toastify__toast').forEach(t => t.remove()));
@@ -133,6 +143,8 @@ try {
     };
   });
   result.pageErrors = consoleErrors;
+  // metrics requests in ms relative to the click that opened the panel (sample mode)
+  result.metricsRequests = metricsRequests.map(t => t - openedAt);
   console.log(JSON.stringify(result));
 } catch (e) {
   console.error(String(e && e.stack ? e.stack : e));
