@@ -28,6 +28,19 @@ if [ ! -d "$EXT/node_modules" ] || [ "$EXT/package-lock.json" -nt "$EXT/node_mod
 fi
 [ "${1:-}" = "--deps" ] && exit 0
 
+# An editable install (make venv) copies the build output that existed at install time into
+# .venv/share/jupyter/labextensions/; replace that copy with a link to the output so the venv's
+# JupyterLab always serves the current build (what `jupyter labextension develop` does).
+link_into_venv() {
+  local share="$REPO/.venv/share/jupyter/labextensions" dest
+  [ -d "$share" ] || return 0
+  dest="$share/gpuspawner-labextension"
+  [ -L "$dest" ] && [ "$(readlink "$dest")" = "$OUT" ] && return 0
+  rm -rf "$dest"
+  ln -s "$OUT" "$dest"
+  log "linked $dest -> $OUT"
+}
+
 hash_sources() {
   (cd "$EXT" && find src style package.json package-lock.json tsconfig.json -type f -print0 \
     | sort -z | xargs -0 sha256sum; "$JUPYTER" lab --version) | sha256sum | cut -d' ' -f1
@@ -36,6 +49,7 @@ HASH="$(hash_sources)"
 if [ "${1:-}" != "--force" ] && [ -f "$OUT/package.json" ] && [ -f "$STAMP" ] \
     && [ "$(cat "$STAMP")" = "$HASH" ]; then
   log "labextension unchanged, $OUT is up to date"
+  link_into_venv
   exit 0
 fi
 
@@ -49,3 +63,4 @@ rm -f "$STAMP"
 [ -f "$OUT/package.json" ] || die "$OUT/package.json missing after the build"
 echo "$HASH" >"$STAMP"
 log "built $OUT in $(( $(date +%s) - start )) s"
+link_into_venv

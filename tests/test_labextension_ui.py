@@ -66,26 +66,27 @@ def _free_port() -> int:
 
 class Lab:
     """``jupyter lab`` on 127.0.0.1 with a token, in its own Jupyter dirs, with the built
-    extension on the labextensions path (a share dir whose gpuspawner-labextension links to
-    gpuspawner/labextension_static)."""
+    extension first on the labextensions path (JUPYTER_DATA_DIR/labextensions/
+    gpuspawner-labextension links to gpuspawner/labextension_static)."""
 
     def __init__(self, tmp: Path, server_extension: bool):
         self.tmp = tmp
         self.port = _free_port()
         self.token = secrets.token_hex(16)
-        labext = tmp / "labextensions"
-        labext.mkdir(parents=True)
-        (labext / "gpuspawner-labextension").symlink_to(BUILT, target_is_directory=True)
-        (tmp / "root").mkdir()
-        for d in ("config", "data", "runtime"):
+        for d in ("config", "data", "runtime", "root"):
             (tmp / d).mkdir()
+        # JUPYTER_DATA_DIR comes first on the labextensions path, before the venv's
+        # share/jupyter (where an editable install may hold an older copy): the first wins
+        labext = tmp / "data" / "labextensions"
+        labext.mkdir()
+        (labext / "gpuspawner-labextension").symlink_to(BUILT, target_is_directory=True)
         env = dict(os.environ)
         env.update(JUPYTER_CONFIG_DIR=str(tmp / "config"), JUPYTER_DATA_DIR=str(tmp / "data"),
                    JUPYTER_RUNTIME_DIR=str(tmp / "runtime"), JUPYTER_PLATFORM_DIRS="1")
         # the user config dir wins over the venv's etc/jupyter/jupyter_server_config.d
         (tmp / "config" / "jupyter_server_config.json").write_text(json.dumps({
             "ServerApp": {"jpserver_extensions": {"gpuspawner.gpuviews": server_extension}},
-            "LabApp": {"extra_labextensions_path": [str(labext)], "news_url": None,
+            "LabApp": {"news_url": None,
                        "check_for_updates_class": "jupyterlab.NeverCheckForUpdate"},
         }))
         self.log = (tmp / "lab.log").open("wb")
@@ -155,6 +156,10 @@ def test_extension_is_listed(lab_plain):
     names = {e["name"]: e for e in r.json()}
     assert "gpuspawner-labextension" in names
     assert names["gpuspawner-labextension"]["enabled"]
+    # the page loads this build (not an older copy elsewhere on the labextensions path)
+    built = json.loads((BUILT / "package.json").read_text())["jupyterlab"]["_build"]["load"]
+    page = requests.get(lab_plain.url, timeout=10).text
+    assert built in page
 
 
 def test_panel_without_server_extension_shows_the_error(lab_plain):
@@ -182,14 +187,22 @@ def test_panel_with_sample_data(lab_plain):
     assert "PCI 00000000:07:00.0" in result["panelText"]
     # polling: every 5 s with only the status item, at once and then every 2 s with the panel
     print("metrics requests, ms from opening the panel:", result["metricsRequests"])
-    before = [t for t in result["metricsRequests"] if t < 0]
-    after = [t for t in result["metricsRequests"] if t >= 0]
-    gaps_before = [b - a for a, b in zip(before, before[1:], strict=False)]
-    gaps_after = [b - a for a, b in zip(after, after[1:], strict=False)]
-    assert gaps_before and all(4500 <= g <= 6500 for g in gaps_before), result["metricsRequests"]
-    assert after and after[0] < 1000, result["metricsRequests"]
-    assert len(gaps_after) >= 3 and all(1500 <= g <= 3000 for g in gaps_after), (
-        result["metricsRequests"])
+    # and every 5 s again once the panel is closed
+    times, closed = result["metricsRequests"], result["closedAt"]
+    print("panel closed at", closed)
+
+    def gaps(ts: list[int]) -> list[int]:
+        return [b - a for a, b in zip(ts, ts[1:], strict=False)]
+
+    before = [t for t in times if t < 0]
+    opened = [t for t in times if 0 <= t < closed]
+    after = [t for t in times if t >= closed]
+    assert gaps(before) and all(4500 <= g <= 6500 for g in gaps(before)), times
+    assert opened and opened[0] < 1000, times
+    assert len(gaps(opened)) >= 3 and all(1500 <= g <= 3000 for g in gaps(opened)), times
+    # the first tick after closing may still come on the 2 s schedule
+    assert len(after) >= 2 and all(4500 <= g <= 6500 for g in gaps(after)[1:]), times
+    assert gaps(after)[-1] >= 4500, times
 
 
 def test_panel_with_the_server_extension(tmp_path):

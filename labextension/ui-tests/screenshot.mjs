@@ -142,6 +142,15 @@ try {
       panelText: p.innerText
     };
   });
+  let closedAt = null;
+  if (sample) {
+    // close the panel (click its side bar tab): back to the status item's 5 s
+    closedAt = Date.now();
+    await page.locator('.lm-TabBar-tab[data-id="gpuspawner-gpu-panel"]').click();
+    await panel.waitFor({ state: 'hidden', timeout });
+    await page.waitForTimeout(11000);
+  }
+  result.closedAt = closedAt === null ? null : closedAt - openedAt;
   result.pageErrors = consoleErrors;
   // metrics requests in ms relative to the click that opened the panel (sample mode)
   result.metricsRequests = metricsRequests.map(t => t - openedAt);
