@@ -125,21 +125,48 @@ export function parseGpus(raw: unknown): GpusResponse {
       mig: g.mig === true,
       in_allocation: g.in_allocation === true
     }));
-  let culler: CullerStatus | null = null;
-  if (isObj(raw.culler)) {
-    culler = {
-      status: str(raw.culler.status) ?? 'unknown',
-      cull_at: str(raw.culler.cull_at),
-      reason: str(raw.culler.reason)
-    };
-  }
   return {
     state: state(raw.state),
     message: str(raw.message) ?? '',
     allocation: isObj(raw.allocation) ? raw.allocation : null,
     gpus,
     warnings: arr(raw.warnings).filter((w): w is string => typeof w === 'string'),
-    culler
+    culler: parseCuller(raw.culler)
+  };
+}
+
+/** Decision actions of the idle culler service (idle_culler.core.Decision) as statuses. */
+const CULLER_ACTIONS: Record<string, string> = {
+  warn: 'warned',
+  cull: 'culling',
+  keep: 'ok',
+  skip: 'ok'
+};
+
+/**
+ * The culler's status for this server. Two shapes are read: the server extension's
+ * `{"server": <idle culler decision: action, reason, message, cull_at…>, "last_pass": …}` and a
+ * flat `{"status": "warned", "cull_at": ISO, "reason": str}`.
+ */
+export function parseCuller(raw: unknown): CullerStatus | null {
+  if (!isObj(raw)) {
+    return null;
+  }
+  if (isObj(raw.server)) {
+    const d = raw.server;
+    const action = str(d.action) ?? 'unknown';
+    const message = str(d.message) ?? '';
+    const because = /because (.+)$/.exec(message);
+    return {
+      status: CULLER_ACTIONS[action] ?? action,
+      cull_at: str(d.cull_at) ?? (typeof d.cull_at === 'number' ? String(d.cull_at) : null),
+      reason: because ? because[1] : str(d.reason)
+    };
+  }
+  return {
+    status: str(raw.status) ?? 'unknown',
+    cull_at: str(raw.cull_at),
+    reason: str(raw.reason)
   };
 }
 
@@ -357,6 +384,9 @@ export function cullWarning(culler: CullerStatus | null, now: number = Date.now(
   const reason = culler.reason ? `: ${culler.reason}` : '';
   if (status === 'culled') {
     return `The idle culler has stopped this server${reason}`;
+  }
+  if (status === 'culling') {
+    return `The idle culler is stopping this server now${reason}. Save your work.`;
   }
   return `This server will be stopped by the idle culler${when}${reason}. Save your work.`;
 }

@@ -9,6 +9,7 @@ import {
   gpuRows,
   historySeries,
   parseGpus,
+  parseCuller,
   parseMetrics,
   parseTime,
   processRows,
@@ -183,6 +184,29 @@ describe('culler', () => {
     assert.equal(w, 'This server will be stopped by the idle culler in 15 min (at 12:15 UTC): idle for 45 min. Save your work.');
     const v = deriveStatus(parseGpus(gpusJSON({ culler: { status: 'warned', cull_at: '2026-11-21T12:15:00Z', reason: 'idle' } })), null, null, NOW);
     assert.equal(v.level, 'warn');
+  });
+
+  it('reads the server extension\'s culler document (an idle culler decision)', () => {
+    const g = parseGpus(gpusJSON({
+      culler: {
+        server: {
+          user: 'ada', server: '', action: 'warn', reason: 'idle',
+          message: 'will be culled at 2026-11-21T12:10:00Z, because no activity for 50 min',
+          due: '2026-11-21T12:05:00Z', cull_at: '2026-11-21T12:10:00Z', figures: {}, policy: {}
+        },
+        last_pass: '2026-11-21T11:59:00Z'
+      }
+    }));
+    assert.deepEqual(g.culler, { status: 'warned', cull_at: '2026-11-21T12:10:00Z', reason: 'no activity for 50 min' });
+    assert.equal(cullWarning(g.culler, NOW),
+      'This server will be stopped by the idle culler in 10 min (at 12:10 UTC): no activity for 50 min. Save your work.');
+    const keep = parseCuller({ server: { action: 'keep', reason: 'active', message: 'next: idle at 2026-11-21T13:00:00Z', due: '2026-11-21T13:00:00Z' } });
+    assert.equal(keep?.status, 'ok');
+    assert.equal(cullWarning(keep, NOW), null);
+    const cull = parseCuller({ server: { action: 'cull', reason: 'idle', message: 'no activity for 60 min', cull_at: '2026-11-21T12:00:00Z' } });
+    assert.match(cullWarning(cull, NOW) ?? '', /is stopping this server now: idle/);
+    assert.equal(parseCuller(null), null);
+    assert.equal(parseCuller({ server: 'x', status: 'warned' })?.status, 'warned');
   });
 
   it('is quiet when nothing is scheduled', () => {

@@ -33,7 +33,15 @@ function sampleGpus() {
         pci_bus_id: '00000000:0F:00.0', numa_node: 0, mig: false, in_allocation: true }
     ],
     warnings: ['The allocation names 2 GPUs; CUDA_VISIBLE_DEVICES shows 1 (sample warning).'],
-    culler: { status: 'warned', cull_at: cullAt, reason: 'idle for 46 min (limit 60 min)' }
+    // the server extension's shape: this server's idle culler decision
+    culler: {
+      server: {
+        user: 'ada', server: '', action: 'warn', reason: 'idle',
+        message: `will be culled at ${cullAt}, because idle for 46 min (limit 60 min)`,
+        cull_at: cullAt, figures: {}, policy: {}
+      },
+      last_pass: new Date().toISOString()
+    }
   };
 }
 
