@@ -3,6 +3,7 @@
 #   make chp          configurable-http-proxy@5 in node_modules/
 #   make engine       local Docker engine (scripts/dockerd.sh)
 #   make btrfs-engine second engine on btrfs with per-container disk quotas
+#   make labext       the JupyterLab extension, prebuilt (scripts/build-labextension.sh)
 #   make images       gpuspawner/singleuser:latest (scripts/build-images.sh)
 #   make up           all of the above, then the hub on http://127.0.0.1:8000
 #   make test         lint + the whole test suite (docker-marked tests included)
@@ -19,7 +20,7 @@ HUB_CONFIG ?= hub_config/jupyterhub_config.py
 PYTEST_ARGS ?=
 LINT_DIRS := $(wildcard gpuspawner tests idle_culler benchmarks hub_config)
 
-.PHONY: help venv chp engine btrfs-engine images up hub test test-unit lint clean distclean
+.PHONY: help venv chp engine btrfs-engine labext images up hub test test-unit lint clean distclean
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -43,7 +44,10 @@ engine:
 btrfs-engine: engine images
 	scripts/btrfs-engine.sh
 
-images: venv engine
+labext: venv
+	scripts/build-labextension.sh
+
+images: venv engine labext
 	scripts/build-images.sh
 
 up: venv chp engine images

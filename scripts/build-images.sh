@@ -79,10 +79,21 @@ JUPYTERHUB_VERSION="${JUPYTERHUB_VERSION:-$("$PY" -c 'import jupyterhub; print(j
   || die "jupyterhub is not installed in .venv; run 'make venv'"
 REQS="$(grep -v '^\s*#' "$CTX_SRC/requirements.in" | sed '/^\s*$/d'; echo "jupyterhub==$JUPYTERHUB_VERSION")"
 
+# The project itself goes into the image too (server extension gpuspawner.gpuviews, the
+# prebuilt JupyterLab extension from scripts/build-labextension.sh, %load_ext gpuspawner.kernel):
+# its sources and the built extension are part of the inputs.
+PROJECT_HASH="$(
+  cd "$REPO" && {
+    git ls-files -z -- pyproject.toml gpuspawner jupyter-config 2>/dev/null \
+      | xargs -0 sha256sum 2>/dev/null
+    [ -d gpuspawner/labextension_static ] \
+      && find gpuspawner/labextension_static -type f | LC_ALL=C sort | xargs sha256sum
+  } | sha256sum | cut -c1-16
+)"
 INPUTS_HASH="$(
   {
     (cd "$CTX_SRC" && find . -type f ! -name '*.pyc' | LC_ALL=C sort | xargs sha256sum)
-    printf '%s\n' "$REQS" "$BASE_ID"
+    printf '%s\n' "$REQS" "$BASE_ID" "$PROJECT_HASH"
   } | sha256sum | cut -c1-16
 )"
 HAVE_HASH="$(docker image inspect -f '{{index .Config.Labels "org.gpuspawner.inputs-hash"}}' "$SINGLEUSER_IMAGE" 2>/dev/null || true)"
@@ -112,13 +123,24 @@ python3 -m pip download -q --disable-pip-version-check --only-binary=:all: \
   || { tail -n 20 "$VAR/log/pip-download.log" >&2; die "pip download failed (log: var/log/pip-download.log)"; }
 log "wheelhouse ready: $(find "$WHEELHOUSE" -name '*.whl' | wc -l) wheels, $(du -sh "$WHEELHOUSE" | cut -f1) in $((SECONDS - t))s"
 
+# ---------------------------------------------------------------- the project's wheel
+PROJECT_WHEELS="$VAR/build/project-wheel"
+rm -rf "$PROJECT_WHEELS"
+mkdir -p "$PROJECT_WHEELS"
+log "building the gpuspawner wheel (server extension, lab extension, kernel extension)"
+"$PY" -m pip wheel -q --disable-pip-version-check --no-deps -w "$PROJECT_WHEELS" "$REPO" \
+  >"$VAR/log/project-wheel.log" 2>&1 \
+  || { tail -n 20 "$VAR/log/project-wheel.log" >&2; die "building the project wheel failed"; }
+
 # ---------------------------------------------------------------- build
 CTX="$VAR/build/singleuser"
 rm -rf "$CTX"
 mkdir -p "$CTX"
 cp -a "$CTX_SRC"/. "$CTX"/
 cp "$VAR/wheelhouse/requirements-py$PYTAG.txt" "$CTX/requirements.txt"
-cp -al "$WHEELHOUSE" "$CTX/wheelhouse" 2>/dev/null || cp -a "$WHEELHOUSE" "$CTX/wheelhouse"
+echo "gpuspawner" >>"$CTX/requirements.txt"
+cp -a "$WHEELHOUSE" "$CTX/wheelhouse"
+cp "$PROJECT_WHEELS"/*.whl "$CTX/wheelhouse/"
 log "docker build $SINGLEUSER_IMAGE (log: var/log/build-singleuser.log)"
 t=$SECONDS
 docker build --network none \

@@ -229,3 +229,15 @@ def test_btrfs_engine_enforces_disk_quota(image):
     assert "Disk quota exceeded" in out or "No space left" in out, out
     written = int(re.search(r"bytes=(\d+)", out).group(1))
     assert written < 128 * 1024 * 1024
+
+
+def test_image_has_the_gpu_views_enabled(image):
+    """The single-user image ships the server extension, the prebuilt lab extension and the
+    kernel extension of this project, enabled (issue 5)."""
+    out = run(image, "sh", "-c",
+              "jupyter server extension list 2>&1; jupyter labextension list 2>&1; "
+              "python -c 'import gpuspawner.kernel, gpuspawner.gpuviews; print(\"imports-ok\")'",
+              opts=("--user", UID_GID, "-e", "HOME=/tmp")).stdout
+    assert re.search(r"gpuspawner\.gpuviews\s+\S*enabled", out), out
+    assert re.search(r"gpuspawner-labextension v[\d.]+\s+\S*enabled", out), out
+    assert "imports-ok" in out
