@@ -31,16 +31,19 @@ def nvml_factory() -> str:
 def jp_server_config(nvml_factory):  # noqa: F811 - overrides pytest-jupyter's
     return {"ServerApp": {"jpserver_extensions": {"gpuspawner.gpuviews": True},
                           "allow_unauthenticated_access": False},
-            "GPUViews": {"nvml": nvml_factory, "interval": 0.2, "culler_url": ""}}
+            "GPUViews": {"nvml": nvml_factory, "interval": 0.2, "standby_after": 5,
+                         "culler_url": ""}}
 
 
 @pytest.fixture
-def get(jp_fetch, jp_asyncio_loop):  # noqa: F811
+def get(jp_fetch, jp_asyncio_loop, jp_serverapp):  # noqa: F811
     def fetch(path: str, **kw):
         resp = jp_asyncio_loop.run_until_complete(jp_fetch("api", "gpuspawner", path, **kw))
         assert resp.code == 200
         return json.loads(resp.body)
-    return fetch
+    yield fetch
+    # jupyter_server has no unload hook for function-based extensions: stop the thread here
+    jp_serverapp.web_app.settings["gpuspawner_sampler"].stop()
 
 
 def test_gpus_and_metrics_values(get):

@@ -54,6 +54,8 @@ def _load_jupyter_server_extension(server_app: Any) -> None:
 
 
 def _unload_jupyter_server_extension(server_app: Any) -> None:
+    """Stop the sampler (called by jupyter_server versions that unload extensions; the thread
+    is a daemon otherwise)."""
     sampler = server_app.web_app.settings.pop("gpuspawner_sampler", None)
     if sampler is not None:
         sampler.stop()
