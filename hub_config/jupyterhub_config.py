@@ -170,3 +170,9 @@ if os.environ.get("GPUSPAWNER_CULLER", "on") != "off":
     })
     # users may open the culler's page (their own servers' status) through hub OAuth
     c.JupyterHub.extra_user_scopes.add("access:services!service=idle-culler")
+    # the JupyterLab GPU panel shows this server's cull warning: the server's own token may
+    # read the culler's status, reached through the proxy (docs/gpu-views.md)
+    c.Spawner.server_token_scopes = ["users:activity!user", "access:servers!server",
+                                     "access:services!service=idle-culler"]
+    c.GPUSpawner.environment = {
+        "GPUSPAWNER_CULLER_URL": f"{c.JupyterHub.bind_url}/services/idle-culler/"}

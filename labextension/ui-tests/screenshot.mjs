@@ -7,7 +7,8 @@
 // URL: JupyterLab's /lab URL with ?token=…; --sample answers the two REST calls in the browser
 // with sample data (page.route) so the charts, the process table and the cull warning show on
 // a machine without a GPU. Prints one JSON line: {status, statusLevel, panelState, panelText}.
-// Env: CHROMIUM (default /usr/bin/chromium), UI_TIMEOUT_MS (default 60000).
+// Env: CHROMIUM (default /usr/bin/chromium), UI_TIMEOUT_MS (default 60000), HUB_LOGIN_USER and
+// HUB_LOGIN_PASSWORD (log in through JupyterHub's login form before opening URL).
 import { chromium } from 'playwright-core';
 
 const [url, out, ...flags] = process.argv.slice(2);
@@ -100,6 +101,14 @@ try {
       metricsRequests.push(Date.now());
       return r.fulfill(json(sampleMetrics()));
     });
+  }
+  if (process.env.HUB_LOGIN_USER) {
+    // behind JupyterHub: log in through the hub's login form first (a token in the URL of a
+    // page is refused by JupyterHub >= 5; the browser needs the hub's OAuth cookies)
+    await page.goto(new URL('/hub/login', url).href, { timeout });
+    await page.fill('#username_input', process.env.HUB_LOGIN_USER);
+    await page.fill('#password_input', process.env.HUB_LOGIN_PASSWORD || '');
+    await Promise.all([page.waitForNavigation({ timeout }), page.click('#login_submit')]);
   }
   await page.goto(url, { timeout });
   const item = page.locator('#gpuspawner-gpu-status');
