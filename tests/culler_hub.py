@@ -16,19 +16,14 @@ an admin service token, optionally the culler as a hub-managed service) and runs
 
 from __future__ import annotations
 
-import json
-import os
 import secrets
-import signal
-import socket
-import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-import requests
+from tests.hubrunner import HubProcess, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 CHP = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
@@ -38,12 +33,6 @@ try:  # only inside the hub process (and wherever jupyterhub is installed)
     from traitlets import Int
 except ImportError:  # pragma: no cover
     SimpleLocalProcessSpawner = Spawner = object  # type: ignore[misc,assignment]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fake_gpu_uuid(user: str, server: str = "", index: int = 0) -> str:
@@ -162,114 +151,33 @@ c.JupyterHub.load_roles = [
 """
 
 
-class CullerHub:
+class CullerHub(HubProcess):
     """A hub subprocess in ``state_dir`` (port numbers free on 127.0.0.1). ``spawner`` is the
-    spawner class's import path; ``extra_config`` is Python appended to the config."""
+    spawner class's import path; ``extra_config`` is Python appended to the config. The REST
+    API is the hub's own port (not the proxy), as a hub-managed service sees it."""
 
     def __init__(self, state_dir: Path, spawner: str = "tests.culler_hub.GPUTestSpawner",
                  extra_config: str = "") -> None:
-        self.state_dir = state_dir
         state_dir.mkdir(parents=True, exist_ok=True)
-        self.token = secrets.token_hex(16)
-        self.port = free_port()
-        self.hub_api_port = free_port()
-        self.config = state_dir / "jupyterhub_config.py"
+        port = free_port()
+        hub_api_port = free_port()
+        super().__init__(state_dir, f"http://127.0.0.1:{port}",
+                         f"http://127.0.0.1:{hub_api_port}/hub/api", secrets.token_hex(16))
+        self.port = port
+        self.hub_api_port = hub_api_port
         self.config.write_text(HUB_CONFIG.format(
-            repo=str(REPO), port=self.port, hub_api_port=self.hub_api_port,
+            repo=str(REPO), port=port, hub_api_port=hub_api_port,
             proxy_api_port=free_port(), chp=str(CHP), secret=secrets.token_hex(32),
             spawner=spawner, token=self.token, extra=extra_config,
             home=str(state_dir / "home")))
-        self.url = f"http://127.0.0.1:{self.port}"
-        #: the hub's API directly (not through the proxy), as a hub-managed service sees it
-        self.api_url = f"http://127.0.0.1:{self.hub_api_port}/hub/api"
-        self.env = dict(os.environ)
         self.env["CONFIGPROXY_AUTH_TOKEN"] = secrets.token_hex(16)
         self.env["PYTHONPATH"] = f"{REPO}:{self.env.get('PYTHONPATH', '')}"
-        self.proc: subprocess.Popen | None = None
-        self.log_path = state_dir / "hub.log"
-        self.session = requests.Session()
-
-    def start(self, timeout: float = 60) -> None:
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyterhub", "-f", str(self.config)],
-            cwd=self.state_dir, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"hub exited with {self.proc.returncode}:\n{self.tail()}")
-            try:
-                if requests.get(f"{self.api_url}/", timeout=2).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"hub did not answer in {timeout}s:\n{self.tail()}")
-
-    def stop(self, timeout: float = 30) -> None:
-        """SIGTERM the hub's process group (the hub stops its servers and the proxy)."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-
-    def tail(self, n: int = 60) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
-
-    # -- REST ----------------------------------------------------------------------------------
-    def api(self, method: str, path: str, body: Any = None, timeout: float = 30,
-            token: str | None = None) -> requests.Response:
-        headers = {"Authorization": f"token {token or self.token}"}
-        data = None if body is None else json.dumps(body)
-        return self.session.request(method, f"{self.api_url}{path}", data=data,
-                                    headers=headers, timeout=timeout)
-
-    def ensure_user(self, name: str, groups: tuple[str, ...] = ()) -> None:
-        r = self.api("POST", f"/users/{name}")
-        assert r.status_code in (201, 409), r.text
-        for g in groups:
-            r = self.api("POST", f"/groups/{g}")
-            assert r.status_code in (201, 409), r.text
-            r = self.api("POST", f"/groups/{g}/users", {"users": [name]})
-            assert r.status_code == 200, r.text
 
     def spawn(self, user: str, server: str = "", options: dict[str, Any] | None = None
               ) -> None:
         path = f"/users/{user}/servers/{server}" if server else f"/users/{user}/server"
         r = self.api("POST", path, options or {})
         assert r.status_code in (201, 202), r.text
-
-    def server(self, user: str, server: str = "") -> dict[str, Any] | None:
-        model = self.api("GET", f"/users/{user}").json()
-        return (model.get("servers") or {}).get(server)
-
-    def wait_ready(self, user: str, server: str = "", timeout: float = 60) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        s: dict[str, Any] | None = None
-        while time.monotonic() < deadline:
-            s = self.server(user, server)
-            if s and s.get("ready"):
-                return s
-            if not s:
-                raise AssertionError(f"server {user}/{server} is gone\n{self.tail()}")
-            time.sleep(0.2)
-        raise AssertionError(f"server {user}/{server} not ready in {timeout}s: {s}")
-
-    def wait_stopped(self, user: str, server: str = "", timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.server(user, server) is None:
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"server {user}/{server} still there after {timeout}s")
 
     def activity(self, user: str, server: str = "", when: float | None = None) -> None:
         """Report activity of a server at ``when`` (epoch seconds; default now) through

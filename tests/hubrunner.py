@@ -27,40 +27,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Hub:
-    """A hub subprocess. ``nodes`` and ``profiles`` are written to YAML files the config reads
-    (GPUSPAWNER_NODES_FILE / GPUSPAWNER_PROFILES_FILE); ``extra_config`` is Python appended to a
-    wrapper config that loads hub_config first."""
+class HubProcess:
+    """A JupyterHub subprocess on loopback ports and its REST API (``api_url``, with the admin
+    service ``token``). Subclasses write the config and set ``env`` before :meth:`start`."""
 
-    def __init__(self, state_dir: Path, nodes: list[dict[str, Any]],
-                 profiles: list[dict[str, Any]], extra_config: str = "") -> None:
+    #: extra command-line arguments of ``jupyterhub``
+    args: tuple[str, ...] = ()
+
+    def __init__(self, state_dir: Path, url: str, api_url: str, token: str) -> None:
         self.state_dir = state_dir
-        state_dir.mkdir(parents=True, exist_ok=True)
-        (state_dir / "nodes.yaml").write_text(yaml.safe_dump(nodes))
-        (state_dir / "profiles.yaml").write_text(yaml.safe_dump(profiles))
+        self.url = url
+        self.api_url = api_url
+        self.token = token
         self.config = state_dir / "jupyterhub_config.py"
-        self.config.write_text(f"load_subconfig({str(CONFIG)!r})\n{extra_config}\n")
-        self.token = secrets.token_hex(16)
-        self.port = free_port()
-        self.env = dict(os.environ)
-        self.env.update({
-            "GPUSPAWNER_STATE_DIR": str(state_dir / "hub"),
-            "GPUSPAWNER_HUB_PORT": str(self.port),
-            "GPUSPAWNER_HUB_API_PORT": str(free_port()),
-            "GPUSPAWNER_PROXY_API_PORT": str(free_port()),
-            "GPUSPAWNER_NODES_FILE": str(state_dir / "nodes.yaml"),
-            "GPUSPAWNER_PROFILES_FILE": str(state_dir / "profiles.yaml"),
-            "GPUSPAWNER_API_TOKEN": self.token,
-            "CONFIGPROXY_AUTH_TOKEN": secrets.token_hex(16),
-        })
-        self.proc: subprocess.Popen | None = None
-        self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = state_dir / "hub.log"
+        self.env = dict(os.environ)
+        self.proc: subprocess.Popen | None = None
+        self.session = requests.Session()
 
     def start(self, timeout: float = 60) -> None:
+        """Start the hub and wait until its API answers. Raises RuntimeError with the log's
+        tail when it exits or does not answer in ``timeout`` seconds."""
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyterhub", "-f", str(self.config), "--debug"],
+            [sys.executable, "-m", "jupyterhub", "-f", str(self.config), *self.args],
             cwd=self.state_dir, env=self.env, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True)
         deadline = time.monotonic() + timeout
@@ -68,15 +58,16 @@ class Hub:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"hub exited with {self.proc.returncode}:\n{self.tail()}")
             try:
-                if requests.get(f"{self.url}/hub/api/", timeout=2).status_code == 200:
+                if requests.get(f"{self.api_url}/", timeout=2).status_code == 200:
                     return
             except requests.RequestException:
                 pass
-            time.sleep(0.3)
+            time.sleep(0.2)
         raise RuntimeError(f"hub did not answer in {timeout}s:\n{self.tail()}")
 
     def stop(self, timeout: float = 30) -> None:
-        """SIGTERM the hub (servers keep running: cleanup_servers is False)."""
+        """SIGTERM the hub's process group (GPUSpawner servers keep running:
+        cleanup_servers is False in hub_config)."""
         if self.proc is None or self.proc.poll() is not None:
             return
         os.killpg(self.proc.pid, signal.SIGTERM)
@@ -97,8 +88,8 @@ class Hub:
             token: str | None = None) -> requests.Response:
         headers = {"Authorization": f"token {token or self.token}"}
         data = None if body is None else json.dumps(body)
-        return requests.request(method, f"{self.url}/hub/api{path}", data=data,
-                                headers=headers, timeout=timeout)
+        return self.session.request(method, f"{self.api_url}{path}", data=data,
+                                    headers=headers, timeout=timeout)
 
     def ensure_user(self, name: str, groups: tuple[str, ...] = ()) -> None:
         r = self.api("POST", f"/users/{name}")
@@ -109,24 +100,56 @@ class Hub:
             r = self.api("POST", f"/groups/{g}/users", {"users": [name]})
             assert r.status_code == 200, r.text
 
+    def server(self, user: str, server: str = "") -> dict[str, Any] | None:
+        """The user's server model, or None when it does not exist."""
+        model = self.api("GET", f"/users/{user}").json()
+        return (model.get("servers") or {}).get(server)
+
     def wait_ready(self, user: str, server: str = "", timeout: float = 90) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
-        model: dict[str, Any] = {}
+        s: dict[str, Any] | None = None
         while time.monotonic() < deadline:
-            model = self.api("GET", f"/users/{user}").json()
-            s = (model.get("servers") or {}).get(server)
+            s = self.server(user, server)
             if s and s.get("ready"):
                 return s
             if not s or (not s.get("pending") and not s.get("ready")):
-                raise AssertionError(f"server {user}/{server} is gone: {model}\n{self.tail()}")
+                raise AssertionError(f"server {user}/{server} is gone: {s}\n{self.tail()}")
             time.sleep(0.3)
-        raise AssertionError(f"server {user}/{server} not ready in {timeout}s: {model}")
+        raise AssertionError(f"server {user}/{server} not ready in {timeout}s: {s}")
 
     def wait_stopped(self, user: str, server: str = "", timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            model = self.api("GET", f"/users/{user}").json()
-            if server not in (model.get("servers") or {}):
+            if self.server(user, server) is None:
                 return
             time.sleep(0.3)
         raise AssertionError(f"server {user}/{server} still there after {timeout}s")
+
+
+class Hub(HubProcess):
+    """The project's hub_config with GPUSpawner. ``nodes`` and ``profiles`` are written to
+    YAML files the config reads (GPUSPAWNER_NODES_FILE / GPUSPAWNER_PROFILES_FILE);
+    ``extra_config`` is Python appended to a wrapper config that loads hub_config first."""
+
+    args = ("--debug",)
+
+    def __init__(self, state_dir: Path, nodes: list[dict[str, Any]],
+                 profiles: list[dict[str, Any]], extra_config: str = "") -> None:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        super().__init__(state_dir, url, f"{url}/hub/api", secrets.token_hex(16))
+        self.port = port
+        (state_dir / "nodes.yaml").write_text(yaml.safe_dump(nodes))
+        (state_dir / "profiles.yaml").write_text(yaml.safe_dump(profiles))
+        self.config.write_text(f"load_subconfig({str(CONFIG)!r})\n{extra_config}\n")
+        self.env.update({
+            "GPUSPAWNER_STATE_DIR": str(state_dir / "hub"),
+            "GPUSPAWNER_HUB_PORT": str(port),
+            "GPUSPAWNER_HUB_API_PORT": str(free_port()),
+            "GPUSPAWNER_PROXY_API_PORT": str(free_port()),
+            "GPUSPAWNER_NODES_FILE": str(state_dir / "nodes.yaml"),
+            "GPUSPAWNER_PROFILES_FILE": str(state_dir / "profiles.yaml"),
+            "GPUSPAWNER_API_TOKEN": self.token,
+            "CONFIGPROXY_AUTH_TOKEN": secrets.token_hex(16),
+        })

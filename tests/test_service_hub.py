@@ -30,6 +30,7 @@ docker = pytest.importorskip("docker")
 from gpuspawner.placement import Allocation, GPUShare, Owner  # noqa: E402
 from gpuspawner.placement.topology import load_topology_file  # noqa: E402
 from tests.hubrunner import REPO, Hub  # noqa: E402
+from tests.test_hub_e2e import _engine  # noqa: E402
 
 pytestmark = pytest.mark.docker
 IMAGE = "gpuspawner/singleuser:latest"
@@ -49,14 +50,9 @@ for _r in c.JupyterHub.load_roles:
 
 
 def engine_or_skip() -> docker.APIClient:
-    try:
-        c = docker.APIClient(version="auto")
-        c.inspect_image(IMAGE)
-    except Exception as e:
-        pytest.skip(f"needs a Docker engine and {IMAGE} (make engine images): {e}")
-    if not (REPO / "node_modules" / ".bin" / "configurable-http-proxy").exists():
-        pytest.skip("needs configurable-http-proxy (make chp)")
-    return c
+    """The Docker engine with the single-user image and the proxy, or skip (one check for
+    every hub test: tests.test_hub_e2e._engine)."""
+    return _engine()
 
 
 def hold(engine: docker.APIClient, node: str, user: str, server: str, gpu_indexes: list[int],
