@@ -30,6 +30,9 @@ def _fmt_bytes(n: int | None) -> str:
 
 
 class GPUMonitor:
+    """The notebook GPU monitor: an ipywidgets box (utilisation and memory bars per GPU,
+    short history) refreshed every ``interval`` seconds by a daemon thread from a
+    :class:`~gpuspawner.gpuviews.sampler.Sampler` (NVML in the kernel's process)."""
     def __init__(self, sampler: Sampler | None = None, interval: float = 1.0) -> None:
         import ipywidgets as w
 
@@ -167,6 +170,7 @@ def monitor() -> GPUMonitor | None:
 
 
 def widget_state() -> dict[str, Any] | None:
+    """Plain values shown by the running monitor (for tests and scripts), or None."""
     return _monitor.state() if _monitor is not None else None
 
 
@@ -181,12 +185,14 @@ def get_widget():
 
 
 def load_ipython_extension(ip: Any) -> None:
+    """``%load_ext gpuspawner.kernel``: display the monitor (IPython extension API)."""
     from IPython.display import display
 
     display(get_widget())
 
 
 def unload_ipython_extension(ip: Any) -> None:
+    """``%unload_ext gpuspawner.kernel``: stop the refresh thread and close the widget."""
     global _monitor
     if _monitor is not None:
         _monitor.stop()

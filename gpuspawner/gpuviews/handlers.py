@@ -35,6 +35,8 @@ class _Base(APIHandler):
 
 
 class GPUsHandler(_Base):
+    """``GET /api/gpuspawner/gpus``: state, allocation, GPUs (static data), warnings and this
+    server's idle-culler status (docs/gpu-views.md)."""
     @web.authenticated
     @authorized
     async def get(self) -> None:
@@ -45,6 +47,8 @@ class GPUsHandler(_Base):
 
 
 class MetricsHandler(_Base):
+    """``GET /api/gpuspawner/metrics``: utilisation (percent), memory (bytes), temperature (deg C),
+    power (W), processes and the history of the last minutes (docs/gpu-views.md)."""
     @web.authenticated
     @authorized
     async def get(self) -> None:
@@ -179,6 +183,7 @@ def _ppid(pid: int) -> int:
 
 
 def setup_handlers(web_app: Any, base_url: str) -> None:
+    """Register the two API handlers under the server's base URL."""
     handlers = [
         (url_path_join(base_url, "api/gpuspawner/gpus"), GPUsHandler),
         (url_path_join(base_url, "api/gpuspawner/metrics"), MetricsHandler),

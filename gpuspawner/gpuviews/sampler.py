@@ -89,6 +89,7 @@ def read_allocation(env: dict[str, str] | None = None) -> tuple[dict | None, lis
 
 
 def allocation_uuids(alloc: dict | None) -> list[str]:
+    """GPU UUIDs of an allocation dict (GPUSpawner's ``GPUSPAWNER_ALLOCATION`` shape)."""
     if not alloc:
         return []
     out = []
@@ -453,6 +454,7 @@ def shared_sampler(**kwargs: Any) -> Sampler:
 
 
 def reset_shared_sampler() -> None:
+    """Stop and forget the process-wide sampler (tests)."""
     global _shared
     with _shared_lock:
         if _shared is not None:

@@ -179,6 +179,8 @@ class _Base(HubOAuthenticated, web.RequestHandler):
 
 
 class NodesHandler(_Base):
+    """``GET api/nodes``: inventory with free/used per GPU, NUMA node and cores (other users'
+    holders hidden from non-admins)."""
     async def get(self) -> None:
         user = self.require_user()
         cluster = await self.cluster()
@@ -187,6 +189,7 @@ class NodesHandler(_Base):
 
 
 class AllocationsHandler(_Base):
+    """``GET api/allocations``: admins all allocations, users their own."""
     async def get(self) -> None:
         user = self.require_user()
         cluster = await self.cluster()
@@ -201,6 +204,7 @@ class AllocationsHandler(_Base):
 
 
 class UsageHandler(_Base):
+    """``GET api/users/{name}/usage``: what a user holds and their quota (self or admin)."""
     async def get(self, name: str) -> None:
         user = self.require_user()
         admin = self.is_admin(user)
@@ -216,6 +220,7 @@ class UsageHandler(_Base):
 
 
 class OpenAPIHandler(_Base):
+    """``GET api/openapi.json``: the OpenAPI 3 document of this API (public)."""
     public = True
 
     def get(self) -> None:
@@ -223,6 +228,7 @@ class OpenAPIHandler(_Base):
 
 
 class MetricsHandler(_Base):
+    """``GET metrics``: Prometheus text from the ledger (needs ``read:metrics``)."""
     @property
     def hub_scopes(self) -> set[str]:
         return {f"access:services!service={self.service.name}", "read:metrics"}
@@ -236,6 +242,7 @@ class MetricsHandler(_Base):
 
 
 class AdminPageHandler(_Base):
+    """``GET admin``: the cluster map, allocations and quota use (admins)."""
     api = False
 
     async def get(self) -> None:
@@ -258,6 +265,7 @@ class AdminPageHandler(_Base):
 
 
 class RootHandler(_Base):
+    """``GET /services/gpuspawner/``: redirects to the ``admin`` map page."""
     public = True
     api = False
 
@@ -278,6 +286,7 @@ class CallbackHandler(HubOAuthCallbackHandler):
 
 
 class NotFoundHandler(_Base):
+    """Any other path: a JSON 404."""
     public = True
 
     def prepare(self) -> None:
