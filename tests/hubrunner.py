@@ -100,6 +100,22 @@ class HubProcess:
             r = self.api("POST", f"/groups/{g}/users", {"users": [name]})
             assert r.status_code == 200, r.text
 
+    def form_login(self, name: str, password: str = "gpuspawner"
+                   ) -> tuple[requests.Session, requests.Response]:
+        """Post the hub's login form as a browser would; returns the session (cookies) and
+        the answer to the POST, whatever its status."""
+        s = requests.Session()
+        s.get(f"{self.url}/hub/login", timeout=30)
+        r = s.post(f"{self.url}/hub/login", data={"username": name, "password": password,
+                                                  "_xsrf": s.cookies.get("_xsrf")}, timeout=30)
+        return s, r
+
+    def login(self, name: str, password: str = "gpuspawner") -> requests.Session:
+        """Log in through the login form (asserting it worked); returns the session."""
+        s, r = self.form_login(name, password)
+        assert r.status_code == 200, r.text[:300]
+        return s
+
     def server(self, user: str, server: str = "") -> dict[str, Any] | None:
         """The user's server model, or None when it does not exist."""
         model = self.api("GET", f"/users/{user}").json()

@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 SLAPD = "/usr/sbin/slapd"
 BASE_DN = "dc=example,dc=org"
@@ -188,3 +190,13 @@ access to * by * read
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def slapd(tmp_path_factory):
+    """A private slapd on loopback for one test module (imported by the LDAP test modules)."""
+    ensure_installed()
+    server = Slapd(tmp_path_factory.mktemp("slapd"))
+    server.start()
+    yield server
+    server.stop()

@@ -228,7 +228,7 @@ def test_failures_leave_no_allocation(hub, engine):
 
 def test_spawn_form_shows_availability(hub):
     hub.ensure_user("formuser")
-    s = _login(hub, "formuser")
+    s = hub.login("formuser")
     r = s.get(f"{hub.url}/hub/spawn/formuser", timeout=30)
     assert r.status_code == 200
     html = r.text
@@ -246,14 +246,3 @@ def test_spawn_form_shows_availability(hub):
     hub.api("DELETE", "/users/formuser/server")
     hub.wait_stopped("formuser")
 
-
-def _login(hub: Hub, user: str):
-    import requests
-
-    s = requests.Session()
-    r = s.get(f"{hub.url}/hub/login", timeout=30)
-    xsrf = s.cookies.get("_xsrf")
-    r = s.post(f"{hub.url}/hub/login", data={"username": user, "password": "gpuspawner",
-                                             "_xsrf": xsrf}, timeout=30)
-    assert r.status_code == 200, r.text[:300]
-    return s

@@ -6,16 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpuspawner.auth import GPULDAPAuthenticator
-from tests.ldap_server import BASE_DN, USERS, Slapd, ensure_installed
-
-
-@pytest.fixture(scope="module")
-def slapd(tmp_path_factory):
-    ensure_installed()
-    server = Slapd(tmp_path_factory.mktemp("slapd"))
-    server.start()
-    yield server
-    server.stop()
+from tests.ldap_server import BASE_DN, USERS
 
 
 @pytest.fixture

@@ -16,10 +16,9 @@ import os
 import secrets
 
 import pytest
-import requests
 
 from tests.hubrunner import REPO, Hub
-from tests.ldap_server import USERS, Slapd, ensure_installed
+from tests.ldap_server import USERS
 from tests.test_service_hub import DGX, EXTRA_ADMIN_SCOPES, engine_or_skip, hold, remove_held
 
 pytestmark = pytest.mark.docker
@@ -30,15 +29,6 @@ LDAP_CONFIG = REPO / "hub_config" / "ldap.py"
 @pytest.fixture(scope="module")
 def engine():
     return engine_or_skip()
-
-
-@pytest.fixture(scope="module")
-def slapd(tmp_path_factory):
-    ensure_installed()
-    server = Slapd(tmp_path_factory.mktemp("slapd"))
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -78,19 +68,10 @@ def hub(engine, slapd, tmp_path_factory):
     remove_held(engine)
 
 
-def form_login(hub: Hub, name: str, password: str) -> tuple[requests.Session,
-                                                              requests.Response]:
-    s = requests.Session()
-    s.get(f"{hub.url}/hub/login", timeout=30)
-    r = s.post(f"{hub.url}/hub/login", data={"username": name, "password": password,
-                                             "_xsrf": s.cookies.get("_xsrf")}, timeout=30)
-    return s, r
-
-
 @pytest.mark.parametrize("name", ["alice", "bob", "dave", "erin"])
 def test_login_form_keeps_posix_ids_and_groups(hub, name):
     u = USER[name]
-    s, r = form_login(hub, name, u.password)
+    s, r = hub.form_login(name, u.password)
     assert r.status_code == 200, r.text[:300]
     assert "/hub/login" not in r.url
     model = hub.api("GET", f"/users/{name}").json()
@@ -108,7 +89,7 @@ def test_login_form_keeps_posix_ids_and_groups(hub, name):
     ("carol", "carol-pw-3"),  # a valid account in none of the allowed groups
 ])
 def test_refused_logins(hub, name, password):
-    s, r = form_login(hub, name, password)
+    s, r = hub.form_login(name, password)
     assert r.status_code == 403, (r.status_code, r.url)
     assert "Invalid username or password" in r.text
     # not logged in: the hub sends the session back to its login page
@@ -119,11 +100,11 @@ def test_refused_logins(hub, name, password):
 
 
 def test_gpu_profile_offered_to_gpu_users_only(hub):
-    s, _ = form_login(hub, "alice", USER["alice"].password)
+    s, _ = hub.form_login("alice", USER["alice"].password)
     html = s.get(f"{hub.url}/hub/spawn/alice", timeout=30).text
     assert 'data-profile="a100" data-available="true"' in html
     assert 'value="a100">' in html  # an enabled radio button
-    s, _ = form_login(hub, "bob", USER["bob"].password)
+    s, _ = hub.form_login("bob", USER["bob"].password)
     html = s.get(f"{hub.url}/hub/spawn/bob", timeout=30).text
     assert 'data-profile="a100" data-available="false"' in html
     assert 'value="a100" disabled' in html
@@ -135,7 +116,7 @@ def test_gpu_profile_offered_to_gpu_users_only(hub):
 
 def test_home_owned_by_ldap_ids(hub, engine):
     u = USER["alice"]
-    s, _ = form_login(hub, "alice", u.password)
+    s, _ = hub.form_login("alice", u.password)
     r = s.post(f"{hub.url}/hub/spawn/alice", data={"profile": "cpu",
                                                    "_xsrf": s.cookies.get("_xsrf")},
                timeout=60)
@@ -158,7 +139,7 @@ QUOTA_MESSAGE = "over your quota for GPUs: asked for 1 GPU, 2 GPUs of 2 GPUs in 
 
 
 def test_third_gpu_refused_form_and_rest(hub):
-    s, _ = form_login(hub, "dave", USER["dave"].password)
+    s, _ = hub.form_login("dave", USER["dave"].password)
     html = s.get(f"{hub.url}/hub/spawn/dave", timeout=30).text
     assert "you use 2 of your 2 GPUs" in html
     assert 'data-profile="a100" data-available="false"' in html and "over your quota" in html

@@ -92,16 +92,6 @@ def stop_all(hub: Hub, engine: docker.APIClient) -> None:
             engine.remove_container(c["Id"], force=True)
 
 
-def login(hub: Hub, user: str, password: str = "gpuspawner") -> requests.Session:
-    """Log in through the hub's login form; returns the session (cookies)."""
-    s = requests.Session()
-    s.get(f"{hub.url}/hub/login", timeout=30)
-    r = s.post(f"{hub.url}/hub/login", data={"username": user, "password": password,
-                                             "_xsrf": s.cookies.get("_xsrf")}, timeout=30)
-    assert r.status_code == 200, r.text[:300]
-    return s
-
-
 @pytest.fixture(scope="module")
 def engine():
     return engine_or_skip()
@@ -210,7 +200,7 @@ def test_third_gpu_refused_through_rest(hub):
 
 
 def test_third_gpu_refused_through_the_form(hub):
-    s = login(hub, "svcgpu")
+    s = hub.login("svcgpu")
     html = s.get(f"{hub.url}/hub/spawn/svcgpu", timeout=30).text
     assert "you use 2 of your 2 GPUs" in html
     assert 'data-profile="a100" data-available="false"' in html
