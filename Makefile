@@ -1,7 +1,8 @@
 # gpuspawner: everything a new Debian machine needs, installed and started by the project itself.
 #   make venv         .venv with the project and its hub + test extras
 #   make chp          configurable-http-proxy@5 in node_modules/
-#   make engine       local Docker engine (scripts/dockerd.sh)
+#   make engine       local Docker engine (scripts/dockerd.sh) and the isolation rule
+#                     between server networks (scripts/network.sh)
 #   make btrfs-engine second engine on btrfs with per-container disk quotas
 #   make labext       the JupyterLab extension, prebuilt (scripts/build-labextension.sh)
 #   make images       gpuspawner/singleuser:latest (scripts/build-images.sh)
@@ -40,6 +41,7 @@ $(CHP):
 
 engine:
 	scripts/dockerd.sh
+	scripts/network.sh
 
 btrfs-engine: engine images
 	scripts/btrfs-engine.sh
@@ -78,4 +80,5 @@ clean:
 # also the venv, node_modules and var/ (wheelhouse, btrfs loop file); engines' images stay
 distclean: clean
 	-scripts/btrfs-engine.sh --stop
+	-scripts/network.sh --stop
 	rm -rf $(VENV) node_modules var/wheelhouse var/btrfs var/build

@@ -17,6 +17,7 @@ from typing import Any
 
 import docker
 
+from .network import NetworkManager, parse_pool
 from .placement import Ledger, Node, QuotaTable, RestoreReport
 from .placement.inventory import read_local_node
 from .placement.topology import load_topology_file
@@ -47,6 +48,8 @@ class NodeRuntime:
         host: address at which servers on this node are reached with host networking.
         topology: "auto" or the topology file's path.
         node: the inventory.
+        network_pool: CIDR blocks this node's server networks come from ("" = the
+            spawner's ``server_network_pool``); engines sharing one host need disjoint pools.
     """
 
     name: str
@@ -54,9 +57,21 @@ class NodeRuntime:
     host: str
     topology: str
     node: Node
+    network_pool: str = ""
     _client: docker.APIClient | None = None
     _disk_limit: bool | None = None
     _storage_driver: str = ""
+    _networks: dict[tuple[str, int], NetworkManager] = field(default_factory=dict)
+
+    def networks(self, pool: str, prefixlen: int) -> NetworkManager:
+        """The manager of this node's server networks carved from the node's
+        ``network_pool``, else ``pool`` (CIDR blocks, comma separated), in /``prefixlen``
+        blocks (one manager per pool and size)."""
+        pool = self.network_pool or pool
+        key = (pool, prefixlen)
+        if key not in self._networks:
+            self._networks[key] = NetworkManager(self.client, parse_pool(pool), prefixlen)
+        return self._networks[key]
 
     @property
     def client(self) -> docker.APIClient:
@@ -86,7 +101,8 @@ class NodeRuntime:
 def parse_node_config(entries: Sequence[Mapping[str, Any]]) -> list[NodeRuntime]:
     """Read ``c.GPUSpawner.nodes``: dicts with ``name``, ``docker_url`` (default: the local
     engine), ``topology`` ("auto" reads this host through sysfs and NVML, else a topology file
-    path) and ``host`` (default 127.0.0.1).
+    path), ``host`` (default 127.0.0.1) and ``network_pool`` (CIDR blocks of its server
+    networks; default: the spawner's ``server_network_pool``).
 
     Raises:
         NodeConfigError: unknown keys, duplicate names, or an unreadable topology (the message
@@ -98,7 +114,7 @@ def parse_node_config(entries: Sequence[Mapping[str, Any]]) -> list[NodeRuntime]
         where = f"nodes[{i}]"
         if not isinstance(entry, Mapping):
             raise NodeConfigError(f"{where}: must be a mapping")
-        unknown = set(entry) - {"name", "docker_url", "topology", "host"}
+        unknown = set(entry) - {"name", "docker_url", "topology", "host", "network_pool"}
         if unknown:
             raise NodeConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
         name = entry.get("name") or "local"
@@ -106,7 +122,10 @@ def parse_node_config(entries: Sequence[Mapping[str, Any]]) -> list[NodeRuntime]
             raise NodeConfigError(f"{where}.name: must be a unique string, got {name!r}")
         seen.add(name)
         topology = entry.get("topology", "auto")
+        pool = entry.get("network_pool") or ""
         try:
+            if pool:
+                parse_pool(pool, f"{where}.network_pool")
             if topology == "auto":
                 node = read_local_node(name)
             else:
@@ -117,7 +136,7 @@ def parse_node_config(entries: Sequence[Mapping[str, Any]]) -> list[NodeRuntime]
             raise NodeConfigError(f"{where} ({name}): {e}") from None
         out.append(NodeRuntime(name=name, docker_url=str(entry.get("docker_url") or ""),
                                host=str(entry.get("host") or "127.0.0.1"),
-                               topology=str(topology), node=node))
+                               topology=str(topology), node=node, network_pool=str(pool)))
     return out
 
 

@@ -174,8 +174,8 @@ def choose_profile(user_options: Any, profiles: Sequence[Profile],
     user may use).
 
     Raises:
-        OptionsError: options not an object, an unknown key, a non-string or unknown profile,
-            or a profile the user's groups may not use.
+        OptionsError: options not an object, an unknown key, a null, non-string or unknown
+            profile, or a profile the user's groups may not use.
     """
     groups = set(groups)
     if user_options is None:
@@ -190,6 +190,9 @@ def choose_profile(user_options: Any, profiles: Sequence[Profile],
     if not profiles:
         raise OptionsError("profile", "no profiles are configured")
     visible = [p for p in profiles if p.allowed_for(groups)]
+    if "profile" in user_options and user_options["profile"] is None:
+        raise OptionsError("profile", "must be a string (a profile slug), got null; leave "
+                                      "the key out for the default profile")
     slug = user_options.get("profile")
     if slug is None:
         chosen = next((p for p in visible if p.default), None) or (visible[0] if visible

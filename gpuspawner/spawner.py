@@ -12,20 +12,26 @@ Any failure, cancellation or start timeout removes the container and releases th
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import os
-import socket
+import shutil
 from collections.abc import AsyncIterator
 from typing import Any
 
-from docker.errors import APIError, ImageNotFound, NotFound
+import requests
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.types import DeviceRequest
 from dockerspawner import DockerSpawner
+from escapism import escape
 from jinja2 import ChoiceLoader, Environment, FileSystemLoader, PackageLoader, select_autoescape
 from tornado import web
-from traitlets import Bool, Callable, Dict, Enum, Int, List, Unicode, Union, default
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from traitlets import Callable, Dict, Enum, Int, List, TraitError, Unicode, Union, default, validate
 
 from .cluster import ALLOCATION_LABEL, MANAGED_LABEL, Cluster, NodeRuntime, get_cluster
 from .metrics import placement_refused
+from .network import DEFAULT_SERVER_POOL, NetworkConfigError, ServerNetwork, parse_pool
 from .placement import (
     GPU_MILLI,
     Allocation,
@@ -36,17 +42,45 @@ from .placement import (
     format_bytes,
 )
 from .profiles import OptionsError, Profile, ProfileConfigError, choose_profile, load_profiles
+from .user_options import install_user_options_guard
 
 #: capabilities asked of the NVIDIA container runtime (docker docs, "--gpus":
 #: capabilities map to NVIDIA_DRIVER_CAPABILITIES)
 GPU_CAPABILITIES = [["gpu", "compute", "utility"]]
 
+#: longest escaped user or server name used in container, network and home directory names
+#: (a path component may have 255 bytes; Docker names and DNS labels want far less)
+MAX_NAME_CHARS = 48
+#: where a server's internal_ssl files are mounted, read-only, in its container
+CERTS_MOUNT = "/etc/gpuspawner/certs"
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` now (bound, read and closed; the server binds it next)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+
+def safe_name(text: str, limit: int = MAX_NAME_CHARS) -> str:
+    """``text`` escaped as DockerSpawner escapes names (lower case letters and digits kept,
+    every other character as ``-XX`` hex), capped at ``limit`` characters: a longer result
+    keeps its first ``limit - 13`` characters and appends ``-`` and 12 hex digits of the
+    SHA-256 of ``text``, so distinct names stay distinct. Safe as one path component, a Docker
+    object name and a DNS label."""
+    safe_chars = set("abcdefghijklmnopqrstuvwxyz0123456789")
+    out = escape(text, safe_chars, escape_char="-").lower()
+    if len(out) <= limit:
+        return out
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"{out[:limit - 13]}-{digest}"
+
+
+class EngineUnavailable(web.HTTPError):
+    """HTTP 503: a node's Docker engine does not answer (the message names the node)."""
+
+    def __init__(self, node: str, reason: object) -> None:
+        super().__init__(503, f"node {node}: Docker engine unavailable: {reason}")
+
+
+def _engine_down(e: BaseException) -> bool:
+    """Whether ``e`` says the engine cannot be reached (as opposed to an API refusal)."""
+    if isinstance(e, requests.exceptions.ConnectionError):
+        return True
+    return isinstance(e, DockerException) and not isinstance(e, APIError)
 
 
 class GPUSpawner(DockerSpawner):
@@ -128,13 +162,52 @@ class GPUSpawner(DockerSpawner):
     pids_limit = Int(4096, help="Maximum processes in a container (docker pids_limit).").tag(
         config=True)
 
-    host_network = Bool(
-        True,
-        help="""Run containers with network_mode=host, the server on 127.0.0.1 at a free port
-        (one node). Set False to use network_name (a bridge or custom network) as
-        DockerSpawner does.
+    network_isolation = Enum(
+        ["per-server", "shared", "host"],
+        default_value="per-server",
+        help="""How servers are networked (docs/security.md).
+
+        "per-server" (default): each server gets its own bridge network, a /server_network_prefix
+        block of server_network_pool, and its own network namespace; it listens on `port` there
+        and the hub reaches it by IP. With the host firewall rule of scripts/network.sh, users'
+        containers cannot reach each other.
+        "shared": all servers on the bridge network `network_name` (created if missing on a
+        free block of server_network_pool); containers of different users can reach each other.
+        "host": network_mode=host, the server on 127.0.0.1:`port` in the hub's own namespace.
+        Only for a single trusted user: any user process can then take the hub's ports.
         """,
     ).tag(config=True)
+
+    server_network_pool = Unicode(
+        DEFAULT_SERVER_POOL,
+        help="""CIDR blocks (comma separated) server networks are carved from. Every network
+        gets an explicit subnet; blocks in use on the engine are skipped. Private (RFC 1918)
+        ranges are refused. Checked when the hub starts.""",
+    ).tag(config=True)
+
+    server_network_prefix = Int(
+        28, help="Prefix length of each per-server network (28: 14 addresses).",
+    ).tag(config=True)
+
+    user_options_max_bytes = Int(
+        4096,
+        help="""Largest user_options (as JSON, bytes) accepted. Larger ones are refused with
+        HTTP 400 before the hub stores them.""",
+    ).tag(config=True)
+
+    @validate("server_network_pool")
+    def _validate_pool(self, proposal: Any) -> str:
+        try:
+            parse_pool(proposal.value)
+        except NetworkConfigError as e:
+            raise TraitError(str(e)) from None
+        return proposal.value
+
+    @validate("server_network_prefix")
+    def _validate_prefix(self, proposal: Any) -> int:
+        if not 16 <= proposal.value <= 29:
+            raise TraitError(f"server_network_prefix: must be 16..29, got {proposal.value}")
+        return proposal.value
 
     profile_form_template = Unicode(
         "profiles.html.j2",
@@ -154,7 +227,17 @@ class GPUSpawner(DockerSpawner):
 
     @default("network_name")
     def _default_network_name(self) -> str:
-        return "host" if self.host_network else "bridge"
+        return {"host": "host", "shared": "gpuspawner-servers"}.get(self.network_isolation,
+                                                                     "bridge")
+
+    @default("escape")
+    def _default_escape(self):
+        return safe_name
+
+    @default("use_internal_hostname")
+    def _default_use_internal_hostname(self) -> bool:
+        # container names do not resolve on the hub's host; internal_ssl certs name the IP
+        return False
 
     @default("image")
     def _default_image(self) -> str:
@@ -185,8 +268,11 @@ class GPUSpawner(DockerSpawner):
 
     # ------------------------------------------------------------------------------------
     allocation: Allocation | None = None
+    #: this server's own network (per-server isolation), once made
+    server_network: ServerNetwork | None = None
     _uid: int | None = None
     _gid: int | None = None
+    _certs_dir: str = ""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -194,6 +280,8 @@ class GPUSpawner(DockerSpawner):
         self._event_signal = asyncio.Event()
         self._configured_host_config = None
         self._configured_create_kwargs = None
+        self._prepared: tuple[Profile, Allocation] | None = None
+        install_user_options_guard(self.profiles, self.user_options_max_bytes, self.log)
 
     # -- shared state ----------------------------------------------------------------------
     @property
@@ -327,19 +415,28 @@ class GPUSpawner(DockerSpawner):
         except OptionsError as e:
             raise web.HTTPError(400, str(e)) from None
 
-    async def start(self) -> tuple[str, int]:
-        """Validate, reserve, create a new pinned container and start it; roll back on any
-        failure (including cancellation by the hub's start timeout).
+    @property
+    def network_label(self) -> str:
+        """Name of this server's own network (per-server isolation)."""
+        return f"{self.object_name}-net"
+
+    async def _prepare(self) -> tuple[Profile, Allocation]:
+        """Validate, reserve and (per-server isolation) create the server's network, once per
+        spawn. Runs from :meth:`create_certs` when ``internal_ssl`` is on (the certificate must
+        name the server's IP, and JupyterHub makes certificates before :meth:`start`), else
+        from :meth:`start`.
 
         Raises:
             web.HTTPError(400): bad ``user_options``, over quota, or no capacity now.
+            EngineUnavailable (503): the node's engine does not answer.
         """
+        if self._prepared is not None:
+            return self._prepared
         self._events = []
         profile = self.chosen_profile()
         cluster = self.cluster
         await cluster.ensure_restored()
-        if self.allocation is not None:  # a leftover from a failed stop
-            self._release()
+        await self._release_stale()
         try:
             alloc = cluster.ledger.reserve(profile.bundle, self._owner(),
                                            nodes=profile.nodes or None)
@@ -352,10 +449,84 @@ class GPUSpawner(DockerSpawner):
         self.allocation = alloc
         self._emit(20, f"placed on {alloc.summary()}")
         try:
-            return await self._start_container(profile, alloc)
-        except BaseException:
+            if self.network_isolation == "per-server":
+                rt = cluster.nodes[alloc.node]
+                labels = {"gpuspawner.user": self.user.name, "gpuspawner.server": self.name or ""}
+                self.server_network = await asyncio.to_thread(
+                    rt.networks(self.server_network_pool, self.server_network_prefix).create,
+                    self.network_label, labels)
+            elif self.network_isolation == "shared":
+                rt = cluster.nodes[alloc.node]
+                await asyncio.to_thread(
+                    rt.networks(self.server_network_pool, 24).create, self.network_name, {})
+        except BaseException as e:
             await self._rollback()
+            if _engine_down(e):
+                raise EngineUnavailable(alloc.node, e) from None
             raise
+        self._prepared = (profile, alloc)
+        return self._prepared
+
+    async def _release_stale(self) -> None:
+        """Free what an earlier, interrupted spawn of this very server still holds (a hub
+        killed mid-spawn leaves a container whose label books the allocation on restart, but
+        no spawner state): this server is starting, so nothing of it may still run. Removes
+        the containers and the network labelled with this user and server, then releases."""
+        stale = self.cluster.ledger.find(self.user.name, self.name or "")
+        if stale is None:
+            return
+        rt = self.cluster.nodes.get(stale.node)
+        if rt is not None:
+            try:
+                await asyncio.to_thread(self._remove_labelled, rt)
+            except Exception as e:
+                if _engine_down(e):
+                    raise EngineUnavailable(stale.node, e) from None
+                raise
+        self.log.warning("%s: releasing allocation %s left by an interrupted spawn",
+                         self._log_name, stale.id)
+        try:
+            self.cluster.ledger.release(stale.id)
+        except UnknownAllocation:
+            pass
+        if self.allocation is not None and self.allocation.id == stale.id:
+            self.allocation = None
+
+    def _remove_labelled(self, rt: NodeRuntime) -> None:
+        """Remove this server's containers and network on ``rt`` (blocking)."""
+        for c in rt.client.containers(all=True, filters={"label": [
+                f"{MANAGED_LABEL}=1", f"gpuspawner.user={self.user.name}",
+                f"gpuspawner.server={self.name or ''}"]}):
+            try:
+                rt.client.remove_container(c["Id"], v=True, force=True)
+            except NotFound:
+                pass
+        if self.network_isolation == "per-server":
+            rt.networks(self.server_network_pool, self.server_network_prefix).remove(
+                self.network_label)
+
+    async def start(self) -> tuple[str, int]:
+        """Validate, reserve, create a new pinned container in the server's own network and
+        start it; return only when *this* container's server answers. Roll back on any failure
+        (including cancellation by the hub's start timeout or a stop during the spawn).
+
+        Raises:
+            web.HTTPError(400): bad ``user_options``, over quota, or no capacity now.
+            EngineUnavailable (503): the node's engine does not answer.
+            web.HTTPError(500): the container exited during start (its exit code and last log
+                lines in the message), or the image is missing.
+        """
+        try:
+            profile, alloc = await self._prepare()
+            try:
+                return await self._start_container(profile, alloc)
+            except BaseException as e:
+                await self._rollback()
+                if _engine_down(e):
+                    raise EngineUnavailable(alloc.node, e) from None
+                raise
+        finally:
+            self._prepared = None
 
     async def _start_container(self, profile: Profile, alloc: Allocation) -> tuple[str, int]:
         rt = self.cluster.nodes[alloc.node]
@@ -384,17 +555,80 @@ class GPUSpawner(DockerSpawner):
             else:
                 self._emit(30, f"disk {format_bytes(alloc.disk_bytes)} accounted only: "
                                f"storage driver {driver} cannot enforce a size limit")
-        if self.host_network:
-            self.port = free_port(rt.host if rt.host != "localhost" else "127.0.0.1")
         self._apply_container_config(alloc, uid, gid, home, disk_opt)
         self._emit(40, f"creating container from {self.image}")
         try:
-            ip_port = await super().start()
+            ip, port = await super().start()
         except ImageNotFound:
             raise web.HTTPError(500, f"image {self.image!r} is not on node {rt.name}; the "
                                      "admin must build or pull it (make images)") from None
-        self._emit(90, f"container {self.object_name} started, waiting for the server")
-        return ip_port
+        self._emit(60, f"container {self.object_name} started at {ip}:{port}, waiting for "
+                       "the server")
+        await self._wait_for_own_server(ip, port)
+        return ip, port
+
+    async def _wait_for_own_server(self, ip: str, port: int) -> None:
+        """Wait until the server in *this* container answers, at most ``http_timeout``.
+
+        Every round checks the container first: one that exited fails the spawn at once with
+        its exit code and last log lines. The server is asked at its own address (its IP on
+        its own network, which no other container can hold) for ``{base_url}api``, and must
+        answer as a Jupyter server (JSON with ``version``), not just any listener. With
+        ``internal_ssl`` only the TCP connection is checked here: JupyterHub then verifies the
+        server's certificate (issued for this IP) before it routes to it.
+
+        Raises:
+            web.HTTPError(500): the container exited, or no answer within ``http_timeout``.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.http_timeout
+        base_url = self.server.base_url if self.server else "/"
+        url = f"http://{ip}:{port}{base_url}api"
+        client = AsyncHTTPClient()
+        delay = 0.05
+        last = "no answer yet"
+        while True:
+            info = await self.docker("inspect_container", self.object_id)
+            st = info.get("State") or {}
+            if not st.get("Running"):
+                raise web.HTTPError(500, await self._exit_report(st))
+            if self.internal_ssl:
+                try:
+                    _, writer = await asyncio.wait_for(asyncio.open_connection(ip, port), 2)
+                    writer.close()
+                    return
+                except (OSError, asyncio.TimeoutError) as e:
+                    last = str(e) or type(e).__name__
+            else:
+                try:
+                    r = await client.fetch(HTTPRequest(url, request_timeout=2,
+                                                       connect_timeout=2,
+                                                       follow_redirects=False))
+                    if "version" in json.loads(r.body or b"{}"):
+                        return
+                    last = f"{url} answered without a Jupyter server version"
+                except HTTPClientError as e:
+                    last = f"{url}: HTTP {e.code}"
+                except (OSError, ValueError) as e:
+                    last = f"{url}: {e}"
+            if loop.time() >= deadline:
+                raise web.HTTPError(500, f"server of {self._log_name} did not answer within "
+                                         f"{self.http_timeout:g} s ({last})")
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+
+    async def _exit_report(self, state: dict[str, Any]) -> str:
+        """'container exited with code N' and its last log lines."""
+        try:
+            logs = (await self.docker("logs", self.object_id, tail=8)).decode(
+                "utf-8", "replace").strip()
+        except Exception:
+            logs = ""
+        code = state.get("ExitCode")
+        text = f"container {self.object_name} exited during start with code {code}"
+        if state.get("OOMKilled"):
+            text += " (out of memory)"
+        return f"{text}; last log lines:\n{logs}" if logs else text
 
     async def _image_size(self) -> int:
         """Size of the spawn's image on the node's engine, bytes (0 if unknown)."""
@@ -457,17 +691,25 @@ class GPUSpawner(DockerSpawner):
                                                      capabilities=GPU_CAPABILITIES)]
         if disk_opt:
             host["storage_opt"] = disk_opt
+        binds = dict(host.get("binds") or {})
         if home:
-            binds = dict(host.get("binds") or {})
             binds[home] = {"bind": self._home_in_container(), "mode": "rw"}
+        if self._certs_dir:
+            binds[self._certs_dir] = {"bind": CERTS_MOUNT, "mode": "ro"}
+        if binds:
             host["binds"] = binds
         # never hand the Docker socket to a user
-        binds = host.get("binds") or {}
         for path in list(binds):
             if "docker.sock" in str(path):
                 raise web.HTTPError(500, f"refusing to mount the Docker socket ({path})")
-        host = {k: v for k, v in host.items() if v is not None}
         create: dict[str, Any] = dict(base_create)
+        net = self.server_network
+        if self.network_isolation == "per-server" and net is not None:
+            host["network_mode"] = net.name
+            # the fixed address: the one the internal_ssl certificate names
+            create["networking_config"] = {"EndpointsConfig": {net.name: {
+                "IPAMConfig": {"IPv4Address": str(net.server_ip)}}}}
+        host = {k: v for k, v in host.items() if v is not None}
         labels = dict(create.get("labels") or {})
         labels.update({ALLOCATION_LABEL: alloc.to_json(), MANAGED_LABEL: "1",
                        "gpuspawner.user": self.user.name,
@@ -482,8 +724,11 @@ class GPUSpawner(DockerSpawner):
         self.cpu_limit = None
 
     async def get_ip_and_port(self) -> tuple[str, int]:
-        """Host networking: the node's host address and the port chosen for this spawn."""
-        if self.host_network:
+        """Per-server network: the container's fixed IP on it. Host networking: 127.0.0.1
+        (the node's host address) and ``port``. Shared network: DockerSpawner's answer."""
+        if self.network_isolation == "per-server" and self.server_network is not None:
+            return str(self.server_network.server_ip), self.port
+        if self.network_isolation == "host":
             rt = self.node_runtime
             return (rt.host if rt else "127.0.0.1"), self.port
         return await super().get_ip_and_port()
@@ -491,14 +736,82 @@ class GPUSpawner(DockerSpawner):
     @default("use_internal_ip")
     def _default_use_internal_ip(self) -> bool:
         # host mode: no port_bindings (docker refuses them with network_mode=host)
-        return True if self.host_network else self.network_name not in ("bridge", "host")
+        return True
 
     @default("ip")
     def _default_ip(self) -> str:
-        return "127.0.0.1" if self.host_network else "0.0.0.0"
+        # host mode shares the hub's namespace: loopback only. Otherwise the server has a
+        # namespace of its own and listens on its one interface there.
+        return "127.0.0.1" if self.network_isolation == "host" else "0.0.0.0"
 
+    # -- internal_ssl --------------------------------------------------------------------------
+    async def create_certs(self) -> dict[str, str]:
+        """The server's key pair for ``internal_ssl``, signed by the hub's notebooks CA, naming
+        the server's fixed IP (placement and the network come first, see :meth:`_prepare`).
+
+        Unlike ``Spawner.create_certs``, files are named after the escaped, capped user *and*
+        server name: JupyterHub names them ``user-<name>`` only, which fails for long names
+        and lets two named servers of one user overwrite each other's certificate.
+
+        Returns:
+            {"keyfile", "certfile", "cafile"}: paths on the hub's host.
+        """
+        from certipy import Certipy
+
+        _, alloc = await self._prepare()
+        names = ["DNS:localhost", "IP:127.0.0.1"]
+        if self.server_network is not None:
+            names.append(f"IP:{self.server_network.server_ip}")
+        elif self.network_isolation == "host":
+            rt = self.cluster.nodes[alloc.node]
+            names.append(f"IP:{rt.host}" if rt.host[:1].isdigit() else f"DNS:{rt.host}")
+        certipy = Certipy(store_dir=self.internal_certs_location)
+        pair = certipy.create_signed_pair(
+            f"server-{self.object_name}", "notebooks-ca", alt_names=names, overwrite=True)
+        return {"keyfile": pair["files"]["key"], "certfile": pair["files"]["cert"],
+                "cafile": self.internal_trust_bundles["notebooks-ca"]}
+
+    async def move_certs(self, paths: dict[str, str]) -> dict[str, str]:
+        """Copy the server's certificate files to a host folder of their own, owned by the
+        user's uid with mode 0400/0500, mounted read-only at ``/etc/gpuspawner/certs``
+        (DockerSpawner stages them with an extra container and a volume, which costs a
+        container start and leaves the volume behind).
+
+        Returns:
+            the same keys with the paths inside the container.
+        """
+        uid, gid = self.user_ids()
+        folder = os.path.join(self.internal_certs_location, "gpuspawner-servers",
+                              self.object_name)
+
+        def copy() -> dict[str, str]:
+            shutil.rmtree(folder, ignore_errors=True)
+            os.makedirs(folder, mode=0o700)
+            out = {}
+            for key, src in paths.items():
+                name = os.path.basename(src)
+                dst = os.path.join(folder, name)
+                shutil.copyfile(src, dst)
+                os.chmod(dst, 0o400)
+                os.chown(dst, uid, gid)
+                out[key] = f"{CERTS_MOUNT}/{name}"
+            os.chmod(folder, 0o500)
+            os.chown(folder, uid, gid)
+            return out
+
+        result = await asyncio.to_thread(copy)
+        self._certs_dir = folder
+        return result
+
+    async def _remove_certs(self) -> None:
+        folder, self._certs_dir = self._certs_dir, ""
+        if folder:
+            await asyncio.to_thread(shutil.rmtree, folder, True)
+
+    # -- rollback / stop / poll / state --------------------------------------------------------
     async def _rollback(self) -> None:
-        """Remove the container if one was made and release the allocation. Never raises."""
+        """Remove the container and the network if made, release the allocation. Never
+        raises."""
         try:
             if self.object_id:
                 await self.remove_object()
@@ -506,7 +819,25 @@ class GPUSpawner(DockerSpawner):
             self.log.warning("rollback of %s: removing container failed: %s", self._log_name, e)
         finally:
             self.object_id = ""
+            await self._remove_network()
+            await self._remove_certs()
             self._release()
+
+    async def _remove_network(self) -> None:
+        """Remove this server's own network (per-server isolation). Never raises."""
+        net, self.server_network = self.server_network, None
+        alloc = self.allocation
+        if net is None or alloc is None:
+            return
+        rt = self.cluster.nodes.get(alloc.node)
+        if rt is None:
+            return
+        try:
+            await asyncio.to_thread(
+                rt.networks(self.server_network_pool, self.server_network_prefix).remove,
+                net.name)
+        except Exception as e:
+            self.log.warning("%s: removing network %s failed: %s", self._log_name, net.name, e)
 
     def _release(self) -> None:
         alloc, self.allocation = self.allocation, None
@@ -528,28 +859,50 @@ class GPUSpawner(DockerSpawner):
             if e.status_code not in (404, 409):
                 raise
 
-    # -- stop / poll / state ---------------------------------------------------------------------
     async def stop(self, now: bool = False) -> None:
-        """Stop and remove the container, then release the allocation (always)."""
+        """Stop and remove the container and its network, then release the allocation
+        (always, also when the engine does not answer)."""
         try:
             if self.object_id:
                 await super().stop(now=now)
+        except Exception as e:
+            if not _engine_down(e):
+                raise
+            node = self.allocation.node if self.allocation else "?"
+            self.log.warning("%s: engine of node %s unavailable at stop (%s); releasing",
+                             self._log_name, node, e)
         finally:
+            await self._remove_network()
+            await self._remove_certs()
             self._release()
             self.clear_state()
 
     async def poll(self) -> int | None:
-        """DockerSpawner's poll. A stopped container releases its allocation; after a hub
-        restart a running one books its allocation from spawner state if the labels did not
-        bring it back."""
+        """DockerSpawner's poll. A stopped container, or an engine that does not answer
+        (whose containers are gone or unreachable), gives an exit status and releases the
+        allocation. After a hub restart a running server adopts the allocation restored from
+        its container label, or books the one in its state."""
         await self.cluster.ensure_restored()
-        status = await super().poll()
+        try:
+            status = await super().poll()
+        except Exception as e:
+            if not _engine_down(e):
+                raise
+            node = self.allocation.node if self.allocation else "?"
+            self.log.warning("%s: engine of node %s unavailable (%s); reporting the server "
+                             "stopped", self._log_name, node, e)
+            status = 255
+        if status is None and self.allocation is None:
+            found = self.cluster.ledger.find(self.user.name, self.name or "")
+            if found is not None:
+                self.allocation = found  # restored from the label: attach it again
         a = self.allocation
         if status is not None and a is not None and not getattr(self, "_spawn_pending", False):
             # the container died (killed, crashed, OOM): JupyterHub does not call stop() for a
             # server whose poll says it stopped, so the allocation is released here
             self.log.warning("%s stopped with status %s; releasing its allocation",
                              self._log_name, status)
+            await self._remove_network()
             self._release()
         elif status is None and a is not None and self.cluster.ledger.get(a.id) is None:
             report = self.cluster.ledger.restore([a])
@@ -559,22 +912,33 @@ class GPUSpawner(DockerSpawner):
         return status
 
     def load_state(self, state: dict[str, Any]) -> None:
-        """DockerSpawner's state plus the allocation."""
+        """DockerSpawner's state plus the allocation, the server's network and its
+        certificate folder."""
         super().load_state(state)
         text = state.get("allocation")
         self.allocation = Allocation.from_dict(text) if text else None
+        net = state.get("network")
+        self.server_network = ServerNetwork.from_dict(net) if net else None
+        self._certs_dir = state.get("certs_dir", "")
 
     def get_state(self) -> dict[str, Any]:
-        """DockerSpawner's state plus the allocation (a dict)."""
+        """DockerSpawner's state plus the allocation (a dict), network and certificate
+        folder."""
         state = super().get_state()
         if self.allocation is not None:
             state["allocation"] = self.allocation.to_dict()
+        if self.server_network is not None:
+            state["network"] = self.server_network.to_dict()
+        if self._certs_dir:
+            state["certs_dir"] = self._certs_dir
         return state
 
     def clear_state(self) -> None:
-        """Forget the container and the allocation reference (the ledger is released by
-        stop/rollback, not here)."""
+        """Forget the container, the network and the allocation reference (the ledger is
+        released by stop/rollback, not here)."""
         super().clear_state()
+        self.server_network = None
+        self._certs_dir = ""
 
     # -- the form --------------------------------------------------------------------------------
     def _jinja(self) -> Environment:

@@ -6,8 +6,13 @@
 - a **demo** authenticator: any user name, the password ``gpuspawner``. Replace it before
   anyone else can reach the hub (see the LDAP example at the end).
 
+Each user server runs in a network namespace of its own (a bridge network per server,
+docs/security.md); the hub API listens on the hub network's gateway, where containers reach
+it; the proxy, its API and the services listen on 127.0.0.1 only.
+
 Environment overrides (used by the tests): GPUSPAWNER_HUB_PORT, GPUSPAWNER_STATE_DIR,
-GPUSPAWNER_NODES_FILE (a YAML list of nodes), GPUSPAWNER_PROFILES_FILE.
+GPUSPAWNER_NODES_FILE (a YAML list of nodes), GPUSPAWNER_PROFILES_FILE,
+GPUSPAWNER_INTERNAL_SSL=1 (mutual TLS between hub, proxy and servers).
 """
 
 import os
@@ -22,11 +27,25 @@ STATE = Path(os.environ.get("GPUSPAWNER_STATE_DIR", REPO / "var" / "hub"))
 STATE.mkdir(parents=True, exist_ok=True)
 
 # -- the hub and its proxy ------------------------------------------------------------------
+# The hub network (198.18.0.0/28) is made on the local engine when missing; its gateway
+# address belongs to this host, so every server network reaches the hub API there, while no
+# container can bind it. Nothing else of the hub listens where containers can reach it.
+from gpuspawner.network import ensure_hub_network  # noqa: E402
+
+HUB_IP = ensure_hub_network(name="gpuspawner-hub", subnet="198.18.0.0/28")
+INTERNAL_SSL = os.environ.get("GPUSPAWNER_INTERNAL_SSL", "0") == "1"
 c.JupyterHub.bind_url = f"http://127.0.0.1:{os.environ.get('GPUSPAWNER_HUB_PORT', '8000')}"
-c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_ip = HUB_IP
+c.JupyterHub.hub_connect_ip = HUB_IP
 c.JupyterHub.hub_port = int(os.environ.get("GPUSPAWNER_HUB_API_PORT", "8081"))
 c.ConfigurableHTTPProxy.api_url = (
-    f"http://127.0.0.1:{os.environ.get('GPUSPAWNER_PROXY_API_PORT', '8001')}")
+    f"{'https' if INTERNAL_SSL else 'http'}://127.0.0.1:"
+    f"{os.environ.get('GPUSPAWNER_PROXY_API_PORT', '8001')}")
+if INTERNAL_SSL:
+    # hub <-> proxy <-> servers over mutual TLS; each server's certificate names its IP
+    c.JupyterHub.internal_ssl = True
+    c.JupyterHub.internal_certs_location = str(STATE / "internal-ssl")
+    c.JupyterHub.trusted_alt_names = [f"IP:{HUB_IP}"]
 chp = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
 if chp.exists():
     c.ConfigurableHTTPProxy.command = [str(chp)]
@@ -37,6 +56,7 @@ c.ConfigurableHTTPProxy.pid_file = str(STATE / "proxy.pid")
 # servers keep running when the hub restarts; GPUSpawner rebuilds its ledger from them
 c.JupyterHub.cleanup_servers = False
 c.JupyterHub.allow_named_servers = True
+c.JupyterHub.named_server_limit_per_user = 5
 
 # -- the spawner ----------------------------------------------------------------------------
 c.JupyterHub.spawner_class = "gpu"  # gpuspawner.GPUSpawner
@@ -44,6 +64,11 @@ c.GPUSpawner.image = "gpuspawner/singleuser:latest"
 c.GPUSpawner.start_timeout = 120
 c.GPUSpawner.http_timeout = 60
 c.GPUSpawner.placement_policy = "fgd"
+# one bridge network per server from this pool (docs/security.md); "host" only for one
+# trusted user
+c.GPUSpawner.network_isolation = "per-server"
+c.GPUSpawner.server_network_pool = "198.18.0.0/16"
+c.GPUSpawner.user_options_max_bytes = 4096
 
 nodes_file = os.environ.get("GPUSPAWNER_NODES_FILE")
 if nodes_file:
@@ -102,8 +127,9 @@ if api_token:
 #     {"name": "node-2", "docker_url": "tcp://node-2:2376",
 #      "topology": "/etc/gpuspawner/node-2.yaml", "host": "node-2"},
 # ]
-# c.GPUSpawner.host_network = False
-# c.GPUSpawner.network_name = "jupyterhub"
+# Mutual TLS between hub, proxy and servers (a server never trusts a hub it has not
+# verified): GPUSPAWNER_INTERNAL_SSL=1 above, or
+# c.JupyterHub.internal_ssl = True
 #
 # Quotas per group and per user:
 # c.GPUSpawner.quotas = {
@@ -142,12 +168,15 @@ if os.environ.get("GPUSPAWNER_CULLER", "on") != "off":
         if os.environ.get("GPUSPAWNER_CULLER_PORT"):
             return int(os.environ["GPUSPAWNER_CULLER_PORT"])
         with socket.socket() as s:  # a free loopback port for this hub run
-            s.bind(("127.0.0.1", 0))
+            s.bind((HUB_IP, 0))
             return s.getsockname()[1]
 
+    # the culler listens on the hub's address: servers ask it for their cull warning with
+    # their own token (it checks every token with the hub)
+    CULLER_URL = f"http://{HUB_IP}:{_culler_port()}"
     c.JupyterHub.services.append({
         "name": "idle-culler",
-        "url": f"http://127.0.0.1:{_culler_port()}",
+        "url": CULLER_URL,
         "command": [
             sys.executable, "-m", "idle_culler",
             "--policies", os.environ.get("GPUSPAWNER_CULLER_POLICIES",
@@ -175,4 +204,4 @@ if os.environ.get("GPUSPAWNER_CULLER", "on") != "off":
     c.Spawner.server_token_scopes = ["users:activity!user", "access:servers!server",
                                      "access:services!service=idle-culler"]
     c.GPUSpawner.environment = {
-        "GPUSPAWNER_CULLER_URL": f"{c.JupyterHub.bind_url}/services/idle-culler/"}
+        "GPUSPAWNER_CULLER_URL": f"{CULLER_URL}/services/idle-culler/"}

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A second Docker engine whose storage is btrfs on a loop file with quotas enabled, so that
 # per-container disk limits (storage_opt={"size": "50M"}) are enforced; overlay2 on ext4 cannot.
-# Own --data-root / --exec-root / --pidfile / socket; no bridge, no iptables (host networking).
+# Own --data-root / --exec-root / --pidfile / socket; no bridge, no iptables. Its networks
+# come from 198.19.0.0/16 (the main engine's from 198.18.0.0/16): two engines on one host must
+# never hand out the same subnet (nodes on it set network_pool, see docs/security.md).
 # Loads the single-user image from the default engine. Idempotent. Prints the socket URL last.
 #   --stop     stop this engine and unmount its file system (the loop file is kept)
 #   BTRFS_SIZE size of the sparse loop file (default 8G)
@@ -57,6 +59,7 @@ if ! docker -H "$HOST" info >/dev/null 2>&1; then
     setsid dockerd --config-file "$DAEMON_JSON" \
       --data-root "$MNT/docker" --exec-root "$EXEC_ROOT" --pidfile "$PIDFILE" -H "$HOST" \
       --bridge=none --iptables=false --storage-driver btrfs \
+      --default-address-pool base=198.19.0.0/16,size=24 \
       >"$VAR/log/dockerd-btrfs.log" 2>&1 </dev/null &
   fi
   if ! wait_for_engine -H "$HOST"; then

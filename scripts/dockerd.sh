@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Start the local Docker engine (idempotent): install docker.io from Debian when dockerd is
-# missing, run dockerd without the default bridge (containers use host networking) and wait
-# until `docker info` answers. An engine that already answers is left alone.
+# missing, run dockerd without the default bridge (its 172.17.0.0/16 is a private range),
+# without NAT or Docker's iptables rules, with 198.18.0.0/16 as the pool for networks made
+# without a subnet (ours always name one), and wait until `docker info` answers. An engine that
+# already answers is left alone.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
@@ -24,7 +26,9 @@ if pgrep -x dockerd >/dev/null 2>&1 && [ -f /var/run/docker.pid ]; then
   log "a dockerd is running but not answering yet; waiting for it"
 else
   log "starting dockerd (--bridge=none --iptables=false), log: var/log/dockerd.log"
-  setsid dockerd --bridge=none --iptables=false >"$VAR/log/dockerd.log" 2>&1 < /dev/null &
+  setsid dockerd --bridge=none --iptables=false \
+    --default-address-pool base=198.18.0.0/16,size=24 \
+    >"$VAR/log/dockerd.log" 2>&1 < /dev/null &
 fi
 
 if ! wait_for_engine; then

@@ -1,0 +1,79 @@
+"""Refuse bad ``user_options`` before JupyterHub stores them.
+
+JupyterHub saves the ``user_options`` of a spawn request in its database (``orm.Spawner``)
+*before* it calls ``Spawner.apply_user_options`` or ``start`` (``jupyterhub/user.py``,
+``User.spawn``; the REST ``PUT``/``PATCH`` of a named server store them without any spawner
+call). A rejected request would therefore still be stored and echoed back by the REST API, and
+a megabyte of options would sit in every later server model. The hub offers no hook before
+that point, so this module listens to SQLAlchemy's attribute ``set`` event of
+``orm.Spawner.user_options`` (SQLAlchemy docs, "ORM Events: AttributeEvents.set"): a value
+that is too large or that the spawner's profiles refuse raises ``HTTPError(400)`` before it is
+assigned, so it never reaches the database; every other path (form, REST POST/PUT/PATCH)
+goes through the same check.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from tornado import web
+
+from .profiles import OptionsError, choose_profile, load_profiles
+
+_installed: dict[type, Any] = {}
+
+
+def check_user_options(options: Any, profiles_config: Any, groups: list[str],
+                       max_bytes: int) -> None:
+    """Check ``options`` against the size limit and the profiles.
+
+    Args:
+        options: the decoded ``user_options`` (dict or None).
+        profiles_config: ``GPUSpawner.profiles`` (list of dicts or a YAML path).
+        groups: the user's JupyterHub group names.
+        max_bytes: largest JSON encoding accepted, bytes.
+
+    Raises:
+        web.HTTPError(400): too large (message ``user_options: ...``) or a field the profiles
+            refuse (message ``<field>: <reason>``).
+    """
+    if options is None:
+        return
+    size = len(json.dumps(options, default=str).encode())
+    if size > max_bytes:
+        raise web.HTTPError(400, f"user_options: {size} bytes is more than the "
+                                 f"{max_bytes} allowed")
+    try:
+        choose_profile(options, load_profiles(profiles_config), groups)
+    except OptionsError as e:
+        raise web.HTTPError(400, str(e)) from None
+
+
+def install_user_options_guard(profiles_config: Any, max_bytes: int,
+                               log: logging.Logger | None = None) -> bool:
+    """Register the ``set`` listener on ``orm.Spawner.user_options`` once per process, checking
+    with the first spawner's ``profiles`` and ``user_options_max_bytes`` (``start`` checks
+    again with the spawner's own). Returns True when it registered now. A profile
+    configuration that does not load is left to ``start`` (HTTP 500 there, with the field)."""
+    if _installed:
+        return False
+    from jupyterhub import orm
+    from sqlalchemy import event
+
+    def on_set(target: Any, value: Any, oldvalue: Any, initiator: Any) -> Any:
+        user = getattr(target, "user", None)
+        groups = sorted(g.name for g in (getattr(user, "groups", None) or []))
+        try:
+            check_user_options(value, profiles_config, groups, max_bytes)
+        except web.HTTPError:
+            raise
+        except Exception as e:  # a broken profile file: start() reports it with the field
+            if log:
+                log.debug("user_options guard skipped: %s", e)
+        return value
+
+    event.listen(orm.Spawner.user_options, "set", on_set, retval=True)
+    _installed["listener"] = on_set
+    return True
