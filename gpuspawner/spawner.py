@@ -832,10 +832,9 @@ class GPUSpawner(DockerSpawner):
         rt = self.cluster.nodes.get(alloc.node)
         if rt is None:
             return
+        manager = rt.networks(self.server_network_pool, self.server_network_prefix)
         try:
-            await asyncio.to_thread(
-                rt.networks(self.server_network_pool, self.server_network_prefix).remove,
-                net.name)
+            await asyncio.to_thread(manager.remove, net.name)
         except Exception as e:
             self.log.warning("%s: removing network %s failed: %s", self._log_name, net.name, e)
 
@@ -862,9 +861,10 @@ class GPUSpawner(DockerSpawner):
     async def stop(self, now: bool = False) -> None:
         """Stop and remove the container and its network, then release the allocation
         (always, also when the engine does not answer)."""
+        net, certs = self.server_network, self._certs_dir
         try:
             if self.object_id:
-                await super().stop(now=now)
+                await super().stop(now=now)  # ends with clear_state()
         except Exception as e:
             if not _engine_down(e):
                 raise
@@ -872,6 +872,7 @@ class GPUSpawner(DockerSpawner):
             self.log.warning("%s: engine of node %s unavailable at stop (%s); releasing",
                              self._log_name, node, e)
         finally:
+            self.server_network, self._certs_dir = net, certs
             await self._remove_network()
             await self._remove_certs()
             self._release()

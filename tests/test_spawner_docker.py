@@ -86,6 +86,16 @@ def gpu_topology(tmp_path: Path) -> Path:
     return path
 
 
+#: without a hub, jupyterhub-singleuser cannot start: a stand-in that answers as a Jupyter
+#: server does ({"version": ...} on every path, port 8888)
+FAKE_SERVER = ["python3", "-c", (
+    "import http.server as h\n"
+    "class H(h.BaseHTTPRequestHandler):\n"
+    "    def do_GET(self):\n"
+    "        self.send_response(200); self.end_headers(); self.wfile.write(b'{\"version\": \"0\"}')\n"
+    "h.HTTPServer(('0.0.0.0', 8888), H).serve_forever()\n")]
+
+
 @pytest.fixture
 def make_spawner(tmp_path, client):
     reset_clusters()
@@ -100,6 +110,7 @@ def make_spawner(tmp_path, client):
             {"slug": "missing", "cpu": 1, "memory": "256M", "image": "gpuspawner/nope:0"},
         ])
         config.setdefault("home_path_template", str(tmp_path / "home" / "{username}"))
+        config.setdefault("cmd", FAKE_SERVER)
         sp = GPUSpawner(user=FakeUser(user), hub=Hub(), oauth_client_id=f"c-{user}",
                         api_token="secret-token", **config)
         sp.user_options = options or {"profile": "cpu"}
@@ -113,14 +124,14 @@ def make_spawner(tmp_path, client):
                 client.remove_container(sp.object_id, force=True)
             except docker.errors.NotFound:
                 pass
+        if sp.server_network is not None:
+            client.remove_network(sp.server_network.name)
     reset_clusters()
 
 
 async def test_gpu_container_has_exactly_the_allocated_uuids(make_spawner, client):
     sp = make_spawner("gpuuser", {"profile": "gpu1"})
-    profile = sp.chosen_profile()
-    alloc = sp.cluster.ledger.reserve(profile.bundle, sp._owner())
-    sp.allocation = alloc
+    _, alloc = await sp._prepare()  # reserve + this server's own network
     sp._apply_container_config(alloc, 1234, 1234, None, {})
     obj = await sp.create_object()  # created, not started: no NVIDIA runtime here
     sp.object_id = obj["Id"]
@@ -137,7 +148,11 @@ async def test_gpu_container_has_exactly_the_allocated_uuids(make_spawner, clien
     assert hc["Privileged"] is False
     assert "no-new-privileges" in hc["SecurityOpt"]
     assert hc["PidsLimit"] == sp.pids_limit
-    assert hc["NetworkMode"] == "host"
+    net = sp.server_network
+    assert hc["NetworkMode"] == net.name == "jupyter-gpuuser-net"
+    ipam = info["NetworkSettings"]["Networks"][net.name]["IPAMConfig"]
+    assert ipam["IPv4Address"] == str(net.server_ip)
+    assert net.subnet.subnet_of(__import__("ipaddress").ip_network("198.18.0.0/15"))
     assert not any("docker.sock" in b for b in hc.get("Binds") or [])
     assert info["Config"]["User"] == "1234:1234"
     label = json.loads(info["Config"]["Labels"][ALLOCATION_LABEL])
@@ -153,9 +168,10 @@ async def test_gpu_start_fails_without_nvidia_runtime_and_releases(make_spawner,
     sp = make_spawner("gpuuser", {"profile": "gpu1"})
     with pytest.raises(docker.errors.APIError, match="nvidia"):  # no such device driver
         await asyncio.wait_for(sp.start(), 60)
-    assert sp.allocation is None
+    assert sp.allocation is None and sp.server_network is None
     assert sp.cluster.ledger.allocations() == []
     assert client.containers(all=True, filters={"label": "gpuspawner.user=gpuuser"}) == []
+    assert client.networks(filters={"label": "gpuspawner.user=gpuuser"}) == []
 
 
 async def test_missing_image_leaves_no_allocation(make_spawner, client):
@@ -191,7 +207,9 @@ async def test_start_timeout_rolls_back(make_spawner, client):
 async def test_run_pins_cpuset_and_home_owned_by_uid(make_spawner, client, tmp_path):
     sp = make_spawner("homeuser", uid_map={"homeuser": {"uid": 4321, "gid": 4322}})
     ip, port = await asyncio.wait_for(sp.start(), 90)
-    assert ip == "127.0.0.1" and port > 0
+    # its own network, a fixed address in it, the fixed port inside its namespace
+    assert ip == str(sp.server_network.server_ip) and port == 8888
+    net_name = sp.server_network.name
     try:
         alloc = sp.allocation
         cid = sp.object_id
@@ -219,6 +237,7 @@ async def test_run_pins_cpuset_and_home_owned_by_uid(make_spawner, client, tmp_p
         await sp.stop()
     assert sp.cluster.ledger.allocations() == []
     assert_removed(client, cid)
+    assert client.networks(names=[net_name]) == []
 
 
 def test_home_path_cannot_escape(make_spawner):
@@ -258,7 +277,8 @@ async def test_disk_limit_enforced_on_btrfs_engine(make_spawner, tmp_path):
         pytest.skip(f"needs the btrfs engine with {IMAGE} (make btrfs-engine): {e}")
     topo = gpu_topology(tmp_path)
     sp = make_spawner("diskuser", {"profile": "disk"},
-                      nodes=[{"name": "btrfs", "docker_url": url, "topology": str(topo)}],
+                      nodes=[{"name": "btrfs", "docker_url": url, "topology": str(topo),
+                              "network_pool": "198.19.0.0/16"}],
                       profiles=[{"slug": "disk", "cpu": 1, "memory": "256M", "disk": "64M"}])
     await asyncio.wait_for(sp.start(), 90)
     try:
