@@ -1,5 +1,6 @@
 """Spawn time: REST request to ready server, GPUSpawner against plain DockerSpawner with the same
-image, host networking and memory limit, sequential and concurrent, in the same run; plus the
+image, the same network setup (a bridge network per server, reached by IP) and memory limit,
+sequential and concurrent, in the same run; plus the
 cost of placement and bookkeeping per spawn (profile check, ledger reserve, container config,
 release) measured in-process without Docker.
 
@@ -24,30 +25,37 @@ sys.path.insert(0, str(REPO))
 from tests.hubrunner import Hub  # noqa: E402
 
 PLAIN = """
-import socket
+import ipaddress
+import itertools
 from dockerspawner import DockerSpawner
 
-class HostDockerSpawner(DockerSpawner):
-    \"\"\"Plain DockerSpawner with host networking (ENVIRONMENT.md): a free port per spawn.\"\"\"
+_BLOCKS = itertools.count()
+
+class NetDockerSpawner(DockerSpawner):
+    \"\"\"Plain DockerSpawner with the same network setup as GPUSpawner (ENVIRONMENT.md): a
+    bridge network of its own per server (a /28 with an explicit subnet, made before the
+    container, removed after it), the server on port 8888 in its namespace, reached by IP.\"\"\"
     async def start(self):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        net = ipaddress.ip_network("198.19.128.0/17").subnets(new_prefix=28)
+        subnet = next(itertools.islice(net, next(_BLOCKS), None))
+        gw = str(next(subnet.hosts()))
+        self.network_name = f"bench-{self.escaped_name}"
+        ipam = {"Driver": "default", "Config": [{"Subnet": str(subnet), "Gateway": gw}]}
+        await self.docker("create_network", self.network_name, driver="bridge", ipam=ipam)
         return await super().start()
 
-    async def get_ip_and_port(self):
-        return "127.0.0.1", self.port
+    async def stop(self, now=False):
+        await super().stop(now=now)
+        await self.docker("remove_network", f"bench-{self.escaped_name}")
 
-c.JupyterHub.spawner_class = HostDockerSpawner
-c.HostDockerSpawner.image = "gpuspawner/singleuser:latest"
-c.HostDockerSpawner.network_name = "host"
-c.HostDockerSpawner.use_internal_ip = True
-c.HostDockerSpawner.ip = "127.0.0.1"
-c.HostDockerSpawner.remove = True
-c.HostDockerSpawner.pull_policy = "never"
-c.HostDockerSpawner.mem_limit = "256M"
-c.HostDockerSpawner.extra_create_kwargs = {"user": "1000:100"}
-c.HostDockerSpawner.environment = {"HOME": "/tmp"}
+c.JupyterHub.spawner_class = NetDockerSpawner
+c.NetDockerSpawner.image = "gpuspawner/singleuser:latest"
+c.NetDockerSpawner.use_internal_ip = True
+c.NetDockerSpawner.remove = True
+c.NetDockerSpawner.pull_policy = "never"
+c.NetDockerSpawner.mem_limit = "256M"
+c.NetDockerSpawner.extra_create_kwargs = {"user": "1000:100"}
+c.NetDockerSpawner.environment = {"HOME": "/tmp"}
 """
 
 PROFILES = [{"slug": "cpu", "cpu": 0, "memory": "256M", "default": True}]

@@ -42,7 +42,7 @@ from .placement import (
     format_bytes,
 )
 from .profiles import OptionsError, Profile, ProfileConfigError, choose_profile, load_profiles
-from .user_options import install_user_options_guard
+from .user_options import check_user_options, install_user_options_guard, pending_refusal
 
 #: capabilities asked of the NVIDIA container runtime (docker docs, "--gpus":
 #: capabilities map to NVIDIA_DRIVER_CAPABILITIES)
@@ -203,6 +203,23 @@ class GPUSpawner(DockerSpawner):
             raise TraitError(str(e)) from None
         return proposal.value
 
+    @validate("user_options")
+    def _validate_user_options(self, proposal: Any) -> dict[str, Any]:
+        """Keep refused options out of memory too (the REST server model echoes them): a value
+        the profiles or the size limit refuse leaves the previous one in place, and the
+        refusal is raised by apply_user_options / start."""
+        try:
+            groups = self.group_names
+            check_user_options(proposal.value, self.profiles, groups,
+                               self.user_options_max_bytes)
+        except web.HTTPError as e:
+            self._options_refusal = e
+            return dict(self.user_options or {})
+        except Exception:  # profiles that do not load: start() reports it with the field
+            pass
+        self._options_refusal = None
+        return proposal.value
+
     @validate("server_network_prefix")
     def _validate_prefix(self, proposal: Any) -> int:
         if not 16 <= proposal.value <= 29:
@@ -255,7 +272,9 @@ class GPUSpawner(DockerSpawner):
     def _default_apply_user_options(self):
         def apply_user_options(spawner: GPUSpawner, user_options: dict[str, Any]) -> None:
             """Validate early (JupyterHub runs this before start and answers 400 for an
-            HTTPError); start() checks again against the current configuration."""
+            HTTPError); start() checks again against the current configuration. A refusal
+            the user_options guard recorded before storage is raised here."""
+            spawner.raise_options_refusal()
             spawner.chosen_profile()
         return apply_user_options
 
@@ -273,6 +292,7 @@ class GPUSpawner(DockerSpawner):
     _uid: int | None = None
     _gid: int | None = None
     _certs_dir: str = ""
+    _options_refusal: web.HTTPError | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -399,6 +419,15 @@ class GPUSpawner(DockerSpawner):
     def _owner(self) -> Owner:
         return Owner(self.user.name, self.name or "", tuple(self.group_names))
 
+    def raise_options_refusal(self) -> None:
+        """Raise the HTTP 400 recorded when refused ``user_options`` were kept out of the
+        database (gpuspawner.user_options) or out of this spawner (``user_options``
+        validation); nothing when none was."""
+        refused = pending_refusal(getattr(self, "orm_spawner", None)) or self._options_refusal
+        self._options_refusal = None
+        if refused is not None:
+            raise refused
+
     def chosen_profile(self) -> Profile:
         """The profile ``user_options`` ask for, validated.
 
@@ -433,6 +462,7 @@ class GPUSpawner(DockerSpawner):
         if self._prepared is not None:
             return self._prepared
         self._events = []
+        self.raise_options_refusal()
         profile = self.chosen_profile()
         cluster = self.cluster
         await cluster.ensure_restored()
@@ -684,6 +714,9 @@ class GPUSpawner(DockerSpawner):
             "security_opt": sorted(set(host.get("security_opt") or []) |
                                    {"no-new-privileges"}),
             "pids_limit": self.pids_limit,
+            # removed by stop/rollback/poll, not by the engine: a container that exits during
+            # start must still be there to read its exit code and last log lines
+            "auto_remove": False,
         })
         whole = [g.uuid for g in alloc.gpus]
         if whole:
@@ -804,9 +837,12 @@ class GPUSpawner(DockerSpawner):
         return result
 
     async def _remove_certs(self) -> None:
+        """Remove the server's certificate copy and the key pair made for it. Never raises."""
         folder, self._certs_dir = self._certs_dir, ""
         if folder:
-            await asyncio.to_thread(shutil.rmtree, folder, True)
+            pair = os.path.join(self.internal_certs_location, f"server-{self.object_name}")
+            for path in (folder, pair):
+                await asyncio.to_thread(shutil.rmtree, path, True)
 
     # -- rollback / stop / poll / state --------------------------------------------------------
     async def _rollback(self) -> None:
@@ -903,7 +939,13 @@ class GPUSpawner(DockerSpawner):
             # server whose poll says it stopped, so the allocation is released here
             self.log.warning("%s stopped with status %s; releasing its allocation",
                              self._log_name, status)
+            if status != 255 and self.object_id:
+                try:
+                    await self.remove_object()
+                except Exception as e:
+                    self.log.warning("%s: removing its container failed: %s", self._log_name, e)
             await self._remove_network()
+            await self._remove_certs()
             self._release()
         elif status is None and a is not None and self.cluster.ledger.get(a.id) is None:
             report = self.cluster.ledger.restore([a])

@@ -6,23 +6,38 @@ JupyterHub saves the ``user_options`` of a spawn request in its database (``orm.
 call). A rejected request would therefore still be stored and echoed back by the REST API, and
 a megabyte of options would sit in every later server model. The hub offers no hook before
 that point, so this module listens to SQLAlchemy's attribute ``set`` event of
-``orm.Spawner.user_options`` (SQLAlchemy docs, "ORM Events: AttributeEvents.set"): a value
-that is too large or that the spawner's profiles refuse raises ``HTTPError(400)`` before it is
-assigned, so it never reaches the database; every other path (form, REST POST/PUT/PATCH)
-goes through the same check.
+``orm.Spawner.user_options`` (SQLAlchemy docs, "ORM Events: AttributeEvents.set"). A value
+that is too large or that the spawner's profiles refuse is never assigned:
+
+- outside a spawn (REST ``PUT``/``PATCH`` of a named server) the listener raises
+  ``HTTPError(400)`` at once;
+- inside a spawn (the hub has already made the server's database row) the listener keeps the
+  previous value and records the refusal; ``GPUSpawner.apply_user_options``, which JupyterHub
+  runs inside its spawn ``try`` block, raises it as ``HTTPError(400)``, so the hub cleans up
+  the half-made server as after any failed spawn.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import weakref
 from typing import Any
 
 from tornado import web
 
 from .profiles import OptionsError, choose_profile, load_profiles
 
-_installed: dict[type, Any] = {}
+_installed: dict[str, Any] = {}
+#: refusals recorded during a spawn, by ``orm.Spawner`` row; raised by :func:`pending_refusal`
+_refused: weakref.WeakKeyDictionary[Any, web.HTTPError] = weakref.WeakKeyDictionary()
+
+
+def pending_refusal(orm_spawner: Any) -> web.HTTPError | None:
+    """The refusal the guard recorded for ``orm_spawner``'s last ``user_options``, cleared."""
+    if orm_spawner is None:
+        return None
+    return _refused.pop(orm_spawner, None)
 
 
 def check_user_options(options: Any, profiles_config: Any, groups: list[str],
@@ -65,10 +80,14 @@ def install_user_options_guard(profiles_config: Any, max_bytes: int,
     def on_set(target: Any, value: Any, oldvalue: Any, initiator: Any) -> Any:
         user = getattr(target, "user", None)
         groups = sorted(g.name for g in (getattr(user, "groups", None) or []))
+        _refused.pop(target, None)
         try:
             check_user_options(value, profiles_config, groups, max_bytes)
-        except web.HTTPError:
-            raise
+        except web.HTTPError as e:
+            if getattr(target, "server", None) is None:
+                raise  # PUT/PATCH: nothing else was made, answer 400 now
+            _refused[target] = e
+            return oldvalue if isinstance(oldvalue, dict) else {}
         except Exception as e:  # a broken profile file: start() reports it with the field
             if log:
                 log.debug("user_options guard skipped: %s", e)

@@ -92,7 +92,8 @@ FAKE_SERVER = ["python3", "-c", (
     "import http.server as h\n"
     "class H(h.BaseHTTPRequestHandler):\n"
     "    def do_GET(self):\n"
-    "        self.send_response(200); self.end_headers(); self.wfile.write(b'{\"version\": \"0\"}')\n"
+    "        self.send_response(200); self.end_headers()\n"
+    "        self.wfile.write(b'{\"version\": \"0\"}')\n"
     "h.HTTPServer(('0.0.0.0', 8888), H).serve_forever()\n")]
 
 
