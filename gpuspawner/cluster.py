@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +58,9 @@ class NodeRuntime:
     topology: str
     node: Node
     network_pool: str = ""
+    #: set when the engine stopped answering: containers the ledger no longer books may
+    #: still run there; the next placement on the node removes them first (sweep_orphans)
+    suspect: bool = False
     _client: docker.APIClient | None = None
     _disk_limit: bool | None = None
     _storage_driver: str = ""
@@ -154,42 +157,117 @@ class Cluster:
     ledger: Ledger
     restored: RestoreReport | None = None
     _restore_lock: asyncio.Lock | None = field(default=None, repr=False)
+    #: restored allocations whose owner was not yet checked against the hub's database
+    _unverified: list[str] = field(default_factory=list, repr=False)
+    #: allocation id -> (node, container id) of the containers found by the restore
+    _containers: dict[str, tuple[NodeRuntime, str]] = field(default_factory=dict, repr=False)
 
-    async def ensure_restored(self) -> RestoreReport:
+    async def ensure_restored(self, owner_exists: Callable[[str, str], bool] | None = None
+                              ) -> RestoreReport:
         """Rebuild the ledger from the labels of running GPUSpawner containers on every node,
         once per process (later calls return the first report). A node whose engine does not
         answer is logged and skipped; its allocations come back when its spawners are polled
-        (see GPUSpawner.poll)."""
-        if self.restored is not None:
+        (see GPUSpawner.poll).
+
+        Args:
+            owner_exists: ``(user, server) -> bool`` from the hub's database; a restored
+                allocation whose user or server no longer exists is released and its
+                container removed. None = keep all.
+        """
+        if self.restored is not None and not (owner_exists and self._unverified):
             return self.restored
         if self._restore_lock is None:
             self._restore_lock = asyncio.Lock()
         async with self._restore_lock:
-            if self.restored is not None:
-                return self.restored
-            labels: list[str] = []
-            for rt in self.nodes.values():
+            if self.restored is None:
+                await self._restore()
+            if owner_exists and self._unverified:
+                unverified, self._unverified = self._unverified, []
+                await self._release_ownerless(unverified, owner_exists)
+            assert self.restored is not None
+            return self.restored
+
+    async def _restore(self) -> None:
+        """List GPUSpawner containers on every node and restore the ledger from their
+        labels (see ensure_restored)."""
+        labels: list[str] = []
+        containers = self._containers
+        for rt in self.nodes.values():
+            try:
+                found = await asyncio.to_thread(
+                    rt.client.containers, all=True,
+                    filters={"label": f"{MANAGED_LABEL}=1"})
+            except Exception as e:  # engine down: report, do not crash the hub
+                log.warning("node %s: cannot list containers to restore allocations: %s",
+                            rt.name, e)
+                continue
+            for c in found:
+                text = (c.get("Labels") or {}).get(ALLOCATION_LABEL)
+                if text and c.get("State") in ("running", "created", "restarting"):
+                    labels.append(text)
+                    try:
+                        containers[json.loads(text)["id"]] = (rt, c["Id"])
+                    except (ValueError, KeyError, TypeError):
+                        pass
+        report = self.ledger.restore(labels)
+        for conflict in report.conflicts:
+            log.error("restore: allocation %s of %s refused: %s", conflict.allocation_id,
+                      conflict.owner, conflict.problem)
+        if report.restored:
+            log.info("restored %d allocation(s) from container labels",
+                     len(report.restored))
+        self._unverified = list(report.restored)
+        self.restored = report
+
+    async def _release_ownerless(self, allocation_ids: list[str],
+                                 owner_exists: Callable[[str, str], bool]) -> None:
+        """Release restored allocations whose user or server the hub no longer has, and
+        remove their containers."""
+        containers = self._containers
+        for alloc_id in allocation_ids:
+            alloc = self.ledger.get(alloc_id)
+            if alloc is None or owner_exists(alloc.owner.user, alloc.owner.server):
+                continue
+            log.warning("restore: %s/%s no longer exists; removing its container and "
+                        "releasing allocation %s", alloc.owner.user, alloc.owner.server,
+                        alloc.id)
+            where = containers.get(alloc.id)
+            if where is not None:
                 try:
-                    found = await asyncio.to_thread(
-                        rt.client.containers, all=True,
-                        filters={"label": f"{MANAGED_LABEL}=1"})
-                except Exception as e:  # engine down: report, do not crash the hub
-                    log.warning("node %s: cannot list containers to restore allocations: %s",
-                                rt.name, e)
-                    continue
-                for c in found:
-                    text = (c.get("Labels") or {}).get(ALLOCATION_LABEL)
-                    if text and c.get("State") in ("running", "created", "restarting"):
-                        labels.append(text)
-            report = self.ledger.restore(labels)
-            for conflict in report.conflicts:
-                log.error("restore: allocation %s of %s refused: %s", conflict.allocation_id,
-                          conflict.owner, conflict.problem)
-            if report.restored:
-                log.info("restored %d allocation(s) from container labels",
-                         len(report.restored))
-            self.restored = report
-            return report
+                    await asyncio.to_thread(where[0].client.remove_container, where[1],
+                                            v=True, force=True)
+                except Exception as e:
+                    log.warning("restore: removing container %s failed: %s",
+                                where[1][:12], e)
+            self.ledger.release(alloc.id)
+
+    def sweep_orphans(self, rt: NodeRuntime) -> list[str]:
+        """Remove GPUSpawner containers on ``rt`` whose allocation the ledger does not book,
+        and server networks whose server holds nothing (blocking). Run after the node's
+        engine was unreachable: its servers were reported stopped and released, but their
+        containers may have outlived the outage and must not keep devices the ledger has
+        given away. Returns the removed container ids."""
+        removed = []
+        for c in rt.client.containers(all=True, filters={"label": f"{MANAGED_LABEL}=1"}):
+            try:
+                alloc_id = json.loads((c.get("Labels") or {}).get(ALLOCATION_LABEL, ""))["id"]
+            except (ValueError, KeyError, TypeError):
+                alloc_id = None
+            if alloc_id is None or self.ledger.get(alloc_id) is None:
+                log.warning("node %s: removing container %s, not booked in the ledger",
+                            rt.name, c["Id"][:12])
+                rt.client.remove_container(c["Id"], v=True, force=True)
+                removed.append(c["Id"])
+        for n in rt.client.networks(filters={"label": "gpuspawner.user"}):
+            labels = n.get("Labels") or {}
+            if self.ledger.find(labels.get("gpuspawner.user", ""),
+                                labels.get("gpuspawner.server", "")) is None:
+                try:
+                    rt.client.remove_network(n["Id"])
+                except Exception as e:  # still in use by something else: leave it
+                    log.info("node %s: network %s kept: %s", rt.name, n.get("Name"), e)
+        rt.suspect = False
+        return removed
 
 
 _CLUSTERS: dict[str, Cluster] = {}

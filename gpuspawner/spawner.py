@@ -465,7 +465,7 @@ class GPUSpawner(DockerSpawner):
         self.raise_options_refusal()
         profile = self.chosen_profile()
         cluster = self.cluster
-        await cluster.ensure_restored()
+        await cluster.ensure_restored(self._owner_exists)
         await self._release_stale()
         try:
             alloc = cluster.ledger.reserve(profile.bundle, self._owner(),
@@ -479,6 +479,8 @@ class GPUSpawner(DockerSpawner):
         self.allocation = alloc
         self._emit(20, f"placed on {alloc.summary()}")
         try:
+            if cluster.nodes[alloc.node].suspect:
+                await asyncio.to_thread(cluster.sweep_orphans, cluster.nodes[alloc.node])
             if self.network_isolation == "per-server":
                 rt = cluster.nodes[alloc.node]
                 labels = {"gpuspawner.user": self.user.name, "gpuspawner.server": self.name or ""}
@@ -496,6 +498,17 @@ class GPUSpawner(DockerSpawner):
             raise
         self._prepared = (profile, alloc)
         return self._prepared
+
+    def _owner_exists(self, user: str, server: str) -> bool:
+        """Whether the hub's database still has user ``user`` with server ``server``."""
+        db = getattr(self.user, "db", None)
+        if db is None:
+            return True
+        from jupyterhub import orm
+
+        found = orm.User.find(db, user)
+        # every user has the default server ""; named ones have a row of their own
+        return found is not None and (server == "" or server in found.orm_spawners)
 
     async def _release_stale(self) -> None:
         """Free what an earlier, interrupted spawn of this very server still holds (a hub
@@ -907,6 +920,7 @@ class GPUSpawner(DockerSpawner):
             node = self.allocation.node if self.allocation else "?"
             self.log.warning("%s: engine of node %s unavailable at stop (%s); releasing",
                              self._log_name, node, e)
+            self._mark_suspect()
         finally:
             self.server_network, self._certs_dir = net, certs
             await self._remove_network()
@@ -914,12 +928,17 @@ class GPUSpawner(DockerSpawner):
             self._release()
             self.clear_state()
 
+    def _mark_suspect(self) -> None:
+        rt = self.node_runtime
+        if rt is not None:
+            rt.suspect = True
+
     async def poll(self) -> int | None:
         """DockerSpawner's poll. A stopped container, or an engine that does not answer
         (whose containers are gone or unreachable), gives an exit status and releases the
         allocation. After a hub restart a running server adopts the allocation restored from
         its container label, or books the one in its state."""
-        await self.cluster.ensure_restored()
+        await self.cluster.ensure_restored(self._owner_exists)
         try:
             status = await super().poll()
         except Exception as e:
@@ -928,6 +947,7 @@ class GPUSpawner(DockerSpawner):
             node = self.allocation.node if self.allocation else "?"
             self.log.warning("%s: engine of node %s unavailable (%s); reporting the server "
                              "stopped", self._log_name, node, e)
+            self._mark_suspect()
             status = 255
         if status is None and self.allocation is None:
             found = self.cluster.ledger.find(self.user.name, self.name or "")
@@ -1032,7 +1052,7 @@ class GPUSpawner(DockerSpawner):
         admin configured ``options_form`` themselves."""
         if self.options_form:
             return await super().get_options_form()
-        await self.cluster.ensure_restored()
+        await self.cluster.ensure_restored(self._owner_exists)
         cards = self.profile_cards()
         usage = self.cluster.ledger.usage(self.user.name)
         left = self.cluster.ledger.quota_remaining(self.user.name, self.group_names)

@@ -19,7 +19,14 @@ import pytest
 
 from tests.hubrunner import REPO, Hub
 from tests.ldap_server import USERS
-from tests.test_service_hub import DGX, EXTRA_ADMIN_SCOPES, engine_or_skip, hold, remove_held
+from tests.test_service_hub import (
+    DGX,
+    EXTRA_ADMIN_SCOPES,
+    engine_or_skip,
+    hold,
+    register_owners,
+    remove_held,
+)
 
 pytestmark = pytest.mark.docker
 USER = {u.uid: u for u in USERS}
@@ -56,6 +63,7 @@ def hub(engine, slapd, tmp_path_factory):
         "GPUSPAWNER_CULLER": "off",
     })
     h.start()
+    register_owners(h, [("dave", "g1"), ("dave", "g2")])
     yield h
     for user in h.api("GET", "/users").json():
         for server in (user.get("servers") or {}):

@@ -71,6 +71,17 @@ def hold(engine: docker.APIClient, node: str, user: str, server: str, gpu_indexe
     return c["Id"]
 
 
+def register_owners(hub: Hub, owners: list[tuple[str, str]]) -> None:
+    """Make the held containers' users and named servers exist in the hub (as they would for
+    servers left running across a restart); a held container whose owner the hub does not
+    know is removed and released (tests/test_security.py)."""
+    for user, server in owners:
+        hub.ensure_user(user)
+        if server:
+            r = hub.api("PUT", f"/users/{user}/servers/{server}", {})
+            assert r.status_code in (201, 409), r.text
+
+
 def remove_held(engine: docker.APIClient) -> None:
     for c in engine.containers(all=True, filters={"label": "gpuspawner.test=held"}):
         engine.remove_container(c["Id"], force=True)
@@ -115,6 +126,7 @@ def hub(engine, tmp_path_factory):
             "c.GPUSpawner.quotas = {'default_user': {'gpus': 2, 'servers': 3}}\n")
     h.env["GPUSPAWNER_CULLER"] = "off"
     h.start()
+    register_owners(h, [("svcgpu", "g1"), ("svcgpu", "g2"), ("svcother", "")])
     # one real running server, so the map also shows a container that runs here
     h.ensure_user("svccpu")
     r = h.api("POST", "/users/svccpu/server", {"profile": "cpu"})
