@@ -173,8 +173,9 @@ class GPUSpawner(DockerSpawner):
         containers cannot reach each other.
         "shared": all servers on the bridge network `network_name` (created if missing on a
         free block of server_network_pool); containers of different users can reach each other.
-        "host": network_mode=host, the server on 127.0.0.1:`port` in the hub's own namespace.
-        Only for a single trusted user: any user process can then take the hub's ports.
+        "host": network_mode=host, the server on 127.0.0.1:`port` in the hub's own namespace,
+        so one server per node. Only for a single trusted user: any user process can then
+        take the hub's ports.
         """,
     ).tag(config=True)
 

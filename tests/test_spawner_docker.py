@@ -6,6 +6,7 @@ answers."""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import os
 import time
@@ -153,7 +154,7 @@ async def test_gpu_container_has_exactly_the_allocated_uuids(make_spawner, clien
     assert hc["NetworkMode"] == net.name == "jupyter-gpuuser-net"
     ipam = info["NetworkSettings"]["Networks"][net.name]["IPAMConfig"]
     assert ipam["IPv4Address"] == str(net.server_ip)
-    assert net.subnet.subnet_of(__import__("ipaddress").ip_network("198.18.0.0/15"))
+    assert net.subnet.subnet_of(ipaddress.ip_network("198.18.0.0/15"))
     assert not any("docker.sock" in b for b in hc.get("Binds") or [])
     assert info["Config"]["User"] == "1234:1234"
     label = json.loads(info["Config"]["Labels"][ALLOCATION_LABEL])
@@ -308,3 +309,34 @@ async def test_disk_on_overlay2_is_accounted_or_refused(make_spawner, client):
     with pytest.raises(web.HTTPError, match="cannot limit disk .*'refuse'"):
         await refuse.start()
     assert refuse.cluster.ledger.allocations() == []
+
+
+async def test_shared_network_mode_puts_servers_on_one_network(make_spawner, client):
+    """network_isolation = "shared": the named network is made when missing (a subnet of the
+    pool) and both servers are on it, reached by IP (no per-server network)."""
+    name = "gpuspawner-test-shared"
+    a = make_spawner("sharer1", network_isolation="shared", network_name=name)
+    b = make_spawner("sharer2", network_isolation="shared", network_name=name)
+    try:
+        ip_a, port_a = await asyncio.wait_for(a.start(), 90)
+        ip_b, _ = await asyncio.wait_for(b.start(), 90)
+        (net,) = client.networks(names=[name])
+        subnet = ipaddress.ip_network(
+            client.inspect_network(net["Id"])["IPAM"]["Config"][0]["Subnet"])
+        assert ipaddress.ip_address(ip_a) in subnet
+        assert ipaddress.ip_address(ip_b) in subnet and ip_a != ip_b
+        assert port_a == 8888 and a.server_network is None
+    finally:
+        await a.stop()
+        await b.stop()
+        client.remove_network(name)
+
+
+async def test_host_network_mode_is_an_explicit_opt_out(make_spawner, client):
+    sp = make_spawner("trusted", network_isolation="host")
+    ip, port = await asyncio.wait_for(sp.start(), 90)
+    try:
+        assert (ip, port) == ("127.0.0.1", 8888)
+        assert client.inspect_container(sp.object_id)["HostConfig"]["NetworkMode"] == "host"
+    finally:
+        await sp.stop()
