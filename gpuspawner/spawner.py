@@ -33,11 +33,14 @@ from .cluster import ALLOCATION_LABEL, MANAGED_LABEL, Cluster, NodeRuntime, get_
 from .metrics import placement_refused
 from .network import DEFAULT_SERVER_POOL, NetworkConfigError, ServerNetwork, parse_pool
 from .placement import (
+    DEFAULT_POLICY,
     GPU_MILLI,
+    POLICIES,
     Allocation,
     Owner,
     PlacementError,
     QuotaExceeded,
+    QuotaTable,
     UnknownAllocation,
     format_bytes,
 )
@@ -109,10 +112,10 @@ class GPUSpawner(DockerSpawner):
         """,
     ).tag(config=True)
 
-    placement_policy = Unicode(
-        "fgd",
-        help="Node-selection policy: fgd (fragmentation-aware, default), first-fit, "
-             "best-fit, spread or random.",
+    placement_policy = Enum(
+        list(POLICIES),
+        default_value=DEFAULT_POLICY,
+        help=f"Node-selection policy, one of: {', '.join(POLICIES)} (docs/placement.md).",
     ).tag(config=True)
 
     quotas = Dict(
@@ -203,6 +206,24 @@ class GPUSpawner(DockerSpawner):
         except NetworkConfigError as e:
             raise TraitError(str(e)) from None
         return proposal.value
+
+    @validate("profiles")
+    def _validate_profiles(self, proposal: Any) -> Any:
+        try:
+            load_profiles(proposal.value)
+        except ProfileConfigError as e:
+            raise TraitError(f"GPUSpawner.profiles: {e}") from None
+        return proposal.value
+
+    @validate("quotas")
+    def _validate_quotas(self, proposal: Any) -> Any:
+        q = proposal.value
+        try:
+            QuotaTable.from_config(users=q.get("users"), groups=q.get("groups"),
+                                   default_user=q.get("default_user"))
+        except ValueError as e:
+            raise TraitError(f"GPUSpawner.quotas: {e}") from None
+        return q
 
     @validate("user_options")
     def _validate_user_options(self, proposal: Any) -> dict[str, Any]:

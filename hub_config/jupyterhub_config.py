@@ -205,3 +205,11 @@ if os.environ.get("GPUSPAWNER_CULLER", "on") != "off":
                                      "access:services!service=idle-culler"]
     c.GPUSpawner.environment = {
         "GPUSPAWNER_CULLER_URL": f"{CULLER_URL}/services/idle-culler/"}
+
+# -- checked now, not at the first spawn -----------------------------------------------------
+# Every GPUSpawner setting (profiles, nodes with their inventories, quotas, policy, network
+# pool) and the culler's policy file: a wrong one stops the hub here with the trait, the entry
+# and the reason. Keep this the last line of a configuration that changes those settings.
+from gpuspawner.config_check import check_hub_config  # noqa: E402
+
+check_hub_config(c)

@@ -158,7 +158,10 @@ class Hub(HubProcess):
         self.port = port
         (state_dir / "nodes.yaml").write_text(yaml.safe_dump(nodes))
         (state_dir / "profiles.yaml").write_text(yaml.safe_dump(profiles))
-        self.config.write_text(f"load_subconfig({str(CONFIG)!r})\n{extra_config}\n")
+        # the extra settings are checked too, as the last lines of a site's config would be
+        self.config.write_text(f"load_subconfig({str(CONFIG)!r})\n{extra_config}\n"
+                               "from gpuspawner.config_check import check_hub_config\n"
+                               "check_hub_config(c)\n")
         self.env.update({
             "GPUSPAWNER_STATE_DIR": str(state_dir / "hub"),
             "GPUSPAWNER_HUB_PORT": str(port),

@@ -1,0 +1,108 @@
+"""Check gpuspawner's configuration when the hub starts, not at the first spawn.
+
+JupyterHub applies ``c.GPUSpawner.*`` to a spawner only when it makes one (the first spawn or
+the first restored server), so a typo in a profile would surface as a 500 for the first user.
+:func:`check_hub_config`, called at the end of ``jupyterhub_config.py``, checks every structured
+setting with the same code the spawner uses, reads each node's inventory once (the topology
+files, or this host through sysfs and NVML) so that the first spawn does not, and raises
+:class:`SystemExit` with the trait, the entry and the reason: ``jupyterhub`` stops at start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+class HubConfigError(ValueError):
+    """A wrong gpuspawner setting; the message starts with the trait, e.g.
+    ``GPUSpawner.profiles: profiles[1].gpus: must be a number >= 0, got 'two'``."""
+
+
+def _section(c: Any, name: str) -> Mapping[str, Any]:
+    return c[name] if name in c else {}
+
+
+def check_spawner_settings(settings: Mapping[str, Any]) -> None:
+    """Check ``GPUSpawner`` settings (a mapping of trait name to value; missing = default)
+    and build the hub's cluster for them, reading every node's inventory now.
+
+    Raises:
+        HubConfigError: the first wrong setting, named ``GPUSpawner.<trait>``.
+    """
+    from .cluster import NodeConfigError, get_cluster, parse_node_config
+    from .network import NetworkConfigError, parse_pool
+    from .placement import POLICIES, QuotaTable
+    from .profiles import ProfileConfigError, load_profiles
+    from .spawner import GPUSpawner
+
+    defaults = GPUSpawner.class_traits()
+
+    def get(name: str) -> Any:
+        return settings[name] if name in settings else defaults[name].default()
+
+    policy = get("placement_policy")
+    if policy not in POLICIES:
+        raise HubConfigError(f"GPUSpawner.placement_policy: unknown policy {policy!r}; "
+                             f"choose one of: {', '.join(POLICIES)}")
+    try:
+        load_profiles(get("profiles"))
+    except ProfileConfigError as e:
+        raise HubConfigError(f"GPUSpawner.profiles: {e}") from None
+    quotas = get("quotas")
+    try:
+        if not isinstance(quotas, Mapping):
+            raise ValueError("must be a mapping with users, groups, default_user")
+        unknown = set(quotas) - {"users", "groups", "default_user"}
+        if unknown:
+            raise ValueError(f"unknown key(s) {', '.join(sorted(unknown))}; allowed: users, "
+                             "groups, default_user")
+        QuotaTable.from_config(users=quotas.get("users"), groups=quotas.get("groups"),
+                               default_user=quotas.get("default_user"))
+    except ValueError as e:
+        raise HubConfigError(f"GPUSpawner.quotas: {e}") from None
+    try:
+        parse_pool(get("server_network_pool"))
+    except NetworkConfigError as e:
+        raise HubConfigError(f"GPUSpawner.{e}") from None
+    nodes = get("nodes")
+    try:
+        if not isinstance(nodes, list) or not nodes:
+            raise NodeConfigError("must be a non-empty list of node entries")
+        parse_node_config(nodes)  # reads the topologies: a broken file is named here
+        get_cluster(nodes, policy, quotas)  # the inventory, read once before any spawn
+    except (NodeConfigError, ValueError) as e:
+        raise HubConfigError(f"GPUSpawner.nodes: {e}") from None
+
+
+def check_culler_policies(path: str) -> None:
+    """Load the idle culler's policy file as the culler will.
+
+    Raises:
+        HubConfigError: the file does not load, named with its path and entry.
+    """
+    from idle_culler.policies import PolicyError, PolicySet
+
+    try:
+        PolicySet.load(path)
+    except PolicyError as e:
+        raise HubConfigError(f"idle culler --policies {path}: {e}") from None
+
+
+def check_hub_config(c: Any) -> None:
+    """Check the GPUSpawner settings of the config object ``c`` (and the idle culler's policy
+    file, when an ``idle-culler`` service with ``--policies`` is configured); stop the hub with
+    the reason when one is wrong.
+
+    Raises:
+        SystemExit: ``gpuspawner configuration error: <trait>: <entry>: <reason>``.
+    """
+    try:
+        check_spawner_settings(_section(c, "GPUSpawner"))
+        services = c.JupyterHub.services if "services" in _section(c, "JupyterHub") else []
+        for svc in services:
+            cmd = list(svc.get("command") or [])
+            if svc.get("name") == "idle-culler" and "--policies" in cmd:
+                check_culler_policies(cmd[cmd.index("--policies") + 1])
+    except HubConfigError as e:
+        raise SystemExit(f"gpuspawner configuration error: {e}") from None

@@ -1,0 +1,113 @@
+"""Configuration checked when the hub starts (gpuspawner.config_check): each kind of wrong
+setting stops ``jupyterhub`` at start with the trait, the entry and the reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("dockerspawner")
+
+from traitlets import TraitError  # noqa: E402
+from traitlets.config import Config  # noqa: E402
+
+from gpuspawner.config_check import (  # noqa: E402
+    HubConfigError,
+    check_hub_config,
+    check_spawner_settings,
+)
+from gpuspawner.spawner import GPUSpawner  # noqa: E402
+
+GOOD_PROFILE = {"slug": "cpu", "cpu": 1, "memory": "1G"}
+
+BAD = [
+    ({"placement_policy": "fastest"}, "GPUSpawner.placement_policy: unknown policy 'fastest'"),
+    ({"profiles": [GOOD_PROFILE, {"slug": "gpu", "gpus": "two"}]},
+     "GPUSpawner.profiles: profiles[1] (gpu).gpus: must be a number >= 0, got 'two'"),
+    ({"profiles": [{"slug": "x", "cpus": 2}]},
+     "GPUSpawner.profiles: profiles[0] (x): unknown key(s) cpus"),
+    ({"nodes": [{"name": "n1", "topology": "/nonexistent/n1.yaml"}]},
+     "GPUSpawner.nodes: nodes[0] (n1): /nonexistent/n1.yaml"),
+    ({"nodes": [{"name": "n1", "gpus": 4}]}, "GPUSpawner.nodes: nodes[0]: unknown key(s) gpus"),
+    ({"quotas": {"groups": {"students": {"gpus": -1}}}}, "GPUSpawner.quotas: groups.students.gpus"),
+    ({"quotas": {"group": {}}}, "GPUSpawner.quotas: unknown key(s) group"),
+    ({"server_network_pool": "10.0.0.0/16"},
+     "GPUSpawner.server_network_pool: 10.0.0.0/16 overlaps a private"),
+]
+
+
+@pytest.mark.parametrize("settings, message", BAD)
+def test_each_wrong_setting_is_named(settings, message):
+    with pytest.raises(HubConfigError) as e:
+        check_spawner_settings({"profiles": [GOOD_PROFILE], **settings})
+    assert message in str(e.value)
+
+
+def test_good_settings_pass_and_read_the_inventory_once():
+    from gpuspawner.cluster import current_clusters, reset_clusters
+
+    reset_clusters()
+    check_spawner_settings({"profiles": [GOOD_PROFILE], "placement_policy": "first-fit"})
+    (cluster,) = current_clusters()  # built at start: the first spawn reads nothing
+    assert list(cluster.nodes) == ["local"]
+    reset_clusters()
+
+
+def test_check_hub_config_exits_with_the_reason(tmp_path: Path):
+    c = Config()
+    c.GPUSpawner.profiles = [{"slug": "bad slug!"}]
+    with pytest.raises(SystemExit) as e:
+        check_hub_config(c)
+    assert str(e.value).startswith("gpuspawner configuration error: GPUSpawner.profiles: ")
+    bad = tmp_path / "policies.yaml"
+    bad.write_text("global: {idle_timeout: soon}\n")
+    c = Config()
+    c.GPUSpawner.profiles = [GOOD_PROFILE]
+    c.JupyterHub.services = [{"name": "idle-culler",
+                              "command": ["python", "-m", "idle_culler", "--policies", str(bad)]}]
+    with pytest.raises(SystemExit) as e:
+        check_hub_config(c)
+    assert f"idle culler --policies {bad}: global.idle_timeout" in str(e.value)
+
+
+def test_traits_refuse_wrong_values_too():
+    with pytest.raises(TraitError, match="placement_policy"):
+        GPUSpawner(placement_policy="fastest")
+    with pytest.raises(TraitError, match="GPUSpawner.quotas: default_user.gpus"):
+        GPUSpawner(quotas={"default_user": {"gpus": "many"}})
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("extra, message", [
+    ("c.GPUSpawner.placement_policy = 'fastest'\n", "GPUSpawner.placement_policy: unknown"),
+    ("c.GPUSpawner.quotas = {'users': {'ann': {'memory': 'lots'}}}\n",
+     "GPUSpawner.quotas: users.ann.memory"),
+])
+def test_hub_with_wrong_config_stops_at_start(tmp_path, extra, message):
+    from tests.hubrunner import Hub
+    from tests.test_hub_e2e import _engine
+
+    _engine()
+    h = Hub(tmp_path, [{"name": "local", "topology": "auto"}], [GOOD_PROFILE],
+            extra_config=extra)
+    h.env["GPUSPAWNER_CULLER"] = "off"
+    with pytest.raises(RuntimeError) as e:
+        h.start(timeout=60)
+    assert "hub exited with 1" in str(e.value)
+    assert f"gpuspawner configuration error: {message}" in str(e.value)
+
+
+@pytest.mark.docker
+def test_hub_with_broken_profile_or_node_file_stops_at_start(tmp_path):
+    from tests.hubrunner import Hub
+    from tests.test_hub_e2e import _engine
+
+    _engine()
+    h = Hub(tmp_path, [{"name": "local", "topology": str(tmp_path / "missing.yaml")}],
+            [GOOD_PROFILE])
+    h.env["GPUSPAWNER_CULLER"] = "off"
+    with pytest.raises(RuntimeError) as e:
+        h.start(timeout=60)
+    assert "GPUSpawner.nodes: nodes[0] (local):" in str(e.value)
+    assert "missing.yaml" in str(e.value)
