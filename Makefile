@@ -62,6 +62,7 @@ hub:
 
 lint: venv
 	$(VENV)/bin/ruff check $(LINT_DIRS)
+	$(VENV)/bin/lint-imports
 
 # slapd + ldap-utils + chromium for the LDAP and service tests (Debian packages)
 test-tools:

@@ -85,7 +85,7 @@ def probe(base: str, seconds: float, rate: float = 20.0) -> list[float]:
 def sample_cost(use_double: bool, n: int = 200) -> float:
     """Mean wall time of one ``Sampler.sample_once()`` in this process, in ms."""
     sys.path.insert(0, str(ROOT))
-    from gpuspawner.gpuviews.sampler import Sampler, load_nvml
+    from gpuspawner.singleuser.gpuviews.sampler import Sampler, load_nvml
     nvml = load_nvml("tests.test_gpuviews_nvml:metrics_double" if use_double else "")
     s = Sampler(nvml, allocation=None)
     s.sample_once()
@@ -118,7 +118,7 @@ def main() -> int:
         cfg.mkdir()
         log = open(Path(tmp, "server.log"), "wb")  # noqa: SIM115 - closed with the directory
         (cfg / "jupyter_server_config.json").write_text(json.dumps({"ServerApp": {
-            "jpserver_extensions": {"gpuspawner.gpuviews": True}}}))
+            "jpserver_extensions": {"gpuspawner.singleuser.gpuviews": True}}}))
         env = dict(os.environ, JUPYTER_CONFIG_DIR=str(cfg), JUPYTER_RUNTIME_DIR=tmp,
                    GPUSPAWNER_STANDBY_AFTER=str(standby),
                    PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))

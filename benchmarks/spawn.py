@@ -113,8 +113,8 @@ def bookkeeping_ms(n: int = 2000) -> tuple[float, float]:
     """Median and p99 of profile check + reserve + container config + release, ms."""
     from jupyterhub.objects import Hub as HubObj
 
-    from gpuspawner.cluster import reset_clusters
-    from gpuspawner.spawner import GPUSpawner
+    from gpuspawner.hub.cluster import reset_clusters
+    from gpuspawner.hub.spawner import GPUSpawner
     from tests.test_spawner_docker import FakeUser
 
     reset_clusters()

@@ -12,7 +12,7 @@ __all__ = ["GPUSpawner", "__version__"]
 
 def __getattr__(name: str) -> Any:
     if name == "GPUSpawner":
-        from .spawner import GPUSpawner
+        from .hub.spawner import GPUSpawner
 
         return GPUSpawner
     raise AttributeError(f"module 'gpuspawner' has no attribute {name!r}")

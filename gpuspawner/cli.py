@@ -20,8 +20,8 @@ log = logging.getLogger(__name__)
 
 
 def _cmd_inventory(args: argparse.Namespace) -> int:
-    from .placement.inventory import read_local_node
-    from .placement.topology import dump_topology
+    from .inventory.local import read_local_node
+    from .inventory.topology import dump_topology
 
     try:
         node = read_local_node(args.name, sysfs_root=args.sysfs_root, proc_root=args.proc_root,

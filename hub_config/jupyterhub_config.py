@@ -30,7 +30,7 @@ STATE.mkdir(parents=True, exist_ok=True)
 # The hub network (198.18.0.0/28) is made on the local engine when missing; its gateway
 # address belongs to this host, so every server network reaches the hub API there, while no
 # container can bind it. Nothing else of the hub listens where containers can reach it.
-from gpuspawner.network import ensure_hub_network  # noqa: E402
+from gpuspawner.backends.docker_network import ensure_hub_network  # noqa: E402
 
 HUB_IP = ensure_hub_network(name="gpuspawner-hub", subnet="198.18.0.0/28")
 INTERNAL_SSL = os.environ.get("GPUSPAWNER_INTERNAL_SSL", "0") == "1"
@@ -151,7 +151,7 @@ if api_token:
 # api/openapi.json), the admin GPU map (admin) and Prometheus metrics (metrics). It runs inside
 # this hub process on a loopback port and reads the spawners' own ledger: one source of truth
 # (docs/service.md). GPUSPAWNER_SERVICE_PORT fixes its port (default: a free one).
-from gpuspawner.service import configure_service  # noqa: E402
+from gpuspawner.hub.service import configure_service  # noqa: E402
 
 configure_service(c, port=int(os.environ.get("GPUSPAWNER_SERVICE_PORT", "0")))
 
@@ -210,6 +210,6 @@ if os.environ.get("GPUSPAWNER_CULLER", "on") != "off":
 # Every GPUSpawner setting (profiles, nodes with their inventories, quotas, policy, network
 # pool) and the culler's policy file: a wrong one stops the hub here with the trait, the entry
 # and the reason. Keep this the last line of a configuration that changes those settings.
-from gpuspawner.config_check import check_hub_config  # noqa: E402
+from gpuspawner.hub.config_check import check_hub_config  # noqa: E402
 
 check_hub_config(c)

@@ -4,7 +4,7 @@
     load_subconfig("/path/to/gpuspawner/hub_config/jupyterhub_config.py")
     load_subconfig("/path/to/gpuspawner/hub_config/ldap.py")
 
-It replaces the demo authenticator with :class:`gpuspawner.auth.GPULDAPAuthenticator`
+It replaces the demo authenticator with :class:`gpuspawner.hub.auth.GPULDAPAuthenticator`
 (jupyterhub-ldapauthenticator 2.x, plus LDAP groups as JupyterHub groups):
 
 - users bind with ``uid=<name>,<people>``; a wrong password or an unknown user is refused;
@@ -47,7 +47,7 @@ if tls == "insecure" and url.hostname not in ("127.0.0.1", "localhost", "::1"):
     raise ValueError("GPUSPAWNER_LDAP_TLS=insecure sends passwords in clear text; it is "
                      f"refused for {url.hostname!r} (allowed on loopback only)")
 
-c.JupyterHub.authenticator_class = "gpuspawner.auth.GPULDAPAuthenticator"
+c.JupyterHub.authenticator_class = "gpuspawner.hub.auth.GPULDAPAuthenticator"
 a = c.GPULDAPAuthenticator
 a.server_address = url.hostname or "localhost"
 if url.port:

@@ -79,7 +79,7 @@ JUPYTERHUB_VERSION="${JUPYTERHUB_VERSION:-$("$PY" -c 'import jupyterhub; print(j
   || die "jupyterhub is not installed in .venv; run 'make venv'"
 REQS="$(grep -v '^\s*#' "$CTX_SRC/requirements.in" | sed '/^\s*$/d'; echo "jupyterhub==$JUPYTERHUB_VERSION")"
 
-# The project itself goes into the image too (server extension gpuspawner.gpuviews, the
+# The project itself goes into the image too (server extension gpuspawner.singleuser.gpuviews, the
 # prebuilt JupyterLab extension from scripts/build-labextension.sh, %load_ext gpuspawner.kernel):
 # its sources and the built extension are part of the inputs.
 PROJECT_HASH="$(

@@ -160,7 +160,7 @@ class Hub(HubProcess):
         (state_dir / "profiles.yaml").write_text(yaml.safe_dump(profiles))
         # the extra settings are checked too, as the last lines of a site's config would be
         self.config.write_text(f"load_subconfig({str(CONFIG)!r})\n{extra_config}\n"
-                               "from gpuspawner.config_check import check_hub_config\n"
+                               "from gpuspawner.hub.config_check import check_hub_config\n"
                                "check_hub_config(c)\n")
         self.env.update({
             "GPUSPAWNER_STATE_DIR": str(state_dir / "hub"),

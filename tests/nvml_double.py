@@ -1,7 +1,7 @@
 """TEST DOUBLE of nvidia-ml-py (module ``pynvml``): no GPU, no driver, no NVML library.
 
 :class:`FakeNVML` has the functions, constants and ``NVMLError`` hierarchy of the real binding
-that :mod:`gpuspawner.placement.inventory` uses, with the same names, argument order and return
+that :mod:`gpuspawner.inventory.local` uses, with the same names, argument order and return
 shapes (``nvmlDeviceGetMemoryInfo(h).total``, ``nvmlDeviceGetPciInfo(h).busId``, ...), and
 answers from a configured list of :class:`FakeGPU`. It is never used outside the tests; the
 test ``test_double_matches_real_pynvml`` checks every name it offers against the installed

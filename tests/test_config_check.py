@@ -1,4 +1,4 @@
-"""Configuration checked when the hub starts (gpuspawner.config_check): each kind of wrong
+"""Configuration checked when the hub starts (gpuspawner.hub.config_check): each kind of wrong
 setting stops ``jupyterhub`` at start with the trait, the entry and the reason."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ pytest.importorskip("dockerspawner")
 from traitlets import TraitError  # noqa: E402
 from traitlets.config import Config  # noqa: E402
 
-from gpuspawner.config_check import (  # noqa: E402
+from gpuspawner.hub.config_check import (  # noqa: E402
     HubConfigError,
     check_hub_config,
     check_spawner_settings,
 )
-from gpuspawner.spawner import GPUSpawner  # noqa: E402
+from gpuspawner.hub.spawner import GPUSpawner  # noqa: E402
 
 GOOD_PROFILE = {"slug": "cpu", "cpu": 1, "memory": "1G"}
 
@@ -45,7 +45,7 @@ def test_each_wrong_setting_is_named(settings, message):
 
 
 def test_good_settings_pass_and_read_the_inventory_once():
-    from gpuspawner.cluster import current_clusters, reset_clusters
+    from gpuspawner.hub.cluster import current_clusters, reset_clusters
 
     reset_clusters()
     check_spawner_settings({"profiles": [GOOD_PROFILE], "placement_policy": "first-fit"})

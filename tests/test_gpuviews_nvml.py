@@ -1,4 +1,4 @@
-"""The NVML double extended with the dynamic functions gpuspawner.gpuviews samples
+"""The NVML double extended with the dynamic functions gpuspawner.singleuser.gpuviews samples
 (utilisation, temperature, power, processes, MIG), and unit tests of the sampler on it.
 
 ``metrics_double`` / ``mig_double`` / ... are also named by ``GPUSPAWNER_NVML_FACTORY`` in the
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpuspawner.gpuviews.sampler import Sampler, load_nvml, sparkline
+from gpuspawner.singleuser.gpuviews.sampler import Sampler, load_nvml, sparkline
 from tests import nvml_double as nd
 
 GiB = nd.GiB

@@ -1,4 +1,5 @@
-"""gpuspawner.gpuviews in a real jupyter_server (pytest-jupyter's ``jp_fetch``), against the
+"""gpuspawner.singleuser.gpuviews in a real jupyter_server (pytest-jupyter's ``jp_fetch``),
+against the
 NVML double (values, states, MIG, permission) and against real NVML (``gpu``-marked).
 
 pytest-jupyter's fixtures are imported into this module only (not registered as a plugin) so
@@ -29,7 +30,7 @@ def nvml_factory() -> str:
 
 @pytest.fixture
 def jp_server_config(nvml_factory):  # noqa: F811 - overrides pytest-jupyter's
-    return {"ServerApp": {"jpserver_extensions": {"gpuspawner.gpuviews": True},
+    return {"ServerApp": {"jpserver_extensions": {"gpuspawner.singleuser.gpuviews": True},
                           "allow_unauthenticated_access": False},
             "GPUViews": {"nvml": nvml_factory, "interval": 0.2, "standby_after": 5,
                          "culler_url": ""}}
@@ -135,7 +136,7 @@ def test_culler_status_from_service(jp_serverapp, get, jp_asyncio_loop):  # noqa
     """The culler's api/status, asked with the server's token; a dead URL gives null."""
     from tornado import web
 
-    from gpuspawner.gpuviews.handlers import CullerStatus
+    from gpuspawner.singleuser.gpuviews.handlers import CullerStatus
 
     seen = {}
 

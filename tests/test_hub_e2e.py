@@ -18,8 +18,8 @@ import yaml
 
 docker = pytest.importorskip("docker")
 
-from gpuspawner.placement.inventory import read_local_node  # noqa: E402
-from gpuspawner.placement.topology import node_to_dict  # noqa: E402
+from gpuspawner.inventory.local import read_local_node  # noqa: E402
+from gpuspawner.inventory.topology import node_to_dict  # noqa: E402
 from tests.hubrunner import REPO, Hub  # noqa: E402
 
 pytestmark = pytest.mark.docker

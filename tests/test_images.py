@@ -236,8 +236,9 @@ def test_image_has_the_gpu_views_enabled(image):
     kernel extension of this project, enabled (issue 5)."""
     out = run(image, "sh", "-c",
               "jupyter server extension list 2>&1; jupyter labextension list 2>&1; "
-              "python -c 'import gpuspawner.kernel, gpuspawner.gpuviews; print(\"imports-ok\")'",
+              "python -c 'import gpuspawner.kernel, gpuspawner.singleuser.gpuviews; "
+              "print(\"imports-ok\")'",
               opts=("--user", UID_GID, "-e", "HOME=/tmp")).stdout
-    assert re.search(r"gpuspawner\.gpuviews\s+\S*enabled", out), out
+    assert re.search(r"gpuspawner\.singleuser\.gpuviews\s+\S*enabled", out), out
     assert re.search(r"gpuspawner-labextension v[\d.]+\s+\S*enabled", out), out
     assert "imports-ok" in out

@@ -14,15 +14,15 @@ import pytest
 
 import gpuspawner
 from gpuspawner.cli import main
-from gpuspawner.placement.inventory import (
+from gpuspawner.inventory.local import (
     gpu_model_alias,
     read_gpus,
     read_local_node,
     read_numa_nodes,
     sysfs_pci_address,
 )
+from gpuspawner.inventory.topology import load_topology_file
 from gpuspawner.placement.model import GPULink, NumaNode
-from gpuspawner.placement.topology import load_topology_file
 
 try:
     from tests import nvml_double as nd
@@ -276,13 +276,13 @@ def test_no_nvml_means_zero_gpus(tmp_path: Path, code: int,
                                  caplog: pytest.LogCaptureFixture) -> None:
     sysfs, proc = make_fs(tmp_path, TWO_NUMA)
     nvml = FakeNVML([a100(0)], init_error=code)
-    with caplog.at_level(logging.INFO, logger="gpuspawner.placement.inventory"):
+    with caplog.at_level(logging.INFO, logger="gpuspawner.inventory.local"):
         node = read_local_node("cpu", sysfs_root=sysfs, proc_root=proc,
                                disk_path=str(tmp_path), nvml=nvml)
     assert node.gpus == ()
     assert node.cpu_count == 8
     assert nvml.init_calls == 1 and nvml.shutdown_calls == 0
-    infos = [r for r in caplog.records if r.name == "gpuspawner.placement.inventory"]
+    infos = [r for r in caplog.records if r.name == "gpuspawner.inventory.local"]
     assert infos and all(r.levelno == logging.INFO for r in infos)
 
 
@@ -376,7 +376,7 @@ def test_real_nvml(tmp_path: Path) -> None:
             if o is not g:
                 assert g.link_to(o.uuid) in GPULink
     out = tmp_path / "real.yaml"
-    from gpuspawner.placement.topology import dump_topology
+    from gpuspawner.inventory.topology import dump_topology
     out.write_text(dump_topology(node))
     back = load_topology_file(out)
     assert back == node

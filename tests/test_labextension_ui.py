@@ -2,7 +2,7 @@
 Chromium driven by playwright-core (labextension/ui-tests/screenshot.mjs): the status bar item
 is there, clicking it opens the side panel, and the panel shows data or a clear state.
 
-- without the server extension (gpuspawner.gpuviews disabled): the item says
+- without the server extension (gpuspawner.singleuser.gpuviews disabled): the item says
   "GPU: unavailable" and the panel explains that the server extension did not answer (404);
 - with the server extension: whatever it reports here (on a machine without NVML the
   "NVML unavailable" state); the screenshot is var/screenshots/labextension-panel.png, copied to
@@ -85,7 +85,8 @@ class Lab:
                    JUPYTER_RUNTIME_DIR=str(tmp / "runtime"), JUPYTER_PLATFORM_DIRS="1")
         # the user config dir wins over the venv's etc/jupyter/jupyter_server_config.d
         (tmp / "config" / "jupyter_server_config.json").write_text(json.dumps({
-            "ServerApp": {"jpserver_extensions": {"gpuspawner.gpuviews": server_extension}},
+            "ServerApp": {"jpserver_extensions": {
+                "gpuspawner.singleuser.gpuviews": server_extension}},
             "LabApp": {"news_url": None,
                        "check_for_updates_class": "jupyterlab.NeverCheckForUpdate"},
         }))
@@ -206,15 +207,15 @@ def test_panel_with_sample_data(lab_plain):
 
 
 def test_panel_with_the_server_extension(tmp_path):
-    spec = importlib.util.find_spec("gpuspawner.gpuviews")
+    spec = importlib.util.find_spec("gpuspawner.singleuser.gpuviews")
     if spec is None:
-        pytest.skip("gpuspawner.gpuviews (the server extension) is not there yet")
+        pytest.skip("gpuspawner.singleuser.gpuviews (the server extension) is not there yet")
     lab = Lab(tmp_path, server_extension=True)
     try:
         r = requests.get(lab.base + "api/gpuspawner/gpus", params={"token": lab.token},
                          timeout=10)
         if r.status_code == 404:
-            pytest.skip("gpuspawner.gpuviews does not serve api/gpuspawner/gpus yet")
+            pytest.skip("gpuspawner.singleuser.gpuviews does not serve api/gpuspawner/gpus yet")
         assert r.status_code == 200, r.text
         served = r.json()
         result, shot = shoot(lab, "labextension-panel.png")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuspawner.auth import GPULDAPAuthenticator
+from gpuspawner.hub.auth import GPULDAPAuthenticator
 from tests.ldap_server import BASE_DN, USERS
 
 

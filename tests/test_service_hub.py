@@ -27,8 +27,8 @@ import requests
 
 docker = pytest.importorskip("docker")
 
+from gpuspawner.inventory.topology import load_topology_file  # noqa: E402
 from gpuspawner.placement import Allocation, GPUShare, Owner  # noqa: E402
-from gpuspawner.placement.topology import load_topology_file  # noqa: E402
 from tests.hubrunner import REPO, Hub  # noqa: E402
 from tests.test_hub_e2e import _engine  # noqa: E402
 

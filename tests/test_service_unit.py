@@ -15,18 +15,18 @@ import jsonschema
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuspawner import metrics
-from gpuspawner.cluster import Cluster
-from gpuspawner.placement import Bundle, Ledger, Owner, QuotaExceeded, QuotaTable
-from gpuspawner.placement.topology import load_topology_file
-from gpuspawner.service.openapi import openapi_document
-from gpuspawner.service.views import (
+from gpuspawner.hub import metrics
+from gpuspawner.hub.cluster import Cluster
+from gpuspawner.hub.service.openapi import openapi_document
+from gpuspawner.hub.service.views import (
     OTHER,
     allocation_views,
     map_view,
     node_views,
     usage_view,
 )
+from gpuspawner.inventory.topology import load_topology_file
+from gpuspawner.placement import Bundle, Ledger, Owner, QuotaExceeded, QuotaTable
 
 TOPO = Path(__file__).parent / "data" / "topologies"
 

@@ -21,10 +21,10 @@ pytest.importorskip("dockerspawner")
 from jupyterhub.objects import Hub  # noqa: E402
 from tornado import web  # noqa: E402
 
-from gpuspawner.cluster import ALLOCATION_LABEL, reset_clusters  # noqa: E402
-from gpuspawner.placement.inventory import read_local_node  # noqa: E402
-from gpuspawner.placement.topology import node_to_dict  # noqa: E402
-from gpuspawner.spawner import GPUSpawner  # noqa: E402
+from gpuspawner.hub.cluster import ALLOCATION_LABEL, reset_clusters  # noqa: E402
+from gpuspawner.hub.spawner import GPUSpawner  # noqa: E402
+from gpuspawner.inventory.local import read_local_node  # noqa: E402
+from gpuspawner.inventory.topology import node_to_dict  # noqa: E402
 
 pytestmark = pytest.mark.docker
 IMAGE = os.environ.get("SINGLEUSER_IMAGE", "gpuspawner/singleuser:latest")

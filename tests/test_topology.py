@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuspawner.placement.model import GPU, GPULink, Node, NumaNode
-from gpuspawner.placement.topology import (
+from gpuspawner.inventory.topology import (
     TopologyError,
     default_link,
     dump_topology,
@@ -16,6 +15,7 @@ from gpuspawner.placement.topology import (
     node_from_dict,
     node_to_dict,
 )
+from gpuspawner.placement.model import GPU, GPULink, Node, NumaNode
 
 DATA = Path(__file__).parent / "data" / "topologies"
 EXAMPLES = sorted(DATA.glob("*.yaml"))

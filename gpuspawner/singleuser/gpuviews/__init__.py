@@ -1,4 +1,5 @@
-"""gpuspawner.gpuviews: a jupyter_server extension with this session's GPUs and their usage.
+"""gpuspawner.singleuser.gpuviews: a jupyter_server extension with this session's GPUs and
+their usage.
 
 ``GET /api/gpuspawner/gpus`` and ``GET /api/gpuspawner/metrics`` (see docs/gpu-views.md),
 answered from one background sampler thread (:mod:`.sampler`) shared by every client.
@@ -19,7 +20,7 @@ from .sampler import Sampler, load_nvml
 
 
 def _jupyter_server_extension_points() -> list[dict[str, str]]:
-    return [{"module": "gpuspawner.gpuviews"}]
+    return [{"module": "gpuspawner.singleuser.gpuviews"}]
 
 
 def _settings(server_app: Any) -> dict[str, Any]:
@@ -49,7 +50,8 @@ def _load_jupyter_server_extension(server_app: Any) -> None:
     web_app.settings["gpuspawner_sampler"] = sampler
     web_app.settings["gpuspawner_culler"] = CullerStatus(s["culler_url"])
     setup_handlers(web_app, web_app.settings["base_url"])
-    server_app.log.info("gpuspawner.gpuviews: /api/gpuspawner/{gpus,metrics} (sampler every "
+    server_app.log.info("gpuspawner.singleuser.gpuviews: /api/gpuspawner/{gpus,metrics} "
+                        "(sampler every "
                         "%.1fs, standby after %.0fs)", s["interval"], s["standby_after"])
 
 

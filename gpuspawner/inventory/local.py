@@ -53,7 +53,7 @@ from collections.abc import Iterable
 from types import ModuleType
 from typing import Any
 
-from .model import GPU, GPULink, Node, NumaNode, parse_cpu_list
+from ..placement.model import GPU, GPULink, Node, NumaNode, parse_cpu_list
 
 __all__ = ["gpu_model_alias", "read_gpus", "read_local_node", "read_numa_nodes",
            "sysfs_pci_address"]

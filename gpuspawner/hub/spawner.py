@@ -29,10 +29,13 @@ from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Callable, Dict, Enum, Int, List, TraitError, Unicode, Union, default, validate
 
-from .cluster import ALLOCATION_LABEL, MANAGED_LABEL, Cluster, NodeRuntime, get_cluster
-from .metrics import placement_refused
-from .network import DEFAULT_SERVER_POOL, NetworkConfigError, ServerNetwork, parse_pool
-from .placement import (
+from ..backends.docker_network import (
+    DEFAULT_SERVER_POOL,
+    NetworkConfigError,
+    ServerNetwork,
+    parse_pool,
+)
+from ..placement import (
     DEFAULT_POLICY,
     GPU_MILLI,
     POLICIES,
@@ -44,6 +47,8 @@ from .placement import (
     UnknownAllocation,
     format_bytes,
 )
+from .cluster import ALLOCATION_LABEL, MANAGED_LABEL, Cluster, NodeRuntime, get_cluster
+from .metrics import placement_refused
 from .profiles import OptionsError, Profile, ProfileConfigError, choose_profile, load_profiles
 from .user_options import check_user_options, install_user_options_guard, pending_refusal
 
@@ -443,7 +448,7 @@ class GPUSpawner(DockerSpawner):
 
     def raise_options_refusal(self) -> None:
         """Raise the HTTP 400 recorded when refused ``user_options`` were kept out of the
-        database (gpuspawner.user_options) or out of this spawner (``user_options``
+        database (gpuspawner.hub.user_options) or out of this spawner (``user_options``
         validation); nothing when none was."""
         refused = pending_refusal(getattr(self, "orm_spawner", None)) or self._options_refusal
         self._options_refusal = None
@@ -1028,7 +1033,7 @@ class GPUSpawner(DockerSpawner):
     # -- the form --------------------------------------------------------------------------------
     def _jinja(self) -> Environment:
         loaders = [FileSystemLoader(p) for p in self.additional_template_paths]
-        loaders.append(PackageLoader("gpuspawner", "templates"))
+        loaders.append(PackageLoader("gpuspawner.hub", "templates"))
         return Environment(loader=ChoiceLoader(loaders),
                            autoescape=select_autoescape(["html", "j2"]))
 

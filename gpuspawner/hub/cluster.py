@@ -17,10 +17,10 @@ from typing import Any
 
 import docker
 
-from .network import NetworkManager, parse_pool
-from .placement import Ledger, Node, QuotaTable, RestoreReport
-from .placement.inventory import read_local_node
-from .placement.topology import load_topology_file
+from ..backends.docker_network import NetworkManager, parse_pool
+from ..inventory.local import read_local_node
+from ..inventory.topology import load_topology_file
+from ..placement import Ledger, Node, QuotaTable, RestoreReport
 
 log = logging.getLogger("gpuspawner")
 

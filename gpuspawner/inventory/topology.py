@@ -1,6 +1,6 @@
 """Topology files: one YAML file describes one node completely (NUMA nodes, GPUs, links).
 
-They stand in for :func:`gpuspawner.placement.inventory.read_local_node` where the hub cannot
+They stand in for :func:`gpuspawner.inventory.local.read_local_node` where the hub cannot
 look at the hardware itself (remote nodes) and in tests. The schema is documented in
 ``docs/topology-files.md``; in short::
 
@@ -31,8 +31,8 @@ from typing import Any, NoReturn
 
 import yaml
 
-from .model import GPU, GPULink, Node, NumaNode, format_cpu_list, parse_cpu_list
-from .units import parse_bytes
+from ..placement.model import GPU, GPULink, Node, NumaNode, format_cpu_list, parse_cpu_list
+from ..placement.units import parse_bytes
 
 __all__ = [
     "TopologyError",

@@ -30,9 +30,9 @@ def check_spawner_settings(settings: Mapping[str, Any]) -> None:
     Raises:
         HubConfigError: the first wrong setting, named ``GPUSpawner.<trait>``.
     """
+    from ..backends.docker_network import NetworkConfigError, parse_pool
+    from ..placement import POLICIES, QuotaTable
     from .cluster import NodeConfigError, get_cluster, parse_node_config
-    from .network import NetworkConfigError, parse_pool
-    from .placement import POLICIES, QuotaTable
     from .profiles import ProfileConfigError, load_profiles
     from .spawner import GPUSpawner
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from .placement import GPU_MILLI, NUMA_POLICIES, Bundle, parse_bytes
+from ..placement import GPU_MILLI, NUMA_POLICIES, Bundle, parse_bytes
 
 PROFILE_KEYS = frozenset({
     "slug", "display_name", "description", "cpu", "memory", "gpus", "gpu_milli", "gpu_models",

@@ -1,5 +1,5 @@
 """Prometheus metrics of GPU placement, served by the hub service at
-``/services/gpuspawner/metrics`` (``gpuspawner.service``).
+``/services/gpuspawner/metrics`` (``gpuspawner.hub.service``).
 
 Two kinds:
 
@@ -110,7 +110,7 @@ class ClusterCollector(Collector):
 
     Args:
         clusters: returns the clusters to report (default: every cluster of this process,
-            :func:`gpuspawner.cluster.current_clusters`).
+            :func:`gpuspawner.hub.cluster.current_clusters`).
     """
 
     def __init__(self, clusters=None) -> None:

@@ -1,4 +1,5 @@
-"""What the service shows, computed from the hub process's one :class:`~gpuspawner.cluster.Cluster`
+"""What the service shows, computed from the hub process's one
+:class:`~gpuspawner.hub.cluster.Cluster`
 (its ledger) at each request: no copy, no cache, so nothing can drift.
 
 Units: memory and disk in bytes, GPUs in milli-GPU (1000 = one GPU) unless a key says
@@ -13,8 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import fields
 from typing import Any
 
+from ...placement import GPU_MILLI, Allocation, Quota, format_bytes, format_cpu_list
 from ..cluster import Cluster
-from ..placement import GPU_MILLI, Allocation, Quota, format_bytes, format_cpu_list
 
 #: what a non-admin sees instead of another user's name
 OTHER = "(another user)"

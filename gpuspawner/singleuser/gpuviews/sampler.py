@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-log = logging.getLogger("gpuspawner.gpuviews")
+log = logging.getLogger("gpuspawner.singleuser.gpuviews")
 
 NVML_FACTORY_ENV = "GPUSPAWNER_NVML_FACTORY"
 ALLOCATION_ENV = "GPUSPAWNER_ALLOCATION"

@@ -1,7 +1,7 @@
 """The ``gpuspawner`` hub service: a Tornado application that runs **inside the hub process**.
 
 Why in the hub process: the placement state lives in one object, the hub's
-:class:`~gpuspawner.cluster.Cluster` (ledger), which GPUSpawner instances change under a lock.
+:class:`~gpuspawner.hub.cluster.Cluster` (ledger), which GPUSpawner instances change under a lock.
 A separate service process would need a second copy (a database table, a cache, a poll of the
 hub) that can drift from it. Here the handlers read that very object at each request.
 
@@ -68,7 +68,7 @@ def hub_cluster() -> Cluster:
     The key arguments (``nodes``, ``placement_policy``, ``quotas``) are resolved from the hub's
     configuration the way traitlets resolves them for the spawner class (sections of the
     class's MRO, the most derived last, over the traits' defaults), so
-    :func:`~gpuspawner.cluster.get_cluster` returns the very object the spawners hold, created
+    :func:`~gpuspawner.hub.cluster.get_cluster` returns the very object the spawners hold, created
     on first use if no spawner has run yet.
 
     Raises:
@@ -321,7 +321,7 @@ class GPUService:
         self.cluster_provider = cluster_provider
         self.user_lookup = user_lookup
         self._hub_auth: HubOAuth | None = None
-        self.templates = Environment(loader=PackageLoader("gpuspawner", "service/templates"),
+        self.templates = Environment(loader=PackageLoader("gpuspawner.hub", "service/templates"),
                                      autoescape=select_autoescape(["html", "j2"]))
         self.server: HTTPServer | None = None
         self.port: int | None = None
@@ -407,7 +407,7 @@ def configure_service(c: Any, name: str = "gpuspawner", host: str = "127.0.0.1",
     ``admin_users`` and the JupyterHub groups ``admin_groups``, adds
     ``access:services!service=<name>`` to every user (``JupyterHub.extra_user_scopes``),
     registers the ledger
-    gauges and, with ``track_spawn_time``, chains :func:`gpuspawner.metrics.track_spawn` in
+    gauges and, with ``track_spawn_time``, chains :func:`gpuspawner.hub.metrics.track_spawn` in
     front of any ``pre_spawn_hook`` already configured.
 
     Returns:

@@ -10,7 +10,7 @@ hub then sets the user's memberships at every login) has nothing to work with.
 ``group_search_base`` for the groups the user belongs to (posixGroup ``memberUid``, or
 ``member``/``uniqueMember`` with the user's DN) and returns their ``cn`` as ``groups``. It also
 copies ``uidNumber``, ``gidNumber`` and ``homeDirectory`` to the top level of ``auth_state`` as
-single values, where :meth:`gpuspawner.spawner.GPUSpawner.run_auth_state_hook` reads them.
+single values, where :meth:`gpuspawner.hub.spawner.GPUSpawner.run_auth_state_hook` reads them.
 
 Configuration for a site: ``hub_config/ldap.py``.
 """
