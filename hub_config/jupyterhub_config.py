@@ -146,7 +146,7 @@ if api_token:
 # c.Authenticator.enable_auth_state = True   # needs JUPYTERHUB_CRYPT_KEY
 # c.GPUSpawner.home_path_template = "/shared/home/{username}"
 
-# -- gpuspawner service (gpuspawner/service/) -----------------------------------------------
+# -- gpuspawner service (gpuspawner/hub/service/) -------------------------------------------
 # /services/gpuspawner/: REST API (api/nodes, api/allocations, api/users/{name}/usage,
 # api/openapi.json), the admin GPU map (admin) and Prometheus metrics (metrics). It runs inside
 # this hub process on a loopback port and reads the spawners' own ledger: one source of truth
