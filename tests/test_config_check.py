@@ -111,3 +111,16 @@ def test_hub_with_broken_profile_or_node_file_stops_at_start(tmp_path):
         h.start(timeout=60)
     assert "GPUSpawner.nodes: nodes[0] (local):" in str(e.value)
     assert "missing.yaml" in str(e.value)
+
+
+def test_entry_points_name_the_spawner_and_the_authenticator():
+    """``spawner_class = "gpu"`` and ``authenticator_class = "gpu-ldap"`` resolve (the
+    installed package's metadata, as JupyterHub looks them up)."""
+    from importlib.metadata import entry_points
+
+    from gpuspawner.hub.auth import GPULDAPAuthenticator
+
+    spawners = {e.name: e for e in entry_points(group="jupyterhub.spawners")}
+    auths = {e.name: e for e in entry_points(group="jupyterhub.authenticators")}
+    assert spawners["gpu"].load() is GPUSpawner
+    assert auths["gpu-ldap"].load() is GPULDAPAuthenticator
