@@ -79,6 +79,7 @@ def test_traits_refuse_wrong_values_too():
 
 
 @pytest.mark.docker
+@pytest.mark.hub
 @pytest.mark.parametrize("extra, message", [
     ("c.GPUSpawner.placement_policy = 'fastest'\n", "GPUSpawner.placement_policy: unknown"),
     ("c.GPUSpawner.quotas = {'users': {'ann': {'memory': 'lots'}}}\n",
@@ -99,6 +100,7 @@ def test_hub_with_wrong_config_stops_at_start(tmp_path, extra, message):
 
 
 @pytest.mark.docker
+@pytest.mark.hub
 def test_hub_with_broken_profile_or_node_file_stops_at_start(tmp_path):
     from tests.hubrunner import Hub
     from tests.test_hub_e2e import _engine

@@ -137,7 +137,7 @@ def test_map_view_cells_match_the_ledger(cluster):
 def test_admin_template_renders_every_cell(cluster):
     from jinja2 import Environment, PackageLoader, select_autoescape
 
-    env = Environment(loader=PackageLoader("gpuspawner", "service/templates"),
+    env = Environment(loader=PackageLoader("gpuspawner.hub", "service/templates"),
                       autoescape=select_autoescape(["html", "j2"]))
     html = env.get_template("admin.html.j2").render(
         view=map_view(cluster), user={"name": "admin"}, prefix="/services/gpuspawner/",
