@@ -8,7 +8,7 @@
 #   make images       gpuspawner/singleuser:latest (scripts/build-images.sh)
 #   make up           all of the above, then the hub on http://127.0.0.1:8000
 #   make test         lint + the whole test suite (docker-marked tests included)
-#   make test-unit    tests not marked docker (no engine needed)
+#   make test-unit    tests without an engine, a hub, a browser, slapd or slow processes
 #   make lint | clean | distclean
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -72,7 +72,8 @@ test: venv chp engine images btrfs-engine test-tools lint
 	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
 test-unit: venv
-	$(VENV)/bin/pytest -q -m "not docker" $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q -m "not docker and not hub and not browser and not ldap and not slow" \
+	  $(PYTEST_ARGS)
 
 clean:
 	rm -rf .pytest_cache .ruff_cache .hypothesis build dist *.egg-info var/build

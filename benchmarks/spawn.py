@@ -110,9 +110,12 @@ def measure(hub: Hub, tag: str, body: dict | None, sequential: int,
 
 
 def bookkeeping_ms(n: int = 2000) -> tuple[float, float]:
-    """Median and p99 of profile check + reserve + container config + release, ms."""
+    """Median and p99 of profile check + reserve + launch spec + container config + release,
+    ms."""
     from jupyterhub.objects import Hub as HubObj
 
+    from gpuspawner.backends.docker import container_config
+    from gpuspawner.backends.spec import launch_spec
     from gpuspawner.hub.cluster import reset_clusters
     from gpuspawner.hub.spawner import GPUSpawner
     from tests.test_spawner_docker import FakeUser
@@ -127,8 +130,10 @@ def bookkeeping_ms(n: int = 2000) -> tuple[float, float]:
         profile = sp.chosen_profile()
         alloc = sp.cluster.ledger.reserve(profile.bundle, sp._owner())
         sp.allocation = alloc
-        sp._apply_container_config(alloc, 1000, 100, None, {})
-        sp.get_env()
+        spec = launch_spec(name="jupyter-bench", user="bench", server="", allocation=alloc,
+                           image="img", cmd=["jupyterhub-singleuser"], env=sp.get_env(),
+                           uid=1000, gid=100, port=8888)
+        container_config(spec, network="jupyter-bench-net", fixed_ip="198.18.0.2")
         sp._release()
         samples.append((time.perf_counter() - t0) * 1000)
     samples.sort()

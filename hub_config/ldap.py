@@ -47,7 +47,7 @@ if tls == "insecure" and url.hostname not in ("127.0.0.1", "localhost", "::1"):
     raise ValueError("GPUSPAWNER_LDAP_TLS=insecure sends passwords in clear text; it is "
                      f"refused for {url.hostname!r} (allowed on loopback only)")
 
-c.JupyterHub.authenticator_class = "gpuspawner.hub.auth.GPULDAPAuthenticator"
+c.JupyterHub.authenticator_class = "gpu-ldap"  # gpuspawner.hub.auth.GPULDAPAuthenticator
 a = c.GPULDAPAuthenticator
 a.server_address = url.hostname or "localhost"
 if url.port:

@@ -17,6 +17,8 @@ from typing import Any
 import requests
 import yaml
 
+from tests.waiting import wait_until
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "hub_config" / "jupyterhub_config.py"
 
@@ -122,24 +124,19 @@ class HubProcess:
         return (model.get("servers") or {}).get(server)
 
     def wait_ready(self, user: str, server: str = "", timeout: float = 90) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        s: dict[str, Any] | None = None
-        while time.monotonic() < deadline:
+        """The server model once ready. Raises AssertionError when it is gone or not ready
+        within ``timeout`` seconds."""
+        def ready() -> dict[str, Any] | None:
             s = self.server(user, server)
-            if s and s.get("ready"):
-                return s
             if not s or (not s.get("pending") and not s.get("ready")):
                 raise AssertionError(f"server {user}/{server} is gone: {s}\n{self.tail()}")
-            time.sleep(0.3)
-        raise AssertionError(f"server {user}/{server} not ready in {timeout}s: {s}")
+            return s if s.get("ready") else None
+
+        return wait_until(ready, timeout, 0.3, f"server {user}/{server} ready")
 
     def wait_stopped(self, user: str, server: str = "", timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.server(user, server) is None:
-                return
-            time.sleep(0.3)
-        raise AssertionError(f"server {user}/{server} still there after {timeout}s")
+        wait_until(lambda: self.server(user, server) is None, timeout, 0.3,
+                   f"server {user}/{server} gone")
 
 
 class Hub(HubProcess):

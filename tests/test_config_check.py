@@ -79,6 +79,7 @@ def test_traits_refuse_wrong_values_too():
 
 
 @pytest.mark.docker
+@pytest.mark.hub
 @pytest.mark.parametrize("extra, message", [
     ("c.GPUSpawner.placement_policy = 'fastest'\n", "GPUSpawner.placement_policy: unknown"),
     ("c.GPUSpawner.quotas = {'users': {'ann': {'memory': 'lots'}}}\n",
@@ -99,6 +100,7 @@ def test_hub_with_wrong_config_stops_at_start(tmp_path, extra, message):
 
 
 @pytest.mark.docker
+@pytest.mark.hub
 def test_hub_with_broken_profile_or_node_file_stops_at_start(tmp_path):
     from tests.hubrunner import Hub
     from tests.test_hub_e2e import _engine
@@ -111,3 +113,16 @@ def test_hub_with_broken_profile_or_node_file_stops_at_start(tmp_path):
         h.start(timeout=60)
     assert "GPUSpawner.nodes: nodes[0] (local):" in str(e.value)
     assert "missing.yaml" in str(e.value)
+
+
+def test_entry_points_name_the_spawner_and_the_authenticator():
+    """``spawner_class = "gpu"`` and ``authenticator_class = "gpu-ldap"`` resolve (the
+    installed package's metadata, as JupyterHub looks them up)."""
+    from importlib.metadata import entry_points
+
+    from gpuspawner.hub.auth import GPULDAPAuthenticator
+
+    spawners = {e.name: e for e in entry_points(group="jupyterhub.spawners")}
+    auths = {e.name: e for e in entry_points(group="jupyterhub.authenticators")}
+    assert spawners["gpu"].load() is GPUSpawner
+    assert auths["gpu-ldap"].load() is GPULDAPAuthenticator

@@ -31,8 +31,8 @@ from tests.culler_hub import CHP, CullerHub, fake_gpu_uuid, free_port
 from tests.nvml_double import FakeGPU
 from tests.test_culler_units import UtilNVML
 
-pytestmark = pytest.mark.skipif(not CHP.exists(), reason="configurable-http-proxy not "
-                                "installed (make chp)")
+pytestmark = [pytest.mark.hub, pytest.mark.skipif(
+    not CHP.exists(), reason="configurable-http-proxy not installed (make chp)")]
 
 CULLER_TOKEN = "culler-" + "0123456789abcdef" * 2
 SCOPES = ["list:users", "read:users:activity", "read:users:groups", "read:servers",

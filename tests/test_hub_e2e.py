@@ -22,7 +22,7 @@ from gpuspawner.inventory.local import read_local_node  # noqa: E402
 from gpuspawner.inventory.topology import node_to_dict  # noqa: E402
 from tests.hubrunner import REPO, Hub  # noqa: E402
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.hub]
 IMAGE = "gpuspawner/singleuser:latest"
 MiB = 2**20
 

@@ -14,7 +14,7 @@ from tests.hubrunner import REPO, Hub
 from tests.test_hub_e2e import _engine, containers_of
 from tests.test_labextension_ui import SCREENSHOTS, SCRIPT, _skip_reasons
 
-pytestmark = [pytest.mark.docker,
+pytestmark = [pytest.mark.hub, pytest.mark.docker,
               pytest.mark.skipif(bool(_skip_reasons()), reason="; ".join(_skip_reasons()))]
 
 

@@ -13,7 +13,7 @@ docker = pytest.importorskip("docker")
 from tests.hubrunner import Hub  # noqa: E402
 from tests.test_hub_e2e import MiB, _engine, containers_of, topology  # noqa: E402
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
 
 @pytest.fixture

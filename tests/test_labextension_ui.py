@@ -55,7 +55,8 @@ def _skip_reasons() -> list[str]:
     return reasons
 
 
-pytestmark = pytest.mark.skipif(bool(_skip_reasons()), reason="; ".join(_skip_reasons()))
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(bool(_skip_reasons()), reason="; ".join(_skip_reasons()))]
 
 
 def _free_port() -> int:

@@ -8,6 +8,8 @@ import pytest
 from gpuspawner.hub.auth import GPULDAPAuthenticator
 from tests.ldap_server import BASE_DN, USERS
 
+pytestmark = pytest.mark.ldap
+
 
 @pytest.fixture
 def auth(slapd) -> GPULDAPAuthenticator:

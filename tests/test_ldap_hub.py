@@ -28,7 +28,7 @@ from tests.test_service_hub import (
     remove_held,
 )
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.hub, pytest.mark.ldap]
 USER = {u.uid: u for u in USERS}
 LDAP_CONFIG = REPO / "hub_config" / "ldap.py"
 

@@ -19,8 +19,9 @@ docker = pytest.importorskip("docker")
 
 from tests.hubrunner import Hub  # noqa: E402
 from tests.test_hub_e2e import MiB, _engine, containers_of, topology  # noqa: E402
+from tests.waiting import wait_until  # noqa: E402
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.hub]
 HUB_IP = "198.18.0.1"  # gateway of the hub network made by hub_config
 
 #: per user-name prefix, a command that replaces the single-user server (pre_spawn_hook)
@@ -200,9 +201,7 @@ def test_a_listener_that_is_not_the_server_is_not_ready(hub, engine):
     hub.ensure_user("impostor")
     r = hub.api("POST", "/users/impostor/server", {"profile": "tiny"})
     if r.status_code == 202:  # a loaded machine passed slow_spawn_timeout: read the log
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and hub.server("impostor"):
-            time.sleep(0.3)
+        wait_until(lambda: hub.server("impostor") is None, 30, 0.3, "the failed spawn ends")
         message = hub.tail(400)
     else:
         assert r.status_code == 500, r.text
@@ -222,10 +221,7 @@ def test_spawn_interrupted_by_kill_9_can_be_spawned_again(hub, engine):
     hub.ensure_user("carol")
     r = hub.api("POST", "/users/carol/server", {"profile": "tiny"})
     assert r.status_code in (201, 202), r.text
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not containers_of(engine, "carol"):
-        time.sleep(0.05)
-    assert containers_of(engine, "carol"), "no container appeared"
+    wait_until(lambda: containers_of(engine, "carol"), 30, 0.05, "a container for carol")
     os.killpg(hub.proc.pid, signal.SIGKILL)
     hub.proc.wait(10)
     hub.start()
@@ -332,19 +328,14 @@ def test_stop_during_spawn_cancels_cleanly(hub, engine):
     t = threading.Thread(target=lambda: answer.setdefault("post", hub.api(
         "POST", "/users/slowpoke/server", {"profile": "tiny"})))
     t.start()
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and not containers_of(engine, "slowpoke"):
-        time.sleep(0.05)
-    assert containers_of(engine, "slowpoke"), "no container appeared"
+    wait_until(lambda: containers_of(engine, "slowpoke"), 20, 0.05, "a container for slowpoke")
     r = hub.api("DELETE", "/users/slowpoke/server")
     assert r.status_code in (202, 204), r.text
     t.join(60)
     assert answer["post"].status_code != 500 or "Traceback" not in answer["post"].text
     hub.wait_stopped("slowpoke", timeout=60)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and containers_of(engine, "slowpoke"):
-        time.sleep(0.2)
-    assert containers_of(engine, "slowpoke") == []
+    wait_until(lambda: containers_of(engine, "slowpoke") == [], 20, 0.2,
+               "slowpoke's container removed")
     assert engine.networks(filters={"label": "gpuspawner.user=slowpoke"}) == []
     spawn_ready(hub, "tom", "tiny")  # nothing of the cancelled spawn is held
     stop(hub, "tom")

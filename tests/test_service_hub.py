@@ -32,7 +32,7 @@ from gpuspawner.placement import Allocation, GPUShare, Owner  # noqa: E402
 from tests.hubrunner import REPO, Hub  # noqa: E402
 from tests.test_hub_e2e import _engine  # noqa: E402
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.hub, pytest.mark.browser]
 IMAGE = "gpuspawner/singleuser:latest"
 DGX = REPO / "tests" / "data" / "topologies" / "dgx-a100.yaml"
 SVC = "/services/gpuspawner/"

@@ -21,7 +21,8 @@ pytest.importorskip("dockerspawner")
 from jupyterhub.objects import Hub  # noqa: E402
 from tornado import web  # noqa: E402
 
-from gpuspawner.hub.cluster import ALLOCATION_LABEL, reset_clusters  # noqa: E402
+from gpuspawner.backends.spec import ALLOCATION_LABEL, launch_spec  # noqa: E402
+from gpuspawner.hub.cluster import reset_clusters  # noqa: E402
 from gpuspawner.hub.spawner import GPUSpawner  # noqa: E402
 from gpuspawner.inventory.local import read_local_node  # noqa: E402
 from gpuspawner.inventory.topology import node_to_dict  # noqa: E402
@@ -134,8 +135,9 @@ def make_spawner(tmp_path, client):
 async def test_gpu_container_has_exactly_the_allocated_uuids(make_spawner, client):
     sp = make_spawner("gpuuser", {"profile": "gpu1"})
     _, alloc = await sp._prepare()  # reserve + this server's own network
-    sp._apply_container_config(alloc, 1234, 1234, None, {})
-    obj = await sp.create_object()  # created, not started: no NVIDIA runtime here
+    spec = launch_spec(name=sp.object_name, user="gpuuser", server="", allocation=alloc,
+                       image=IMAGE, cmd=["true"], env={}, uid=1234, gid=1234, port=8888)
+    obj = await sp._create_container(spec, {})  # created, not started: no NVIDIA runtime
     sp.object_id = obj["Id"]
     info = client.inspect_container(obj["Id"])
     hc = info["HostConfig"]

@@ -17,21 +17,15 @@ from typing import Any
 
 import docker
 
+from ..backends.docker import DISK_LIMIT_DRIVERS
 from ..backends.docker_network import NetworkManager, parse_pool
+from ..backends.spec import ALLOCATION_LABEL, MANAGED_LABEL
 from ..inventory.local import read_local_node
 from ..inventory.topology import load_topology_file
 from ..placement import Ledger, Node, QuotaTable, RestoreReport
 
 log = logging.getLogger("gpuspawner")
 
-#: container label holding the allocation JSON
-ALLOCATION_LABEL = "gpuspawner.allocation"
-#: container label marking containers made by GPUSpawner
-MANAGED_LABEL = "gpuspawner.managed"
-
-#: storage drivers on which ``storage_opt size`` is enforced (docker docs, "docker run
-#: --storage-opt"): btrfs, zfs, and overlay2 on xfs with project quotas (pquota)
-DISK_LIMIT_DRIVERS = ("btrfs", "zfs")
 
 
 class NodeConfigError(ValueError):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
+import inspect
 import os
 import shutil
 from collections.abc import AsyncIterator
@@ -21,23 +21,27 @@ from typing import Any
 
 import requests
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
-from docker.types import DeviceRequest
 from dockerspawner import DockerSpawner
 from escapism import escape
-from jinja2 import ChoiceLoader, Environment, FileSystemLoader, PackageLoader, select_autoescape
 from tornado import web
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Callable, Dict, Enum, Int, List, TraitError, Unicode, Union, default, validate
 
+from ..backends.docker import (
+    CERTS_MOUNT,
+    DiskLimitUnsupported,
+    container_config,
+    disk_rule,
+    ensure_home,
+)
 from ..backends.docker_network import (
     DEFAULT_SERVER_POOL,
     NetworkConfigError,
     ServerNetwork,
     parse_pool,
 )
+from ..backends.spec import MANAGED_LABEL, HomeMount, LaunchSpec, launch_spec
 from ..placement import (
     DEFAULT_POLICY,
-    GPU_MILLI,
     POLICIES,
     Allocation,
     Owner,
@@ -45,22 +49,17 @@ from ..placement import (
     QuotaExceeded,
     QuotaTable,
     UnknownAllocation,
-    format_bytes,
 )
-from .cluster import ALLOCATION_LABEL, MANAGED_LABEL, Cluster, NodeRuntime, get_cluster
+from .cluster import Cluster, NodeRuntime, get_cluster
+from .form import profile_cards, quota_line, render_form
 from .metrics import placement_refused
 from .profiles import OptionsError, Profile, ProfileConfigError, choose_profile, load_profiles
+from .readiness import wait_for_own_server
 from .user_options import check_user_options, install_user_options_guard, pending_refusal
-
-#: capabilities asked of the NVIDIA container runtime (docker docs, "--gpus":
-#: capabilities map to NVIDIA_DRIVER_CAPABILITIES)
-GPU_CAPABILITIES = [["gpu", "compute", "utility"]]
 
 #: longest escaped user or server name used in container, network and home directory names
 #: (a path component may have 255 bytes; Docker names and DNS labels want far less)
 MAX_NAME_CHARS = 48
-#: where a server's internal_ssl files are mounted, read-only, in its container
-CERTS_MOUNT = "/etc/gpuspawner/certs"
 
 
 def safe_name(text: str, limit: int = MAX_NAME_CHARS) -> str:
@@ -434,14 +433,6 @@ class GPUSpawner(DockerSpawner):
             raise web.HTTPError(500, f"home path {path!r} escapes {base!r}")
         return path
 
-    def ensure_home(self, path: str, uid: int, gid: int) -> None:
-        """Create the home (mode 0700) if missing and give it to uid:gid. Blocking I/O."""
-        created = not os.path.isdir(path)
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        st = os.stat(path)
-        if created or (st.st_uid, st.st_gid) != (uid, gid):
-            os.chown(path, uid, gid)
-
     # -- start ---------------------------------------------------------------------------------
     def _owner(self) -> Owner:
         return Owner(self.user.name, self.name or "", tuple(self.group_names))
@@ -599,93 +590,99 @@ class GPUSpawner(DockerSpawner):
             self._prepared = None
 
     async def _start_container(self, profile: Profile, alloc: Allocation) -> tuple[str, int]:
+        """Build the server's LaunchSpec, make the home and apply the disk rule (Docker
+        backend functions), then create a new container from the spec and start it."""
         rt = self.cluster.nodes[alloc.node]
-        if profile.image:
-            self.image = profile.image
+        image = profile.image or self.image
         uid, gid = self.user_ids()
-        home = self.home_host_path()
+        host_home = self.home_host_path()
+        home = HomeMount(host_home, self._home_in_container()) if host_home else None
         if home:
-            await asyncio.to_thread(self.ensure_home, home, uid, gid)
-        disk_opt: dict[str, str] = {}
-        if alloc.disk_bytes:
-            supported, driver = await asyncio.to_thread(rt.disk_limit_supported)
-            if supported:
-                size = alloc.disk_bytes
-                if driver in ("btrfs", "zfs"):
-                    # their quota counts the image's own bytes too (a subvolume/dataset per
-                    # container); the profile's disk is the space the user may write
-                    size += await self._image_size()
-                disk_opt = {"size": str(size)}
-                self._emit(30, f"disk limited to {format_bytes(alloc.disk_bytes)} writable "
-                               f"({driver} storage_opt size)")
-            elif self.disk_limit_mode == "refuse":
-                raise web.HTTPError(400, f"profile {profile.slug!r}: node {rt.name} cannot "
-                                         f"limit disk (storage driver {driver}); "
-                                         "disk_limit_mode is 'refuse'")
-            else:
-                self._emit(30, f"disk {format_bytes(alloc.disk_bytes)} accounted only: "
-                               f"storage driver {driver} cannot enforce a size limit")
-        self._apply_container_config(alloc, uid, gid, home, disk_opt)
-        self._emit(40, f"creating container from {self.image}")
+            await asyncio.to_thread(ensure_home, home.host_path, uid, gid)
+        supported, driver = (await asyncio.to_thread(rt.disk_limit_supported)
+                             if alloc.disk_bytes else (False, ""))
+        image_bytes = (await self._image_size(image)
+                       if alloc.disk_bytes and supported else 0)
         try:
-            ip, port = await super().start()
+            storage_opt, message = disk_rule(alloc.disk_bytes, supported=supported,
+                                             driver=driver, image_bytes=image_bytes,
+                                             mode=self.disk_limit_mode)
+        except DiskLimitUnsupported as e:
+            raise web.HTTPError(400, f"profile {profile.slug!r}: node {rt.name}: {e}") from None
+        if message:
+            self._emit(30, message)
+        try:
+            await self.pull_image(image)
         except ImageNotFound:
-            raise web.HTTPError(500, f"image {self.image!r} is not on node {rt.name}; the "
-                                     "admin must build or pull it (make images)") from None
+            raise web.HTTPError(500, f"image {image!r} is not on node {rt.name}; the admin "
+                                     "must build or pull it (make images)") from None
+        spec = launch_spec(
+            name=self.object_name, user=self.user.name, server=self.name or "",
+            allocation=alloc, image=image, cmd=await self._command(image),
+            env={**self.get_env(), "JUPYTER_IMAGE_SPEC": image},
+            uid=uid, gid=gid, port=self.port, home=home, certs_dir=self._certs_dir)
+        self._emit(40, f"creating container from {image}")
+        if await self.get_object() is not None:  # a leftover of this name: never reuse it
+            await self.remove_object()
+        obj = await self._create_container(spec, storage_opt)
+        self.object_id = obj[self.object_id_key]
+        await self.start_object()
+        ip, port = await self.get_ip_and_port()
         self._emit(60, f"container {self.object_name} started at {ip}:{port}, waiting for "
                        "the server")
         await self._wait_for_own_server(ip, port)
         return ip, port
 
+    async def _create_container(self, spec: LaunchSpec, storage_opt: dict[str, str]
+                                ) -> dict[str, Any]:
+        """``create_container`` from the spec (``backends.docker.container_config``), the
+        admin's ``extra_host_config`` / ``extra_create_kwargs`` kept where they do not
+        conflict with pinning and hardening."""
+        base_host = await self._resolved(self.extra_host_config)
+        base_create = await self._resolved(self.extra_create_kwargs)
+        net = self.server_network
+        if self.network_isolation == "per-server" and net is not None:
+            network, fixed_ip = net.name, str(net.server_ip)
+        else:
+            network, fixed_ip = self.network_name, None
+        try:
+            create, host = container_config(
+                spec, network=network, fixed_ip=fixed_ip, pids_limit=self.pids_limit,
+                storage_opt=storage_opt, base_host=base_host, base_create=base_create)
+        except ValueError as e:
+            raise web.HTTPError(500, str(e)) from None
+        create["host_config"] = self.client.create_host_config(**host)
+        return await self.docker("create_container", **create)
+
+    async def _command(self, image: str) -> list[str]:
+        """``cmd`` (else the image's own command) and the hub's arguments, as DockerSpawner
+        builds them."""
+        if self.cmd:
+            cmd = list(self.cmd)
+        else:
+            cmd = list((await self.docker("inspect_image", image))["Config"]["Cmd"] or [])
+        return cmd + self.get_args()
+
+    async def _resolved(self, value: Any) -> dict[str, Any]:
+        """A DockerSpawner-style setting: a dict, or a callable(spawner) returning one (or an
+        awaitable of one)."""
+        value = self._eval_if_callable(value)
+        if inspect.isawaitable(value):
+            value = await value
+        return dict(value or {})
+
     async def _wait_for_own_server(self, ip: str, port: int) -> None:
-        """Wait until the server in *this* container answers, at most ``http_timeout``.
+        """Ready only when *this* container's server answers at its own address
+        (:func:`~gpuspawner.hub.readiness.wait_for_own_server`); a container that exited
+        fails the spawn at once with its exit code and last log lines."""
+        async def exited() -> str | None:
+            st = (await self.docker("inspect_container", self.object_id)).get("State") or {}
+            return None if st.get("Running") else await self._exit_report(st)
 
-        Every round checks the container first: one that exited fails the spawn at once with
-        its exit code and last log lines. The server is asked at its own address (its IP on
-        its own network, which no other container can hold) for ``{base_url}api``, and must
-        answer as a Jupyter server (JSON with ``version``), not just any listener. With
-        ``internal_ssl`` only the TCP connection is checked here: JupyterHub then verifies the
-        server's certificate (issued for this IP) before it routes to it.
-
-        Raises:
-            web.HTTPError(500): the container exited, or no answer within ``http_timeout``.
-        """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.http_timeout
-        base_url = self.server.base_url if self.server else "/"
-        url = f"http://{ip}:{port}{base_url}api"
-        client = AsyncHTTPClient()
-        delay = 0.05
-        last = "no answer yet"
-        while True:
-            info = await self.docker("inspect_container", self.object_id)
-            st = info.get("State") or {}
-            if not st.get("Running"):
-                raise web.HTTPError(500, await self._exit_report(st))
-            if self.internal_ssl:
-                try:
-                    _, writer = await asyncio.wait_for(asyncio.open_connection(ip, port), 2)
-                    writer.close()
-                    return
-                except (OSError, asyncio.TimeoutError) as e:
-                    last = str(e) or type(e).__name__
-            else:
-                try:
-                    r = await client.fetch(HTTPRequest(url, request_timeout=2,
-                                                       connect_timeout=2,
-                                                       follow_redirects=False))
-                    if "version" in json.loads(r.body or b"{}"):
-                        return
-                    last = f"{url} answered without a Jupyter server version"
-                except HTTPClientError as e:
-                    last = f"{url}: HTTP {e.code}"
-                except (OSError, ValueError) as e:
-                    last = f"{url}: {e}"
-            if loop.time() >= deadline:
-                raise web.HTTPError(500, f"server of {self._log_name} did not answer within "
-                                         f"{self.http_timeout:g} s ({last})")
-            await asyncio.sleep(delay)
-            delay = min(delay * 1.5, 0.5)
+        await wait_for_own_server(
+            ip, port, self.server.base_url if self.server else "/", exited=exited,
+            timeout=self.http_timeout, tls=self.internal_ssl,
+            name=f"server of {self._log_name}")
 
     async def _exit_report(self, state: dict[str, Any]) -> str:
         """'container exited with code N' and its last log lines."""
@@ -700,101 +697,15 @@ class GPUSpawner(DockerSpawner):
             text += " (out of memory)"
         return f"{text}; last log lines:\n{logs}" if logs else text
 
-    async def _image_size(self) -> int:
-        """Size of the spawn's image on the node's engine, bytes (0 if unknown)."""
+    async def _image_size(self, image: str) -> int:
+        """Size of ``image`` on the node's engine, bytes (0 if unknown)."""
         try:
-            return int((await self.docker("inspect_image", self.image)).get("Size") or 0)
+            return int((await self.docker("inspect_image", image)).get("Size") or 0)
         except (APIError, NotFound, ValueError):
             return 0
 
-    def get_env(self) -> dict[str, str]:
-        """DockerSpawner's env plus the allocation: ``CUDA_DEVICE_ORDER=PCI_BUS_ID``,
-        ``OMP_NUM_THREADS``, ``MEM_LIMIT`` (bytes) and ``CPU_LIMIT`` (cores), as
-        jupyter-resource-usage reads them, ``GPUSPAWNER_ALLOCATION`` (JSON) and
-        ``NVIDIA_VISIBLE_DEVICES`` (GPU UUIDs, or ``void``)."""
-        env = super().get_env()
-        a = self.allocation
-        if a is None:
-            return env
-        env.update({
-            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-            "OMP_NUM_THREADS": str(max(1, len(a.cpuset))),
-            "MEM_LIMIT": str(a.memory_bytes),
-            "CPU_LIMIT": str(len(a.cpuset)),
-            "GPUSPAWNER_ALLOCATION": a.to_json(),
-            "NVIDIA_VISIBLE_DEVICES": ",".join(a.gpu_uuids) or "void",
-        })
-        if self.home_path_template:
-            env["HOME"] = self._home_in_container()
-        return env
-
     def _home_in_container(self) -> str:
         return self.home_mount_point.format(username=self.escaped_name)
-
-    def _apply_container_config(self, alloc: Allocation, uid: int, gid: int,
-                                home: str | None, disk_opt: dict[str, str]) -> None:
-        """Merge the pinning into extra_host_config / extra_create_kwargs for this start; the
-        admin's own settings stay, ours win where they overlap (security and pinning)."""
-        if self._configured_host_config is None:
-            self._configured_host_config = self.extra_host_config
-            self._configured_create_kwargs = self.extra_create_kwargs
-        base_host = self._eval_if_callable(self._configured_host_config) or {}
-        base_create = self._eval_if_callable(self._configured_create_kwargs) or {}
-        if asyncio.iscoroutine(base_host) or asyncio.iscoroutine(base_create):
-            raise web.HTTPError(500, "async extra_host_config/extra_create_kwargs callables "
-                                     "are not supported by GPUSpawner")
-        host: dict[str, Any] = dict(base_host)
-        mem = alloc.memory_bytes or None
-        host.update({
-            "cpuset_cpus": alloc.cpuset_str() or None,
-            "cpuset_mems": alloc.mems_str() or None,
-            "mem_limit": mem,
-            "memswap_limit": mem,  # no swap beyond the memory limit (docker docs)
-            "privileged": False,
-            "security_opt": sorted(set(host.get("security_opt") or []) |
-                                   {"no-new-privileges"}),
-            "pids_limit": self.pids_limit,
-            # removed by stop/rollback/poll, not by the engine: a container that exits during
-            # start must still be there to read its exit code and last log lines
-            "auto_remove": False,
-        })
-        whole = [g.uuid for g in alloc.gpus]
-        if whole:
-            host["device_requests"] = [DeviceRequest(driver="nvidia", device_ids=whole,
-                                                     capabilities=GPU_CAPABILITIES)]
-        if disk_opt:
-            host["storage_opt"] = disk_opt
-        binds = dict(host.get("binds") or {})
-        if home:
-            binds[home] = {"bind": self._home_in_container(), "mode": "rw"}
-        if self._certs_dir:
-            binds[self._certs_dir] = {"bind": CERTS_MOUNT, "mode": "ro"}
-        if binds:
-            host["binds"] = binds
-        # never hand the Docker socket to a user
-        for path in list(binds):
-            if "docker.sock" in str(path):
-                raise web.HTTPError(500, f"refusing to mount the Docker socket ({path})")
-        create: dict[str, Any] = dict(base_create)
-        net = self.server_network
-        if self.network_isolation == "per-server" and net is not None:
-            host["network_mode"] = net.name
-            # the fixed address: the one the internal_ssl certificate names
-            create["networking_config"] = {"EndpointsConfig": {net.name: {
-                "IPAMConfig": {"IPv4Address": str(net.server_ip)}}}}
-        host = {k: v for k, v in host.items() if v is not None}
-        labels = dict(create.get("labels") or {})
-        labels.update({ALLOCATION_LABEL: alloc.to_json(), MANAGED_LABEL: "1",
-                       "gpuspawner.user": self.user.name,
-                       "gpuspawner.server": self.name or ""})
-        create["labels"] = labels
-        create["user"] = f"{uid}:{gid}"
-        if self.home_path_template:
-            create["working_dir"] = self._home_in_container()
-        self.extra_host_config = host
-        self.extra_create_kwargs = create
-        self.mem_limit = None  # the allocation decides
-        self.cpu_limit = None
 
     async def get_ip_and_port(self) -> tuple[str, int]:
         """Per-server network: the container's fixed IP on it. Host networking: 127.0.0.1
@@ -1031,48 +942,10 @@ class GPUSpawner(DockerSpawner):
         self._certs_dir = ""
 
     # -- the form --------------------------------------------------------------------------------
-    def _jinja(self) -> Environment:
-        loaders = [FileSystemLoader(p) for p in self.additional_template_paths]
-        loaders.append(PackageLoader("gpuspawner.hub", "templates"))
-        return Environment(loader=ChoiceLoader(loaders),
-                           autoescape=select_autoescape(["html", "j2"]))
-
     def profile_cards(self) -> list[dict[str, Any]]:
-        """What the form shows per profile: availability now, quota and group permission.
-
-        Each card: slug, display_name, description, bundle (text), default, available (bool),
-        reason (why not), free/total GPUs of the profile's models."""
-        ledger = self.cluster.ledger
-        groups = self.group_names
-        left = ledger.quota_remaining(self.user.name, groups)
-        cards = []
-        for p in self.load_profile_list():
-            b = p.bundle
-            card: dict[str, Any] = {"slug": p.slug, "display_name": p.display_name,
-                                    "description": p.description, "bundle": b.describe(),
-                                    "default": p.default, "available": True, "reason": "",
-                                    "availability": ""}
-            if b.total_gpu_milli:
-                free, total = ledger.free_gpus(b.gpu_models)
-                models = "/".join(b.gpu_models) or "GPU"
-                card["availability"] = f"{free} of {total} {models} free now"
-                need = b.gpus or 1
-                if total == 0:
-                    card.update(available=False, reason=f"no {models} on this hub")
-                elif b.gpus and free < need:
-                    card.update(available=False, reason=f"only {free} {models} free now")
-            if not p.allowed_for(groups):
-                card.update(available=False, reason="not available to your group")
-            else:
-                for key, need in (("gpu_milli", b.total_gpu_milli), ("cores", b.cores),
-                                  ("memory_bytes", b.memory_bytes), ("disk_bytes",
-                                                                     b.disk_bytes),
-                                  ("servers", 1)):
-                    if left.get(key) is not None and need > left[key]:
-                        card.update(available=False, reason=f"over your quota ({key})")
-                        break
-            cards.append(card)
-        return cards
+        """The form's cards for this user (:func:`gpuspawner.hub.form.profile_cards`)."""
+        return profile_cards(self.load_profile_list(), self.cluster.ledger, self.user.name,
+                             self.group_names)
 
     async def get_options_form(self) -> str:
         """The spawn form: profile cards with live availability (Jinja2 template), unless the
@@ -1080,12 +953,7 @@ class GPUSpawner(DockerSpawner):
         if self.options_form:
             return await super().get_options_form()
         await self.cluster.ensure_restored(self._owner_exists)
-        cards = self.profile_cards()
-        usage = self.cluster.ledger.usage(self.user.name)
-        left = self.cluster.ledger.quota_remaining(self.user.name, self.group_names)
-        quota_text = ""
-        if left.get("gpu_milli") is not None:
-            total = (usage.gpu_milli + left["gpu_milli"]) / GPU_MILLI
-            quota_text = f"you use {usage.gpu_milli / GPU_MILLI:g} of your {total:g} GPUs"
-        template = self._jinja().get_template(self.profile_form_template)
-        return template.render(cards=cards, quota_text=quota_text, spawner=self)
+        return render_form(self.profile_form_template, self.additional_template_paths,
+                           cards=self.profile_cards(), spawner=self,
+                           quota_text=quota_line(self.cluster.ledger, self.user.name,
+                                                 self.group_names))
