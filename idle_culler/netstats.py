@@ -3,8 +3,9 @@
 Where a server runs on a bridge network, ``GET /containers/{id}/stats?stream=false`` reports
 per-interface ``rx_bytes`` / ``tx_bytes`` (bytes since the container started); GPUSpawner's
 default (a bridge network per server) gives every server one. With host networking there is no
-``networks`` key and this signal is simply unavailable. The culler keeps the previous reading per server and turns two readings
-into a rate (bytes/s); a rate at or above the policy's ``network_floor`` counts as activity.
+``networks`` key and this signal is simply unavailable. The culler keeps the previous reading
+per server and turns two readings into a rate (bytes/s); a rate at or above the policy's
+``network_floor`` counts as activity.
 """
 
 from __future__ import annotations
