@@ -79,6 +79,17 @@ def hub_setup(tmp: Path) -> tuple[list[dict], list[dict]]:
     return nodes, profiles
 
 
+def remove_managed(engine: docker.APIClient) -> None:
+    """Remove every GPUSpawner container and server network the engine has (test teardown)."""
+    for c in engine.containers(all=True, filters={"label": "gpuspawner.managed=1"}):
+        engine.remove_container(c["Id"], force=True)
+    for n in engine.networks(filters={"label": "gpuspawner.user"}):
+        try:
+            engine.remove_network(n["Id"])
+        except docker.errors.APIError:
+            pass
+
+
 @pytest.fixture(scope="module")
 def engine():
     return _engine()
@@ -100,8 +111,7 @@ def hub(engine, tmp_path_factory):
             h.api("DELETE", path)
     time.sleep(1)
     h.stop()
-    for c in engine.containers(all=True, filters={"label": "gpuspawner.managed=1"}):
-        engine.remove_container(c["Id"], force=True)
+    remove_managed(engine)
 
 
 def containers_of(engine, user: str) -> list[dict]:

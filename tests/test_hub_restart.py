@@ -11,7 +11,13 @@ import pytest
 docker = pytest.importorskip("docker")
 
 from tests.hubrunner import Hub  # noqa: E402
-from tests.test_hub_e2e import MiB, _engine, containers_of, topology  # noqa: E402
+from tests.test_hub_e2e import (  # noqa: E402
+    MiB,
+    _engine,
+    containers_of,
+    remove_managed,
+    topology,
+)
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
@@ -63,5 +69,4 @@ def test_restart_keeps_servers_and_allocations(engine, tmp_path):
         hub.wait_stopped("rob")
     finally:
         hub.stop()
-        for c in engine.containers(all=True, filters={"label": "gpuspawner.managed=1"}):
-            engine.remove_container(c["Id"], force=True)
+        remove_managed(engine)

@@ -18,7 +18,13 @@ import requests
 docker = pytest.importorskip("docker")
 
 from tests.hubrunner import Hub  # noqa: E402
-from tests.test_hub_e2e import MiB, _engine, containers_of, topology  # noqa: E402
+from tests.test_hub_e2e import (  # noqa: E402
+    MiB,
+    _engine,
+    containers_of,
+    remove_managed,
+    topology,
+)
 from tests.waiting import wait_until  # noqa: E402
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
@@ -92,10 +98,7 @@ def hub(engine, tmp_path_factory):
     h.start()
     yield h
     h.stop()
-    for c in engine.containers(all=True, filters={"label": "gpuspawner.managed=1"}):
-        engine.remove_container(c["Id"], force=True)
-    for n in engine.networks(filters={"label": "gpuspawner.user"}):
-        engine.remove_network(n["Id"])
+    remove_managed(engine)
 
 
 def spawn_ready(hub, user: str, profile: str = "cpu", server: str = "") -> dict:
@@ -399,8 +402,7 @@ def test_internal_ssl_end_to_end(engine, tmp_path):
         stop(h, "bob")
     finally:
         h.stop()
-        for c in engine.containers(all=True, filters={"label": "gpuspawner.managed=1"}):
-            engine.remove_container(c["Id"], force=True)
+        remove_managed(engine)
 
 
 def proxy_routes_tls(hub) -> dict:
@@ -502,8 +504,7 @@ def test_unreachable_engine_stops_the_server_and_sweeps_after(engine, tmp_path):
     finally:
         h.stop()
         relay.close()
-        for c in engine.containers(all=True, filters={"label": "gpuspawner.managed=1"}):
-            engine.remove_container(c["Id"], force=True)
+        remove_managed(engine)
 
 
 def test_restored_allocation_of_a_deleted_user_is_released(engine, tmp_path):
@@ -529,5 +530,4 @@ def test_restored_allocation_of_a_deleted_user_is_released(engine, tmp_path):
         stop(h, "next")
     finally:
         h.stop()
-        for c in engine.containers(all=True, filters={"label": "gpuspawner.managed=1"}):
-            engine.remove_container(c["Id"], force=True)
+        remove_managed(engine)
