@@ -22,7 +22,7 @@ from traitlets.config import Application
 from . import __version__
 from .core import Culler
 from .gpu import GPUHistory, NVMLSampler, PrometheusSource
-from .hub import HubClient
+from .hub import HubClient, internal_ssl_context
 from .metrics import Metrics
 from .netstats import NetworkMeter, docker_reader
 from .policies import PolicySet
@@ -122,7 +122,7 @@ class IdleCuller(Application):
         self.history = GPUHistory()
         network = NetworkMeter(docker_reader(self.docker_urls)) if self.docker_urls else None
         self.hub = HubClient(self.url, self.api_token, self.concurrency, self.retries,
-                             self.backoff)
+                             self.backoff, ssl_context=internal_ssl_context())
         self.culler = Culler(self.hub, self.policies, history=self.history, network=network,
                              dry_run=self.dry_run, cull_users=self.cull_users,
                              remove_named_servers=self.remove_named_servers,

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import random
+import ssl
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -27,16 +29,34 @@ class HubAPIError(RuntimeError):
         self.status = status
 
 
+def internal_ssl_context(env: dict[str, str] | None = None) -> Any:
+    """The TLS context a hub-managed service needs when the hub runs with ``internal_ssl``:
+    JupyterHub then gives the service ``JUPYTERHUB_SSL_KEYFILE``, ``JUPYTERHUB_SSL_CERTFILE``
+    and ``JUPYTERHUB_SSL_CLIENT_CA`` (JupyterHub docs, "Services: environment"); built with
+    ``jupyterhub.utils.make_ssl_context``. None when those are not set."""
+    env = dict(os.environ if env is None else env)
+    key, cert = env.get("JUPYTERHUB_SSL_KEYFILE"), env.get("JUPYTERHUB_SSL_CERTFILE")
+    ca = env.get("JUPYTERHUB_SSL_CLIENT_CA")
+    if not (key and cert and ca):
+        return None
+    from jupyterhub.utils import make_ssl_context
+
+    return make_ssl_context(key, cert, cafile=ca, purpose=ssl.Purpose.SERVER_AUTH)
+
+
 class HubClient:
     """Calls ``{url}/...`` (``url`` = the hub API, e.g. ``http://127.0.0.1:8081/hub/api``) with
     ``token``. At most ``concurrency`` requests are in flight; a request that fails with a
     status in :data:`RETRY_STATUS` or a connection error is retried ``retries`` times, waiting
-    ``backoff * 2**attempt`` seconds (with +-25 % jitter, capped at ``max_backoff``)."""
+    ``backoff * 2**attempt`` seconds (with +-25 % jitter, capped at ``max_backoff``).
+    ``ssl_context``: the client certificate and CA for a hub with ``internal_ssl`` (see
+    :func:`internal_ssl_context`)."""
 
     def __init__(self, url: str, token: str, concurrency: int = 10, retries: int = 4,
                  backoff: float = 0.5, max_backoff: float = 10.0,
-                 request_timeout: float = 60.0) -> None:
+                 request_timeout: float = 60.0, ssl_context: Any = None) -> None:
         self.url = url.rstrip("/")
+        self.ssl_context = ssl_context
         self.token = token
         self.semaphore = asyncio.Semaphore(concurrency)
         self.retries = retries
@@ -62,7 +82,8 @@ class HubClient:
             data = ""
         req = HTTPRequest(url, method=method, headers=hdrs, body=data,
                           allow_nonstandard_methods=True,
-                          request_timeout=self.request_timeout)
+                          request_timeout=self.request_timeout,
+                          ssl_options=self.ssl_context)
         attempt = 0
         while True:
             self.requests += 1

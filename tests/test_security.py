@@ -366,11 +366,22 @@ def test_internal_ssl_end_to_end(engine, tmp_path):
     nodes = [{"name": "local", "topology": "auto"}]
     profiles = [{"slug": "cpu", "cpu": 0, "memory": "256M", "default": True}]
     h = Hub(tmp_path, nodes, profiles, extra_config="c.GPUSpawner.poll_interval = 2\n")
-    h.env.update({"GPUSPAWNER_CULLER": "off", "GPUSPAWNER_INTERNAL_SSL": "1"})
+    h.env.update({"GPUSPAWNER_INTERNAL_SSL": "1", "GPUSPAWNER_CULLER_EVERY": "2"})
     h.start()
     try:
         alice = spawn_ready(h, "alice")
         bob = spawn_ready(h, "bob")
+        # the idle culler (a hub-managed service) reaches the TLS hub API with its own
+        # client certificate: a complete pass over alice's server, no error
+        session = h.login("alice")
+
+        def culler_pass() -> dict | None:
+            r = session.get(f"{h.url}/services/idle-culler/api/status", timeout=20)
+            last = r.json().get("last_pass") or {} if r.status_code == 200 else {}
+            return last if last.get("complete") and last.get("servers") else None
+
+        last = wait_until(culler_pass, 60, 1, "a complete culler pass")
+        assert last["errors"] == 0, last
         ip = container_ip(engine, alice["Id"])
         assert proxy_routes_tls(h)["/user/alice"]["target"] == f"https://{ip}:8888"
         # through the proxy, the server answers (the proxy presented its client certificate)
