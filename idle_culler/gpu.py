@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import threading
 import time
 from collections import deque
@@ -184,33 +183,26 @@ class NVMLSampler:
             self._stop.wait(self.interval)
 
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\d+)?\s*$")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
 def parse_dcgm(text: str, metric: str = "DCGM_FI_DEV_GPU_UTIL") -> dict[str, float]:
     """``{UUID: value}`` for ``metric`` in Prometheus text exposition format (dcgm-exporter
-    writes ``DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-...",...} 37``). Lines without a UUID
-    label, comments and unparsable values are skipped. For MIG instances dcgm-exporter repeats
-    the parent's UUID; several series per UUID are averaged."""
+    writes ``DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-...",...} 37``), parsed with
+    ``prometheus_client.parser``. Series without a UUID label and NaN values are skipped; a
+    document that does not parse gives what was read before the bad line. For MIG instances
+    dcgm-exporter repeats the parent's UUID; several series per UUID are averaged."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     acc: dict[str, list[float]] = {}
-    for line in text.splitlines():
-        if not line.startswith(metric):
-            continue
-        m = _SAMPLE.match(line)
-        if not m or m.group(1) != metric:
-            continue
-        labels = dict(_LABEL.findall(m.group(3) or ""))
-        uuid = labels.get("UUID") or labels.get("uuid")
-        if not uuid:
-            continue
-        try:
-            v = float(m.group(4))
-        except ValueError:
-            continue
-        if v != v:  # NaN
-            continue
-        acc.setdefault(uuid, []).append(v)
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name != metric:
+                    continue
+                uuid = sample.labels.get("UUID") or sample.labels.get("uuid")
+                v = float(sample.value)
+                if uuid and v == v:  # NaN != NaN
+                    acc.setdefault(uuid, []).append(v)
+    except ValueError as e:
+        log.warning("dcgm-exporter text: stopped at a line that does not parse: %s", e)
     return {u: sum(vs) / len(vs) for u, vs in acc.items()}
 
 

@@ -140,6 +140,11 @@ DCGM_FI_DEV_GPU_UTIL{gpu="4",UUID="GPU-dddd",GPU_I_ID="2"} 40
 
 def test_parse_dcgm() -> None:
     assert parse_dcgm(DCGM_TEXT) == {"GPU-aaaa": 37.0, "GPU-bbbb": 0.0, "GPU-dddd": 30.0}
+    # NaN samples are skipped; a line that does not parse ends the reading, not the culler
+    nan = DCGM_TEXT + 'DCGM_FI_DEV_GPU_UTIL{gpu="5",UUID="GPU-eeee"} NaN\n'
+    assert "GPU-eeee" not in parse_dcgm(nan)
+    broken = 'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-aaaa"} 5\nDCGM_FI_DEV_GPU_UTIL{UUID= 7\n'
+    assert parse_dcgm(broken) == {"GPU-aaaa": 5.0}
 
 
 def test_history_window_mean_and_coverage() -> None:

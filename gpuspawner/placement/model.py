@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Literal
 
+from .units import GPU_MILLI
+
 NumaPolicy = Literal["strict", "prefer", "none"]
 NUMA_POLICIES: tuple[str, ...] = ("strict", "prefer", "none")
 
-#: one whole GPU in milli-GPU
-GPU_MILLI = 1000
 
 
 class GPULink(IntEnum):

@@ -12,9 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .units import format_bytes, parse_bytes
-
-GPU_MILLI = 1000
+from .units import GPU_MILLI, format_bytes, parse_bytes
 
 
 @dataclass(frozen=True)

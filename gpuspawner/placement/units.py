@@ -1,4 +1,5 @@
-"""Size strings: ``"4G"``, ``"512M"``, ``"1.5Ti"``, ``"64 GB"`` to bytes and back.
+"""Units: GPU shares in milli-GPU (:data:`GPU_MILLI`), and size strings (``"4G"``, ``"512M"``,
+``"1.5Ti"``, ``"64 GB"``) to bytes and back.
 
 Suffixes follow JupyterHub's ``ByteSpecification`` (K, M, G, T are powers of 1024, as in
 ``c.Spawner.mem_limit = "4G"``); the explicit IEC forms ``Ki``/``KiB`` ... are accepted as well,
@@ -9,6 +10,10 @@ an upper-case prefix after a space is not required.
 from __future__ import annotations
 
 import re
+
+#: one whole GPU in milli-GPU (the unit of GPU shares everywhere: 250 = a quarter GPU, as the
+#: Alibaba traces and the FGD simulator count them)
+GPU_MILLI = 1000
 
 _BINARY = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGTP]?)(i?)(B?)\s*$", re.IGNORECASE)
