@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,13 +28,13 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.hubrunner import free_port  # noqa: E402
+
 TOKEN = "gpu-views-bench"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -84,7 +83,6 @@ def probe(base: str, seconds: float, rate: float = 20.0) -> list[float]:
 
 def sample_cost(use_double: bool, n: int = 200) -> float:
     """Mean wall time of one ``Sampler.sample_once()`` in this process, in ms."""
-    sys.path.insert(0, str(ROOT))
     from gpuspawner.singleuser.gpuviews.sampler import Sampler, load_nvml
     nvml = load_nvml("tests.test_gpuviews_nvml:metrics_double" if use_double else "")
     s = Sampler(nvml, allocation=None)

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.hubrunner import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 SLAPD = "/usr/sbin/slapd"
@@ -74,10 +75,6 @@ def ensure_installed() -> None:
         raise RuntimeError(f"scripts/ldap.sh failed:\n{r.stdout}\n{r.stderr}")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def init_ldif(users: tuple[LdapUser, ...] = USERS) -> str:
@@ -128,7 +125,7 @@ class Slapd:
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"ldap://127.0.0.1:{self.port}/"
         self.proc: subprocess.Popen | None = None
 

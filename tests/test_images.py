@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -20,6 +19,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+
+from tests.hubrunner import free_port
 
 pytestmark = pytest.mark.docker
 
@@ -77,10 +78,6 @@ def run(image: str, *cmd: str, opts: tuple[str, ...] = (), host: str | None = No
         docker("rm", "-f", name, host=host, check=False)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --------------------------------------------------------------------------- engine

@@ -21,7 +21,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,8 @@ from pathlib import Path
 
 import pytest
 import requests
+
+from tests.hubrunner import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 EXT = REPO / "labextension"
@@ -59,10 +60,6 @@ pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(bool(_skip_reasons()), reason="; ".join(_skip_reasons()))]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Lab:
@@ -72,7 +69,7 @@ class Lab:
 
     def __init__(self, tmp: Path, server_extension: bool):
         self.tmp = tmp
-        self.port = _free_port()
+        self.port = free_port()
         self.token = secrets.token_hex(16)
         for d in ("config", "data", "runtime", "root"):
             (tmp / d).mkdir()
