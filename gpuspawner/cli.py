@@ -6,7 +6,7 @@ Subcommands:
   [-o FILE]``: describe this host (NUMA nodes from sysfs, GPUs from NVML) and print it as a
   topology file (``docs/topology-files.md``), ready to be copied to the hub for a remote node.
 * ``gpuspawner simulate ...``: provided by :mod:`gpuspawner.simulate` (its ``add_arguments`` and
-  ``run``); imported lazily, so this command still works where that module is missing.
+  ``run``).
 """
 
 from __future__ import annotations
@@ -54,19 +54,8 @@ def _add_inventory(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_simulate(sub: argparse._SubParsersAction) -> None:
-    try:
-        from . import simulate  # owned by gpuspawner/simulate.py; may not exist yet
-    except Exception as e:  # ImportError until it exists; any other error must not break us
-        reason = f"{type(e).__name__}: {e}"
-        p = sub.add_parser("simulate", help="(unavailable) placement simulation",
-                           add_help=False)
+    from . import simulate
 
-        def unavailable(args: argparse.Namespace) -> int:
-            print(f"gpuspawner simulate is unavailable: {reason}", file=sys.stderr)
-            return 1
-
-        p.set_defaults(func=unavailable, accepts_any_arguments=True)
-        return
     doc = (simulate.__doc__ or "").strip()
     p = sub.add_parser("simulate", help="simulate placement of bundles on nodes",
                        description=doc.splitlines()[0] if doc else None)
@@ -98,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args, extra = parser.parse_known_args(list(argv) if argv is not None else None)
-        if extra and not getattr(args, "accepts_any_arguments", False):
+        if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as e:  # argparse exits on usage errors and --help
         return int(e.code) if isinstance(e.code, int) else 2

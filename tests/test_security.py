@@ -33,7 +33,7 @@ HUB_IP = "198.18.0.1"  # gateway of the hub network made by hub_config
 #: per user-name prefix, a command that replaces the single-user server (pre_spawn_hook)
 EXTRA_CONFIG = r'''
 c.GPUSpawner.poll_interval = 2
-c.GPUSpawner.http_timeout = 6  # below slow_spawn_timeout (10 s): failures answer the POST
+c.GPUSpawner.http_timeout = 8  # below slow_spawn_timeout (10 s): failures answer the POST
 
 def _hostile_cmd(spawner):
     name = spawner.user.name
@@ -209,7 +209,7 @@ def test_a_listener_that_is_not_the_server_is_not_ready(hub, engine):
     else:
         assert r.status_code == 500, r.text
         message = r.json()["message"]
-    assert "did not answer within 6 s" in message and "HTTP 404" in message, message
+    assert "did not answer within 8 s" in message and "HTTP 404" in message, message
     assert hub.server("impostor") is None
     assert containers_of(engine, "impostor") == []
     # the one slot of node tiny is free again
