@@ -62,13 +62,18 @@ def test_check_hub_config_exits_with_the_reason(tmp_path: Path):
     assert str(e.value).startswith("gpuspawner configuration error: GPUSpawner.profiles: ")
     bad = tmp_path / "policies.yaml"
     bad.write_text("global: {idle_timeout: soon}\n")
-    c = Config()
-    c.GPUSpawner.profiles = [GOOD_PROFILE]
-    c.JupyterHub.services = [{"name": "idle-culler",
-                              "command": ["python", "-m", "idle_culler", "--policies", str(bad)]}]
-    with pytest.raises(SystemExit) as e:
-        check_hub_config(c)
-    assert f"idle culler --policies {bad}: global.idle_timeout" in str(e.value)
+    for assign in (True, False):  # services set, or only appended to (a lazy config value)
+        c = Config()
+        c.GPUSpawner.profiles = [GOOD_PROFILE]
+        svc = {"name": "idle-culler",
+               "command": ["python", "-m", "idle_culler", "--policies", str(bad)]}
+        if assign:
+            c.JupyterHub.services = [svc]
+        else:
+            c.JupyterHub.services.append(svc)
+        with pytest.raises(SystemExit) as e:
+            check_hub_config(c)
+        assert f"idle culler --policies {bad}: global.idle_timeout" in str(e.value)
 
 
 def test_traits_refuse_wrong_values_too():

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from traitlets.config import LazyConfigValue
+
 
 class HubConfigError(ValueError):
     """A wrong gpuspawner setting; the message starts with the trait, e.g.
@@ -100,6 +102,8 @@ def check_hub_config(c: Any) -> None:
     try:
         check_spawner_settings(_section(c, "GPUSpawner"))
         services = c.JupyterHub.services if "services" in _section(c, "JupyterHub") else []
+        if isinstance(services, LazyConfigValue):  # only .append()ed to, never assigned
+            services = services.get_value([])
         for svc in services:
             cmd = list(svc.get("command") or [])
             if svc.get("name") == "idle-culler" and "--policies" in cmd:
