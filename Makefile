@@ -9,6 +9,7 @@
 #   make up           all of the above, then the hub on http://127.0.0.1:8000
 #   make test         lint + the whole test suite (docker-marked tests included)
 #   make test-unit    tests without an engine, a hub, a browser, slapd or slow processes
+#   make docs         the Sphinx site in docs/_build/html (warnings are errors)
 #   make lint | clean | distclean
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -21,7 +22,8 @@ HUB_CONFIG ?= hub_config/jupyterhub_config.py
 PYTEST_ARGS ?=
 LINT_DIRS := $(wildcard gpuspawner tests idle_culler benchmarks hub_config)
 
-.PHONY: help venv chp engine btrfs-engine labext images up hub test test-unit lint clean distclean
+.PHONY: help venv chp engine btrfs-engine labext images up hub test test-unit lint docs clean \
+	distclean
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -64,6 +66,11 @@ lint: venv
 	$(VENV)/bin/ruff check $(LINT_DIRS)
 	$(VENV)/bin/lint-imports
 
+docs: venv
+	$(VENV)/bin/python -m pip install -q -e '.[hub,test,docs]'
+	$(VENV)/bin/sphinx-build -W -q -b html docs docs/_build/html
+	@echo "docs/_build/html/index.html"
+
 # slapd + ldap-utils + chromium for the LDAP and service tests (Debian packages)
 test-tools:
 	scripts/ldap.sh
@@ -76,7 +83,7 @@ test-unit: venv
 	  $(PYTEST_ARGS)
 
 clean:
-	rm -rf .pytest_cache .ruff_cache .hypothesis build dist *.egg-info var/build
+	rm -rf .pytest_cache .ruff_cache .hypothesis build dist *.egg-info var/build docs/_build
 	find . -name __pycache__ -type d -prune -not -path './$(VENV)/*' -not -path './node_modules/*' -exec rm -rf {} +
 
 # also the venv, node_modules and var/ (wheelhouse, btrfs loop file); engines' images stay
