@@ -8,6 +8,7 @@ import os
 import time
 from typing import Any
 
+import psutil
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
@@ -132,7 +133,7 @@ class CullerStatus:
 
 def kernel_pid_resolver(kernel_manager: Any):
     """A function mapping NVML PIDs to this server's kernel ids: a PID belongs to a kernel when
-    it is the kernel's process or one of its descendants (read from /proc)."""
+    it is the kernel's process or one of its descendants (ancestry from ``psutil``)."""
 
     def kernel_pids() -> dict[int, str]:
         out: dict[int, str] = {}
@@ -160,26 +161,16 @@ def kernel_pid_resolver(kernel_manager: Any):
             return {}
         result: dict[int, str] = {}
         for pid in pids:
-            seen = 0
-            p = pid
-            while p > 1 and seen < 64:
-                if p in roots:
-                    result[pid] = roots[p]
-                    break
-                p = _ppid(p)
-                seen += 1
+            try:
+                chain = [pid, *(p.pid for p in psutil.Process(pid).parents())]
+            except (psutil.Error, ValueError):  # gone, not ours to see, or not a PID
+                continue
+            kid = next((roots[p] for p in chain if p in roots), None)
+            if kid is not None:
+                result[pid] = kid
         return result
 
     return resolve
-
-
-def _ppid(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        return int(data[data.rindex(b")") + 2:].split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 def setup_handlers(web_app: Any, base_url: str) -> None:
