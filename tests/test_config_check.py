@@ -131,3 +131,20 @@ def test_entry_points_name_the_spawner_and_the_authenticator():
     auths = {e.name: e for e in entry_points(group="jupyterhub.authenticators")}
     assert spawners["gpu"].load() is GPUSpawner
     assert auths["gpu-ldap"].load() is GPULDAPAuthenticator
+
+
+def test_one_cluster_per_hub_process():
+    """A second configuration replaces the cluster only while it is unused; after a booking
+    it gets the same ledger (two ledgers would book the same devices twice)."""
+    from gpuspawner.hub.cluster import current_clusters, get_cluster, reset_clusters
+    from gpuspawner.placement import Bundle, Owner
+
+    reset_clusters()
+    nodes = [{"name": "local", "topology": "auto"}]
+    first = get_cluster(nodes, "first-fit", {})
+    second = get_cluster(nodes, "first-fit", {"default_user": {"servers": 1}})
+    assert second is not first and current_clusters() == [second]  # first was unused
+    second.ledger.reserve(Bundle(cores=0, memory_bytes=2**20), Owner("ann"))
+    third = get_cluster(nodes, "first-fit", {"default_user": {"servers": 9}})
+    assert third is second and current_clusters() == [second]
+    reset_clusters()

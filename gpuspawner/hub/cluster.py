@@ -1,7 +1,7 @@
 """The hub process's one placement state: the nodes' inventories, their Docker engines and the
 :class:`~gpuspawner.placement.Ledger`, rebuilt from container labels after a hub restart.
 
-There is exactly one :class:`Cluster` per hub process and node configuration, shared by every
+There is exactly one :class:`Cluster` per hub process (:func:`get_cluster`), shared by every
 GPUSpawner instance (a spawner exists per user server). It is the single source of truth for
 who holds which device: the hub-side REST service reads the same object (``get_cluster``).
 """
@@ -264,34 +264,52 @@ class Cluster:
         return removed
 
 
-_CLUSTERS: dict[str, Cluster] = {}
+_CLUSTER: Cluster | None = None
+_CLUSTER_KEY = ""
+_WARNED: set[str] = set()
 
 
 def get_cluster(nodes: Sequence[Mapping[str, Any]], policy: str,
                 quotas: Mapping[str, Any]) -> Cluster:
-    """The process-wide cluster for this configuration (created on first call).
+    """The hub process's one cluster: one ledger, whatever asks for it.
+
+    It is made on the first call. A call with another configuration (a config file checked
+    twice while it loads, JupyterHub ``group_overrides`` changing a spawner's quotas) gets a new
+    cluster only while the current one is unused (nothing restored, nothing booked); after
+    that it gets the same cluster and a warning: two ledgers would book the same devices twice.
 
     Raises:
         NodeConfigError, ValueError: bad node, policy or quota configuration.
     """
+    global _CLUSTER, _CLUSTER_KEY
     key = json.dumps([list(nodes), policy, dict(quotas)], sort_keys=True, default=str)
-    cluster = _CLUSTERS.get(key)
-    if cluster is None:
+    if _CLUSTER is not None and key != _CLUSTER_KEY:
+        if _CLUSTER.restored is None and not _CLUSTER.ledger.allocations():
+            _CLUSTER = None  # still unused: the later configuration replaces it
+        else:
+            if key not in _WARNED:
+                _WARNED.add(key)
+                log.warning("a GPUSpawner asked for nodes/policy/quotas that differ from the "
+                            "hub's; it uses the hub's one ledger (its quotas and policy)")
+            return _CLUSTER
+    if _CLUSTER is None:
         runtimes = parse_node_config(nodes)
         quota_table = QuotaTable.from_config(
             users=quotas.get("users"), groups=quotas.get("groups"),
             default_user=quotas.get("default_user"))
         ledger = Ledger([rt.node for rt in runtimes], policy=policy, quotas=quota_table)
-        cluster = _CLUSTERS[key] = Cluster({rt.name: rt for rt in runtimes}, ledger)
-    return cluster
+        _CLUSTER = Cluster({rt.name: rt for rt in runtimes}, ledger)
+        _CLUSTER_KEY = key
+    return _CLUSTER
 
 
 def current_clusters() -> list[Cluster]:
-    """Every cluster created in this process (normally one)."""
-    return list(_CLUSTERS.values())
+    """The hub process's cluster, as a list (empty before the first spawner or check)."""
+    return [_CLUSTER] if _CLUSTER is not None else []
 
 
 def reset_clusters() -> None:
-    """Forget all clusters (tests; a new hub process starts empty anyway)."""
-    _CLUSTERS.clear()
-
+    """Forget the cluster (tests; a new hub process starts empty anyway)."""
+    global _CLUSTER, _CLUSTER_KEY
+    _CLUSTER, _CLUSTER_KEY = None, ""
+    _WARNED.clear()

@@ -43,7 +43,7 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 from .. import metrics
-from ..cluster import Cluster, current_clusters, get_cluster
+from ..cluster import Cluster, get_cluster
 from .openapi import openapi_document
 from .views import allocation_views, map_view, node_views, usage_view
 
@@ -89,11 +89,7 @@ def hub_cluster() -> Cluster:
             for name in values:
                 if name in app.config[section]:
                     values[name] = app.config[section][name]
-    cluster = get_cluster(values["nodes"], values["placement_policy"], values["quotas"])
-    if len(current_clusters()) > 1:
-        log.warning("gpuspawner service: %d clusters in this process; showing the one of the "
-                    "hub's GPUSpawner configuration", len(current_clusters()))
-    return cluster
+    return get_cluster(values["nodes"], values["placement_policy"], values["quotas"])
 
 
 def hub_user(name: str) -> tuple[bool, list[str]] | None:
