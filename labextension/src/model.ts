@@ -260,6 +260,20 @@ export interface StatusView {
   level: Level;
 }
 
+/**
+ * True when gpuspawner placed this session without any GPU (its allocation lists none): then
+ * a missing NVML is expected, not an error, and the views say "no GPU" in neutral colours.
+ */
+export function sessionWithoutGpu(g: GpusResponse): boolean {
+  const alloc = g.allocation as { gpus?: unknown } | null;
+  return (
+    alloc !== null &&
+    Array.isArray(alloc.gpus) &&
+    alloc.gpus.length === 0 &&
+    (g.state === 'no_nvml' || g.state === 'no_gpu')
+  );
+}
+
 /** Display text of a non-ok state. */
 export function stateText(s: ViewState): string {
   switch (s) {
@@ -320,6 +334,13 @@ export function deriveStatus(
     return { text: 'GPU: …', title: 'Loading GPU data', level: 'idle' };
   }
   const cull = cullWarning(gpus.culler, now);
+  if (sessionWithoutGpu(gpus)) {
+    return {
+      text: 'GPU: no GPU',
+      title: ['This session has no GPU', cull].filter(Boolean).join('\n'),
+      level: cull ? 'warn' : 'idle'
+    };
+  }
   if (gpus.state !== 'ok') {
     const level: Level = gpus.state === 'no_gpu' ? 'idle' : 'error';
     return {

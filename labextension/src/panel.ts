@@ -9,6 +9,7 @@ import {
   gpuRows,
   historySeries,
   processRows,
+  sessionWithoutGpu,
   sparklinePath,
   stateText
 } from './model';
@@ -95,7 +96,12 @@ export class GpuPanel extends Widget {
       if (cull) {
         body.push(h('div', { class: 'jp-gpuspawner-cull', role: 'alert' }, cull));
       }
-      if (gpus.state !== 'ok' && src.error === null) {
+      if (sessionWithoutGpu(gpus) && src.error === null) {
+        body.push(
+          h('div', { class: 'jp-gpuspawner-state jp-gpuspawner-state-no_gpu', 'data-state': 'no_gpu' },
+            h('strong', {}, 'no GPU'), h('p', {}, 'This session was started without a GPU.'))
+        );
+      } else if (gpus.state !== 'ok' && src.error === null) {
         body.push(
           h('div', { class: `jp-gpuspawner-state jp-gpuspawner-state-${gpus.state}`, 'data-state': gpus.state },
             h('strong', {}, stateText(gpus.state)), gpus.message ? h('p', {}, gpus.message) : null)

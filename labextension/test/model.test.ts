@@ -144,6 +144,17 @@ describe('display values', () => {
     assert.match(v.title, /MIG: utilisation not available/);
   });
 
+  it('a session placed without GPUs says "no GPU" in neutral colours, not an NVML error', () => {
+    const cpu = { state: 'no_nvml', message: 'NVML Shared Library Not Found', gpus: [],
+      allocation: { id: 'a1', gpus: [], cpuset: [1] } };
+    const v = deriveStatus(parseGpus(cpu), null, null, NOW);
+    assert.equal(v.text, 'GPU: no GPU');
+    assert.equal(v.level, 'idle');
+    // with GPUs allocated, a missing NVML is an error
+    const gpu = { ...cpu, allocation: { id: 'a2', gpus: [{ uuid: 'GPU-1', milli: 1000 }] } };
+    assert.equal(deriveStatus(parseGpus(gpu), null, null, NOW).level, 'error');
+  });
+
   it('names each non-ok state', () => {
     const cases: [string, string, string][] = [
       ['no_nvml', 'GPU: NVML unavailable', 'error'],
