@@ -81,6 +81,10 @@ def test_traits_refuse_wrong_values_too():
         GPUSpawner(placement_policy="fastest")
     with pytest.raises(TraitError, match="GPUSpawner.quotas: default_user.gpus"):
         GPUSpawner(quotas={"default_user": {"gpus": "many"}})
+    with pytest.raises(TraitError, match=r"GPUSpawner.nodes: nodes\[1\].name: must be a unique"):
+        GPUSpawner(nodes=[{"name": "a"}, {"name": "a"}])
+    with pytest.raises(TraitError, match=r"nodes\[0\].docker_url: must be a string"):
+        GPUSpawner(nodes=[{"name": "a", "docker_url": 2375}])
 
 
 @pytest.mark.docker

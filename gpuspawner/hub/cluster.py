@@ -95,6 +95,34 @@ class NodeRuntime:
         return self._disk_limit, self._storage_driver
 
 
+NODE_KEYS = ("name", "docker_url", "topology", "host", "network_pool")
+
+
+def check_node_entries(entries: Sequence[Any]) -> None:
+    """The structure of ``c.GPUSpawner.nodes`` without reading any topology: mappings with only
+    :data:`NODE_KEYS`, unique string names, string values.
+
+    Raises:
+        NodeConfigError: the entry and field that are wrong.
+    """
+    seen: set[str] = set()
+    for i, entry in enumerate(entries):
+        where = f"nodes[{i}]"
+        if not isinstance(entry, Mapping):
+            raise NodeConfigError(f"{where}: must be a mapping")
+        unknown = set(entry) - set(NODE_KEYS)
+        if unknown:
+            raise NodeConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+        name = entry.get("name") or "local"
+        if not isinstance(name, str) or name in seen:
+            raise NodeConfigError(f"{where}.name: must be a unique string, got {name!r}")
+        seen.add(name)
+        for key in NODE_KEYS[1:]:
+            if entry.get(key) is not None and not isinstance(entry[key], str):
+                raise NodeConfigError(f"{where}.{key}: must be a string, got "
+                                      f"{type(entry[key]).__name__}")
+
+
 def parse_node_config(entries: Sequence[Mapping[str, Any]]) -> list[NodeRuntime]:
     """Read ``c.GPUSpawner.nodes``: dicts with ``name``, ``docker_url`` (default: the local
     engine), ``topology`` ("auto" reads this host through sysfs and NVML, else a topology file
@@ -105,19 +133,12 @@ def parse_node_config(entries: Sequence[Mapping[str, Any]]) -> list[NodeRuntime]
         NodeConfigError: unknown keys, duplicate names, or an unreadable topology (the message
             names the entry, the file and the field).
     """
+    entries = list(entries or [{"name": "local"}])
+    check_node_entries(entries)
     out: list[NodeRuntime] = []
-    seen: set[str] = set()
-    for i, entry in enumerate(entries or [{"name": "local"}]):
+    for i, entry in enumerate(entries):
         where = f"nodes[{i}]"
-        if not isinstance(entry, Mapping):
-            raise NodeConfigError(f"{where}: must be a mapping")
-        unknown = set(entry) - {"name", "docker_url", "topology", "host", "network_pool"}
-        if unknown:
-            raise NodeConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
         name = entry.get("name") or "local"
-        if not isinstance(name, str) or name in seen:
-            raise NodeConfigError(f"{where}.name: must be a unique string, got {name!r}")
-        seen.add(name)
         topology = entry.get("topology", "auto")
         pool = entry.get("network_pool") or ""
         try:

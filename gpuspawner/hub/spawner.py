@@ -50,7 +50,7 @@ from ..placement import (
     QuotaTable,
     UnknownAllocation,
 )
-from .cluster import Cluster, NodeRuntime, get_cluster
+from .cluster import Cluster, NodeConfigError, NodeRuntime, check_node_entries, get_cluster
 from .form import profile_cards, quota_line, render_form
 from .metrics import placement_refused
 from .profiles import OptionsError, Profile, ProfileConfigError, choose_profile, load_profiles
@@ -217,6 +217,14 @@ class GPUSpawner(DockerSpawner):
             load_profiles(proposal.value)
         except ProfileConfigError as e:
             raise TraitError(f"GPUSpawner.profiles: {e}") from None
+        return proposal.value
+
+    @validate("nodes")
+    def _validate_nodes(self, proposal: Any) -> Any:
+        try:
+            check_node_entries(proposal.value)
+        except NodeConfigError as e:
+            raise TraitError(f"GPUSpawner.nodes: {e}") from None
         return proposal.value
 
     @validate("quotas")
