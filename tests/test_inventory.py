@@ -430,16 +430,6 @@ def test_cli_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["nope"]) == 2
 
 
-def test_cli_simulate_unavailable(monkeypatch: pytest.MonkeyPatch,
-                                  capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.delattr(gpuspawner, "simulate", raising=False)
-    monkeypatch.setitem(sys.modules, "gpuspawner.simulate", None)  # import raises ImportError
-    assert main(["simulate", "--steps", "3"]) == 1
-    assert "simulate is unavailable" in capsys.readouterr().err
-    # inventory still works without it
-    assert main(["inventory", "--help"]) == 0
-
-
 def test_cli_simulate_delegates(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = types.ModuleType("gpuspawner.simulate")
     seen: list[int] = []
