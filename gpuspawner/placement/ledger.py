@@ -26,7 +26,8 @@ from .errors import (
 )
 from .fragmentation import FragmentationModel
 from .model import GPU_MILLI, Allocation, Bundle, GPUShare, Node, Owner, now
-from .policies import DEFAULT_POLICY, POLICIES, demand_of, get_policy
+from .paper import PodType
+from .policies import DEFAULT_POLICY, POLICIES, get_policy, pod_type_of
 from .quota import QuotaTable, Usage
 from .state import NodeState, Plan
 from .units import format_bytes
@@ -36,6 +37,16 @@ __all__ = ["Ledger", "POLICIES", "DEFAULT_POLICY"]
 
 def _usage(a: Allocation) -> Usage:
     return Usage(a.total_gpu_milli, len(a.cpuset), a.memory_bytes, a.disk_bytes, 1)
+
+
+def _affinity_tag(a: Allocation) -> str:
+    """The GPU-affinity tag of an allocation (``GetGpuAffinityFromPodAnnotation``): "" for no
+    GPU, ``share`` for a share of one GPU, ``<n>-gpu`` for n whole GPUs."""
+    if not a.gpus:
+        return ""
+    if len(a.gpus) == 1 and a.gpus[0].milli < GPU_MILLI:
+        return "share"
+    return f"{len(a.gpus)}-gpu"
 
 
 def _bundle_usage(b: Bundle) -> Usage:
@@ -53,6 +64,8 @@ class _Cluster:
     #: bundle shape id -> {bucket key: version at which no node of it fitted}
     no_fit: dict[int, dict[tuple[int, int, int], int]] = field(default_factory=dict)
     shapes: dict[tuple, int] = field(default_factory=dict)
+    #: node name -> GPU-affinity tag -> allocations with it (for ``gpu-clustering``)
+    affinity: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 class Ledger:
@@ -64,6 +77,10 @@ class Ledger:
         quotas: user and group quotas; None = no quotas.
         seed: seed of the ``random`` policy's generator.
         clock: returns seconds since the epoch (``Allocation.created``).
+        workload: the target workload of ``fgd``, ``[(PodType, frequency)]`` (e.g.
+            :func:`~.paper.typical_pods` or :meth:`~.prior.LivePrior.workload`); None = learn
+            it from the bundles this ledger sees (see
+            :class:`~.fragmentation.FragmentationModel`).
 
     Raises:
         ValueError: duplicate node names or an unknown policy.
@@ -71,13 +88,14 @@ class Ledger:
 
     def __init__(self, nodes: Iterable[Node], policy: str = DEFAULT_POLICY, *,
                  quotas: QuotaTable | None = None, seed: int | None = None,
-                 clock: Callable[[], float] = now) -> None:
+                 clock: Callable[[], float] = now,
+                 workload: list[tuple[PodType, float]] | None = None) -> None:
         self._lock = threading.RLock()
         self.policy_name = policy
         self._policy = get_policy(policy)
         self.quotas = quotas or QuotaTable()
         self._clock = clock
-        self._c = _Cluster(rng=random.Random(seed))
+        self._c = _Cluster(rng=random.Random(seed), frag=FragmentationModel(workload))
         self._by_name: dict[str, NodeState] = {}
         self._allocs: dict[str, Allocation] = {}
         self._by_owner: dict[tuple[str, str], str] = {}
@@ -109,6 +127,17 @@ class Ledger:
     def nodes(self) -> list[Node]:
         """All nodes, in configuration order."""
         return [st.node for st in self._c.states]
+
+    def set_workload(self, workload: list[tuple[PodType, float]] | None) -> None:
+        """Set the target workload of ``fgd`` (``[(PodType, frequency)]``, frequencies summing
+        to 1), e.g. ``LivePrior.workload()`` once a day; None = learn it online again."""
+        with self._lock:
+            self._c.frag.set_workload(workload)
+
+    @property
+    def workload(self) -> list[tuple[PodType, float]]:
+        """The target workload ``fgd`` uses now."""
+        return list(self._c.frag.workload)
 
     def set_policy(self, name: str) -> None:
         """Switch the node-selection policy. Raises ValueError for an unknown name."""
@@ -239,7 +268,7 @@ class Ledger:
                     f"{self._by_owner[key]}; release it first")
             self.quotas.check(owner.user, owner.groups, _bundle_usage(bundle),
                               self.usage(owner.user), self._group_used)
-            self._c.frag.observe(demand_of(bundle, bundle.numa_policy != "none"))
+            self._c.frag.observe(pod_type_of(bundle))
             choice = None
             if bundle.numa_policy != "none":
                 choice = self._policy(self._c, bundle, False, ok)
@@ -272,16 +301,21 @@ class Ledger:
         self._rebucket(st, old, grew=False)
         self._allocs[alloc.id] = alloc
         self._by_owner[(alloc.owner.user, alloc.owner.server)] = alloc.id
+        tag = _affinity_tag(alloc)
+        if tag:
+            aff = self._c.affinity.setdefault(alloc.node, {})
+            aff[tag] = aff.get(tag, 0) + 1
         u = _usage(alloc)
         self._user_used[alloc.owner.user] = self.usage(alloc.owner.user) + u
         for g in alloc.owner.groups:
             self._group_used[g] = self.group_usage(g) + u
 
     def _bucket_key(self, st: NodeState) -> tuple[int, int, int]:
-        """(GPU signature id, free-cores class, free-memory class); a class is the bit length
-        of the free amount (cores; MiB), so class c holds amounts in [2**(c-1), 2**c - 1] and
-        the ``fgd`` policy can skip a whole bucket whose nodes are all too small."""
-        return (self._c.frag.intern(st.sig), st.free_cpu_count().bit_length(),
+        """(GPU signature id, free cores, free-memory class); the class is the bit length of
+        the free MiB, so class c holds amounts in [2**(c-1), 2**c - 1] and the ``fgd`` policy
+        can skip a whole bucket whose nodes are all too small. Free cores are exact: the
+        fragmentation depends on them (a task type that no longer fits the CPU)."""
+        return (self._c.frag.intern(st.sig), st.free_cpu_count(),
                 (st.free_memory() >> 20).bit_length())
 
     def _rebucket(self, st: NodeState, old: tuple[int, int, int] | None = None,
@@ -318,6 +352,12 @@ class Ledger:
             st.unbook(alloc)
             self._rebucket(st, old)
             self._by_owner.pop((alloc.owner.user, alloc.owner.server), None)
+            tag = _affinity_tag(alloc)
+            aff = self._c.affinity.get(alloc.node, {})
+            if tag in aff:
+                aff[tag] -= 1
+                if not aff[tag]:
+                    del aff[tag]
             u = _usage(alloc)
             self._user_used[alloc.owner.user] = self.usage(alloc.owner.user) - u
             if self._user_used[alloc.owner.user] == Usage():

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 MILLI = 1000  #: one whole GPU (or CPU) in milli units
@@ -118,8 +118,8 @@ def accessible(node_model: str, gpu_type: str) -> bool:
 # typical pods (the target workload)
 
 
-def typical_pods(pods: Iterable[PodType], threshold: int = 95, step: int = 1,
-                 include_cpu: bool = True) -> list[tuple[PodType, float]]:
+def typical_pods(pods: Iterable[PodType] | Mapping[PodType, float], threshold: int = 95,
+                 step: int = 1, include_cpu: bool = True) -> list[tuple[PodType, float]]:
     """The target workload of FGD: ``utils.GetTypicalPods`` (``pkg/utils/frag.go``) with the
     paper's configuration (``scripts/generate_config_and_run.py``: ``isInvolvedCpuPods: true``,
     ``podPopularityThreshold: 95``, ``podIncreaseStep: 1``, ``gpuResWeight: 0``).
@@ -130,7 +130,8 @@ def typical_pods(pods: Iterable[PodType], threshold: int = 95, step: int = 1,
     ``threshold`` percent of all pods; their frequencies are renormalised to sum to 1.
 
     Args:
-        pods: one entry per pod of the trace (CPU-only ones included).
+        pods: one entry per pod of the trace (CPU-only ones included), or a mapping of task
+            type to its (possibly decayed, fractional) count.
         threshold: percent of pods the types must cover, 1..100.
         step: how many types are added per round.
         include_cpu: count CPU-only pods (the paper does).
@@ -144,17 +145,18 @@ def typical_pods(pods: Iterable[PodType], threshold: int = 95, step: int = 1,
     """
     if not 1 <= threshold <= 100 or step < 1:
         raise ValueError("threshold must be 1..100 and step >= 1")
-    counts: dict[PodType, int] = {}
-    for p in pods:
-        if not include_cpu and p.gpu_number == 0:
+    counts: dict[PodType, float] = {}
+    items = pods.items() if isinstance(pods, Mapping) else ((p, 1) for p in pods)
+    for p, c in items:
+        if (not include_cpu and p.gpu_number == 0) or c <= 0:
             continue
-        counts[p] = counts.get(p, 0) + 1
+        counts[p] = counts.get(p, 0) + c
     total = sum(counts.values())
     if not total:
         return []
     ordered = sorted(counts.items(), key=lambda kv: (kv[1], kv[0].sort_key()), reverse=True)
     expected = threshold * total / 100.0
-    cum = 0
+    cum = 0.0
     i = 0
     n = 0
     while cum < expected:
