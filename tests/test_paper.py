@@ -289,3 +289,19 @@ def test_real_trace_slice_compare(tmp_path: Path) -> None:
     s = {x["policy"]: x for x in sp.summarize(runs)}
     assert s["fgd"]["paper_mean"] == 296.5
     assert s["fgd"]["unallocated_mean"] < s["random"]["unallocated_mean"]
+
+
+def test_numa_fragmentation_counts_stranded_gpus() -> None:
+    f = Fragmentation([(PodType(1000, 1000, 2), 1.0)])
+    # NUMA 0 has one free GPU, NUMA 1 one free GPU: blind, a pair fits (F 0); strict, both free
+    # GPUs are stranded (F 2000)
+    assert f.score("T4", 8000, [1000, 0, 1000, 0]) == 0.0
+    assert f.score_numa("T4", 8000, [1000, 0, 1000, 0], (0, 0, 1, 1)) == 2000.0
+    # NUMA 1 whole: the lone GPU on NUMA 0 is the only fragment
+    assert f.score_numa("T4", 8000, [1000, 0, 1000, 1000], (0, 0, 1, 1)) == 1000.0
+    # strict fgd fills the stranded GPU with a single-GPU task: F 1000 -> 0
+    n = PaperNode("q", "T4", 8000, 1024, 4, numa_of_gpu=(0, 0, 1, 1))
+    n.gpu_left = [1000, 0, 1000, 1000]
+    c = PaperCluster([n], "fgd", [(PodType(1000, 1000, 2), 1.0)], numa_strict=True)
+    c.place(PodType(1000, 1000, 1))
+    assert c.last_gpus == [0]

@@ -28,6 +28,7 @@ from .fragmentation import FragmentationModel
 from .model import GPU_MILLI, Allocation, Bundle, GPUShare, Node, Owner, now
 from .paper import PodType
 from .policies import DEFAULT_POLICY, POLICIES, get_policy, pod_type_of
+from .prior import LivePrior
 from .quota import QuotaTable, Usage
 from .state import NodeState, Plan
 from .units import format_bytes
@@ -81,6 +82,11 @@ class Ledger:
             :func:`~.paper.typical_pods` or :meth:`~.prior.LivePrior.workload`); None = learn
             it from the bundles this ledger sees (see
             :class:`~.fragmentation.FragmentationModel`).
+        prior: a :class:`~.prior.LivePrior` to feed: every granted bundle and every restored
+            allocation is recorded in it, and ``fgd``'s workload is re-read from it every
+            ``prior_refresh_s`` seconds of ``clock`` (at the first reservation too); ignored
+            when ``workload`` is given.
+        prior_refresh_s: see ``prior``.
 
     Raises:
         ValueError: duplicate node names or an unknown policy.
@@ -89,13 +95,17 @@ class Ledger:
     def __init__(self, nodes: Iterable[Node], policy: str = DEFAULT_POLICY, *,
                  quotas: QuotaTable | None = None, seed: int | None = None,
                  clock: Callable[[], float] = now,
-                 workload: list[tuple[PodType, float]] | None = None) -> None:
+                 workload: list[tuple[PodType, float]] | None = None,
+                 prior: LivePrior | None = None, prior_refresh_s: float = 3600.0) -> None:
         self._lock = threading.RLock()
         self.policy_name = policy
         self._policy = get_policy(policy)
         self.quotas = quotas or QuotaTable()
         self._clock = clock
         self._c = _Cluster(rng=random.Random(seed), frag=FragmentationModel(workload))
+        self.prior = prior if workload is None else None
+        self._prior_refresh_s = prior_refresh_s
+        self._prior_read: float | None = None
         self._by_name: dict[str, NodeState] = {}
         self._allocs: dict[str, Allocation] = {}
         self._by_owner: dict[tuple[str, str], str] = {}
@@ -269,6 +279,11 @@ class Ledger:
             self.quotas.check(owner.user, owner.groups, _bundle_usage(bundle),
                               self.usage(owner.user), self._group_used)
             self._c.frag.observe(pod_type_of(bundle))
+            if self.prior is not None:
+                t = self._clock()
+                if self._prior_read is None or t - self._prior_read >= self._prior_refresh_s:
+                    self._prior_read = t
+                    self._c.frag.set_workload(self.prior.workload(t))
             choice = None
             if bundle.numa_policy != "none":
                 choice = self._policy(self._c, bundle, False, ok)
@@ -282,6 +297,8 @@ class Ledger:
             st, p = choice
             alloc = self._allocation(bundle, owner, st, p)
             self._book(st, alloc)
+            if self.prior is not None:
+                self.prior.record_bundle(bundle, alloc.created)
             return alloc
 
     def _allocation(self, bundle: Bundle, owner: Owner, st: NodeState, p: Plan) -> Allocation:
@@ -403,6 +420,8 @@ class Ledger:
                     report.conflicts.append(RestoreConflict(alloc.id, who, problem))
                     continue
                 self._book(self._by_name[alloc.node], alloc)
+                if self.prior is not None:
+                    self.prior.record_allocation(alloc)
                 report.restored.append(alloc.id)
         return report
 

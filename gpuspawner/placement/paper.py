@@ -236,6 +236,49 @@ class Fragmentation:
         return s
 
 
+    def score_numa(self, model: str, cpu_left: int, gpu_left: Sequence[int],
+                   numa_of_gpu: Sequence[int]) -> float:
+        """:meth:`score` with strict NUMA (ours, not the paper's): a whole-GPU type of k GPUs
+        that fits one NUMA node (one holds >= k GPUs) can use only the fully free GPUs of NUMA
+        nodes with >= k of them, so free GPUs stranded elsewhere count as fragment, and it
+        does not fit when no NUMA node has k free. Shares and CPU-only types as in
+        :meth:`score`. Same as :func:`~.fragmentation.type_fragmentation` on one model."""
+        groups: dict[int, list[int]] = {}
+        for g, k in zip(gpu_left, numa_of_gpu, strict=True):
+            groups.setdefault(k, []).append(g)
+        key = ("numa", model, cpu_left, tuple(sorted(tuple(sorted(v)) for v in groups.values())))
+        s = self._memo.get(key)
+        if s is not None:
+            return s
+        total = sum(gpu_left)
+        if total == 0:
+            s = 0.0
+        else:
+            whole, terms = self._terms(model)
+            s = whole * total
+            cap = max(len(v) for v in groups.values())
+            full = [sum(1 for g in v if g == MILLI) for v in groups.values()]
+            for cpu, milli, number, p in terms:
+                if milli < MILLI:
+                    fits = 0
+                    frag = 0
+                    for g in gpu_left:
+                        if g >= milli:
+                            fits += 1
+                        else:
+                            frag += g
+                    ok = fits >= number
+                else:
+                    usable = sum(f for f in full if f >= number) if cap >= number else sum(full)
+                    ok = usable >= number
+                    frag = total - usable * MILLI
+                s += p * (frag if ok and cpu_left >= cpu else total)
+        if len(self._memo) > 2_000_000:
+            self._memo.clear()
+        self._memo[key] = s
+        return s
+
+
 def sigmoid(x: float) -> float:
     """``plugin.sigmoid`` (``plugin_utils.go``): 1 / (1 + e^-x)."""
     return 1.0 / (1.0 + math.exp(-x))
@@ -330,12 +373,21 @@ def _best_fit_gpu(node: PaperNode, t: PodType) -> int:
 
 def score_fgd(c: PaperCluster, node: PaperNode, t: PodType) -> tuple[int, int]:
     """FGD: ``fgd_score.go`` ``calculateGpuShareFragExtendScore``. Score
-    ``int(sigmoid((F_before - F_after) / 1000) * 100)`` with F from :class:`Fragmentation`;
+    ``int(sigmoid((F_before - F_after) / 1000) * 100)`` with F from :class:`Fragmentation`
+    (:meth:`Fragmentation.score_numa` when the cluster is NUMA-strict, ours);
     for a share, every GPU with room is tried and the best score wins (lowest index on ties),
     which is also the GPU the share gets (``allocateGpuIdBasedOnFGDScore``); for other pods the
     state after is ``NodeResource.Sub`` (:func:`sub_pack`)."""
     f = c.frag
-    before = f.score(node.model, node.cpu_left, node.gpu_left)
+    if c.numa_strict:
+        numa = node.numa_of_gpu
+
+        def score(cpu_left, gl):
+            return f.score_numa(node.model, cpu_left, gl, numa)
+    else:
+        def score(cpu_left, gl):
+            return f.score(node.model, cpu_left, gl)
+    before = score(node.cpu_left, node.gpu_left)
     cpu_after = node.cpu_left - t.milli_cpu
     if t.is_share:
         best, gpu = -1, -1
@@ -344,14 +396,22 @@ def score_fgd(c: PaperCluster, node: PaperNode, t: PodType) -> tuple[int, int]:
             if g >= t.milli_gpu:
                 after = list(gl)
                 after[i] -= t.milli_gpu
-                s = c.quantize(f.score(node.model, cpu_after, after) - before)
+                s = c.quantize(score(cpu_after, after) - before)
                 if gpu < 0 or s > best:
                     best, gpu = s, i
         return best, gpu
-    after = sub_pack(node.gpu_left, t)
+    if c.numa_strict and t.gpu_number:
+        ids = c.numa_fits(node, t)
+        if ids is None:
+            return -1, -1
+        after = list(node.gpu_left)
+        for i in ids:
+            after[i] = 0
+    else:
+        after = sub_pack(node.gpu_left, t)
     if after is None:
         return -1, -1
-    return c.quantize(f.score(node.model, cpu_after, after) - before), -1
+    return c.quantize(score(cpu_after, after) - before), -1
 
 
 def score_best_fit(c: PaperCluster, node: PaperNode, t: PodType) -> tuple[int, int]:
