@@ -313,7 +313,7 @@ def sub_pack(gpu_left: Sequence[int], t: PodType) -> list[int] | None:
 # the cluster model
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class PaperNode:
     """One node of :class:`PaperCluster`: capacities and what is free.
 
@@ -579,6 +579,7 @@ class PaperCluster:
         self.gpu_capacity = sum(n.gpus for n in self.nodes) * MILLI
         self.gpu_used = 0
         self.last_gpus: list[int] = []  #: GPU indices the last :meth:`place` booked
+        self._type_ids: dict[PodType, int] = {}
 
     def quantize(self, delta: float) -> int | float:
         """The score of a fragmentation growth: Go's integer score, or ``-delta`` when
@@ -654,17 +655,20 @@ class PaperCluster:
         best_gpu = -1
         cpu = t.milli_cpu
         wants_gpu = t.gpu_number > 0
+        key = self._type_ids.get(t)  # node caches are keyed by a small int, hashed fast
+        if key is None:
+            key = self._type_ids[t] = len(self._type_ids)
         for n in self.by_name:
             if n.cpu_left < cpu or n.memory_left < memory_mib:
                 continue
             cache = n.cache
-            got = cache.get(t)
+            got = cache.get(key)
             if got is None:
                 if wants_gpu and not self._gpu_fit(n, t):
                     got = (None, -1)
                 else:
                     got = fn(self, n, t)
-                cache[t] = got
+                cache[key] = got
             s = got[0]
             if s is None:
                 continue
