@@ -809,7 +809,9 @@ def _run_paper(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    summary = sp.summarize(results)
+    comparable = (Path(args.nodes).name == "openb_node_list_gpu_node.csv" and numa == "none"
+                  and args.cpu_rounding == "none")
+    summary = sp.summarize(results, paper=comparable)
     if args.json:
         print(json.dumps({"runs": results, "summary": summary, "wall_s": wall}, indent=2))
     else:

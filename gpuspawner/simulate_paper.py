@@ -277,17 +277,18 @@ def compare(rows, traces: dict[str, list[Task]], policies: Sequence[str],
     return [_job(w) for w in work]
 
 
-def summarize(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def summarize(results: Sequence[dict[str, Any]], paper: bool = True) -> list[dict[str, Any]]:
     """Per (trace, policy): mean, sample standard deviation, min and max of unallocated GPUs,
     mean allocation ratio, the median of the per-run decision p50 and the largest per-run p99,
-    the paper's mean (when published) and our difference from it in percent."""
+    the paper's mean (when published and ``paper``: the paper's runs used
+    ``openb_node_list_gpu_node.csv`` without NUMA) and our difference from it in percent."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in results:
         groups.setdefault((r["trace"], r["policy"]), []).append(r)
     out = []
     for (trace, policy), rs in groups.items():
         un = [r["unallocated_gpus"] for r in rs]
-        paper = PAPER_UNALLOCATED.get(trace, {}).get(policy)
+        ref = PAPER_UNALLOCATED.get(trace, {}).get(policy) if paper else None
         mean = statistics.fmean(un)
         out.append({
             "trace": trace, "policy": policy, "seeds": len(rs),
@@ -300,8 +301,8 @@ def summarize(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 if r["numa_aligned_fraction"] is not None]) else None),
             "decision_us_p50": statistics.median(r["decision_us_p50"] or 0 for r in rs),
             "decision_us_p99": max(r["decision_us_p99"] or 0 for r in rs),
-            "paper_mean": paper,
-            "diff_percent": None if paper is None else 100 * (mean - paper) / paper,
+            "paper_mean": ref,
+            "diff_percent": None if ref is None else 100 * (mean - ref) / ref,
             "per_seed": {r["seed"]: round(r["unallocated_gpus"], 1) for r in rs},
         })
     return out
