@@ -162,7 +162,7 @@ class FragmentationModel:
         self.free: list[int] = []  #: free milli-GPU of each interned signature
         self._score: dict[tuple[int, int], float] = {}
         self._after: dict[tuple[int, Demand], int | None] = {}
-        self._delta: dict[tuple, float | None] = {}
+        self._delta: dict[tuple, dict[tuple[int, int], float | None]] = {}
 
     def set_workload(self, workload: list[tuple[PodType, float]] | None) -> None:
         """Use a static workload (None: go back to learning it online)."""
@@ -217,9 +217,10 @@ class FragmentationModel:
         """Growth of F when a task of GPU demand ``d`` and ``cpu`` milli-CPU is placed on a node
         with signature ``sid`` and ``cpu_left`` free milli-CPU (GPUs taken the way
         :mod:`.devices` takes them, :func:`apply`); None if its GPUs do not fit."""
-        key = (sid, cpu_left, d, cpu)
+        table = self.deltas(d, cpu)
+        key = (sid, cpu_left)
         try:
-            return self._delta[key]
+            return table[key]
         except KeyError:
             pass
         akey = (sid, d)
@@ -230,9 +231,19 @@ class FragmentationModel:
                 self._after.clear()
             sig = apply(self._sigs[sid], d)
             after = self._after[akey] = None if sig is None else self.intern(sig)
-        if len(self._delta) > 1_000_000:
-            self._delta.clear()
+        if len(table) > 200_000:
+            table.clear()
         out = None if after is None else (self.score(after, cpu_left - cpu)
                                           - self.score(sid, cpu_left))
-        self._delta[key] = out
+        table[key] = out
         return out
+
+    def deltas(self, d: Demand, cpu: int) -> dict[tuple[int, int], float | None]:
+        """The cache of :meth:`delta` for one request: ``(signature id, free milli-CPU) ->
+        growth``. A policy looks there first and calls :meth:`delta` on a miss."""
+        table = self._delta.get((d, cpu))
+        if table is None:
+            if len(self._delta) > 10_000:
+                self._delta.clear()
+            table = self._delta[(d, cpu)] = {}
+        return table

@@ -127,6 +127,9 @@ def random_fit(c: ClusterView, bundle: Bundle, spill: bool,
     return None
 
 
+_MISS = object()
+
+
 def pod_type_of(bundle: Bundle) -> PodType:
     """The bundle as a fragmentation task type (:class:`~.paper.PodType`): cores x 1000
     milli-CPU, whole GPUs or a share, the allowed models."""
@@ -161,16 +164,23 @@ def fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> C
         no_fit = {}
     versions = c.versions
     scored: dict[float, list[tuple[int, int, int]]] = {}
+    table = frag.deltas(d, cpu)
+    miss = _MISS
     for key in c.buckets:
         sid, free_cores, mem_class = key
         if cores > free_cores or mib >> mem_class:
             continue
-        if no_fit.get(key, -1) == versions[key]:
+        if no_fit and no_fit.get(key, -1) == versions[key]:
             continue
-        delta = frag.delta(sid, free_cores * 1000, d, cpu)
+        delta = table.get((sid, free_cores * 1000), miss)
+        if delta is miss:
+            delta = frag.delta(sid, free_cores * 1000, d, cpu)
         if delta is not None:
             scored.setdefault(round(delta, 6), []).append(key)
-    for delta in sorted(scored):
+    if not scored:
+        return None
+    first = min(scored)  # usually the best group has room: sort the rest only when not
+    for delta in _min_first(scored, first):
         keys = scored[delta]
         if len(keys) == 1:
             states = sorted(c.buckets[keys[0]].values(), key=_name)
@@ -183,6 +193,12 @@ def fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> C
             for k in keys:
                 no_fit[k] = versions[k]
     return None
+
+
+def _min_first(scored: dict[float, list], first: float):
+    """``first``, then (only if asked for) the other keys in increasing order."""
+    yield first
+    yield from sorted(x for x in scored if x != first)
 
 
 def _name(st: NodeState) -> str:
