@@ -26,6 +26,7 @@ scored once. Units: milli-GPU, milli-CPU.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 
 from .paper import PodType, typical_pods
@@ -55,16 +56,20 @@ def _allows(models: frozenset[str], model: str) -> bool:
     return not models or model.lower() in models
 
 
-def type_fragmentation(sig: Signature, cpu_left: int, t: PodType, numa_aware: bool) -> int:
+def type_fragmentation(sig: Signature, cpu_left: int, t: PodType, numa_aware: bool,
+                       models: frozenset[str] | None = None, total: int | None = None) -> int:
     """F(n, m) in milli-GPU for a node with GPU signature ``sig`` and ``cpu_left`` free
-    milli-CPU, for task type ``t`` (module docstring)."""
-    total = 0
-    for numa in sig:
-        for _m, free, _s in numa:
-            total += free
+    milli-CPU, for task type ``t`` (module docstring). ``models`` (``t``'s allowed models, lower
+    case) and ``total`` (the node's free milli-GPU) may be passed to save recomputing them."""
+    if total is None:
+        total = 0
+        for numa in sig:
+            for _m, free, _s in numa:
+                total += free
     if total == 0 or t.milli_gpu == 0:
         return total
-    models = frozenset(x.lower() for x in t.gpu_type.split("|") if x)
+    if models is None:
+        models = frozenset(x.lower() for x in t.gpu_type.split("|") if x)
     if t.is_share:
         usable = 0
         for numa in sig:
@@ -163,6 +168,9 @@ class FragmentationModel:
         self._score: dict[tuple[int, int], float] = {}
         self._after: dict[tuple[int, Demand], int | None] = {}
         self._delta: dict[tuple, dict[tuple[int, int], float | None]] = {}
+        self._parsed_for: object = None
+        self._parsed_list: list[tuple[PodType, float, frozenset[str]]] = []
+        self._cpu_levels: list[int] = []
 
     def set_workload(self, workload: list[tuple[PodType, float]] | None) -> None:
         """Use a static workload (None: go back to learning it online)."""
@@ -172,6 +180,16 @@ class FragmentationModel:
             self.workload = typical_pods(self.counts)
         self._score.clear()
         self._delta.clear()
+
+    def _parsed(self) -> list[tuple[PodType, float, frozenset[str]]]:
+        """The workload with each type's allowed models parsed (cached per workload)."""
+        if self._parsed_for is not self.workload:
+            self._parsed_list = [(t, p, frozenset(x.lower() for x in t.gpu_type.split("|")
+                                                  if x)) for t, p in self.workload]
+            self._parsed_for = self.workload
+            self._cpu_levels = sorted({t.milli_cpu for t, _ in self.workload})
+            self._score.clear()
+        return self._parsed_list
 
     def intern(self, sig: Signature) -> int:
         """The integer id of a signature (new ids for new signatures)."""
@@ -203,14 +221,23 @@ class FragmentationModel:
 
     def score(self, sid: int, cpu_left: int) -> float:
         """F(n) in milli-GPU for signature id ``sid`` and ``cpu_left`` free milli-CPU."""
-        key = (sid, cpu_left)
+        # F depends on cpu_left only through which types' milli-CPU it reaches: key by that
+        self._parsed()
+        key = (sid, bisect_right(self._cpu_levels, cpu_left))
         s = self._score.get(key)
         if s is None:
             if len(self._score) > 1_000_000:
                 self._score.clear()
             sig = self._sigs[sid]
-            s = self._score[key] = sum(p * type_fragmentation(sig, cpu_left, t, self.numa_aware)
-                                       for t, p in self.workload)
+            total = self.free[sid]
+            if total == 0:
+                s = self._score[key] = 0.0
+                return s
+            na = self.numa_aware
+            s = self._score[key] = sum(
+                p * (total if t.milli_gpu == 0 else
+                     type_fragmentation(sig, cpu_left, t, na, models, total))
+                for t, p, models in self._parsed())
         return s
 
     def delta(self, sid: int, cpu_left: int, d: Demand, cpu: int) -> float | None:
