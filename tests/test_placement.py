@@ -415,3 +415,14 @@ def test_refusal_for_a_bundle_spanning_numa_nodes_says_how_many():
     with pytest.raises(PlacementRefused,
                        match="no node has 4 free GPU on 2 NUMA nodes; best: n1 with 3 free"):
         ledger.reserve(Bundle(cores=2, gpus=4), Owner("b"))
+
+
+def test_fgd_prefers_nodes_where_a_multi_gpu_bundle_fits_one_numa_node():
+    # on "a" 6 cores need both NUMA nodes (4 cores each); on "b" one NUMA node holds them.
+    # Fragmentation does not move on either node, so the name alone would pick "a".
+    ones = [(PodType(1000, 1000, 1), 1.0)]
+    nodes = [make_node("a", gpus=4, numa=2, cores=8), make_node("b", gpus=4, numa=2, cores=16)]
+    a = Ledger(nodes, workload=ones).reserve(Bundle(cores=6, gpus=2), Owner("u"))
+    assert a.node == "b" and len(a.mems) == 1 and a.numa_aligned
+    # a single GPU has no such preference: the name decides
+    assert Ledger(nodes, workload=ones).reserve(Bundle(cores=6, gpus=1), Owner("u")).node == "a"

@@ -28,7 +28,7 @@ import random
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from .devices import plan, quick_fit
+from .devices import min_numa_count, plan, quick_fit
 from .fragmentation import Demand, FragmentationModel
 from .model import GPU_MILLI, Bundle
 from .paper import (
@@ -146,7 +146,22 @@ def fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> C
     there; equal growths go to the smallest node name (the FGD simulator's ``selectHost``).
     Unlike the simulator's plugin (``fgd_score.go``, an integer sigmoid score) the growth is
     compared exactly. Nodes are bucketed by (GPU signature, free cores, memory class), so a
-    decision scores each bucket once, from cache while the bucket is unchanged."""
+    decision scores each bucket once, from cache while the bucket is unchanged.
+
+    NUMA (ours): an aligned bundle of >= 2 whole GPUs first considers only nodes where the
+    whole bundle (GPUs, cores, memory) fits one NUMA node, and the others only when none of
+    those has room, so its GPUs share one NUMA node whenever any node allows it."""
+    if not spill and bundle.gpus >= 2:
+        def one_numa(st: NodeState) -> bool:
+            return (ok is None or ok(st)) and min_numa_count(st, bundle) == 1
+
+        got = _fgd(c, bundle, spill, one_numa)
+        if got is not None:
+            return got
+    return _fgd(c, bundle, spill, ok)
+
+
+def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> Choice | None:
     d = demand_of(bundle, aligned=not spill)
     frag = c.frag
     cores = bundle.cores
