@@ -67,6 +67,8 @@ class _Cluster:
     shapes: dict[tuple, int] = field(default_factory=dict)
     #: node name -> GPU-affinity tag -> allocations with it (for ``gpu-clustering``)
     affinity: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: ``fgd`` compares the FGD plugin's integer score (True) or the exact growth (False)
+    quantize: bool = True
 
 
 class Ledger:

@@ -35,6 +35,7 @@ from .paper import (
     PaperNode,
     PodType,
     ScoreFn,
+    fgd_score_from_delta,
     score_best_fit,
     score_dot_product,
     score_gpu_clustering,
@@ -58,6 +59,7 @@ class ClusterView(Protocol):
     frag: FragmentationModel
     rng: random.Random
     affinity: dict[str, dict[str, int]]
+    quantize: bool
 
 
 def demand_of(bundle: Bundle, aligned: bool) -> Demand:
@@ -143,10 +145,13 @@ def pod_type_of(bundle: Bundle) -> PodType:
 def fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> Choice | None:
     """Fragmentation gradient descent: the node whose fragmentation F (:mod:`.fragmentation`,
     frag.go's definition with CPU, over the target workload) grows least when the bundle lands
-    there; equal growths go to the smallest node name (the FGD simulator's ``selectHost``).
-    Unlike the simulator's plugin (``fgd_score.go``, an integer sigmoid score) the growth is
-    compared exactly. Nodes are bucketed by (GPU signature, free cores, memory class), so a
-    decision scores each bucket once, from cache while the bucket is unchanged.
+    there, compared as the simulator's plugin does (``fgd_score.go``
+    ``calculateGpuShareFragExtendScore``: the integer score ``int(sigmoid(-growth / 1000) *
+    100)``, :func:`~.paper.fgd_score_from_delta`); equal scores go to the smallest node name
+    (the simulator's ``selectHost``). The coarse score matters: comparing exact growths left
+    far more GPUs idle in the paper method (docs/placement.md); ``ClusterView.quantize =
+    False`` compares them exactly. Nodes are bucketed by (GPU signature, free cores, memory
+    class), so a decision scores each bucket once, from cache while the bucket is unchanged.
 
     NUMA (ours): an aligned bundle of >= 2 whole GPUs first considers only nodes where the
     whole bundle (GPUs, cores, memory) fits one NUMA node, and the others only when none of
@@ -191,7 +196,8 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> 
         if delta is miss:
             delta = frag.delta(sid, free_cores * 1000, d, cpu)
         if delta is not None:
-            scored.setdefault(round(delta, 6), []).append(key)
+            scored.setdefault(-fgd_score_from_delta(delta) if c.quantize else round(delta, 6),
+                              []).append(key)
     if not scored:
         return None
     first = min(scored)  # usually the best group has room: sort the rest only when not
