@@ -24,6 +24,7 @@ from gpuspawner.placement import (
     parse_bytes,
     parse_cpu_list,
 )
+from gpuspawner.placement.paper import PodType
 from tests.factories import GiB, make_node
 
 
@@ -215,8 +216,16 @@ def test_policies_choose_differently():
 
     assert fresh("first-fit").reserve(Bundle(cores=1, gpus=1), Owner("x")).node == "a"
     assert fresh("best-fit").reserve(Bundle(cores=1, gpus=1), Owner("x")).node == "b"
+    assert fresh("pack").reserve(Bundle(cores=1, gpus=1), Owner("x")).node == "b"
+    assert fresh("gpu-packing").reserve(Bundle(cores=1, gpus=1), Owner("x")).node == "b"
     assert fresh("spread").reserve(Bundle(cores=1, gpus=1), Owner("x")).node == "a"
-    assert fresh("fgd").reserve(Bundle(cores=1, gpus=1), Owner("x")).node == "b"
+    # fgd with pairs in the workload: b's seed GPU left one GPU alone on its NUMA node (a
+    # fragment for pairs); filling it lowers F by 500, a new GPU on a would raise it by 500
+    pairs = [(PodType(1000, 1000, 2), 0.5), (PodType(1000, 1000, 1), 0.5)]
+    assert fresh("fgd", workload=pairs).reserve(Bundle(cores=1, gpus=1), Owner("x")).node == "b"
+    # with single GPUs only, every node's F stays 0: the smallest name wins
+    ones = [(PodType(1000, 1000, 1), 1.0)]
+    assert fresh("fgd", workload=ones).reserve(Bundle(cores=1, gpus=1), Owner("x")).node == "a"
     r1 = [fresh("random", seed=7).reserve(Bundle(cores=1), Owner("x")).node for _ in range(3)]
     r2 = [fresh("random", seed=7).reserve(Bundle(cores=1), Owner("x")).node for _ in range(3)]
     assert r1 == r2
@@ -230,6 +239,30 @@ def test_unknown_policy():
 def test_fgd_sends_cpu_only_work_to_cpu_nodes():
     ledger = Ledger([make_node("gpu", gpus=4), make_node("cpu", gpus=0)])
     assert ledger.reserve(Bundle(cores=2), Owner("a")).node == "cpu"
+
+
+def test_fgd_is_cpu_aware_and_ties_go_by_name():
+    # the GPU task type needs 8 cores; 10 CPU-only cores on "a-gpu" would leave 6 and turn its
+    # 2 free GPUs into a Q4 fragment (frag.go), so they go to "b-cpu" despite the name order
+    work = [(PodType(8000, 1000, 1), 0.9), (PodType(2000), 0.1)]
+    ledger = Ledger([make_node("a-gpu", gpus=2, numa=1, cores=16), make_node("b-cpu", gpus=0)],
+                    workload=work)
+    assert ledger.workload == work
+    assert ledger.reserve(Bundle(cores=10), Owner("c")).node == "b-cpu"
+    # 4 cores leave 12 >= 8 on a-gpu: F does not move on either node, the name decides
+    assert ledger.reserve(Bundle(cores=4), Owner("d")).node == "a-gpu"
+    ledger.set_workload(None)  # back to the online workload of the bundles seen
+    assert {t for t, _ in ledger.workload} <= {PodType(10000), PodType(4000)}
+
+
+def test_paper_baselines_on_the_ledger():
+    nodes = [make_node("a", gpus=4, shareable=True), make_node("b", gpus=4, shareable=True)]
+    ledger = Ledger(nodes, policy="gpu-clustering")
+    assert ledger.reserve(Bundle(cores=1, gpu_milli=300), Owner("s1")).node == "a"
+    assert ledger.reserve(Bundle(cores=1, gpus=2), Owner("w1")).node == "b"  # a holds shares
+    assert ledger.reserve(Bundle(cores=1, gpu_milli=300), Owner("s2")).node == "a"
+    ledger.set_policy("dot-product")
+    assert ledger.reserve(Bundle(cores=1, gpus=1), Owner("w2")).node == "b"  # less left
 
 
 def test_node_restriction():
@@ -382,3 +415,14 @@ def test_refusal_for_a_bundle_spanning_numa_nodes_says_how_many():
     with pytest.raises(PlacementRefused,
                        match="no node has 4 free GPU on 2 NUMA nodes; best: n1 with 3 free"):
         ledger.reserve(Bundle(cores=2, gpus=4), Owner("b"))
+
+
+def test_fgd_prefers_nodes_where_a_multi_gpu_bundle_fits_one_numa_node():
+    # on "a" 6 cores need both NUMA nodes (4 cores each); on "b" one NUMA node holds them.
+    # Fragmentation does not move on either node, so the name alone would pick "a".
+    ones = [(PodType(1000, 1000, 1), 1.0)]
+    nodes = [make_node("a", gpus=4, numa=2, cores=8), make_node("b", gpus=4, numa=2, cores=16)]
+    a = Ledger(nodes, workload=ones).reserve(Bundle(cores=6, gpus=2), Owner("u"))
+    assert a.node == "b" and len(a.mems) == 1 and a.numa_aligned
+    # a single GPU has no such preference: the name decides
+    assert Ledger(nodes, workload=ones).reserve(Bundle(cores=6, gpus=1), Owner("u")).node == "a"

@@ -28,12 +28,15 @@ from .model import (
     format_cpu_list,
     parse_cpu_list,
 )
+from .paper import PodType, typical_pods
+from .prior import LivePrior
 from .quota import Quota, QuotaTable, Usage
 from .units import format_bytes, parse_bytes
 
 __all__ = [
     "GPU", "GPU_MILLI", "NUMA_POLICIES", "POLICIES", "DEFAULT_POLICY", "Allocation", "Bundle",
-    "GPULink", "GPUShare", "InvalidBundle", "Ledger", "Node", "NumaNode", "Owner",
+    "GPULink", "GPUShare", "InvalidBundle", "Ledger", "LivePrior", "Node", "NumaNode", "Owner",
+    "PodType", "typical_pods",
     "PlacementError", "PlacementRefused", "Quota", "QuotaExceeded", "QuotaTable",
     "RestoreConflict", "RestoreReport", "UnknownAllocation", "Usage", "format_bytes",
     "format_cpu_list", "parse_bytes", "parse_cpu_list",

@@ -1,26 +1,35 @@
-"""GPU fragmentation of a node for an observed request mix, after Weng et al., "Beware of
-Fragmentation: Scheduling GPU-Sharing Workloads with Fragmentation Gradient Descent", USENIX ATC
-'23 (the FGD paper).
+"""Node fragmentation for the ledger's ``fgd`` policy: the definition of the FGD simulator's
+``pkg/utils/frag.go`` (``NodeGpuShareFragAmountScore``; Weng et al., "Beware of Fragmentation:
+Scheduling GPU-Sharing Workloads with Fragmentation Gradient Descent", USENIX ATC '23),
+generalised to the ledger's nodes (several GPU models per node, exclusive GPUs, NUMA).
 
-For one task type *m* the fragmentation F(n, m) of node *n* is the free GPU capacity of *n* that
-*m* cannot use: all of it when *m* does not fit on *n*; otherwise the free milli-GPU of the GPUs
-that cannot serve *m* (a partly used GPU for a whole-GPU task, a GPU with less room than the
-share for a sharing task, a GPU of another model). The node's fragmentation for the workload is
-the expectation over the task mix, F(n) = sum_m p_m F(n, m). FGD places a task on the node whose
-F grows least.
+For a node *n* and the target workload, a list of typical task types *m* with frequencies *p*
+(:func:`~.paper.typical_pods`), F(n) = sum_m p_m F(n, m) in milli-GPU, where F(n, m) is:
 
-Our addition: NUMA. A whole-GPU task whose GPUs fit on one NUMA node of *n* and that asks for
-alignment can use only the free GPUs of NUMA nodes that hold enough of them, so free GPUs
-stranded alone on a NUMA node count as fragments for it. Scores are computed on the node's GPU
-*signature* (:attr:`~.state.NodeState.sig`), so equal nodes are scored once.
+* all free milli-GPU of *n* when *m* asks for no GPU (frag.go's ``XLSatisfied``/``XRLackCPU``
+  count, as ``FragAmountSumExceptQ3`` keeps them), when *m* does not fit *n*'s free GPUs
+  (``Q1``/``Q2``, and ``NoAccess`` for a model *m* does not allow) or when it fits them but not
+  *n*'s free CPU (``Q4LackCpu``);
+* otherwise (``Q3Satisfied``) the free milli-GPU of the GPUs that cannot serve *m*: a GPU with
+  less free than *m*'s share (frag.go ``GetGpuFragMilliByNodeResAndPodRes``), and (our
+  generalisation) a GPU of a model *m* does not allow or, for a share, an exclusive GPU.
 
-Units: milli-GPU throughout (1000 = one whole GPU).
+**NUMA (ours):** with ``numa_aware``, a whole-GPU type of k GPUs that fits one NUMA node of *n*
+(some NUMA node holds k allowed GPUs) can use only the free GPUs of NUMA nodes that have k free
+ones, so free GPUs stranded on the other NUMA nodes are fragment for it and it does not fit
+when no NUMA node has k free. This is what ``strict`` placement needs.
+
+CPU is the node's free logical CPUs x 1000 (the ledger books whole CPUs). Scores are computed on
+the node's GPU *signature* (:attr:`~.state.NodeState.sig`) and free CPU, so equal nodes are
+scored once. Units: milli-GPU, milli-CPU.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from bisect import bisect_right
 from dataclasses import dataclass
+
+from .paper import PodType, typical_pods
 
 GPU_MILLI = 1000
 
@@ -43,39 +52,53 @@ class Demand:
         return not self.models or model.lower() in self.models
 
 
-def fragmentation(sig: Signature, d: Demand) -> int:
-    """F(n, m) in milli-GPU for a node with GPU signature ``sig`` and task type ``d``."""
-    total_free = 0
-    usable = 0
-    if d.gpus:
-        per_numa = []
+def _allows(models: frozenset[str], model: str) -> bool:
+    return not models or model.lower() in models
+
+
+def type_fragmentation(sig: Signature, cpu_left: int, t: PodType, numa_aware: bool,
+                       models: frozenset[str] | None = None, total: int | None = None) -> int:
+    """F(n, m) in milli-GPU for a node with GPU signature ``sig`` and ``cpu_left`` free
+    milli-CPU, for task type ``t`` (module docstring). ``models`` (``t``'s allowed models, lower
+    case) and ``total`` (the node's free milli-GPU) may be passed to save recomputing them."""
+    if total is None:
+        total = 0
         for numa in sig:
-            n_full = 0
-            for model, free, _share in numa:
-                total_free += free
-                if free == GPU_MILLI and d.allows(model):
-                    n_full += 1
-            per_numa.append(n_full)
-        if d.aligned:
-            cap = max((sum(1 for model, _f, _s in numa if d.allows(model)) for numa in sig),
-                      default=0)
-            if cap >= d.gpus:  # fits one NUMA node: only NUMA nodes with enough free GPUs count
-                usable = sum(n for n in per_numa if n >= d.gpus)
-            else:
-                usable = sum(per_numa)
-        else:
-            usable = sum(per_numa)
-        if usable < d.gpus:
-            return total_free
-        return total_free - usable * GPU_MILLI
+            for _m, free, _s in numa:
+                total += free
+    if total == 0 or t.milli_gpu == 0:
+        return total
+    if models is None:
+        models = frozenset(x.lower() for x in t.gpu_type.split("|") if x)
+    if t.is_share:
+        usable = 0
+        for numa in sig:
+            for model, free, share in numa:
+                if share and free >= t.milli_gpu and _allows(models, model):
+                    usable += free
+        if usable == 0 or cpu_left < t.milli_cpu:
+            return total
+        return total - usable
+    k = t.gpu_number
+    per = []
+    cap = 0
     for numa in sig:
-        for model, free, share in numa:
-            total_free += free
-            if share and free >= d.milli and d.allows(model):
-                usable += free
-    if usable == 0:
-        return total_free
-    return total_free - usable
+        n_full = 0
+        n_allowed = 0
+        for model, free, _s in numa:
+            if _allows(models, model):
+                n_allowed += 1
+                if free == GPU_MILLI:
+                    n_full += 1
+        per.append(n_full)
+        cap = max(cap, n_allowed)
+    if numa_aware and cap >= k:
+        usable = sum(n for n in per if n >= k)
+    else:
+        usable = sum(per)
+    if usable < k or cpu_left < t.milli_cpu:
+        return total
+    return total - usable * GPU_MILLI
 
 
 def apply(sig: Signature, d: Demand) -> Signature | None:
@@ -118,32 +141,55 @@ def apply(sig: Signature, d: Demand) -> Signature | None:
 
 
 class FragmentationModel:
-    """Expected fragmentation over the observed request mix, with caches.
+    """F(n) = sum_m p_m F(n, m) over a target workload, with caches (module docstring).
 
-    Signatures are interned to small integer ids (:meth:`intern`) so that a decision hashes
-    ints, not nested tuples. The mix is the count of GPU task types seen by :meth:`observe`
-    (the ``top`` most frequent types). Weights are recomputed after 16, 32, 64, ...
-    observations, then every ``refresh_every``, and adopted only when they moved by more than
-    ``tolerance`` in L1 distance: a new weighting invalidates every cached score, so it is
-    adopted rarely, and a decision's cost does not grow with the number of nodes.
+    The workload is a static prior given to :meth:`set_workload` (``[(PodType, frequency)]``,
+    e.g. :func:`~.paper.typical_pods` of a trace or :class:`~.prior.LivePrior`'s output). Until
+    one is given, the model learns one online: every bundle the ledger sees is counted
+    (:meth:`observe`, CPU-only ones included) and the typical pods of those counts (95 % of
+    them, frag.go's rule) become the workload after 16, 32, 64, ... and then every
+    ``refresh_every`` observations. A new workload clears the score caches.
+
+    Signatures are interned to small integer ids (:meth:`intern`).
     """
 
-    def __init__(self, top: int = 8, refresh_every: int = 512, tolerance: float = 0.1,
-                 prior: dict[Demand, int] | None = None) -> None:
-        self.top = top
+    def __init__(self, workload: list[tuple[PodType, float]] | None = None,
+                 numa_aware: bool = True, refresh_every: int = 512) -> None:
+        self.numa_aware = numa_aware
         self.refresh_every = refresh_every
-        self.tolerance = tolerance
-        self.counts: Counter[Demand] = Counter(prior or {})
+        self.static = workload is not None
+        self.counts: dict[PodType, float] = {}
         self._since = 0
         self._next_refresh = 16
-        self._weights: dict[Demand, float] = {}
+        self.workload: list[tuple[PodType, float]] = list(workload or [])
         self._ids: dict[Signature, int] = {}
         self._sigs: list[Signature] = []
         self.free: list[int] = []  #: free milli-GPU of each interned signature
-        self._score: dict[int, float] = {}
+        self._score: dict[tuple[int, int], float] = {}
         self._after: dict[tuple[int, Demand], int | None] = {}
-        self._delta: dict[Demand, dict[int, float | None]] = {}
-        self._reweight(force=True)
+        self._delta: dict[tuple, dict[tuple[int, int], float | None]] = {}
+        self._parsed_for: object = None
+        self._parsed_list: list[tuple[PodType, float, frozenset[str]]] = []
+        self._cpu_levels: list[int] = []
+
+    def set_workload(self, workload: list[tuple[PodType, float]] | None) -> None:
+        """Use a static workload (None: go back to learning it online)."""
+        self.static = workload is not None
+        self.workload = list(workload or [])
+        if workload is None:
+            self.workload = typical_pods(self.counts)
+        self._score.clear()
+        self._delta.clear()
+
+    def _parsed(self) -> list[tuple[PodType, float, frozenset[str]]]:
+        """The workload with each type's allowed models parsed (cached per workload)."""
+        if self._parsed_for is not self.workload:
+            self._parsed_list = [(t, p, frozenset(x.lower() for x in t.gpu_type.split("|")
+                                                  if x)) for t, p in self.workload]
+            self._parsed_for = self.workload
+            self._cpu_levels = sorted({t.milli_cpu for t, _ in self.workload})
+            self._score.clear()
+        return self._parsed_list
 
     def intern(self, sig: Signature) -> int:
         """The integer id of a signature (new ids for new signatures)."""
@@ -158,61 +204,73 @@ class FragmentationModel:
         """The signature of an id."""
         return self._sigs[sid]
 
-    def _reweight(self, force: bool = False) -> None:
-        self._since = 0
-        common = self.counts.most_common(self.top)
-        total = sum(c for _, c in common)
-        weights = {d: c / total for d, c in common} if total else {}
-        if not force:
-            keys = weights.keys() | self._weights.keys()
-            moved = sum(abs(weights.get(d, 0.0) - self._weights.get(d, 0.0)) for d in keys)
-            if moved <= self.tolerance:
-                return
-        self._weights = weights
-        self._score.clear()
-        self._delta.clear()
-
-    def observe(self, d: Demand) -> None:
-        """Count one arriving GPU request (CPU-only ones are not part of the GPU mix)."""
-        if not (d.gpus or d.milli):
+    def observe(self, t: PodType) -> None:
+        """Count one arriving request (used while no static workload is set)."""
+        self.counts[t] = self.counts.get(t, 0) + 1
+        if self.static:
             return
-        self.counts[d] += 1
         self._since += 1
         if self._since >= self._next_refresh:
+            self._since = 0
             self._next_refresh = min(self.refresh_every, self._next_refresh * 2)
-            self._reweight()
+            new = typical_pods(self.counts)
+            if new != self.workload:
+                self.workload = new
+                self._score.clear()
+                self._delta.clear()
 
-    def score(self, sid: int) -> float:
-        """F(n) = sum_m p_m F(n, m) of a signature id, milli-GPU."""
-        s = self._score.get(sid)
+    def score(self, sid: int, cpu_left: int) -> float:
+        """F(n) in milli-GPU for signature id ``sid`` and ``cpu_left`` free milli-CPU."""
+        # F depends on cpu_left only through which types' milli-CPU it reaches: key by that
+        self._parsed()
+        key = (sid, bisect_right(self._cpu_levels, cpu_left))
+        s = self._score.get(key)
         if s is None:
+            if len(self._score) > 1_000_000:
+                self._score.clear()
             sig = self._sigs[sid]
-            s = self._score[sid] = sum(p * fragmentation(sig, d)
-                                       for d, p in self._weights.items())
+            total = self.free[sid]
+            if total == 0:
+                s = self._score[key] = 0.0
+                return s
+            na = self.numa_aware
+            s = self._score[key] = sum(
+                p * (total if t.milli_gpu == 0 else
+                     type_fragmentation(sig, cpu_left, t, na, models, total))
+                for t, p, models in self._parsed())
         return s
 
-    def deltas(self, d: Demand) -> dict[int, float | None]:
-        """The cache of :meth:`delta` results for one demand: signature id -> delta. Look up
-        there first and call :meth:`delta` on a miss (what the ``fgd`` policy does per bucket)."""
-        table = self._delta.get(d)
-        if table is None:
-            table = self._delta[d] = {}
-        return table
-
-    def delta(self, sid: int, d: Demand) -> float | None:
-        """Growth of F when ``d`` is placed on a node with signature ``sid``; None if it
-        cannot fit there."""
-        table = self.deltas(d)
-        if sid in table:
-            return table[sid]
-        key = (sid, d)
-        if key in self._after:
-            after = self._after[key]
+    def delta(self, sid: int, cpu_left: int, d: Demand, cpu: int) -> float | None:
+        """Growth of F when a task of GPU demand ``d`` and ``cpu`` milli-CPU is placed on a node
+        with signature ``sid`` and ``cpu_left`` free milli-CPU (GPUs taken the way
+        :mod:`.devices` takes them, :func:`apply`); None if its GPUs do not fit."""
+        table = self.deltas(d, cpu)
+        key = (sid, cpu_left)
+        try:
+            return table[key]
+        except KeyError:
+            pass
+        akey = (sid, d)
+        if akey in self._after:
+            after = self._after[akey]
         else:
             if len(self._after) > 500_000:
                 self._after.clear()
             sig = apply(self._sigs[sid], d)
-            after = self._after[key] = None if sig is None else self.intern(sig)
-        out = None if after is None else self.score(after) - self.score(sid)
-        table[sid] = out
+            after = self._after[akey] = None if sig is None else self.intern(sig)
+        if len(table) > 200_000:
+            table.clear()
+        out = None if after is None else (self.score(after, cpu_left - cpu)
+                                          - self.score(sid, cpu_left))
+        table[key] = out
         return out
+
+    def deltas(self, d: Demand, cpu: int) -> dict[tuple[int, int], float | None]:
+        """The cache of :meth:`delta` for one request: ``(signature id, free milli-CPU) ->
+        growth``. A policy looks there first and calls :meth:`delta` on a miss."""
+        table = self._delta.get((d, cpu))
+        if table is None:
+            if len(self._delta) > 10_000:
+                self._delta.clear()
+            table = self._delta[(d, cpu)] = {}
+        return table

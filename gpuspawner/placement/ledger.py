@@ -26,7 +26,9 @@ from .errors import (
 )
 from .fragmentation import FragmentationModel
 from .model import GPU_MILLI, Allocation, Bundle, GPUShare, Node, Owner, now
-from .policies import DEFAULT_POLICY, POLICIES, demand_of, get_policy
+from .paper import PodType
+from .policies import DEFAULT_POLICY, POLICIES, get_policy, pod_type_of
+from .prior import LivePrior
 from .quota import QuotaTable, Usage
 from .state import NodeState, Plan
 from .units import format_bytes
@@ -36,6 +38,16 @@ __all__ = ["Ledger", "POLICIES", "DEFAULT_POLICY"]
 
 def _usage(a: Allocation) -> Usage:
     return Usage(a.total_gpu_milli, len(a.cpuset), a.memory_bytes, a.disk_bytes, 1)
+
+
+def _affinity_tag(a: Allocation) -> str:
+    """The GPU-affinity tag of an allocation (``GetGpuAffinityFromPodAnnotation``): "" for no
+    GPU, ``share`` for a share of one GPU, ``<n>-gpu`` for n whole GPUs."""
+    if not a.gpus:
+        return ""
+    if len(a.gpus) == 1 and a.gpus[0].milli < GPU_MILLI:
+        return "share"
+    return f"{len(a.gpus)}-gpu"
 
 
 def _bundle_usage(b: Bundle) -> Usage:
@@ -53,6 +65,10 @@ class _Cluster:
     #: bundle shape id -> {bucket key: version at which no node of it fitted}
     no_fit: dict[int, dict[tuple[int, int, int], int]] = field(default_factory=dict)
     shapes: dict[tuple, int] = field(default_factory=dict)
+    #: node name -> GPU-affinity tag -> allocations with it (for ``gpu-clustering``)
+    affinity: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: ``fgd`` compares the FGD plugin's integer score (True) or the exact growth (False)
+    quantize: bool = True
 
 
 class Ledger:
@@ -64,6 +80,15 @@ class Ledger:
         quotas: user and group quotas; None = no quotas.
         seed: seed of the ``random`` policy's generator.
         clock: returns seconds since the epoch (``Allocation.created``).
+        workload: the target workload of ``fgd``, ``[(PodType, frequency)]`` (e.g.
+            :func:`~.paper.typical_pods` or :meth:`~.prior.LivePrior.workload`); None = learn
+            it from the bundles this ledger sees (see
+            :class:`~.fragmentation.FragmentationModel`).
+        prior: a :class:`~.prior.LivePrior` to feed: every granted bundle and every restored
+            allocation is recorded in it, and ``fgd``'s workload is re-read from it every
+            ``prior_refresh_s`` seconds of ``clock`` (at the first reservation too); ignored
+            when ``workload`` is given.
+        prior_refresh_s: see ``prior``.
 
     Raises:
         ValueError: duplicate node names or an unknown policy.
@@ -71,13 +96,18 @@ class Ledger:
 
     def __init__(self, nodes: Iterable[Node], policy: str = DEFAULT_POLICY, *,
                  quotas: QuotaTable | None = None, seed: int | None = None,
-                 clock: Callable[[], float] = now) -> None:
+                 clock: Callable[[], float] = now,
+                 workload: list[tuple[PodType, float]] | None = None,
+                 prior: LivePrior | None = None, prior_refresh_s: float = 3600.0) -> None:
         self._lock = threading.RLock()
         self.policy_name = policy
         self._policy = get_policy(policy)
         self.quotas = quotas or QuotaTable()
         self._clock = clock
-        self._c = _Cluster(rng=random.Random(seed))
+        self._c = _Cluster(rng=random.Random(seed), frag=FragmentationModel(workload))
+        self.prior = prior if workload is None else None
+        self._prior_refresh_s = prior_refresh_s
+        self._prior_read: float | None = None
         self._by_name: dict[str, NodeState] = {}
         self._allocs: dict[str, Allocation] = {}
         self._by_owner: dict[tuple[str, str], str] = {}
@@ -109,6 +139,17 @@ class Ledger:
     def nodes(self) -> list[Node]:
         """All nodes, in configuration order."""
         return [st.node for st in self._c.states]
+
+    def set_workload(self, workload: list[tuple[PodType, float]] | None) -> None:
+        """Set the target workload of ``fgd`` (``[(PodType, frequency)]``, frequencies summing
+        to 1), e.g. ``LivePrior.workload()`` once a day; None = learn it online again."""
+        with self._lock:
+            self._c.frag.set_workload(workload)
+
+    @property
+    def workload(self) -> list[tuple[PodType, float]]:
+        """The target workload ``fgd`` uses now."""
+        return list(self._c.frag.workload)
 
     def set_policy(self, name: str) -> None:
         """Switch the node-selection policy. Raises ValueError for an unknown name."""
@@ -239,7 +280,12 @@ class Ledger:
                     f"{self._by_owner[key]}; release it first")
             self.quotas.check(owner.user, owner.groups, _bundle_usage(bundle),
                               self.usage(owner.user), self._group_used)
-            self._c.frag.observe(demand_of(bundle, bundle.numa_policy != "none"))
+            self._c.frag.observe(pod_type_of(bundle))
+            if self.prior is not None:
+                t = self._clock()
+                if self._prior_read is None or t - self._prior_read >= self._prior_refresh_s:
+                    self._prior_read = t
+                    self._c.frag.set_workload(self.prior.workload(t))
             choice = None
             if bundle.numa_policy != "none":
                 choice = self._policy(self._c, bundle, False, ok)
@@ -253,6 +299,8 @@ class Ledger:
             st, p = choice
             alloc = self._allocation(bundle, owner, st, p)
             self._book(st, alloc)
+            if self.prior is not None:
+                self.prior.record_bundle(bundle, alloc.created)
             return alloc
 
     def _allocation(self, bundle: Bundle, owner: Owner, st: NodeState, p: Plan) -> Allocation:
@@ -272,16 +320,21 @@ class Ledger:
         self._rebucket(st, old, grew=False)
         self._allocs[alloc.id] = alloc
         self._by_owner[(alloc.owner.user, alloc.owner.server)] = alloc.id
+        tag = _affinity_tag(alloc)
+        if tag:
+            aff = self._c.affinity.setdefault(alloc.node, {})
+            aff[tag] = aff.get(tag, 0) + 1
         u = _usage(alloc)
         self._user_used[alloc.owner.user] = self.usage(alloc.owner.user) + u
         for g in alloc.owner.groups:
             self._group_used[g] = self.group_usage(g) + u
 
     def _bucket_key(self, st: NodeState) -> tuple[int, int, int]:
-        """(GPU signature id, free-cores class, free-memory class); a class is the bit length
-        of the free amount (cores; MiB), so class c holds amounts in [2**(c-1), 2**c - 1] and
-        the ``fgd`` policy can skip a whole bucket whose nodes are all too small."""
-        return (self._c.frag.intern(st.sig), st.free_cpu_count().bit_length(),
+        """(GPU signature id, free cores, free-memory class); the class is the bit length of
+        the free MiB, so class c holds amounts in [2**(c-1), 2**c - 1] and the ``fgd`` policy
+        can skip a whole bucket whose nodes are all too small. Free cores are exact: the
+        fragmentation depends on them (a task type that no longer fits the CPU)."""
+        return (self._c.frag.intern(st.sig), st.free_cpu_count(),
                 (st.free_memory() >> 20).bit_length())
 
     def _rebucket(self, st: NodeState, old: tuple[int, int, int] | None = None,
@@ -318,6 +371,12 @@ class Ledger:
             st.unbook(alloc)
             self._rebucket(st, old)
             self._by_owner.pop((alloc.owner.user, alloc.owner.server), None)
+            tag = _affinity_tag(alloc)
+            aff = self._c.affinity.get(alloc.node, {})
+            if tag in aff:
+                aff[tag] -= 1
+                if not aff[tag]:
+                    del aff[tag]
             u = _usage(alloc)
             self._user_used[alloc.owner.user] = self.usage(alloc.owner.user) - u
             if self._user_used[alloc.owner.user] == Usage():
@@ -363,6 +422,8 @@ class Ledger:
                     report.conflicts.append(RestoreConflict(alloc.id, who, problem))
                     continue
                 self._book(self._by_name[alloc.node], alloc)
+                if self.prior is not None:
+                    self.prior.record_allocation(alloc)
                 report.restored.append(alloc.id)
         return report
 

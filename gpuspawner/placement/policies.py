@@ -4,20 +4,22 @@
 Policies, selectable by name (``POLICIES``):
 
 ``fgd`` (default)
-    Fragmentation gradient descent (Weng et al., "Beware of Fragmentation: Scheduling
-    GPU-Sharing Workloads with Fragmentation Gradient Descent", USENIX ATC '23): the node whose
-    expected GPU fragmentation for the observed request mix grows least; ties go to the node
-    with the least free GPU capacity (packing), CPU-only bundles thereby to nodes without free
-    GPUs. Nodes are grouped by GPU signature, so a decision costs O(distinct signatures), not
-    O(nodes).
+    Fragmentation gradient descent (Weng et al., "Beware of Fragmentation", USENIX ATC '23;
+    simulator ``pkg/simulator/plugin/fgd_score.go``): the node whose fragmentation
+    (:mod:`.fragmentation`: frag.go's definition, CPU included, NUMA-aware) over the target
+    workload grows least; ties to the smallest node name.
+``best-fit``, ``dot-product``, ``gpu-packing``, ``gpu-clustering``, ``random``
+    The paper's baselines, scored as in :mod:`.paper` (highest score, ties by node name;
+    ``random`` uniform among nodes that fit, seeded).
 ``first-fit``
     The first node, in configuration order, that fits.
-``best-fit``
-    Pack: the node left with the least free GPU capacity, then cores, then memory.
 ``spread``
     The node with the most free capacity of what the bundle asks for most.
-``random``
-    A uniformly random node among those that fit (seeded).
+``pack``
+    Our earlier best fit: least free GPU, then cores, then memory left, as fractions.
+
+A policy gets the cluster view, the bundle, whether NUMA spill is allowed and an optional node
+filter, and returns ``(node state, device plan)`` or None.
 """
 
 from __future__ import annotations
@@ -26,9 +28,19 @@ import random
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from .devices import plan, quick_fit
+from .devices import min_numa_count, plan, quick_fit
 from .fragmentation import Demand, FragmentationModel
 from .model import GPU_MILLI, Bundle
+from .paper import (
+    PaperNode,
+    PodType,
+    ScoreFn,
+    fgd_score_from_delta,
+    score_best_fit,
+    score_dot_product,
+    score_gpu_clustering,
+    score_gpu_packing,
+)
 from .state import NodeState, Plan
 
 Choice = tuple[NodeState, Plan]
@@ -46,6 +58,8 @@ class ClusterView(Protocol):
     shapes: dict[tuple, int]
     frag: FragmentationModel
     rng: random.Random
+    affinity: dict[str, dict[str, int]]
+    quantize: bool
 
 
 def demand_of(bundle: Bundle, aligned: bool) -> Demand:
@@ -81,7 +95,8 @@ def _left(st: NodeState, bundle: Bundle) -> tuple[float, float, float]:
 
 
 def best_fit(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> Choice | None:
-    """Pack: least free capacity left (GPU, then cores, then memory, as fractions)."""
+    """``pack`` (our best fit before the paper's): least free capacity left (GPU, then cores,
+    then memory, as fractions), ties by configuration order."""
     fits = [st for st in c.states if (ok is None or ok(st)) and quick_fit(st, bundle)]
     fits.sort(key=lambda st: (_left(st, bundle), st.order))
     return _try(fits, bundle, spill, None)
@@ -117,17 +132,46 @@ def random_fit(c: ClusterView, bundle: Bundle, spill: bool,
 _MISS = object()
 
 
+def pod_type_of(bundle: Bundle) -> PodType:
+    """The bundle as a fragmentation task type (:class:`~.paper.PodType`): cores x 1000
+    milli-CPU, whole GPUs or a share, the allowed models."""
+    if bundle.gpus:
+        return PodType(bundle.cores * 1000, GPU_MILLI, bundle.gpus, "|".join(bundle.gpu_models))
+    if bundle.gpu_milli:
+        return PodType(bundle.cores * 1000, bundle.gpu_milli, 1, "|".join(bundle.gpu_models))
+    return PodType(bundle.cores * 1000)
+
+
 def fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> Choice | None:
-    """Fragmentation gradient descent over GPU-signature buckets (see module docstring)."""
+    """Fragmentation gradient descent: the node whose fragmentation F (:mod:`.fragmentation`,
+    frag.go's definition with CPU, over the target workload) grows least when the bundle lands
+    there, compared as the simulator's plugin does (``fgd_score.go``
+    ``calculateGpuShareFragExtendScore``: the integer score ``int(sigmoid(-growth / 1000) *
+    100)``, :func:`~.paper.fgd_score_from_delta`); equal scores go to the smallest node name
+    (the simulator's ``selectHost``). The coarse score matters: comparing exact growths left
+    far more GPUs idle in the paper method (docs/placement.md); ``ClusterView.quantize =
+    False`` compares them exactly. Nodes are bucketed by (GPU signature, free cores, memory
+    class), so a decision scores each bucket once, from cache while the bucket is unchanged.
+
+    NUMA (ours): an aligned bundle of >= 2 whole GPUs first considers only nodes where the
+    whole bundle (GPUs, cores, memory) fits one NUMA node, and the others only when none of
+    those has room, so its GPUs share one NUMA node whenever any node allows it."""
+    if not spill and bundle.gpus >= 2:
+        def one_numa(st: NodeState) -> bool:
+            return (ok is None or ok(st)) and min_numa_count(st, bundle) == 1
+
+        got = _fgd(c, bundle, spill, one_numa)
+        if got is not None:
+            return got
+    return _fgd(c, bundle, spill, ok)
+
+
+def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> Choice | None:
     d = demand_of(bundle, aligned=not spill)
     frag = c.frag
-    free = frag.free
-    table = frag.deltas(d)
-    miss = _MISS
-    # a bucket's nodes have fewer than 2**cpu_class free cores and 2**mem_class free MiB
     cores = bundle.cores
+    cpu = cores * 1000
     mib = bundle.memory_bytes >> 20
-    # buckets where this very bundle shape found no room, unchanged since (fill: no release)
     if ok is None:
         shape = c.shapes.get((bundle, spill))
         if shape is None:
@@ -139,35 +183,114 @@ def fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> C
     else:
         no_fit = {}
     versions = c.versions
-    scored = []
+    scored: dict[float, list[tuple[int, int, int]]] = {}
+    table = frag.deltas(d, cpu)
+    miss = _MISS
     for key in c.buckets:
-        sid, cpu_class, mem_class = key
-        if cores >> cpu_class or mib >> mem_class:
+        sid, free_cores, mem_class = key
+        if cores > free_cores or mib >> mem_class:
             continue
-        if no_fit.get(key, -1) == versions[key]:
+        if no_fit and no_fit.get(key, -1) == versions[key]:
             continue
-        delta = table.get(sid, miss)
+        delta = table.get((sid, free_cores * 1000), miss)
         if delta is miss:
-            delta = frag.delta(sid, d)
+            delta = frag.delta(sid, free_cores * 1000, d, cpu)
         if delta is not None:
-            scored.append((delta, free[sid], -cpu_class, key))
+            scored.setdefault(-fgd_score_from_delta(delta) if c.quantize else round(delta, 6),
+                              []).append(key)
     if not scored:
         return None
-    # usually the best bucket has room: find it in one pass, sort only when it does not
-    first = min(scored)
-    got = _try(c.buckets[first[3]].values(), bundle, spill, ok)
-    if got is not None:
-        return got
-    if ok is None:
-        no_fit[first[3]] = versions[first[3]]
-    scored.sort()
-    for _delta, _free, _cls, key in scored[1:]:
-        got = _try(c.buckets[key].values(), bundle, spill, ok)
+    first = min(scored)  # usually the best group has room: sort the rest only when not
+    for delta in _min_first(scored, first):
+        keys = scored[delta]
+        if len(keys) == 1:
+            states = sorted(c.buckets[keys[0]].values(), key=_name)
+        else:
+            states = sorted((st for k in keys for st in c.buckets[k].values()), key=_name)
+        got = _try(states, bundle, spill, ok)
         if got is not None:
             return got
         if ok is None:
-            no_fit[key] = versions[key]
+            for k in keys:
+                no_fit[k] = versions[k]
     return None
+
+
+def _min_first(scored: dict[float, list], first: float):
+    """``first``, then (only if asked for) the other keys in increasing order."""
+    yield first
+    yield from sorted(x for x in scored if x != first)
+
+
+def _name(st: NodeState) -> str:
+    return st.name
+
+
+# -- the FGD paper's baselines on the ledger: the same scores as .paper, on whole cores ------
+
+
+def _paper_view(st: NodeState) -> PaperNode:
+    """A :class:`~.paper.PaperNode` view of a node (free cores x 1000 milli-CPU, memory MiB,
+    free milli-GPU per GPU, the first GPU's model, GPU-affinity tags of its allocations)."""
+    n = PaperNode(st.name, st.node.gpus[0].model if st.node.gpus else "",
+                  st.node.cpu_count * 1000, st.node.memory_bytes >> 20, len(st.node.gpus))
+    n.cpu_left = st.free_cpu_count() * 1000
+    n.memory_left = st.free_memory() >> 20
+    n.gpu_left = [GPU_MILLI - st.gpu_used[g.uuid] for g in st.node.gpus]
+    return n
+
+
+def _scored(fn: ScoreFn, c: ClusterView, bundle: Bundle, spill: bool,
+            ok: NodeFilter | None) -> Choice | None:
+    """Highest score first, ties by node name (``selectHost``), the first that fits."""
+    t = pod_type_of(bundle)
+    fits = [st for st in c.states if (ok is None or ok(st)) and quick_fit(st, bundle)]
+    shim = _PaperShim(c)
+    keyed = []
+    for st in fits:
+        view = _paper_view(st)
+        view.affinity = c.affinity.get(st.name, {})
+        keyed.append((-fn(shim, view, t)[0], st.name, st))
+    keyed.sort(key=lambda x: (x[0], x[1]))
+    return _try([st for _s, _n, st in keyed], bundle, spill, None)
+
+
+class _PaperShim:
+    """What the paper's score functions read from their cluster (``rng``, ``frag``)."""
+
+    def __init__(self, c: ClusterView) -> None:
+        self.rng = c.rng
+        self.frag = None
+
+    @staticmethod
+    def quantize(delta: float) -> int:  # pragma: no cover - fgd is not scored through here
+        return int(-delta)
+
+
+def best_fit_paper(c: ClusterView, bundle: Bundle, spill: bool,
+                   ok: NodeFilter | None) -> Choice | None:
+    """The paper's BestFit (:func:`~.paper.score_best_fit`, ``best_fit_score.go``): CPU and
+    GPU left over, weighted 0.5 each, normalised by 128 CPUs and 8 GPUs."""
+    return _scored(score_best_fit, c, bundle, spill, ok)
+
+
+def dot_product(c: ClusterView, bundle: Bundle, spill: bool,
+                ok: NodeFilter | None) -> Choice | None:
+    """The paper's DotProd (:func:`~.paper.score_dot_product`, ``dot_product_score.go``)."""
+    return _scored(score_dot_product, c, bundle, spill, ok)
+
+
+def gpu_packing(c: ClusterView, bundle: Bundle, spill: bool,
+                ok: NodeFilter | None) -> Choice | None:
+    """The paper's GpuPacking (:func:`~.paper.score_gpu_packing`, ``gpu_packing_score.go``)."""
+    return _scored(score_gpu_packing, c, bundle, spill, ok)
+
+
+def gpu_clustering(c: ClusterView, bundle: Bundle, spill: bool,
+                   ok: NodeFilter | None) -> Choice | None:
+    """The paper's GpuClustering (:func:`~.paper.score_gpu_clustering`,
+    ``gpu_clustering_score.go``); GPU-affinity tags come from the node's allocations."""
+    return _scored(score_gpu_clustering, c, bundle, spill, ok)
 
 
 PolicyFn = Callable[[ClusterView, Bundle, bool, "NodeFilter | None"], "Choice | None"]
@@ -175,10 +298,17 @@ PolicyFn = Callable[[ClusterView, Bundle, bool, "NodeFilter | None"], "Choice | 
 POLICIES: dict[str, PolicyFn] = {
     "fgd": fgd,
     "first-fit": first_fit,
-    "best-fit": best_fit,
+    "best-fit": best_fit_paper,
+    "dot-product": dot_product,
+    "gpu-packing": gpu_packing,
+    "gpu-clustering": gpu_clustering,
     "spread": spread,
     "random": random_fit,
+    "pack": best_fit,
 }
+
+#: old names kept working
+ALIASES: dict[str, str] = {}
 
 DEFAULT_POLICY = "fgd"
 
@@ -190,7 +320,7 @@ def get_policy(name: str) -> PolicyFn:
         ValueError: unknown name (the message lists the known ones).
     """
     try:
-        return POLICIES[name]
+        return POLICIES[ALIASES.get(name, name)]
     except KeyError:
         raise ValueError(f"unknown placement policy {name!r}; choose one of "
                          f"{', '.join(POLICIES)}") from None

@@ -1,0 +1,333 @@
+"""``gpuspawner simulate --method paper``: the FGD paper's experiment, on
+:mod:`gpuspawner.placement.paper`'s milli-CPU cluster model.
+
+Method (Weng et al., "Beware of Fragmentation", USENIX ATC '23, section 6, as its simulator
+github.com/hkust-adsl/kubernetes-scheduler-simulator runs it):
+
+1. The target workload of ``fgd`` is the typical pods of the *whole* pod list
+   (:func:`~gpuspawner.placement.paper.typical_pods`: 95 % of pods, CPU-only types included,
+   weighted by count): ``Simulator.SetTypicalPods`` runs before the workload is tuned.
+2. The workload is tuned to 130 % of the cluster's GPU capacity
+   (``Simulator.TunePodsByNodeTotalResource``, ``pkg/simulator/simulator.go``): while the pod
+   list asks for more milli-GPU than that, a uniformly random pod is removed
+   (``tuneDownPods``); while it asks for less, a uniformly random pod of the list is appended as
+   long as the demand plus that pod's per-GPU ``milli_gpu`` stays within the target
+   (``tuneUpPods``, whose check uses the per-GPU value, as copied here).
+3. The tuned list is shuffled (``SortClusterPods`` with ``shufflePod: true``) and every pod is
+   offered once, in that order, with no departures.
+4. After each pod the arrived demand (refused pods included) and the allocated milli-GPU are
+   recorded (``ClusterGpuFragReport``'s ``[Alloc]`` line); the paper's "X % arrived" column is
+   the mean allocation over the pods whose arrived demand rounds to X % of capacity
+   (``experiments/analysis/merge_alloc_discrete.py``). We report X = 100.
+
+Differences, stated: Python's ``random.Random(seed)`` replaces Go's ``math/rand`` seeded with
+the same number, so seed 42 here is not the paper's seed 42 pod sequence; only means over
+seeds compare. Pods after the 100 % reading cannot change it, so by default a run stops once
+the arrived demand passes 100.5 % (``until=130`` runs the whole 130 %).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from gpuspawner.placement.paper import (
+    MILLI,
+    PAPER_NAMES,
+    PAPER_POLICIES,
+    PaperCluster,
+    PaperNode,
+    PodType,
+    pod_type,
+    typical_pods,
+)
+
+#: the paper's 10-seed means of unallocated GPUs at 100 % arrived, openb_node_list_gpu_node.csv
+#: (6,212 GPUs), from experiments/analysis/expected_results/analysis_allo_discrete.csv:
+#: ``total_gpus * (1 - column "100" / 100)`` averaged over seeds 42..51
+PAPER_UNALLOCATED: dict[str, dict[str, float]] = {
+    "default": {"random": 850.9, "dot-product": 582.6, "gpu-clustering": 518.7,
+                "gpu-packing": 510.7, "best-fit": 443.4, "fgd": 296.5},
+    "multigpu50": {"random": 1162.8, "dot-product": 327.5, "gpu-clustering": 268.0,
+                   "gpu-packing": 244.5, "best-fit": 271.9, "fgd": 180.5},
+    "gpushare100": {"random": 1310.7, "dot-product": 1119.5, "gpu-clustering": 1104.2,
+                    "gpu-packing": 1109.8, "best-fit": 955.7, "fgd": 829.9},
+}
+
+CPU_ROUNDING = ("none", "ceil")
+DEFAULT_SEEDS = tuple(range(42, 52))
+DEFAULT_TRACES = ("default", "multigpu50", "gpushare100")
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"42-51"``, ``"42,44"`` or ``"42-44,50"`` to a list of seeds.
+
+    Raises:
+        ValueError: malformed text or an empty list.
+    """
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "-" in part[1:]:
+            lo, hi = part.split("-", 1) if not part.startswith("-") else (part, part)
+            a, b = int(lo), int(hi)
+            if b < a:
+                raise ValueError(f"bad seed range {part!r}")
+            out.extend(range(a, b + 1))
+        else:
+            out.append(int(part))
+    if not out:
+        raise ValueError("no seeds given")
+    return out
+
+
+def trace_path(name: str, folder: Path) -> Path:
+    """A pod list by short name (``default`` -> ``folder/openb_pod_list_default.csv``) or
+    path."""
+    p = Path(name)
+    if p.suffix == ".csv":
+        return p if p.is_absolute() or p.exists() else folder / p
+    return folder / f"openb_pod_list_{name}.csv"
+
+
+def trace_name(path: str | Path) -> str:
+    """``.../openb_pod_list_default.csv`` -> ``default``; other files: their stem."""
+    stem = Path(path).stem
+    return stem[len("openb_pod_list_"):] if stem.startswith("openb_pod_list_") else stem
+
+
+def _ceil_milli(v: int) -> int:
+    return -(-v // MILLI) * MILLI
+
+
+def make_nodes(rows: Sequence[tuple[str, int, int, int, str]], cpu_rounding: str = "none",
+               numa_split: int = 1) -> list[PaperNode]:
+    """Fresh :class:`PaperNode` objects from ``(name, cpu_milli, memory_mib, gpus, model)``.
+    ``cpu_rounding="ceil"`` rounds milli-CPU up to whole CPUs; ``numa_split`` > 1 gives nodes
+    with >= 2 GPUs that many NUMA nodes, GPUs split evenly in device order (remainder to the
+    lowest ids), as :func:`gpuspawner.simulate.make_node` does."""
+    out = []
+    for name, cpu, mem, gpus, model in rows:
+        parts = numa_split if gpus >= 2 else 1
+        q, r = divmod(gpus, parts)
+        numa: list[int] = []
+        for k in range(parts):
+            numa.extend([k] * (q + (1 if k < r else 0)))
+        out.append(PaperNode(name, model, _ceil_milli(cpu) if cpu_rounding == "ceil" else cpu,
+                             mem, gpus, numa_of_gpu=tuple(numa)))
+    return out
+
+
+def read_node_rows(path: str | Path) -> list[tuple[str, int, int, int, str]]:
+    """``(sn, cpu_milli, memory_mib, gpu, model)`` rows of a trace node list, validated by
+    :func:`gpuspawner.simulate.load_nodes`'s reader.
+
+    Raises:
+        gpuspawner.simulate.TraceFormatError: malformed file.
+    """
+    from gpuspawner.simulate import NODE_COLUMNS, _int_field, _read_rows
+
+    rows = []
+    for line, row in _read_rows(path, NODE_COLUMNS):
+        rows.append((row["sn"], _int_field(path, line, row, "cpu_milli"),
+                     _int_field(path, line, row, "memory_mib"),
+                     _int_field(path, line, row, "gpu"), row["model"]))
+    return rows
+
+
+Task = tuple[str, PodType, int]  # (pod name, type, memory MiB)
+
+
+def tasks_of(pods, cpu_rounding: str = "none") -> list[Task]:
+    """Trace pods (:class:`gpuspawner.simulate.Pod`) as ``(name, PodType, memory_mib)``."""
+    out = []
+    for p in pods:
+        cpu = _ceil_milli(p.cpu_milli) if cpu_rounding == "ceil" else p.cpu_milli
+        out.append((p.name, pod_type(cpu, p.num_gpu, p.gpu_milli, "|".join(p.gpu_spec)),
+                    p.memory_mib))
+    return out
+
+
+def tune_workload(tasks: Sequence[Task], capacity_milli: int, ratio: float,
+                  rng) -> list[Task]:
+    """Steps 2 and 3 of the method (module docstring): tune to ``ratio`` x capacity, shuffle."""
+    target = ratio * capacity_milli
+    out = list(tasks)
+    total = sum(t.total_milli_gpu for _, t, _ in out)
+    if total > target:
+        while total > target and out:
+            _, t, _ = out.pop(rng.randrange(len(out)))
+            total -= t.total_milli_gpu
+    elif total < target:
+        pool = sorted(tasks, key=lambda x: x[0])
+        while True:
+            pick = pool[rng.randrange(len(pool))]
+            if total + pick[1].milli_gpu > target:
+                break
+            total += pick[1].total_milli_gpu
+            out.append(pick)
+    out.sort(key=lambda x: x[0])
+    rng.shuffle(out)
+    return out
+
+
+def _percentile(values: list[int], pct: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return s[max(1, math.ceil(pct / 100 * len(s))) - 1] / 1000
+
+
+def run_paper(rows: Sequence[tuple[str, int, int, int, str]], tasks: Sequence[Task],
+              policy: str, seed: int, *, typical=None, cpu_rounding: str = "none",
+              until: float = 100.5, exact_fgd: bool = False, numa: str = "none",
+              numa_split: int = 2, trace: str = "") -> dict[str, Any]:
+    """One run of the paper's method (module docstring) for one policy and seed.
+
+    Args:
+        rows: node rows (:func:`read_node_rows`).
+        tasks: the pod list (:func:`tasks_of`), untuned.
+        policy: a key of :data:`~gpuspawner.placement.paper.PAPER_POLICIES`.
+        seed: seeds the tuning, the shuffle and the ``random`` policy
+            (``random.Random(seed)``).
+        typical: the fgd target workload; default: :func:`typical_pods` of ``tasks``.
+        cpu_rounding: ``none`` (milli-CPU, as the paper) or ``ceil`` (whole CPUs, as cpusets).
+        until: stop once arrived demand exceeds this percent of capacity (130 = all of it).
+        exact_fgd: see :class:`~gpuspawner.placement.paper.PaperCluster`.
+        numa: ``none`` or ``strict`` (nodes with >= 2 GPUs get ``numa_split`` NUMA nodes).
+
+    Returns:
+        Metrics: ``unallocated_gpus`` and ``gpu_allocation_ratio`` at 100 % arrived,
+        ``numa_aligned_fraction`` of multi-GPU pods that could sit on one NUMA node,
+        decision latency percentiles (microseconds), counts and ``wall_s``.
+    """
+    import random
+
+    t_start = time.perf_counter()
+    nodes = make_nodes(rows, cpu_rounding, numa_split if numa != "none" else 1)
+    if typical is None:
+        typical = typical_pods(t for _, t, _ in tasks)
+    cluster = PaperCluster(nodes, policy, typical, seed=seed, exact_fgd=exact_fgd,
+                           numa_strict=(numa == "strict"))
+    rng = random.Random(seed)
+    cap = cluster.gpu_capacity
+    work = tune_workload(tasks, cap, 1.3, rng)
+    arrived = 0
+    placed = rejected = 0
+    lat: list[int] = []
+    at: dict[int, list[int]] = {}
+    aligned = eligible = 0
+    numa_size = {n.name: max((n.numa_of_gpu.count(k) for k in set(n.numa_of_gpu)), default=0)
+                 for n in nodes}
+    limit = until / 100 * cap
+    for _name, t, mem in work:
+        if arrived > limit:
+            break
+        arrived += t.total_milli_gpu
+        t0 = time.perf_counter_ns()
+        node = cluster.place(t, mem)
+        lat.append(time.perf_counter_ns() - t0)
+        if node is None:
+            rejected += 1
+        else:
+            placed += 1
+            if t.gpu_number >= 2 and numa_size[node.name] >= t.gpu_number:
+                eligible += 1
+                aligned += len({node.numa_of_gpu[i] for i in cluster.last_gpus}) == 1
+        pct = round(arrived * 100 / cap) if cap else 0
+        at.setdefault(pct, []).append(cluster.gpu_used)
+    used = at.get(100) or [u for k in (99, 100, 101) for u in at.get(k, [])]
+    mean_used = statistics.fmean(used) if used else float(cluster.gpu_used)
+    return {
+        "trace": trace, "policy": policy, "seed": seed, "method": "paper",
+        "cpu_rounding": cpu_rounding, "numa": numa, "exact_fgd": exact_fgd,
+        "nodes": len(nodes), "gpus": cap // MILLI,
+        "pods_arrived": placed + rejected, "pods_placed": placed, "pods_rejected": rejected,
+        "arrived_percent": arrived * 100 / cap if cap else 0.0,
+        "gpu_allocation_ratio": mean_used / cap if cap else 0.0,
+        "unallocated_gpus": (cap - mean_used) / MILLI,
+        "numa_aligned_fraction": (aligned / eligible) if eligible else None,
+        "numa_aligned_eligible": eligible,
+        "decision_us_p50": _percentile(lat, 50), "decision_us_p99": _percentile(lat, 99),
+        "typical_pods": len(typical), "wall_s": time.perf_counter() - t_start,
+    }
+
+
+def _job(args: tuple) -> dict[str, Any]:
+    rows, tasks, policy, seed, kw = args
+    return run_paper(rows, tasks, policy, seed, **kw)
+
+
+def compare(rows, traces: dict[str, list[Task]], policies: Sequence[str],
+            seeds: Sequence[int], jobs: int = 1, **kw) -> list[dict[str, Any]]:
+    """Every (trace, policy, seed) run; ``jobs`` > 1 runs them in that many processes.
+    Returns the per-run metrics."""
+    work = [(rows, tasks, p, s, {**kw, "trace": name})
+            for name, tasks in traces.items() for p in policies for s in seeds]
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs) as ex:
+            return list(ex.map(_job, work, chunksize=1))
+    return [_job(w) for w in work]
+
+
+def summarize(results: Sequence[dict[str, Any]], paper: bool = True) -> list[dict[str, Any]]:
+    """Per (trace, policy): mean, sample standard deviation, min and max of unallocated GPUs,
+    mean allocation ratio, the median of the per-run decision p50 and the largest per-run p99,
+    the paper's mean (when published and ``paper``: the paper's runs used
+    ``openb_node_list_gpu_node.csv`` without NUMA) and our difference from it in percent."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in results:
+        groups.setdefault((r["trace"], r["policy"]), []).append(r)
+    out = []
+    for (trace, policy), rs in groups.items():
+        un = [r["unallocated_gpus"] for r in rs]
+        ref = PAPER_UNALLOCATED.get(trace, {}).get(policy) if paper else None
+        mean = statistics.fmean(un)
+        out.append({
+            "trace": trace, "policy": policy, "seeds": len(rs),
+            "unallocated_mean": mean,
+            "unallocated_std": statistics.stdev(un) if len(un) > 1 else 0.0,
+            "unallocated_min": min(un), "unallocated_max": max(un),
+            "allocation_ratio": statistics.fmean(r["gpu_allocation_ratio"] for r in rs),
+            "numa_aligned_fraction": (statistics.fmean(x) if (x := [
+                r["numa_aligned_fraction"] for r in rs
+                if r["numa_aligned_fraction"] is not None]) else None),
+            "decision_us_p50": statistics.median(r["decision_us_p50"] or 0 for r in rs),
+            "decision_us_p99": max(r["decision_us_p99"] or 0 for r in rs),
+            "paper_mean": ref,
+            "diff_percent": None if ref is None else 100 * (mean - ref) / ref,
+            "per_seed": {r["seed"]: round(r["unallocated_gpus"], 1) for r in rs},
+        })
+    return out
+
+
+def format_compare(summary: Sequence[dict[str, Any]]) -> str:
+    """The ``--compare`` table: one row per trace and policy."""
+    head = ["trace", "policy", "seeds", "unalloc GPUs mean", "std", "min", "max", "alloc ratio",
+            "p50 us", "p99 us", "paper mean", "diff %"]
+    rows = [head]
+    for s in summary:
+        rows.append([
+            s["trace"], s["policy"], str(s["seeds"]), f"{s['unallocated_mean']:.1f}",
+            f"{s['unallocated_std']:.1f}", f"{s['unallocated_min']:.1f}",
+            f"{s['unallocated_max']:.1f}", f"{s['allocation_ratio']:.4f}",
+            f"{s['decision_us_p50']:.0f}", f"{s['decision_us_p99']:.0f}",
+            "-" if s["paper_mean"] is None else f"{s['paper_mean']:.1f}",
+            "-" if s["diff_percent"] is None else f"{s['diff_percent']:+.1f}",
+        ])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+                               for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip()
+                     for r in rows)
+
+
+__all__ = ["PAPER_UNALLOCATED", "PAPER_NAMES", "PAPER_POLICIES", "compare", "format_compare",
+           "make_nodes", "parse_seeds", "read_node_rows", "run_paper", "summarize",
+           "tasks_of", "trace_path", "tune_workload"]
