@@ -152,3 +152,13 @@ def test_one_cluster_per_hub_process():
     third = get_cluster(nodes, "first-fit", {"default_user": {"servers": 9}})
     assert third is second and current_clusters() == [second]
     reset_clusters()
+
+
+def test_the_hub_ledger_gets_a_live_prior_from_the_profiles():
+    from gpuspawner.hub.cluster import get_cluster, reset_clusters
+
+    reset_clusters()
+    profiles = [GOOD_PROFILE, {"slug": "g1", "cpu": 4, "memory": "8G", "gpus": 1}]
+    cluster = get_cluster([{"name": "local", "topology": "auto"}], "fgd", {}, profiles)
+    assert cluster.ledger.prior is not None
+    reset_clusters()

@@ -22,7 +22,7 @@ from ..backends.docker_network import NetworkManager, parse_pool
 from ..backends.spec import ALLOCATION_LABEL, MANAGED_LABEL
 from ..inventory.local import read_local_node
 from ..inventory.topology import load_topology_file
-from ..placement import Ledger, Node, QuotaTable, RestoreReport
+from ..placement import Ledger, LivePrior, Node, QuotaTable, RestoreReport
 
 log = logging.getLogger("gpuspawner")
 
@@ -291,13 +291,17 @@ _WARNED: set[str] = set()
 
 
 def get_cluster(nodes: Sequence[Mapping[str, Any]], policy: str,
-                quotas: Mapping[str, Any]) -> Cluster:
+                quotas: Mapping[str, Any], profiles: Any = None) -> Cluster:
     """The hub process's one cluster: one ledger, whatever asks for it.
 
     It is made on the first call. A call with another configuration (a config file checked
     twice while it loads, JupyterHub ``group_overrides`` changing a spawner's quotas) gets a new
     cluster only while the current one is unused (nothing restored, nothing booked); after
     that it gets the same cluster and a warning: two ledgers would book the same devices twice.
+
+    ``profiles`` (``GPUSpawner.profiles``) seed the ledger's live workload prior
+    (:class:`~gpuspawner.placement.LivePrior`): fgd places against the mix of what this hub
+    granted (decayed over days), with the profiles filling in while the history is short.
 
     Raises:
         NodeConfigError, ValueError: bad node, policy or quota configuration.
@@ -318,10 +322,24 @@ def get_cluster(nodes: Sequence[Mapping[str, Any]], policy: str,
         quota_table = QuotaTable.from_config(
             users=quotas.get("users"), groups=quotas.get("groups"),
             default_user=quotas.get("default_user"))
-        ledger = Ledger([rt.node for rt in runtimes], policy=policy, quotas=quota_table)
+        ledger = Ledger([rt.node for rt in runtimes], policy=policy, quotas=quota_table,
+                        prior=_prior(profiles))
         _CLUSTER = Cluster({rt.name: rt for rt in runtimes}, ledger)
         _CLUSTER_KEY = key
     return _CLUSTER
+
+
+def _prior(profiles: Any) -> LivePrior | None:
+    """The live workload prior seeded with the profiles' bundles (None without profiles;
+    a profile configuration that does not load is reported by the configuration check)."""
+    if profiles is None:
+        return None
+    from .profiles import ProfileConfigError, load_profiles
+
+    try:
+        return LivePrior.from_bundles([p.bundle for p in load_profiles(profiles)])
+    except ProfileConfigError:
+        return None
 
 
 def current_clusters() -> list[Cluster]:

@@ -72,7 +72,7 @@ def check_spawner_settings(settings: Mapping[str, Any]) -> None:
         if not isinstance(nodes, list) or not nodes:
             raise NodeConfigError("must be a non-empty list of node entries")
         parse_node_config(nodes)  # reads the topologies: a broken file is named here
-        get_cluster(nodes, policy, quotas)  # the inventory, read once before any spawn
+        get_cluster(nodes, policy, quotas, get("profiles"))  # inventory read once, now
     except (NodeConfigError, ValueError) as e:
         raise HubConfigError(f"GPUSpawner.nodes: {e}") from None
 

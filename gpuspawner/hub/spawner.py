@@ -341,7 +341,7 @@ class GPUSpawner(DockerSpawner):
     @property
     def cluster(self) -> Cluster:
         """This hub process's cluster (nodes, engines, ledger)."""
-        return get_cluster(self.nodes, self.placement_policy, self.quotas)
+        return get_cluster(self.nodes, self.placement_policy, self.quotas, self.profiles)
 
     def load_profile_list(self) -> list[Profile]:
         """The validated profiles. Raises ProfileConfigError for bad configuration."""

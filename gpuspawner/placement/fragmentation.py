@@ -30,8 +30,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 
 from .paper import PodType, typical_pods
-
-GPU_MILLI = 1000
+from .units import GPU_MILLI
 
 Signature = tuple  # tuple over NUMA nodes of sorted tuples (model, free_milli, shareable)
 

@@ -82,14 +82,15 @@ def hub_cluster() -> Cluster:
         raise web.HTTPError(503, f"the hub's spawner_class is {cls!r}, not a GPUSpawner")
     traits = cls.class_traits()
     values: dict[str, Any] = {name: traits[name].default()
-                              for name in ("nodes", "placement_policy", "quotas")}
+                              for name in ("nodes", "placement_policy", "quotas", "profiles")}
     for klass in reversed(cls.mro()):
         section = klass.__name__
         if section in app.config:
             for name in values:
                 if name in app.config[section]:
                     values[name] = app.config[section][name]
-    return get_cluster(values["nodes"], values["placement_policy"], values["quotas"])
+    return get_cluster(values["nodes"], values["placement_policy"], values["quotas"],
+                       values["profiles"])
 
 
 def hub_user(name: str) -> tuple[bool, list[str]] | None:
