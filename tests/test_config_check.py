@@ -85,6 +85,10 @@ def test_traits_refuse_wrong_values_too():
         GPUSpawner(nodes=[{"name": "a"}, {"name": "a"}])
     with pytest.raises(TraitError, match=r"nodes\[0\].docker_url: must be a string"):
         GPUSpawner(nodes=[{"name": "a", "docker_url": 2375}])
+    with pytest.raises(TraitError, match=r"^GPUSpawner.server_network_pool: 10.0.0.0/16 over"):
+        GPUSpawner(server_network_pool="10.0.0.0/16")
+    with pytest.raises(TraitError, match=r"GPUSpawner.profiles: profiles\[0\] \(x\)"):
+        GPUSpawner(profiles=[{"slug": "x", "cpus": 1}])
 
 
 @pytest.mark.docker

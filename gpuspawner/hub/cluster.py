@@ -96,6 +96,25 @@ class NodeRuntime:
 
 
 NODE_KEYS = ("name", "docker_url", "topology", "host", "network_pool")
+QUOTA_KEYS = ("users", "groups", "default_user")
+
+
+def check_quotas(quotas: Any) -> QuotaTable:
+    """``c.GPUSpawner.quotas`` as a :class:`QuotaTable`:
+    ``{"users": {name: q}, "groups": {name: q}, "default_user": q}``.
+
+    Raises:
+        ValueError: not a mapping, an unknown section, or a malformed entry (named, e.g.
+            ``groups.students.gpus``).
+    """
+    if not isinstance(quotas, Mapping):
+        raise ValueError("must be a mapping with users, groups, default_user")
+    unknown = set(quotas) - set(QUOTA_KEYS)
+    if unknown:
+        raise ValueError(f"unknown key(s) {', '.join(sorted(unknown))}; allowed: "
+                         f"{', '.join(QUOTA_KEYS)}")
+    return QuotaTable.from_config(users=quotas.get("users"), groups=quotas.get("groups"),
+                                  default_user=quotas.get("default_user"))
 
 
 def check_node_entries(entries: Sequence[Any]) -> None:
@@ -319,9 +338,7 @@ def get_cluster(nodes: Sequence[Mapping[str, Any]], policy: str,
             return _CLUSTER
     if _CLUSTER is None:
         runtimes = parse_node_config(nodes)
-        quota_table = QuotaTable.from_config(
-            users=quotas.get("users"), groups=quotas.get("groups"),
-            default_user=quotas.get("default_user"))
+        quota_table = check_quotas(quotas)
         ledger = Ledger([rt.node for rt in runtimes], policy=policy, quotas=quota_table,
                         prior=_prior(profiles))
         _CLUSTER = Cluster({rt.name: rt for rt in runtimes}, ledger)

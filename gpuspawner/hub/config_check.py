@@ -33,8 +33,8 @@ def check_spawner_settings(settings: Mapping[str, Any]) -> None:
         HubConfigError: the first wrong setting, named ``GPUSpawner.<trait>``.
     """
     from ..backends.docker_network import NetworkConfigError, parse_pool
-    from ..placement import POLICIES, QuotaTable
-    from .cluster import NodeConfigError, get_cluster, parse_node_config
+    from ..placement import POLICIES
+    from .cluster import NodeConfigError, check_quotas, get_cluster, parse_node_config
     from .profiles import ProfileConfigError, load_profiles
     from .spawner import GPUSpawner
 
@@ -53,14 +53,7 @@ def check_spawner_settings(settings: Mapping[str, Any]) -> None:
         raise HubConfigError(f"GPUSpawner.profiles: {e}") from None
     quotas = get("quotas")
     try:
-        if not isinstance(quotas, Mapping):
-            raise ValueError("must be a mapping with users, groups, default_user")
-        unknown = set(quotas) - {"users", "groups", "default_user"}
-        if unknown:
-            raise ValueError(f"unknown key(s) {', '.join(sorted(unknown))}; allowed: users, "
-                             "groups, default_user")
-        QuotaTable.from_config(users=quotas.get("users"), groups=quotas.get("groups"),
-                               default_user=quotas.get("default_user"))
+        check_quotas(quotas)
     except ValueError as e:
         raise HubConfigError(f"GPUSpawner.quotas: {e}") from None
     try:

@@ -35,7 +35,6 @@ from ..backends.docker import (
 )
 from ..backends.docker_network import (
     DEFAULT_SERVER_POOL,
-    NetworkConfigError,
     ServerNetwork,
     parse_pool,
 )
@@ -47,10 +46,9 @@ from ..placement import (
     Owner,
     PlacementError,
     QuotaExceeded,
-    QuotaTable,
     UnknownAllocation,
 )
-from .cluster import Cluster, NodeConfigError, NodeRuntime, check_node_entries, get_cluster
+from .cluster import Cluster, NodeRuntime, check_node_entries, check_quotas, get_cluster
 from .form import profile_cards, quota_line, render_form
 from .metrics import placement_refused
 from .profiles import OptionsError, Profile, ProfileConfigError, choose_profile, load_profiles
@@ -203,39 +201,21 @@ class GPUSpawner(DockerSpawner):
         HTTP 400 before the hub stores them.""",
     ).tag(config=True)
 
-    @validate("server_network_pool")
-    def _validate_pool(self, proposal: Any) -> str:
+    @validate("profiles", "nodes", "quotas", "server_network_pool")
+    def _validate_structured(self, proposal: Any) -> Any:
+        """Profiles, nodes (structure; topologies are read at hub start), quotas and the
+        network pool, checked by the same code the hub uses; a TraitError names the trait."""
+        name = proposal.trait.name
+        check = {"profiles": load_profiles, "nodes": check_node_entries,
+                 "quotas": check_quotas, "server_network_pool": parse_pool}[name]
         try:
-            parse_pool(proposal.value)
-        except NetworkConfigError as e:
-            raise TraitError(str(e)) from None
-        return proposal.value
-
-    @validate("profiles")
-    def _validate_profiles(self, proposal: Any) -> Any:
-        try:
-            load_profiles(proposal.value)
-        except ProfileConfigError as e:
-            raise TraitError(f"GPUSpawner.profiles: {e}") from None
-        return proposal.value
-
-    @validate("nodes")
-    def _validate_nodes(self, proposal: Any) -> Any:
-        try:
-            check_node_entries(proposal.value)
-        except NodeConfigError as e:
-            raise TraitError(f"GPUSpawner.nodes: {e}") from None
-        return proposal.value
-
-    @validate("quotas")
-    def _validate_quotas(self, proposal: Any) -> Any:
-        q = proposal.value
-        try:
-            QuotaTable.from_config(users=q.get("users"), groups=q.get("groups"),
-                                   default_user=q.get("default_user"))
+            check(proposal.value)
         except ValueError as e:
-            raise TraitError(f"GPUSpawner.quotas: {e}") from None
-        return q
+            text = str(e)
+            if text.startswith(f"{name}: "):  # parse_pool names the setting itself
+                text = text[len(name) + 2:]
+            raise TraitError(f"GPUSpawner.{name}: {text}") from None
+        return proposal.value
 
     @validate("user_options")
     def _validate_user_options(self, proposal: Any) -> dict[str, Any]:
