@@ -25,6 +25,29 @@ def _section(c: Any, name: str) -> Mapping[str, Any]:
     return c[name] if name in c else {}
 
 
+def check_trait(name: str, value: Any) -> None:
+    """Check one structured GPUSpawner setting (``profiles``, ``quotas``,
+    ``server_network_pool``, ``nodes``; nodes by structure only) with the code the hub uses.
+    The spawner's trait validator and :func:`check_spawner_settings` both call it.
+
+    Raises:
+        HubConfigError: ``GPUSpawner.<name>: <entry>: <reason>``.
+    """
+    from ..backends.docker_network import parse_pool
+    from .cluster import check_node_entries, check_quotas
+    from .profiles import load_profiles
+
+    checks = {"profiles": load_profiles, "quotas": check_quotas,
+              "server_network_pool": parse_pool, "nodes": check_node_entries}
+    try:
+        checks[name](value)
+    except ValueError as e:
+        text = str(e)
+        if text.startswith(f"{name}: "):  # parse_pool names the setting itself
+            text = text[len(name) + 2:]
+        raise HubConfigError(f"GPUSpawner.{name}: {text}") from None
+
+
 def check_spawner_settings(settings: Mapping[str, Any]) -> None:
     """Check ``GPUSpawner`` settings (a mapping of trait name to value; missing = default)
     and build the hub's cluster for them, reading every node's inventory now.
@@ -32,10 +55,8 @@ def check_spawner_settings(settings: Mapping[str, Any]) -> None:
     Raises:
         HubConfigError: the first wrong setting, named ``GPUSpawner.<trait>``.
     """
-    from ..backends.docker_network import NetworkConfigError, parse_pool
     from ..placement import POLICIES
-    from .cluster import NodeConfigError, check_quotas, get_cluster, parse_node_config
-    from .profiles import ProfileConfigError, load_profiles
+    from .cluster import get_cluster
     from .spawner import GPUSpawner
 
     defaults = GPUSpawner.class_traits()
@@ -47,26 +68,14 @@ def check_spawner_settings(settings: Mapping[str, Any]) -> None:
     if policy not in POLICIES:
         raise HubConfigError(f"GPUSpawner.placement_policy: unknown policy {policy!r}; "
                              f"choose one of: {', '.join(POLICIES)}")
+    for name in ("profiles", "quotas", "server_network_pool", "nodes"):
+        check_trait(name, get(name))
+    if not isinstance(get("nodes"), list) or not get("nodes"):
+        raise HubConfigError("GPUSpawner.nodes: must be a non-empty list of node entries")
     try:
-        load_profiles(get("profiles"))
-    except ProfileConfigError as e:
-        raise HubConfigError(f"GPUSpawner.profiles: {e}") from None
-    quotas = get("quotas")
-    try:
-        check_quotas(quotas)
+        # builds the hub's cluster: every topology is read here, once, before any spawn
+        get_cluster(get("nodes"), policy, get("quotas"), get("profiles"))
     except ValueError as e:
-        raise HubConfigError(f"GPUSpawner.quotas: {e}") from None
-    try:
-        parse_pool(get("server_network_pool"))
-    except NetworkConfigError as e:
-        raise HubConfigError(f"GPUSpawner.{e}") from None
-    nodes = get("nodes")
-    try:
-        if not isinstance(nodes, list) or not nodes:
-            raise NodeConfigError("must be a non-empty list of node entries")
-        parse_node_config(nodes)  # reads the topologies: a broken file is named here
-        get_cluster(nodes, policy, quotas, get("profiles"))  # inventory read once, now
-    except (NodeConfigError, ValueError) as e:
         raise HubConfigError(f"GPUSpawner.nodes: {e}") from None
 
 

@@ -36,7 +36,6 @@ from ..backends.docker import (
 from ..backends.docker_network import (
     DEFAULT_SERVER_POOL,
     ServerNetwork,
-    parse_pool,
 )
 from ..backends.spec import MANAGED_LABEL, HomeMount, LaunchSpec, launch_spec
 from ..placement import (
@@ -48,7 +47,8 @@ from ..placement import (
     QuotaExceeded,
     UnknownAllocation,
 )
-from .cluster import Cluster, NodeRuntime, check_node_entries, check_quotas, get_cluster
+from .cluster import Cluster, NodeRuntime, get_cluster
+from .config_check import HubConfigError, check_trait
 from .form import profile_cards, quota_line, render_form
 from .metrics import placement_refused
 from .profiles import OptionsError, Profile, ProfileConfigError, choose_profile, load_profiles
@@ -204,17 +204,11 @@ class GPUSpawner(DockerSpawner):
     @validate("profiles", "nodes", "quotas", "server_network_pool")
     def _validate_structured(self, proposal: Any) -> Any:
         """Profiles, nodes (structure; topologies are read at hub start), quotas and the
-        network pool, checked by the same code the hub uses; a TraitError names the trait."""
-        name = proposal.trait.name
-        check = {"profiles": load_profiles, "nodes": check_node_entries,
-                 "quotas": check_quotas, "server_network_pool": parse_pool}[name]
+        network pool (:func:`gpuspawner.hub.config_check.check_trait`)."""
         try:
-            check(proposal.value)
-        except ValueError as e:
-            text = str(e)
-            if text.startswith(f"{name}: "):  # parse_pool names the setting itself
-                text = text[len(name) + 2:]
-            raise TraitError(f"GPUSpawner.{name}: {text}") from None
+            check_trait(proposal.trait.name, proposal.value)
+        except HubConfigError as e:
+            raise TraitError(str(e)) from None
         return proposal.value
 
     @validate("user_options")
