@@ -12,6 +12,7 @@ pytest.importorskip("dockerspawner")
 from traitlets import TraitError  # noqa: E402
 from traitlets.config import Config  # noqa: E402
 
+from gpuspawner.backends.docker_backend import DockerBackend  # noqa: E402
 from gpuspawner.hub.config_check import (  # noqa: E402
     HubConfigError,
     check_hub_config,
@@ -32,8 +33,7 @@ BAD = [
     ({"nodes": [{"name": "n1", "gpus": 4}]}, "GPUSpawner.nodes: nodes[0]: unknown key(s) gpus"),
     ({"quotas": {"groups": {"students": {"gpus": -1}}}}, "GPUSpawner.quotas: groups.students.gpus"),
     ({"quotas": {"group": {}}}, "GPUSpawner.quotas: unknown key(s) group"),
-    ({"server_network_pool": "10.0.0.0/16"},
-     "GPUSpawner.server_network_pool: 10.0.0.0/16 overlaps a private"),
+    ({"backend": "kubernetes"}, "GPUSpawner.backend: unknown backend 'kubernetes'"),
 ]
 
 
@@ -42,6 +42,23 @@ def test_each_wrong_setting_is_named(settings, message):
     with pytest.raises(HubConfigError) as e:
         check_spawner_settings({"profiles": [GOOD_PROFILE], **settings})
     assert message in str(e.value)
+
+
+def test_backend_settings_are_checked_at_start():
+    """The backend is made from the hub's config at start: its traits validate there."""
+    from gpuspawner.hub.cluster import reset_clusters
+
+    reset_clusters()
+    c = Config()
+    c.DockerBackend.server_network_pool = "10.0.0.0/16"
+    with pytest.raises(HubConfigError, match=r"^DockerBackend.server_network_pool: 10.0.0.0/16 "
+                                             "overlaps a private"):
+        check_spawner_settings({"profiles": [GOOD_PROFILE]}, c)
+    c = Config()
+    c.DockerBackend.network_isolation = "none"
+    with pytest.raises(HubConfigError, match="network_isolation"):
+        check_spawner_settings({"profiles": [GOOD_PROFILE]}, c)
+    reset_clusters()
 
 
 def test_good_settings_pass_and_read_the_inventory_once():
@@ -85,8 +102,8 @@ def test_traits_refuse_wrong_values_too():
         GPUSpawner(nodes=[{"name": "a"}, {"name": "a"}])
     with pytest.raises(TraitError, match=r"nodes\[0\].docker_url: must be a string"):
         GPUSpawner(nodes=[{"name": "a", "docker_url": 2375}])
-    with pytest.raises(TraitError, match=r"^GPUSpawner.server_network_pool: 10.0.0.0/16 over"):
-        GPUSpawner(server_network_pool="10.0.0.0/16")
+    with pytest.raises(TraitError, match=r"^DockerBackend.server_network_pool: 10.0.0.0/16 o"):
+        DockerBackend(server_network_pool="10.0.0.0/16")
     with pytest.raises(TraitError, match=r"GPUSpawner.profiles: profiles\[0\] \(x\)"):
         GPUSpawner(profiles=[{"slug": "x", "cpus": 1}])
 

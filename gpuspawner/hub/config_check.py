@@ -26,35 +26,37 @@ def _section(c: Any, name: str) -> Mapping[str, Any]:
 
 
 def check_trait(name: str, value: Any) -> None:
-    """Check one structured GPUSpawner setting (``profiles``, ``quotas``,
-    ``server_network_pool``, ``nodes``; nodes by structure only) with the code the hub uses.
+    """Check one structured GPUSpawner setting (``backend``, ``profiles``, ``quotas``,
+    ``nodes``; nodes by structure only) with the code the hub uses.
     The spawner's trait validator and :func:`check_spawner_settings` both call it.
 
     Raises:
         HubConfigError: ``GPUSpawner.<name>: <entry>: <reason>``.
     """
-    from ..backends.docker_network import parse_pool
+    from ..backends.base import backend_class
     from .cluster import check_node_entries, check_quotas
     from .profiles import load_profiles
 
-    checks = {"profiles": load_profiles, "quotas": check_quotas,
-              "server_network_pool": parse_pool, "nodes": check_node_entries}
+    checks = {"profiles": load_profiles, "quotas": check_quotas, "nodes": check_node_entries,
+              "backend": backend_class}
     try:
         checks[name](value)
     except ValueError as e:
-        text = str(e)
-        if text.startswith(f"{name}: "):  # parse_pool names the setting itself
-            text = text[len(name) + 2:]
-        raise HubConfigError(f"GPUSpawner.{name}: {text}") from None
+        raise HubConfigError(f"GPUSpawner.{name}: {e}") from None
 
 
-def check_spawner_settings(settings: Mapping[str, Any]) -> None:
+def check_spawner_settings(settings: Mapping[str, Any], config: Any = None) -> None:
     """Check ``GPUSpawner`` settings (a mapping of trait name to value; missing = default)
-    and build the hub's cluster for them, reading every node's inventory now.
+    and build the hub's cluster for them, reading every node's inventory now and making the
+    backend from ``config`` (the whole traitlets ``Config``: its ``c.<Backend>.*`` section is
+    validated by the backend's traits).
 
     Raises:
-        HubConfigError: the first wrong setting, named ``GPUSpawner.<trait>``.
+        HubConfigError: the first wrong setting, named ``GPUSpawner.<trait>`` or
+            ``<Backend>.<trait>``.
     """
+    from traitlets import TraitError
+
     from ..placement import POLICIES
     from .cluster import get_cluster
     from .spawner import GPUSpawner
@@ -68,13 +70,16 @@ def check_spawner_settings(settings: Mapping[str, Any]) -> None:
     if policy not in POLICIES:
         raise HubConfigError(f"GPUSpawner.placement_policy: unknown policy {policy!r}; "
                              f"choose one of: {', '.join(POLICIES)}")
-    for name in ("profiles", "quotas", "server_network_pool", "nodes"):
+    for name in ("backend", "profiles", "quotas", "nodes"):
         check_trait(name, get(name))
     if not isinstance(get("nodes"), list) or not get("nodes"):
         raise HubConfigError("GPUSpawner.nodes: must be a non-empty list of node entries")
     try:
         # builds the hub's cluster: every topology is read here, once, before any spawn
-        get_cluster(get("nodes"), policy, get("quotas"), get("profiles"))
+        get_cluster(get("nodes"), policy, get("quotas"), get("profiles"), get("backend"),
+                    config)
+    except TraitError as e:  # a backend trait; the validators name it
+        raise HubConfigError(str(e)) from None
     except ValueError as e:
         raise HubConfigError(f"GPUSpawner.nodes: {e}") from None
 
@@ -102,7 +107,7 @@ def check_hub_config(c: Any) -> None:
         SystemExit: ``gpuspawner configuration error: <trait>: <entry>: <reason>``.
     """
     try:
-        check_spawner_settings(_section(c, "GPUSpawner"))
+        check_spawner_settings(_section(c, "GPUSpawner"), c)
         services = c.JupyterHub.services if "services" in _section(c, "JupyterHub") else []
         if isinstance(services, LazyConfigValue):  # only .append()ed to, never assigned
             services = services.get_value([])
