@@ -6,19 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from traitlets import TraitError
+from traitlets.config import Config
 
-pytest.importorskip("dockerspawner")
-
-from traitlets import TraitError  # noqa: E402
-from traitlets.config import Config  # noqa: E402
-
-from gpuspawner.backends.docker_backend import DockerBackend  # noqa: E402
-from gpuspawner.hub.config_check import (  # noqa: E402
+from gpuspawner.backends.docker_backend import DockerBackend
+from gpuspawner.hub.config_check import (
     HubConfigError,
     check_hub_config,
     check_spawner_settings,
 )
-from gpuspawner.hub.spawner import GPUSpawner  # noqa: E402
+from gpuspawner.hub.spawner import GPUSpawner
 
 GOOD_PROFILE = {"slug": "cpu", "cpu": 1, "memory": "1G"}
 

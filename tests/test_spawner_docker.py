@@ -17,7 +17,6 @@ import pytest
 import yaml
 
 docker = pytest.importorskip("docker")
-pytest.importorskip("dockerspawner")
 
 from jupyterhub.objects import Hub  # noqa: E402
 from tornado import web  # noqa: E402

@@ -159,9 +159,9 @@ class DockerBackend(Backend):
         Raises:
             ValueError: the node entry and the problem.
         """
-        for rt in self.nodes.values():
+        for i, rt in enumerate(self.nodes.values()):
             if rt.network_pool:
-                parse_pool(rt.network_pool, f"nodes ({rt.name}).network_pool")
+                parse_pool(rt.network_pool, f"nodes[{i}] ({rt.name}).network_pool")
 
     @property
     def listen_ip(self) -> str:

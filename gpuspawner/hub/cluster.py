@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..backends.base import Backend, Managed, NodeRuntime, backend_class
-from ..backends.docker_network import parse_pool
 from ..inventory.local import read_local_node
 from ..inventory.topology import load_topology_file
 from ..placement import Ledger, LivePrior, Node, QuotaTable, RestoreReport
@@ -98,8 +97,6 @@ def parse_node_config(entries: Sequence[Mapping[str, Any]]) -> list[NodeRuntime]
         topology = entry.get("topology", "auto")
         pool = entry.get("network_pool") or ""
         try:
-            if pool:
-                parse_pool(pool, f"{where}.network_pool")
             if topology == "auto":
                 node = read_local_node(name)
             else:

@@ -8,11 +8,13 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from jinja2 import ChoiceLoader, Environment, FileSystemLoader, PackageLoader, select_autoescape
+from tornado import web
 from traitlets import List, Unicode, default
 from traitlets.config import LoggingConfigurable
 
 from ..placement import GPU_MILLI, Ledger
-from .profiles import Profile, load_profiles
+from .profiles import OptionsError, Profile, ProfileConfigError, choose_profile, load_profiles
+from .user_options import pending_refusal
 
 
 def profile_cards(profiles: Sequence[Profile], ledger: Ledger, user: str,
@@ -108,6 +110,29 @@ class OptionsFormMixin(LoggingConfigurable):
             values = formdata.get("profile") or []
             return {"profile": values[0]} if values else {}
         return options_from_form
+
+    @property
+    def group_names(self) -> list[str]:
+        """Names of the user's JupyterHub groups."""
+        return sorted(g.name for g in getattr(getattr(self, "user", None), "groups", []) or [])
+
+    def raise_options_refusal(self) -> None:
+        """Raise the HTTP 400 recorded when refused ``user_options`` were kept out of the
+        database (gpuspawner.hub.user_options) or out of this spawner."""
+        refused = pending_refusal(getattr(self, "orm_spawner", None)) or self._options_refusal
+        self._options_refusal = None
+        if refused is not None:
+            raise refused
+
+    def chosen_profile(self) -> Profile:
+        """The profile ``user_options`` ask for. Raises web.HTTPError 400 (bad options, the
+        field named) or 500 (bad profile configuration)."""
+        try:
+            return choose_profile(self.user_options, self.load_profile_list(), self.group_names)
+        except ProfileConfigError as e:
+            raise web.HTTPError(500, f"profile configuration: {e}") from None
+        except OptionsError as e:
+            raise web.HTTPError(400, str(e)) from None
 
     def load_profile_list(self) -> list[Profile]:
         """The validated profiles. Raises ProfileConfigError for bad configuration."""

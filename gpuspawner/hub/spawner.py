@@ -13,25 +13,25 @@ The spawner holds no engine code: see :mod:`gpuspawner.backends.base`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 from jupyterhub.spawner import Spawner
 from tornado import web
-from traitlets import Callable, Dict, Enum, Int, List, TraitError, Unicode, Union, default, validate
+from traitlets import default
 
 from ..backends.base import Backend, BackendError, BackendUnavailable, LaunchRefused, ServerRef
 from ..backends.spec import HomeMount, launch_spec
-from ..placement import DEFAULT_POLICY, POLICIES, Allocation, Owner, PlacementError, QuotaExceeded
+from ..placement import Allocation, Owner, PlacementError, QuotaExceeded
 from . import certs
 from .cluster import Cluster, get_cluster
-from .config_check import HubConfigError, check_trait
 from .form import OptionsFormMixin
-from .identity import home_path, ids_from_auth_state, object_name, safe_name
+from .identity import object_name, safe_name
 from .metrics import placement_refused
-from .profiles import PROFILES_HELP, OptionsError, Profile, ProfileConfigError, choose_profile
+from .profiles import Profile
+from .progress import ProgressEvents
 from .readiness import wait_for_own_server
-from .user_options import check_user_options, install_user_options_guard, pending_refusal
+from .settings import SpawnerSettings
+from .user_options import install_user_options_guard
 
 __all__ = ["GPUSpawner", "safe_name"]
 
@@ -44,65 +44,13 @@ def http_error(e: BackendError) -> web.HTTPError:
     return web.HTTPError(code, str(e))
 
 
-class GPUSpawner(OptionsFormMixin, Spawner):
-    """Spawn each server through a backend, pinned to an allocation from the ledger."""
+class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
+    """Spawn each server through a backend, pinned to an allocation from the ledger.
 
-    backend = Unicode("docker", help="""What runs servers: "docker" (DockerBackend, configured
-        as c.DockerBackend.*) or a dotted Backend class path.""").tag(config=True)
-    profiles = Union([List(Dict()), Unicode()], default_value=[
-        {"slug": "cpu", "display_name": "CPU only", "cpu": 1, "memory": "1G", "default": True}],
-        help=PROFILES_HELP).tag(config=True)
-    nodes = List(Dict(), default_value=[{"name": "local", "docker_url": "", "topology": "auto"}],
-                 help="""Nodes servers may run on: dicts with name, topology ("auto" = read this
-        host with sysfs and NVML, or a topology YAML file), host (where its servers are reached
-        with host networking; default 127.0.0.1), docker_url and network_pool (Docker backend).
-        """).tag(config=True)
-    placement_policy = Enum(list(POLICIES), default_value=DEFAULT_POLICY, help=(
-        f"Node-selection policy, one of: {', '.join(POLICIES)} (docs/placement.md).")
-    ).tag(config=True)
-    quotas = Dict(help="""Quotas: {"users": {name: q}, "groups": {name: q}, "default_user": q}
-        where q has gpus, cores, memory, disk and servers. A group quota caps what all members
-        hold together. Checked in the same atomic step as the reservation.""").tag(config=True)
-    image = Unicode("gpuspawner/singleuser:latest",
-                    help="Image of servers whose profile names none.").tag(config=True)
-    home_path_template = Unicode("", help="""Host path of the user's home on the shared file
-        system, e.g. "/shared/home/{username}" ({username}: the escaped user name). Created when
-        missing, owned by the user's uid/gid, mounted at home_mount_point. Empty = none.
-        """).tag(config=True)
-    home_mount_point = Unicode("/home/{username}", help="Where the home is mounted in the "
-                               "server; also its HOME.").tag(config=True)
-    uid_map = Union([Dict(), Callable()], default_value={}, help="""uid/gid for users whose
-        authenticator gives none in auth_state: {username: {"uid": N, "gid": M}} or a
-        callable(spawner) returning (uid, gid).""").tag(config=True)
-    default_uid = Int(1000, help="uid when neither auth_state nor uid_map give one.").tag(
-        config=True)
-    default_gid = Int(100, help="gid when neither auth_state nor uid_map give one.").tag(
-        config=True)
-    user_options_max_bytes = Int(4096, help="""Largest user_options (as JSON, bytes) accepted;
-        larger ones are refused with HTTP 400 before the hub stores them.""").tag(config=True)
-
-    @validate("backend", "profiles", "nodes", "quotas")
-    def _validate_structured(self, proposal: Any) -> Any:
-        try:
-            check_trait(proposal.trait.name, proposal.value)
-        except HubConfigError as e:
-            raise TraitError(str(e)) from None
-        return proposal.value
-
-    @validate("user_options")
-    def _validate_user_options(self, proposal: Any) -> dict[str, Any]:
-        """Keep refused options out of memory too (the REST model echoes them): a refused
-        value leaves the previous one in place; apply_user_options / start raise the refusal."""
-        try:
-            check_user_options(proposal.value, self.profiles, self.group_names,
-                               self.user_options_max_bytes)
-        except web.HTTPError as e:
-            self._options_refusal = e
-            return dict(self.user_options or {})
-        except Exception:  # profiles that do not load: start() reports it with the field
-            pass
-        self._options_refusal = None
-        return proposal.value
+    Settings: :class:`~gpuspawner.hub.settings.SpawnerSettings` (``c.GPUSpawner.*``), the spawn
+    form: :class:`~gpuspawner.hub.form.OptionsFormMixin`, the backend's own settings:
+    ``c.DockerBackend.*`` (:class:`~gpuspawner.backends.docker_backend.DockerBackend`).
+    """
 
     @default("port")
     def _default_port(self) -> int:
@@ -113,13 +61,9 @@ class GPUSpawner(OptionsFormMixin, Spawner):
         return self.backend_obj.listen_ip
 
     allocation: Allocation | None = None
-    _uid_gid: tuple[int, int] | None = None
-    _options_refusal: web.HTTPError | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._events: list[dict[str, Any]] = []
-        self._event_signal = asyncio.Event()
         self._prepared: tuple[Profile, Allocation] | None = None
         #: the backend's JSON-able record of this server (stored in the hub's database)
         self.backend_state: dict[str, Any] = {}
@@ -140,11 +84,6 @@ class GPUSpawner(OptionsFormMixin, Spawner):
         return backend
 
     @property
-    def group_names(self) -> list[str]:
-        """Names of the user's JupyterHub groups."""
-        return sorted(g.name for g in getattr(getattr(self, "user", None), "groups", []) or [])
-
-    @property
     def object_name(self) -> str:
         """Name of the server's engine objects (:func:`~gpuspawner.hub.identity.object_name`).
         """
@@ -156,69 +95,6 @@ class GPUSpawner(OptionsFormMixin, Spawner):
 
     def _ref(self) -> ServerRef:
         return ServerRef(self.user.name, self.name or "", self.object_name)
-
-    def _emit(self, progress: int, message: str) -> None:
-        self.log.info("%s: %s", self._log_name, message)
-        self._events.append({"progress": progress, "message": message})
-        self._event_signal.set()
-
-    async def progress(self) -> AsyncIterator[dict[str, Any]]:
-        """Spawn progress events: placement, network, disk limit, launch (JupyterHub API)."""
-        sent = 0
-        while True:
-            while sent < len(self._events):
-                yield self._events[sent]
-                sent += 1
-            if not getattr(self, "_spawn_pending", False) or self.ready:
-                break
-            self._event_signal.clear()
-            try:
-                await asyncio.wait_for(self._event_signal.wait(), 1)
-            except asyncio.TimeoutError:
-                pass
-
-    async def run_auth_state_hook(self, auth_state: dict[str, Any] | None) -> None:
-        """Take uid/gid from ``auth_state`` (:func:`ids_from_auth_state`), then run the hook."""
-        self._uid_gid = ids_from_auth_state(auth_state)
-        await super().run_auth_state_hook(auth_state)
-
-    def user_ids(self) -> tuple[int, int]:
-        """(uid, gid) the server runs as: auth_state, then uid_map, then the defaults."""
-        if self._uid_gid is not None:
-            return self._uid_gid
-        if callable(self.uid_map):
-            uid, gid = self.uid_map(self)
-            return int(uid), int(gid)
-        entry = self.uid_map.get(self.user.name)
-        if entry:
-            return int(entry["uid"]), int(entry.get("gid", entry["uid"]))
-        return self.default_uid, self.default_gid
-
-    def home_host_path(self) -> str | None:
-        """The user's home on the host, or None. Raises web.HTTPError(500) if the template
-        escapes its base folder."""
-        try:
-            return home_path(self.home_path_template, self.escaped_name)
-        except ValueError as e:
-            raise web.HTTPError(500, str(e)) from None
-
-    def raise_options_refusal(self) -> None:
-        """Raise the HTTP 400 recorded when refused ``user_options`` were kept out of the
-        database (gpuspawner.hub.user_options) or out of this spawner."""
-        refused = pending_refusal(getattr(self, "orm_spawner", None)) or self._options_refusal
-        self._options_refusal = None
-        if refused is not None:
-            raise refused
-
-    def chosen_profile(self) -> Profile:
-        """The profile ``user_options`` ask for. Raises web.HTTPError 400 (bad options, the
-        field named) or 500 (bad profile configuration)."""
-        try:
-            return choose_profile(self.user_options, self.load_profile_list(), self.group_names)
-        except ProfileConfigError as e:
-            raise web.HTTPError(500, f"profile configuration: {e}") from None
-        except OptionsError as e:
-            raise web.HTTPError(400, str(e)) from None
 
     async def _prepare(self) -> tuple[Profile, Allocation]:
         """Validate, reserve and have the backend prepare the server, once per spawn (from
