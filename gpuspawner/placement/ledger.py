@@ -440,12 +440,11 @@ class Ledger:
         other = self._by_owner.get((alloc.owner.user, alloc.owner.server))
         if other is not None:
             return f"server {alloc.owner.user}/{alloc.owner.server} already holds {other}"
-        problem = st.conflict(alloc)
-        if problem and ("already held" in problem or "milli-GPU free" in problem):
-            holder = self._holder_of(alloc)
-            if holder:
-                problem += f"; held by {holder}"
-        return problem
+        conflict = st.conflict(alloc)
+        if conflict is None:
+            return None
+        holder = self._holder_of(alloc) if conflict.held else None
+        return f"{conflict.text}; held by {holder}" if holder else conflict.text
 
     def _holder_of(self, alloc: Allocation) -> str | None:
         uuids = {g.uuid for g in alloc.gpus}
