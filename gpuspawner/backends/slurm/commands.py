@@ -414,7 +414,7 @@ class NodeInfo:
     @property
     def responding(self) -> bool:
         """False when slurmctld has lost contact with the node's slurmd."""
-        return "NOT_RESPONDING" in self.flags
+        return "NOT_RESPONDING" not in self.flags
 
     @property
     def usable(self) -> bool:
