@@ -140,6 +140,8 @@ if [ ! -s "$MUNGE/munge.key" ]; then
 fi
 
 # ------------------------------------------------------------------ configuration
+"$PY" -c 'import yaml' 2>/dev/null \
+  || die "$PY cannot import yaml (PyYAML): run 'make venv' first (gpuspawner slurm-gres needs it)"
 TOPOLOGIES=("$REPO/hub_config/slurm/node1.yaml" "$REPO/hub_config/slurm/node2.yaml")
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
