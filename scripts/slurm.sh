@@ -63,9 +63,9 @@ stop_one() {  # NAME BINARY
 
 if [ "${1:-}" = "--stop" ]; then
   if pid_alive slurmctld slurmctld >/dev/null; then
-    # the jobs of this private cluster: their slurmstepd would outlive the daemons
-    scancel --full --quiet --user=root 2>/dev/null || true
-    for u in gpsuser1 gpsuser2; do scancel --full --quiet --user="$u" 2>/dev/null || true; done
+    # every job of this private cluster (SLURM_CONF): their slurmstepd would outlive slurmd
+    mapfile -t jobs < <(squeue -h -o %i 2>/dev/null || true)
+    [ "${#jobs[@]}" -gt 0 ] && { scancel --full "${jobs[@]}" 2>/dev/null || true; }
     for i in $(seq 1 75); do
       [ -z "$(squeue -h -o %i 2>/dev/null)" ] && break
       sleep 0.2
