@@ -205,11 +205,17 @@ class DockerBackend(Backend):
                                 or (driver == "overlay2" and backing == "xfs"), driver)
         return self._disk[node]
 
-    async def _call(self, node: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``fn(*args, **kwargs)`` in a worker thread; an unreachable engine becomes
-        BackendUnavailable(node)."""
+    async def _call(self, node: str, fn: Callable[..., Any] | str, *args: Any,
+                    **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` in a worker thread; ``fn`` may name a method of the node's
+        ``APIClient`` (the client is made in the thread too: ``version="auto"`` asks the
+        engine). An unreachable engine becomes BackendUnavailable(node)."""
+        def run() -> Any:
+            call = getattr(self.client(node), fn) if isinstance(fn, str) else fn
+            return call(*args, **kwargs)
+
         try:
-            return await asyncio.to_thread(fn, *args, **kwargs)
+            return await asyncio.to_thread(run)
         except Exception as e:
             if engine_down(e):
                 raise BackendUnavailable(node, e, "Docker engine") from None
@@ -233,12 +239,12 @@ class DockerBackend(Backend):
         into ``state["ip"]``). Shared: make sure the shared network exists."""
         state = dict(state, node=alloc.node)
         if self.network_isolation == "per-server":
-            net = await self._call(alloc.node, self.networks(alloc.node).create,
+            net = await self._call(alloc.node, lambda *a: self.networks(alloc.node).create(*a),
                                    self._network_label(server), server.labels)
             state["network"] = net.to_dict()
             state["ip"] = str(net.server_ip)
         elif self.network_isolation == "shared":
-            await self._call(alloc.node, self.networks(alloc.node, 24).create,
+            await self._call(alloc.node, lambda *a: self.networks(alloc.node, 24).create(*a),
                              self.network_name, {})
         return state
 
@@ -266,7 +272,6 @@ class DockerBackend(Backend):
             BackendUnavailable: the engine does not answer.
         """
         node = spec.allocation.node
-        cli = self.client(node)
         if spec.home is not None:
             await asyncio.to_thread(ensure_home, spec.home.host_path, spec.uid, spec.gid)
         storage_opt = await self._disk_rule(spec, progress)
@@ -288,15 +293,18 @@ class DockerBackend(Backend):
                 base_create=await self._resolved(self.extra_create_kwargs))
         except ValueError as e:
             raise LaunchFailed(str(e)) from None
-        create["host_config"] = cli.create_host_config(**host)
+        def create_container() -> Any:
+            cli = self.client(node)
+            return cli.create_container(host_config=cli.create_host_config(**host), **create)
+
         try:
-            obj = await self._call(node, cli.create_container, **create)
+            obj = await self._call(node, create_container)
         except APIError as e:
             raise LaunchFailed(f"node {node}: the engine refused the container: "
                                f"{e.explanation or e}") from None
         state["container_id"] = obj["Id"]
         try:
-            await self._call(node, cli.start, obj["Id"])
+            await self._call(node, "start", obj["Id"])
         except APIError as e:
             raise LaunchFailed(f"node {node}: the engine could not start the container: "
                                f"{e.explanation or e}") from None
@@ -305,7 +313,7 @@ class DockerBackend(Backend):
         elif self.network_isolation == "host":
             ip = self.nodes[node].host
         else:
-            info = await self._call(node, cli.inspect_container, obj["Id"])
+            info = await self._call(node, "inspect_container", obj["Id"])
             ip = info["NetworkSettings"]["Networks"][self.network_name]["IPAddress"]
         state["ip"] = ip
         return ip, spec.port
@@ -319,9 +327,8 @@ class DockerBackend(Backend):
         image_bytes = 0
         if supported:
             try:
-                image_bytes = int((await self._call(alloc.node, self.client(alloc.node)
-                                                    .inspect_image, spec.image)).get("Size")
-                                  or 0)
+                info = await self._call(alloc.node, "inspect_image", spec.image)
+                image_bytes = int(info.get("Size") or 0)
             except (APIError, NotFound, ValueError):
                 image_bytes = 0
         try:
@@ -340,16 +347,15 @@ class DockerBackend(Backend):
         Raises:
             LaunchFailed: missing with pull_policy "never", or the pull failed.
         """
-        cli = self.client(node)
         present = True
         try:
-            await self._call(node, cli.inspect_image, image)
+            await self._call(node, "inspect_image", image)
         except (ImageNotFound, NotFound):
             present = False
         if self.pull_policy == "always" or (not present and self.pull_policy == "ifnotpresent"):
             repo, tag = docker.utils.parse_repository_tag(image)
             try:
-                await self._call(node, cli.pull, repo, tag=tag or "latest")
+                await self._call(node, "pull", repo, tag=tag or "latest")
                 return
             except APIError as e:
                 raise LaunchFailed(f"image {image!r}: pull on node {node} failed: {e}") from None
@@ -358,9 +364,8 @@ class DockerBackend(Backend):
                                "or pull it (make images)")
 
     async def _remove_named(self, node: str, name: str) -> None:
-        cli = self.client(node)
         try:
-            await self._call(node, cli.remove_container, name, v=True, force=True)
+            await self._call(node, "remove_container", name, v=True, force=True)
         except NotFound:
             pass
 
@@ -370,12 +375,11 @@ class DockerBackend(Backend):
         node, cid = state.get("node", ""), state.get("container_id")
         if not cid:
             return None
-        cli = self.client(node)
-        st = (await self._call(node, cli.inspect_container, cid)).get("State") or {}
+        st = (await self._call(node, "inspect_container", cid)).get("State") or {}
         if st.get("Running"):
             return None
         try:
-            logs = (await self._call(node, cli.logs, cid, tail=8)).decode(
+            logs = (await self._call(node, "logs", cid, tail=8)).decode(
                 "utf-8", "replace").strip()
         except Exception:
             logs = ""
@@ -391,7 +395,7 @@ class DockerBackend(Backend):
         if not cid:
             return 0
         try:
-            info = await self._call(node, self.client(node).inspect_container, cid)
+            info = await self._call(node, "inspect_container", cid)
         except NotFound:
             return 0
         st = info.get("State") or {}
@@ -404,11 +408,10 @@ class DockerBackend(Backend):
         node, cid = state.get("node", ""), state.get("container_id")
         if not cid:
             return
-        cli = self.client(node)
         try:
             if not now:
-                await self._call(node, cli.stop, cid, timeout=self.stop_timeout)
-            await self._call(node, cli.remove_container, cid, v=True, force=True)
+                await self._call(node, "stop", cid, timeout=self.stop_timeout)
+            await self._call(node, "remove_container", cid, v=True, force=True)
         except NotFound:
             pass
         except APIError as e:
@@ -424,7 +427,7 @@ class DockerBackend(Backend):
         cid = state.get("container_id")
         if cid:
             try:
-                await self._call(node, self.client(node).remove_container, cid, v=True,
+                await self._call(node, "remove_container", cid, v=True,
                                  force=True)
             except NotFound:
                 pass
@@ -433,23 +436,23 @@ class DockerBackend(Backend):
         net = state.get("network")
         if net:
             try:
-                await self._call(node, self.networks(node).remove, net["name"])
+                await self._call(node, lambda n: self.networks(node).remove(n), net["name"])
             except Exception as e:
                 self.log.warning("node %s: removing network %s failed: %s", node, net["name"], e)
 
     async def remove_server(self, node: str, server: ServerRef) -> None:
         """Remove the containers labelled with this user and server, and its network."""
-        cli = self.client(node)
-        found = await self._call(node, cli.containers, all=True, filters={"label": [
+        found = await self._call(node, "containers", all=True, filters={"label": [
             f"{MANAGED_LABEL}=1", f"gpuspawner.user={server.user}",
             f"gpuspawner.server={server.server}"]})
         for c in found:
             try:
-                await self._call(node, cli.remove_container, c["Id"], v=True, force=True)
+                await self._call(node, "remove_container", c["Id"], v=True, force=True)
             except NotFound:
                 pass
         if self.network_isolation == "per-server":
-            await self._call(node, self.networks(node).remove, self._network_label(server))
+            await self._call(node, lambda n: self.networks(node).remove(n),
+                             self._network_label(server))
 
     # -- the whole cluster ----------------------------------------------------------------------
     async def list_managed(self) -> list[Managed]:
@@ -457,7 +460,7 @@ class DockerBackend(Backend):
         out: list[Managed] = []
         for name in self.nodes:
             try:
-                found = await self._call(name, self.client(name).containers, all=True,
+                found = await self._call(name, "containers", all=True,
                                          filters={"label": f"{MANAGED_LABEL}=1"})
             except Exception as e:  # engine down: report, do not crash the hub
                 self.log.warning("node %s: cannot list containers to restore allocations: %s",
@@ -472,7 +475,7 @@ class DockerBackend(Backend):
     async def remove_managed(self, found: Managed) -> None:
         """Remove the container (force). Never raises."""
         try:
-            await self._call(found.node, self.client(found.node).remove_container,
+            await self._call(found.node, "remove_container",
                              found.handle, v=True, force=True)
         except Exception as e:
             self.log.warning("node %s: removing container %s failed: %s", found.node,
@@ -482,9 +485,8 @@ class DockerBackend(Backend):
                     owner_booked: Callable[[str, str], bool]) -> list[str]:
         """Remove containers whose allocation is not booked and server networks whose owner
         holds nothing."""
-        cli = self.client(node)
         removed = []
-        for c in await self._call(node, cli.containers, all=True,
+        for c in await self._call(node, "containers", all=True,
                                   filters={"label": f"{MANAGED_LABEL}=1"}):
             try:
                 alloc_id = json.loads((c.get("Labels") or {}).get(ALLOCATION_LABEL, ""))["id"]
@@ -493,14 +495,14 @@ class DockerBackend(Backend):
             if alloc_id is None or not booked(alloc_id):
                 self.log.warning("node %s: removing container %s, not booked in the ledger",
                                  node, c["Id"][:12])
-                await self._call(node, cli.remove_container, c["Id"], v=True, force=True)
+                await self._call(node, "remove_container", c["Id"], v=True, force=True)
                 removed.append(c["Id"])
-        for n in await self._call(node, cli.networks, filters={"label": "gpuspawner.user"}):
+        for n in await self._call(node, "networks", filters={"label": "gpuspawner.user"}):
             labels = n.get("Labels") or {}
             if not owner_booked(labels.get("gpuspawner.user", ""),
                                 labels.get("gpuspawner.server", "")):
                 try:
-                    await self._call(node, cli.remove_network, n["Id"])
+                    await self._call(node, "remove_network", n["Id"])
                 except Exception as e:  # still in use by something else: leave it
                     self.log.info("node %s: network %s kept: %s", node, n.get("Name"), e)
         return removed
