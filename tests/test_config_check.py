@@ -205,43 +205,53 @@ def test_the_shipped_hub_config_settings_pass_the_schemas():
     check_culler_policies(str(hub_config / "culler_policies.yaml"))
 
 
+LOCAL = {"name": "local", "topology": "auto"}
+
+# one hub start per kind of wrong configuration: (nodes file, profiles file, extra config
+# lines, culler policy file or None = culler off, the message after "configuration error: ")
+HUB_BAD = {
+    "policy": ([LOCAL], [GOOD_PROFILE], "c.GPUSpawner.placement_policy = 'fastest'\n", None,
+               "GPUSpawner.placement_policy: unknown"),
+    "quota": ([LOCAL], [GOOD_PROFILE],
+              "c.GPUSpawner.quotas = {'users': {'ann': {'memory': 'lots'}}}\n", None,
+              "GPUSpawner.quotas.users.ann.memory: 'lots' is not a size"),
+    "profile": ([LOCAL], [GOOD_PROFILE], "c.GPUSpawner.profiles = [{'slug': 'g', 'gpus': -1}]\n",
+                None, "GPUSpawner.profiles[0] (g).gpus: -1 is less than the minimum of 0"),
+    "profiles file": ([LOCAL], [GOOD_PROFILE, {"slug": "g", "numa_policy": "tight"}], "", None,
+                      "GPUSpawner.profiles: {tmp}/profiles.yaml[1] (g).numa_policy: 'tight' is "
+                      "not one of"),
+    "node entry": ([{**LOCAL, "gpus": 4}], [GOOD_PROFILE], "", None,
+                   "GPUSpawner.nodes[0].gpus: unknown field; known: name, docker_url"),
+    "topology file": ([{"name": "local", "topology": "{tmp}/missing.yaml"}], [GOOD_PROFILE], "",
+                      None, "GPUSpawner.nodes[0] (local): {tmp}/missing.yaml"),
+    "culler policy": ([LOCAL], [GOOD_PROFILE], "", "users: {bob: {max_age: 2 days}}\n",
+                      "idle culler --policies {tmp}/policies.yaml: users.bob.max_age: '2 days' "
+                      "is not a duration"),
+}
+
+
 @pytest.mark.docker
 @pytest.mark.hub
-@pytest.mark.parametrize("extra, message", [
-    ("c.GPUSpawner.placement_policy = 'fastest'\n", "GPUSpawner.placement_policy: unknown"),
-    ("c.GPUSpawner.quotas = {'users': {'ann': {'memory': 'lots'}}}\n",
-     "GPUSpawner.quotas.users.ann.memory: 'lots' is not a size"),
-    ("c.GPUSpawner.profiles = [{'slug': 'g', 'gpus': -1}]\n",
-     "GPUSpawner.profiles[0] (g).gpus: -1 is less than the minimum of 0"),
-])
-def test_hub_with_wrong_config_stops_at_start(tmp_path, extra, message):
+@pytest.mark.parametrize("kind", list(HUB_BAD))
+def test_hub_with_wrong_config_stops_at_start(tmp_path, kind):
+    """``jupyterhub`` exits 1 at start with the trait (or file), the field and the reason."""
     from tests.hubrunner import Hub
     from tests.test_hub_e2e import _engine
 
     _engine()
-    h = Hub(tmp_path, [{"name": "local", "topology": "auto"}], [GOOD_PROFILE],
-            extra_config=extra)
-    h.env["GPUSPAWNER_CULLER"] = "off"
+    nodes, profiles, extra, policies, message = HUB_BAD[kind]
+    nodes = [{k: v.format(tmp=tmp_path) if isinstance(v, str) else v for k, v in n.items()}
+             for n in nodes]
+    h = Hub(tmp_path, nodes, profiles, extra_config=extra)
+    if policies is None:
+        h.env["GPUSPAWNER_CULLER"] = "off"
+    else:
+        (tmp_path / "policies.yaml").write_text(policies)
+        h.env["GPUSPAWNER_CULLER_POLICIES"] = str(tmp_path / "policies.yaml")
     with pytest.raises(RuntimeError) as e:
         h.start(timeout=60)
     assert "hub exited with 1" in str(e.value)
-    assert f"gpuspawner configuration error: {message}" in str(e.value)
-
-
-@pytest.mark.docker
-@pytest.mark.hub
-def test_hub_with_broken_profile_or_node_file_stops_at_start(tmp_path):
-    from tests.hubrunner import Hub
-    from tests.test_hub_e2e import _engine
-
-    _engine()
-    h = Hub(tmp_path, [{"name": "local", "topology": str(tmp_path / "missing.yaml")}],
-            [GOOD_PROFILE])
-    h.env["GPUSPAWNER_CULLER"] = "off"
-    with pytest.raises(RuntimeError) as e:
-        h.start(timeout=60)
-    assert "GPUSpawner.nodes[0] (local):" in str(e.value)
-    assert "missing.yaml" in str(e.value)
+    assert f"gpuspawner configuration error: {message.format(tmp=tmp_path)}" in str(e.value)
 
 
 def test_entry_points_name_the_spawner_and_the_authenticator():
