@@ -6,18 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from traitlets import TraitError
+from traitlets.config import Config
 
-pytest.importorskip("dockerspawner")
-
-from traitlets import TraitError  # noqa: E402
-from traitlets.config import Config  # noqa: E402
-
-from gpuspawner.hub.config_check import (  # noqa: E402
+from gpuspawner.backends.docker_backend import DockerBackend
+from gpuspawner.hub.config_check import (
     HubConfigError,
     check_hub_config,
     check_spawner_settings,
 )
-from gpuspawner.hub.spawner import GPUSpawner  # noqa: E402
+from gpuspawner.hub.spawner import GPUSpawner
 
 GOOD_PROFILE = {"slug": "cpu", "cpu": 1, "memory": "1G"}
 
@@ -62,8 +60,7 @@ BAD = [
     ({"quotas": {"default_user": {"cores": 2.5}}},
      "GPUSpawner.quotas.default_user.cores: 2.5 is not of type 'integer', 'null'"),
     ({"quotas": [{"users": {}}]}, "GPUSpawner.quotas: [{'users': {}}] is not of type 'object'"),
-    ({"server_network_pool": "10.0.0.0/16"},
-     "GPUSpawner.server_network_pool: 10.0.0.0/16 overlaps a private"),
+    ({"backend": "kubernetes"}, "GPUSpawner.backend: unknown backend 'kubernetes'"),
 ]
 
 
@@ -72,6 +69,23 @@ def test_each_wrong_setting_is_named(settings, message):
     with pytest.raises(HubConfigError) as e:
         check_spawner_settings({"profiles": [GOOD_PROFILE], **settings})
     assert str(e.value).startswith(message), str(e.value)
+
+
+def test_backend_settings_are_checked_at_start():
+    """The backend is made from the hub's config at start: its traits validate there."""
+    from gpuspawner.hub.cluster import reset_clusters
+
+    reset_clusters()
+    c = Config()
+    c.DockerBackend.server_network_pool = "10.0.0.0/16"
+    with pytest.raises(HubConfigError, match=r"^DockerBackend.server_network_pool: 10.0.0.0/16 "
+                                             "overlaps a private"):
+        check_spawner_settings({"profiles": [GOOD_PROFILE]}, c)
+    c = Config()
+    c.DockerBackend.network_isolation = "none"
+    with pytest.raises(HubConfigError, match="network_isolation"):
+        check_spawner_settings({"profiles": [GOOD_PROFILE]}, c)
+    reset_clusters()
 
 
 def test_good_settings_pass_and_read_the_inventory_once():
@@ -117,8 +131,8 @@ def test_traits_refuse_wrong_values_too():
         GPUSpawner(nodes=[{"name": "a"}, {"name": "a"}])
     with pytest.raises(TraitError, match=r"^GPUSpawner.nodes\[0\].docker_url: 2375 is not of "):
         GPUSpawner(nodes=[{"name": "a", "docker_url": 2375}])
-    with pytest.raises(TraitError, match=r"^GPUSpawner.server_network_pool: 10.0.0.0/16 over"):
-        GPUSpawner(server_network_pool="10.0.0.0/16")
+    with pytest.raises(TraitError, match=r"^DockerBackend.server_network_pool: 10.0.0.0/16 o"):
+        DockerBackend(server_network_pool="10.0.0.0/16")
     with pytest.raises(TraitError, match=r"^GPUSpawner.profiles\[0\] \(x\).cpus: unknown field"):
         GPUSpawner(profiles=[{"slug": "x", "cpus": 1}])
     # what the schemas accept, the traits take

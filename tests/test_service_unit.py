@@ -15,6 +15,7 @@ import jsonschema
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuspawner.backends.base import Backend
 from gpuspawner.hub import metrics
 from gpuspawner.hub.cluster import Cluster
 from gpuspawner.hub.service.openapi import openapi_document
@@ -43,7 +44,8 @@ def cluster() -> Cluster:
                    Owner("alice", "", ("lab",)))
     ledger.reserve(Bundle(cores=2, memory_bytes=2**30, gpus=1, gpu_models=("A100",)),
                    Owner("bob", "work", ("lab",)))
-    return Cluster({n.name: None for n in ledger.nodes}, ledger)  # type: ignore[misc]
+    # the base Backend runs nothing and finds nothing to restore
+    return Cluster({n.name: None for n in ledger.nodes}, ledger, Backend())  # type: ignore
 
 
 def _json_schema(name: str) -> dict[str, Any]:

@@ -27,15 +27,15 @@ def _section(c: Any, name: str) -> Mapping[str, Any]:
 
 
 def check_trait(name: str, value: Any) -> None:
-    """Check one structured GPUSpawner setting (``profiles``, ``quotas``,
-    ``server_network_pool``, ``nodes``; nodes by structure only) with the code the hub uses.
+    """Check one structured GPUSpawner setting (``backend``, ``profiles``, ``quotas``,
+    ``nodes``; nodes by structure only) with the code the hub uses.
     The spawner's trait validator and :func:`check_spawner_settings` both call it.
 
     Profiles, quotas and nodes go through their JSON Schema first (:mod:`gpuspawner.schemas`,
     inside :func:`~gpuspawner.hub.profiles.load_profiles`,
     :func:`~gpuspawner.hub.cluster.check_quotas` and
     :func:`~gpuspawner.hub.cluster.check_node_entries`), then through the rules a schema
-    cannot express (unique names, one default profile, GPU fractions, private networks).
+    cannot express (unique names, one default profile, GPU fractions).
 
     Raises:
         HubConfigError: ``GPUSpawner.<field>: <reason>``, the field being the JSON path in the
@@ -43,12 +43,12 @@ def check_trait(name: str, value: Any) -> None:
             ``GPUSpawner.quotas.users.ann.memory: ...``); for a profiles file,
             ``GPUSpawner.profiles: <file>[2] (a100).gpus: ...``.
     """
-    from ..backends.docker_network import parse_pool
+    from ..backends.base import backend_class
     from .cluster import check_node_entries, check_quotas
     from .profiles import load_profiles
 
-    checks = {"profiles": load_profiles, "quotas": check_quotas,
-              "server_network_pool": parse_pool, "nodes": check_node_entries}
+    checks = {"profiles": load_profiles, "quotas": check_quotas, "nodes": check_node_entries,
+              "backend": backend_class}
     try:
         checks[name](value)
     except ValueError as e:
@@ -57,20 +57,25 @@ def check_trait(name: str, value: Any) -> None:
 
 def _named(name: str, text: str) -> str:
     """``GPUSpawner.<field>: <reason>`` from a check's message. The checks name the field from
-    the trait down (``profiles[1] ...``, ``quotas.users...``, ``server_network_pool: ...``);
-    any other message (a profiles file's) follows the trait's name."""
+    the trait down (``profiles[1] ...``, ``quotas.users...``, ``nodes[0] ...``); any other
+    message (a profiles file's, the backend's) follows the trait's name."""
     if text.startswith((f"{name}[", f"{name}.", f"{name}:")):
         return f"GPUSpawner.{text}"
     return f"GPUSpawner.{name}: {text}"
 
 
-def check_spawner_settings(settings: Mapping[str, Any]) -> None:
+def check_spawner_settings(settings: Mapping[str, Any], config: Any = None) -> None:
     """Check ``GPUSpawner`` settings (a mapping of trait name to value; missing = default)
-    and build the hub's cluster for them, reading every node's inventory now.
+    and build the hub's cluster for them, reading every node's inventory now and making the
+    backend from ``config`` (the whole traitlets ``Config``: its ``c.<Backend>.*`` section is
+    validated by the backend's traits).
 
     Raises:
-        HubConfigError: the first wrong setting, named ``GPUSpawner.<trait>``.
+        HubConfigError: the first wrong setting, named ``GPUSpawner.<trait>`` or
+            ``<Backend>.<trait>``.
     """
+    from traitlets import TraitError
+
     from ..placement import POLICIES
     from .cluster import get_cluster
     from .spawner import GPUSpawner
@@ -84,13 +89,16 @@ def check_spawner_settings(settings: Mapping[str, Any]) -> None:
     if policy not in POLICIES:
         raise HubConfigError(f"GPUSpawner.placement_policy: unknown policy {policy!r}; "
                              f"choose one of: {', '.join(POLICIES)}")
-    for name in ("profiles", "quotas", "server_network_pool", "nodes"):
+    for name in ("backend", "profiles", "quotas", "nodes"):
         check_trait(name, get(name))
     if not isinstance(get("nodes"), list) or not get("nodes"):
         raise HubConfigError("GPUSpawner.nodes: must be a non-empty list of node entries")
     try:
         # builds the hub's cluster: every topology is read here, once, before any spawn
-        get_cluster(get("nodes"), policy, get("quotas"), get("profiles"))
+        get_cluster(get("nodes"), policy, get("quotas"), get("profiles"), get("backend"),
+                    config)
+    except TraitError as e:  # a backend trait; the validators name it
+        raise HubConfigError(str(e)) from None
     except ValueError as e:
         raise HubConfigError(_named("nodes", str(e))) from None
 
@@ -148,7 +156,7 @@ def check_hub_config(c: Any) -> None:
             ``idle culler --policies <file>: <field>: <reason>``).
     """
     try:
-        check_spawner_settings(_section(c, "GPUSpawner"))
+        check_spawner_settings(_section(c, "GPUSpawner"), c)
         services = c.JupyterHub.services if "services" in _section(c, "JupyterHub") else []
         if isinstance(services, LazyConfigValue):  # only .append()ed to, never assigned
             services = services.get_value([])

@@ -23,6 +23,15 @@ from ..schemas import ConfigSchemaError, format_field, load_schema, validate
 #: the keys of a profile (the ``profiles`` schema's)
 PROFILE_KEYS = frozenset(load_schema("profiles")["$defs"]["profile"]["properties"])
 
+#: help of ``GPUSpawner.profiles``
+PROFILES_HELP = """Profiles users choose from: a list of dicts or the path of a YAML file.
+
+Keys: slug, display_name, description, cpu (cores), memory and disk (sizes like "4G"), gpus
+(whole GPUs, or a fraction below 1 for a share) or gpu_milli (1..999), gpu_models (list), image,
+numa_policy (strict | prefer | none), groups (who may use it; empty = everyone), nodes (node
+names it may run on; empty = any), default.
+"""
+
 #: keys a client may send in ``user_options``
 USER_OPTION_KEYS = frozenset({"profile"})
 
