@@ -135,6 +135,16 @@ def test_the_duration_pattern_accepts_what_parse_duration_reads(text):
      "GPUSpawner.quotas.users.ann.gpu: unknown field; known: gpus, gpu_milli, cores"),
     ("culler-policies", {"users": {"bob": {"exempt": 1}}},
      "policies.yaml: users.bob.exempt: 1 is not of type 'boolean'"),
+    # a value of none of an anyOf's types: the alternatives are named, not "not valid under any"
+    ("profiles", [{"slug": "a", "memory": True}],
+     'GPUSpawner.profiles[0].memory: True is not a size such as "4G"'),
+    ("profiles", [{"slug": "a", "gpu_models": 5}],
+     "GPUSpawner.profiles[0].gpu_models: 5 is not a list of names, one name or null"),
+    ("quotas", {"default_user": "x"},
+     "GPUSpawner.quotas.default_user: 'x' is not valid here; expected a quota (an object) or "
+     "null"),
+    ("culler-policies", {"global": {"max_age": [60]}},
+     "policies.yaml: global.max_age: [60] is not a duration such as 600"),
 ])
 def test_messages_name_where_and_the_json_path(name, value, message):
     where = "policies.yaml:" if name == "culler-policies" else f"GPUSpawner.{name}"

@@ -94,6 +94,12 @@ def _schema_text(name: str) -> str:
     return resources.files(__name__).joinpath(f"{name}.json").read_text(encoding="utf-8")
 
 
+@cache
+def _root(name: str) -> dict[str, Any]:
+    """The schema ``name``, parsed once (read only: :func:`load_schema` gives copies)."""
+    return load_schema(name)
+
+
 def _is_array(checker: Any, instance: Any) -> bool:
     return isinstance(instance, (list, tuple))
 
@@ -121,8 +127,24 @@ def _validator(name: str, definition: str | None) -> Any:
     return _Validator({"$ref": f"{schema['$id']}#/$defs/{definition}"}, registry=registry)
 
 
-def _reason(error: ValidationError) -> tuple[list[str | int], str]:
-    """The path (with the offending key added where one is named) and a reason for people."""
+def _kind(branch: Mapping[str, Any], root: Mapping[str, Any]) -> str:
+    """What one ``anyOf`` branch accepts, for people: its title, the title of the local
+    definition it refers to, or its JSON type(s)."""
+    if branch.get("title"):
+        return str(branch["title"])
+    ref = branch.get("$ref", "")
+    if isinstance(ref, str) and "#/$defs/" in ref:
+        target = root.get("$defs", {}).get(ref.rsplit("/", 1)[-1], {})
+        if target.get("title"):
+            return f"a {target['title']} (an object)" if "properties" in target else str(
+                target["title"])
+    types = branch.get("type", "any value")
+    return " or ".join(types) if isinstance(types, list) else str(types)
+
+
+def _reason(error: ValidationError, root: Mapping[str, Any]) -> tuple[list[str | int], str]:
+    """The path (with the offending key added where one is named) and a reason for people;
+    ``root`` is the whole schema (for the titles of the definitions it refers to)."""
     path = list(error.absolute_path)
     schema = error.schema if isinstance(error.schema, Mapping) else {}
     if error.validator == "additionalProperties" and isinstance(error.instance, Mapping):
@@ -136,6 +158,11 @@ def _reason(error: ValidationError) -> tuple[list[str | int], str]:
             return path + [missing[0]], "required field missing"
     if error.validator == "pattern" and schema.get("title"):
         return path, f"{error.instance!r} is not {schema['title']}"
+    if error.validator in ("anyOf", "oneOf"):  # no branch of the value's own type
+        if schema.get("title"):
+            return path, f"{error.instance!r} is not {schema['title']}"
+        kinds = [_kind(b, root) for b in error.validator_value if isinstance(b, Mapping)]
+        return path, f"{error.instance!r} is not valid here; expected {' or '.join(kinds)}"
     return path, error.message
 
 
@@ -161,7 +188,7 @@ def validate(name: str, value: Any, *, where: str, definition: str | None = None
     """
     error = best_match(_validator(name, definition).iter_errors(value))
     if error is not None:
-        path, reason = _reason(error)
+        path, reason = _reason(error, _root(name))
         raise ConfigSchemaError(where, path, reason)
 
 
