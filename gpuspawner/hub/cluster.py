@@ -39,43 +39,46 @@ def check_quotas(quotas: Any) -> QuotaTable:
     """``c.GPUSpawner.quotas`` as a :class:`QuotaTable`:
     ``{"users": {name: q}, "groups": {name: q}, "default_user": q}``.
 
+    First the ``quotas`` JSON Schema (:mod:`gpuspawner.schemas`: sections, keys, types,
+    minimums, the form of sizes), then :meth:`QuotaTable.from_config` converts the values.
+
     Raises:
-        ValueError: not a mapping, an unknown section, or a malformed entry (named, e.g.
-            ``groups.students.gpus``).
+        ValueError: not a mapping, an unknown section, or a malformed entry; the message
+            starts with the field, e.g. ``quotas.groups.students.gpus: -1 is less than the
+            minimum of 0``.
     """
-    if not isinstance(quotas, Mapping):
-        raise ValueError("must be a mapping with users, groups, default_user")
-    unknown = set(quotas) - set(QUOTA_KEYS)
-    if unknown:
-        raise ValueError(f"unknown key(s) {', '.join(sorted(unknown))}; allowed: "
-                         f"{', '.join(QUOTA_KEYS)}")
-    return QuotaTable.from_config(users=quotas.get("users"), groups=quotas.get("groups"),
-                                  default_user=quotas.get("default_user"))
+    from ..schemas import validate
+
+    validate("quotas", quotas, where="quotas")
+    try:
+        return QuotaTable.from_config(users=quotas.get("users"), groups=quotas.get("groups"),
+                                      default_user=quotas.get("default_user"))
+    except ValueError as e:  # a guard: the schema refuses what from_config would
+        raise ValueError(f"quotas.{e}") from None
 
 
 def check_node_entries(entries: Sequence[Any]) -> None:
-    """The structure of ``c.GPUSpawner.nodes`` without reading any topology: mappings with only
-    :data:`NODE_KEYS`, unique string names, string values.
+    """The structure of ``c.GPUSpawner.nodes`` without reading any topology: the ``nodes``
+    JSON Schema (:mod:`gpuspawner.schemas`: mappings with only :data:`NODE_KEYS`, string
+    values), then unique names (empty or missing = ``local``), which a schema cannot express.
 
     Raises:
-        NodeConfigError: the entry and field that are wrong.
+        NodeConfigError: the entry and field that are wrong, e.g. ``nodes[0].gpus: unknown
+            field; known: ...`` or ``nodes[1].name: must be unique, 'a' is nodes[0]'s``.
     """
-    seen: set[str] = set()
+    from ..schemas import ConfigSchemaError, validate
+
+    try:
+        validate("nodes", entries, where="nodes")
+    except ConfigSchemaError as e:
+        raise NodeConfigError(str(e)) from None
+    seen: dict[str, int] = {}
     for i, entry in enumerate(entries):
-        where = f"nodes[{i}]"
-        if not isinstance(entry, Mapping):
-            raise NodeConfigError(f"{where}: must be a mapping")
-        unknown = set(entry) - set(NODE_KEYS)
-        if unknown:
-            raise NodeConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
         name = entry.get("name") or "local"
-        if not isinstance(name, str) or name in seen:
-            raise NodeConfigError(f"{where}.name: must be a unique string, got {name!r}")
-        seen.add(name)
-        for key in NODE_KEYS[1:]:
-            if entry.get(key) is not None and not isinstance(entry[key], str):
-                raise NodeConfigError(f"{where}.{key}: must be a string, got "
-                                      f"{type(entry[key]).__name__}")
+        if name in seen:
+            raise NodeConfigError(f"nodes[{i}].name: must be unique, {name!r} is "
+                                  f"nodes[{seen[name]}]'s")
+        seen[name] = i
 
 
 def parse_node_config(entries: Sequence[Mapping[str, Any]]) -> list[NodeRuntime]:
