@@ -49,6 +49,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.ledger: Ledger | None = None
         self.live: dict[str, Allocation] = {}
         self.released: list[Allocation] = []
+        self.drained: set[str] = set()
         self.n = 0
 
     @precondition(lambda self: self.ledger is None)
@@ -66,6 +67,7 @@ class LedgerMachine(RuleBasedStateMachine):
             return
         assert a.memory_bytes == bundle.memory_bytes
         assert len(a.cpuset) == bundle.cores
+        assert not set(a.gpu_uuids) & self.drained  # a drained GPU is never handed out
         assert a.total_gpu_milli == bundle.total_gpu_milli
         self.live[a.id] = a
 
@@ -87,6 +89,17 @@ class LedgerMachine(RuleBasedStateMachine):
             assert aid not in self.live
             self.live[aid] = a
             self.released = [x for x in self.released if x.id != aid]
+
+    @precondition(lambda self: self.ledger is not None)
+    @rule(data=st.data())
+    def drain_or_undrain(self, data):
+        uuid = data.draw(st.sampled_from(sorted(g.uuid for n in NODES for g in n.gpus)))
+        if uuid in self.drained:
+            self.ledger.undrain_gpu(uuid)
+            self.drained.discard(uuid)
+        else:
+            self.ledger.drain_gpu(uuid, "test")
+            self.drained.add(uuid)
 
     @invariant()
     def never_beyond_capacity(self):
@@ -117,6 +130,8 @@ class LedgerMachine(RuleBasedStateMachine):
             return
         for aid in list(self.live):
             self.ledger.release(aid)
+        for uuid in self.drained:
+            self.ledger.undrain_gpu(uuid)
         fresh = Ledger(NODES).snapshot()
         assert self.ledger.snapshot() == fresh
         assert self.ledger.gpu_milli_allocated() == 0

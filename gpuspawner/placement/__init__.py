@@ -12,7 +12,7 @@ from .errors import (
     RestoreReport,
     UnknownAllocation,
 )
-from .ledger import DEFAULT_POLICY, POLICIES, Ledger
+from .ledger import DEFAULT_POLICY, NODE_STATES, POLICIES, Ledger
 from .model import (
     GPU,
     GPU_MILLI,
@@ -35,7 +35,8 @@ from .units import format_bytes, parse_bytes
 
 __all__ = [
     "GPU", "GPU_MILLI", "NUMA_POLICIES", "POLICIES", "DEFAULT_POLICY", "Allocation", "Bundle",
-    "GPULink", "GPUShare", "InvalidBundle", "Ledger", "LivePrior", "Node", "NumaNode", "Owner",
+    "GPULink", "GPUShare", "InvalidBundle", "Ledger", "NODE_STATES", "LivePrior", "Node",
+    "NumaNode", "Owner",
     "PodType", "typical_pods",
     "PlacementError", "PlacementRefused", "Quota", "QuotaExceeded", "QuotaTable",
     "RestoreConflict", "RestoreReport", "UnknownAllocation", "Usage", "format_bytes",

@@ -71,6 +71,10 @@ class _Cluster:
     quantize: bool = True
 
 
+#: what :meth:`Ledger.set_node_state` accepts
+NODE_STATES = ("up", "drain", "down")
+
+
 class Ledger:
     """Placement state of a set of nodes.
 
@@ -113,6 +117,11 @@ class Ledger:
         self._by_owner: dict[tuple[str, str], str] = {}
         self._user_used: dict[str, Usage] = {}
         self._group_used: dict[str, Usage] = {}
+        #: node name -> (state, reason) for nodes that take no new placements
+        self._node_state: dict[str, tuple[str, str]] = {}
+        #: GPU UUID -> (node, reason, milli held): drained GPUs; their free capacity is held
+        #: so no new placement gets it, while allocations already there keep theirs
+        self._drained: dict[str, list[Any]] = {}
         for n in nodes:
             self.add_node(n)
 
@@ -194,7 +203,8 @@ class Ledger:
     def gpu_milli_allocated(self) -> int:
         """Milli-GPU booked now."""
         with self._lock:
-            return sum(sum(st.gpu_used.values()) for st in self._c.states)
+            held = sum(d[2] for d in self._drained.values())
+            return sum(sum(st.gpu_used.values()) for st in self._c.states) - held
 
     def free_gpus(self, models: Iterable[str] = ()) -> tuple[int, int]:
         """(untouched GPUs, all GPUs) of the given models (empty = any), over all nodes; what
@@ -225,8 +235,11 @@ class Ledger:
             out = []
             for st in self._c.states:
                 n = st.node
+                state, reason = self._node_state.get(n.name, ("up", ""))
                 out.append({
                     "name": n.name,
+                    "state": state,
+                    "state_reason": reason,
                     "labels": dict(n.labels),
                     "disk_bytes": n.disk_bytes,
                     "disk_free_bytes": st.free_disk,
@@ -243,8 +256,10 @@ class Ledger:
                         "uuid": g.uuid, "index": g.index, "model": g.model,
                         "memory_bytes": g.memory_bytes, "pci_bus_id": g.pci_bus_id,
                         "numa_node": g.numa_node, "shareable": g.shareable,
-                        "milli_used": st.gpu_used[g.uuid],
+                        "milli_used": st.gpu_used[g.uuid] - self._held(g.uuid),
                         "holders": holders.get(g.uuid, []),
+                        "drained": self._drained[g.uuid][1] if g.uuid in self._drained
+                        else None,
                     } for g in n.gpus],
                 })
             return out
@@ -271,8 +286,12 @@ class Ledger:
             PlacementError: the owner's server already holds an allocation.
         """
         allowed = set(nodes) if nodes is not None else None
-        ok = (lambda st: st.node.name in allowed) if allowed is not None else None
         with self._lock:
+            if self._node_state:  # nodes that are down or drained take nothing new
+                if allowed is None:
+                    allowed = set(self._by_name)
+                allowed -= set(self._node_state)
+            ok = (lambda st: st.node.name in allowed) if allowed is not None else None
             key = (owner.user, owner.server)
             if key in self._by_owner:
                 raise PlacementError(
@@ -373,6 +392,11 @@ class Ledger:
             st = self._by_name[alloc.node]
             old = self._bucket_key(st)
             st.unbook(alloc)
+            for g in alloc.gpus:  # a drained GPU keeps what is given back
+                if g.uuid in self._drained:
+                    st.gpu_used[g.uuid] += g.milli
+                    self._drained[g.uuid][2] += g.milli
+            st.refresh_signature()
             self._rebucket(st, old)
             self._by_owner.pop((alloc.owner.user, alloc.owner.server), None)
             tag = _affinity_tag(alloc)
@@ -421,8 +445,10 @@ class Ledger:
                     report.conflicts.append(RestoreConflict("?", "?", str(e)))
                     continue
                 who = f"{alloc.owner.user}/{alloc.owner.server}"
+                taken = self._unhold_for(alloc)  # a drained GPU still serves what runs there
                 problem = self._restore_problem(alloc)
                 if problem:
+                    self._rehold(alloc.node, taken)
                     report.conflicts.append(RestoreConflict(alloc.id, who, problem))
                     continue
                 self._book(self._by_name[alloc.node], alloc)
@@ -454,11 +480,106 @@ class Ledger:
                 return f"{a.owner.user}/{a.owner.server} ({a.id})"
         return None
 
+    # -- health: nodes that take no new work, drained GPUs ------------------------------------
+    def set_node_state(self, name: str, state: str, reason: str = "") -> None:
+        """Mark node ``name`` "up", "drain" (no new placements; what runs stays) or "down"
+        (no new placements; the caller stops and releases what ran there). Slurm's node
+        states (slurm.conf(5): DRAIN, DOWN, NOT_RESPONDING) and a Docker engine that stops
+        answering map onto these.
+
+        Raises:
+            KeyError: unknown node. ValueError: unknown state.
+        """
+        if state not in NODE_STATES:
+            raise ValueError(f"node state must be one of {', '.join(NODE_STATES)}, got "
+                             f"{state!r}")
+        with self._lock:
+            st = self._by_name[name]
+            if state == "up":
+                if self._node_state.pop(name, None) is not None:
+                    self._rebucket(st, self._bucket_key(st), grew=True)
+            else:
+                self._node_state[name] = (state, reason)
+
+    def node_state(self, name: str) -> tuple[str, str]:
+        """(state, reason) of node ``name``; ("up", "") unless set otherwise."""
+        return self._node_state.get(name, ("up", ""))
+
+    def drain_gpu(self, uuid: str, reason: str) -> str:
+        """Take GPU ``uuid`` out of placement (unhealthy: NVML XID errors, ECC, retired pages;
+        or an admin's choice): its free capacity is held, so no new allocation gets any of
+        it; allocations already on it keep running and what they give back is held too.
+        Returns the GPU's node. Draining a drained GPU updates the reason.
+
+        Raises:
+            KeyError: no node has that GPU.
+        """
+        with self._lock:
+            st = next((s for s in self._c.states if uuid in s.gpu_used), None)
+            if st is None:
+                raise KeyError(f"no node has GPU {uuid}")
+            if uuid in self._drained:
+                self._drained[uuid][1] = reason
+                return st.name
+            old = self._bucket_key(st)
+            free = GPU_MILLI - st.gpu_used[uuid]
+            st.gpu_used[uuid] += free
+            self._drained[uuid] = [st.name, reason, free]
+            st.refresh_signature()
+            self._rebucket(st, old, grew=False)
+            return st.name
+
+    def undrain_gpu(self, uuid: str) -> None:
+        """Give a drained GPU back to placement (nothing if it is not drained)."""
+        with self._lock:
+            entry = self._drained.pop(uuid, None)
+            if entry is None:
+                return
+            st = self._by_name[entry[0]]
+            old = self._bucket_key(st)
+            st.gpu_used[uuid] -= entry[2]
+            st.refresh_signature()
+            self._rebucket(st, old, grew=True)
+
+    def drained_gpus(self) -> dict[str, str]:
+        """Drained GPUs: UUID -> reason."""
+        with self._lock:
+            return {u: d[1] for u, d in self._drained.items()}
+
+    def _held(self, uuid: str) -> int:
+        d = self._drained.get(uuid)
+        return d[2] if d else 0
+
+    def _unhold_for(self, alloc: Allocation) -> dict[str, int]:
+        """Give back to ``alloc``'s drained GPUs as much of the hold as it books (restore of
+        a server that runs there); returns what was taken, for :meth:`_rehold`."""
+        taken: dict[str, int] = {}
+        st = self._by_name.get(alloc.node)
+        if st is None:
+            return taken
+        for g in alloc.gpus:
+            d = self._drained.get(g.uuid)
+            if d is not None and d[0] == alloc.node:
+                n = min(d[2], g.milli)
+                d[2] -= n
+                st.gpu_used[g.uuid] -= n
+                taken[g.uuid] = n
+        return taken
+
+    def _rehold(self, node: str, taken: Mapping[str, int]) -> None:
+        st = self._by_name[node] if taken else None
+        for uuid, n in taken.items():
+            self._drained[uuid][2] += n
+            st.gpu_used[uuid] += n  # type: ignore[union-attr]
+
     # -- refusals ----------------------------------------------------------------------------
     def _refusal(self, bundle: Bundle, owner: Owner,
                  allowed: set[str] | None) -> PlacementRefused:
         states = [st for st in self._c.states if allowed is None or st.name in allowed]
         detail, reason, best = _explain(states, bundle)
+        if self._node_state:
+            detail += "; " + "; ".join(f"node {n} is {s}" + (f" ({r})" if r else "")
+                                       for n, (s, r) in sorted(self._node_state.items()))
         left = self.quotas.remaining(owner.user, owner.groups, self.usage(owner.user),
                                      self._group_used)
         if bundle.total_gpu_milli and left["gpu_milli"] is not None:

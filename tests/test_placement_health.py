@@ -1,0 +1,85 @@
+"""Node states and drained GPUs in the ledger (gpuspawner.placement.Ledger): a down or drained
+node and a drained GPU get no new placements, what already runs keeps its devices, and restore
+after a restart still books a server that runs on a drained GPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuspawner.placement import GPU_MILLI, Bundle, Ledger, Owner, PlacementRefused
+from tests.factories import make_node
+
+ONE_GPU = Bundle(cores=1, gpus=1, numa_policy="none")
+
+
+def test_drained_gpu_is_never_chosen_and_comes_back():
+    ledger = Ledger([make_node(gpus=2)])
+    bad = "GPU-n1-00"
+    assert ledger.drain_gpu(bad, "xid 79") == "n1"
+    got = ledger.reserve(ONE_GPU, Owner("a"))
+    assert got.gpu_uuids == ["GPU-n1-01"]
+    with pytest.raises(PlacementRefused):
+        ledger.reserve(ONE_GPU, Owner("b"))  # the only other GPU is drained
+    assert ledger.drained_gpus() == {bad: "xid 79"}
+    assert ledger.gpu_milli_allocated() == GPU_MILLI  # the hold is not an allocation
+    view = {g["uuid"]: g for g in ledger.snapshot()[0]["gpus"]}
+    assert view[bad]["drained"] == "xid 79" and view[bad]["milli_used"] == 0
+    ledger.undrain_gpu(bad)
+    assert ledger.reserve(ONE_GPU, Owner("b")).gpu_uuids == [bad]
+
+
+def test_shares_on_a_drained_gpu_keep_running_and_what_they_free_stays_held():
+    ledger = Ledger([make_node(gpus=1, numa=1, shareable=True)])
+    a = ledger.reserve(Bundle(cores=1, gpu_milli=400), Owner("a"))
+    ledger.drain_gpu(a.gpu_uuids[0], "ecc")
+    with pytest.raises(PlacementRefused):
+        ledger.reserve(Bundle(cores=1, gpu_milli=100), Owner("b"))
+    assert ledger.get(a.id) is not None  # still booked
+    ledger.release(a.id)
+    with pytest.raises(PlacementRefused):  # given back, but held: the GPU is drained
+        ledger.reserve(Bundle(cores=1, gpu_milli=100), Owner("b"))
+    ledger.undrain_gpu(a.gpu_uuids[0])
+    assert ledger.reserve(Bundle(cores=1, gpus=1), Owner("b")).gpu_uuids == a.gpu_uuids
+
+
+def test_restore_books_a_server_that_runs_on_a_drained_gpu():
+    ledger = Ledger([make_node(gpus=1, numa=1)])
+    a = ledger.reserve(ONE_GPU, Owner("a"))
+    text = a.to_json()
+    fresh = Ledger([make_node(gpus=1, numa=1)])  # after a hub restart
+    fresh.drain_gpu(a.gpu_uuids[0], "retired pages")
+    report = fresh.restore([text])
+    assert report.restored == [a.id] and not report.conflicts
+    fresh.release(a.id)
+    with pytest.raises(PlacementRefused):
+        fresh.reserve(ONE_GPU, Owner("b"))  # still drained after the release
+
+
+def test_down_and_drained_nodes_take_nothing_new():
+    ledger = Ledger([make_node("n1", gpus=1), make_node("n2", gpus=1)], policy="first-fit")
+    ledger.set_node_state("n1", "down", "not responding")
+    assert ledger.reserve(ONE_GPU, Owner("a")).node == "n2"
+    ledger.set_node_state("n2", "drain", "admin")
+    with pytest.raises(PlacementRefused) as e:
+        ledger.reserve(Bundle(cores=1), Owner("b"))
+    assert "node n1 is down (not responding)" in str(e.value)
+    assert "node n2 is drain (admin)" in str(e.value)
+    assert ledger.node_state("n1") == ("down", "not responding")
+    assert [n["state"] for n in ledger.snapshot()] == ["down", "drain"]
+    ledger.set_node_state("n1", "up")
+    assert ledger.reserve(ONE_GPU, Owner("b")).node == "n1"
+    with pytest.raises(ValueError, match="node state"):
+        ledger.set_node_state("n1", "sleepy")
+    with pytest.raises(KeyError):
+        ledger.drain_gpu("GPU-nowhere", "x")
+
+
+@pytest.mark.parametrize("policy", ["fgd", "best-fit", "spread", "random"])
+def test_every_policy_respects_node_state(policy):
+    ledger = Ledger([make_node(f"n{i}", gpus=2) for i in range(4)], policy=policy, seed=1)
+    for i in range(3):
+        ledger.set_node_state(f"n{i}", "down")
+    for user in "ab":
+        assert ledger.reserve(ONE_GPU, Owner(user)).node == "n3"
+    with pytest.raises(PlacementRefused):  # n3 is full; the others have free GPUs but are down
+        ledger.reserve(ONE_GPU, Owner("c"))
