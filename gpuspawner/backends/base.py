@@ -233,6 +233,12 @@ class Backend(LoggingConfigurable):
         """
 
     # -- the whole cluster ---------------------------------------------------------------------
+    async def node_states(self) -> dict[str, tuple[str, str]]:
+        """Each bound node's state as (``"up"`` | ``"drain"`` | ``"down"``, reason): whether it
+        may take new servers (:meth:`gpuspawner.placement.Ledger.set_node_state`). Nodes left
+        out count as up. Never raises: a node that cannot be asked is down. Default: all up."""
+        return {}
+
     async def list_managed(self) -> list[Managed]:
         """Every running server this project launched, on every reachable node, with the
         allocation it carries. Nodes that do not answer are logged and skipped."""

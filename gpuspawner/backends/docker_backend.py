@@ -130,6 +130,11 @@ class DockerBackend(Backend):
         10, help="Seconds a server gets to exit after SIGTERM before it is killed (stop).",
     ).tag(config=True)
 
+    engine_timeout = Int(
+        30, help="""Seconds one Docker API call may take before the node's engine counts as
+        unavailable (docker SDK ``timeout``); a health check uses at most 5 s.""",
+    ).tag(config=True)
+
     @validate("server_network_prefix")
     def _validate_prefix(self, proposal: Any) -> int:
         if not 16 <= proposal.value <= 29:
@@ -174,10 +179,12 @@ class DockerBackend(Backend):
         if node not in self._clients:
             url = self.nodes[node].docker_url if node in self.nodes else ""
             if url:
-                self._clients[node] = docker.APIClient(base_url=url, version="auto")
+                self._clients[node] = docker.APIClient(base_url=url, version="auto",
+                                                       timeout=self.engine_timeout)
             else:
-                self._clients[node] = docker.APIClient(version="auto",
-                                                       **docker.utils.kwargs_from_env())
+                self._clients[node] = docker.APIClient(
+                    version="auto", timeout=self.engine_timeout,
+                    **docker.utils.kwargs_from_env())
         return self._clients[node]
 
     def networks(self, node: str, prefixlen: int | None = None) -> NetworkManager:
@@ -455,6 +462,21 @@ class DockerBackend(Backend):
                              self._network_label(server))
 
     # -- the whole cluster ----------------------------------------------------------------------
+    async def node_states(self) -> dict[str, tuple[str, str]]:
+        """``docker ping`` every node's engine at once (5 s at most): a node whose engine does
+        not answer is ``("down", "Docker engine unavailable: …")``."""
+        async def one(name: str) -> tuple[str, tuple[str, str]]:
+            try:
+                await asyncio.wait_for(self._call(name, "ping"), 5)
+                return name, ("up", "")
+            except (BackendUnavailable, asyncio.TimeoutError) as e:
+                reason = getattr(e, "reason", None) or "no answer in 5 s"
+                return name, ("down", f"Docker engine unavailable: {reason}")
+            except Exception as e:  # an API error: the engine answers, but wrongly
+                return name, ("down", f"Docker engine error: {e}")
+
+        return dict(await asyncio.gather(*(one(n) for n in self.nodes)))
+
     async def list_managed(self) -> list[Managed]:
         """Containers with our labels that run (or were created) on every reachable node."""
         out: list[Managed] = []

@@ -99,6 +99,12 @@ def parse_node_config(entries: Sequence[Mapping[str, Any]]) -> list[NodeRuntime]
         name = entry.get("name") or "local"
         topology = entry.get("topology", "auto")
         pool = entry.get("network_pool") or ""
+        url = str(entry.get("docker_url") or "")
+        if topology == "auto" and url and not url.startswith("unix://"):
+            raise NodeConfigError(
+                f"{where} ({name}).topology: 'auto' reads the hub's own host, but the node's "
+                f"engine is remote ({url}); give it a topology file made on that node "
+                "(gpuspawner inventory)")
         try:
             if topology == "auto":
                 node = read_local_node(name)
@@ -136,6 +142,8 @@ class Cluster:
     _unverified: list[str] = field(default_factory=list, repr=False)
     #: allocation id -> the running server the restore found for it
     _found: dict[str, Managed] = field(default_factory=dict, repr=False)
+    #: event-loop time of the last node health check
+    _health_read: float = field(default=float("-inf"), repr=False)
 
     async def ensure_restored(self, owner_exists: Callable[[str, str], bool] | None = None
                               ) -> RestoreReport:
@@ -193,6 +201,31 @@ class Cluster:
                 await self.backend.remove_managed(where)
             self.ledger.release(alloc.id)
 
+    async def refresh_health(self, max_age: float = 10.0) -> None:
+        """Ask the backend for every node's state (at most once per ``max_age`` seconds) and
+        set it in the ledger: a down or drained node takes no new placements. A node that comes
+        back up is swept first (:meth:`sweep_if_suspect`)."""
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._health_read < max_age:
+            return
+        self._health_read = loop.time()
+        states = await self.backend.node_states()
+        for name, rt in self.nodes.items():
+            state, reason = states.get(name, ("up", ""))
+            before = self.ledger.node_state(name)
+            if state == "up" and before[0] != "up":
+                rt.suspect = True
+                try:
+                    await self.sweep_if_suspect(name)
+                except Exception as e:  # answers ping but not the sweep: still down
+                    log.warning("node %s: sweep after outage failed: %s", name, e)
+                    continue
+                log.info("node %s is up again", name)
+            elif state != "up" and before[0] == "up":
+                log.warning("node %s is %s: %s", name, state, reason)
+                rt.suspect = True
+            self.ledger.set_node_state(name, state, reason)
+
     async def sweep_if_suspect(self, node: str) -> None:
         """If ``node`` stopped answering earlier, remove its servers the ledger no longer
         books before it gets new work (their servers were reported stopped and released, but
@@ -209,10 +242,13 @@ class Cluster:
             owner_booked=lambda u, s: self.ledger.find(u, s) is not None)
         rt.suspect = False
 
-    def mark_suspect(self, node: str) -> None:
-        """Remember that ``node`` did not answer (see :meth:`sweep_if_suspect`)."""
+    def mark_suspect(self, node: str, reason: str = "not answering") -> None:
+        """Remember that ``node`` did not answer: it takes no new placements until a health
+        check sees it up again (:meth:`refresh_health`), and is swept before new work."""
         if node in self.nodes:
             self.nodes[node].suspect = True
+            self.ledger.set_node_state(node, "down", reason)
+            self._health_read = float("-inf")  # ask again at the next chance
 
 
 _CLUSTER: Cluster | None = None

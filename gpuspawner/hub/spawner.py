@@ -106,6 +106,7 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
         self.raise_options_refusal()
         profile, cluster = self.chosen_profile(), self.cluster
         await cluster.ensure_restored(self._owner_exists)
+        await cluster.refresh_health()
         await self._release_stale()
         try:
             alloc = cluster.ledger.reserve(profile.bundle, Owner(
@@ -114,7 +115,11 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
         except PlacementError as e:
             placement_refused(e)
             where = "profile" if isinstance(e, QuotaExceeded) else f"profile {profile.slug!r}"
-            raise web.HTTPError(400, f"{where}: {e}") from None
+            # a node it could use is down or drained: may pass, so "unavailable", not "bad"
+            code = 400 if isinstance(e, QuotaExceeded) or not any(
+                cluster.ledger.node_state(n)[0] != "up" for n in profile.nodes or cluster.nodes
+            ) else 503
+            raise web.HTTPError(code, f"{where}: {e}") from None
         self.allocation = alloc
         self._emit(20, f"placed on {alloc.summary()}")
         try:
@@ -122,11 +127,16 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
             self.backend_state = await self.backend_obj.prepare(self._ref(), alloc, {})
         except BaseException as e:
             await self._rollback()
-            if isinstance(e, BackendError):
-                raise http_error(e) from None
-            raise
+            raise self._backend_failure(e) from None
         self._prepared = (profile, alloc)
         return self._prepared
+
+    def _backend_failure(self, e: BaseException) -> BaseException:
+        """What to raise for ``e`` from the backend: an HTTP error for a BackendError (a node
+        that does not answer is marked down first), anything else as it is."""
+        if isinstance(e, BackendUnavailable):
+            self.cluster.mark_suspect(e.node, str(e))
+        return http_error(e) if isinstance(e, BackendError) else e
 
     def _owner_exists(self, user: str, server: str) -> bool:
         """Whether the hub's database still has user ``user`` with server ``server``."""
@@ -185,9 +195,7 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
                 return ip, port
             except BaseException as e:
                 await self._rollback()
-                if isinstance(e, BackendError):
-                    raise http_error(e) from None
-                raise
+                raise self._backend_failure(e) from None
         finally:
             self._prepared = None
 
@@ -230,7 +238,7 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
             await self.backend_obj.stop(self.backend_state, now=now)
         except BackendUnavailable as e:
             self.log.warning("%s: %s at stop; releasing", self._log_name, e)
-            self.cluster.mark_suspect(e.node)
+            self.cluster.mark_suspect(e.node, str(e))
         finally:
             await self._rollback()
 
@@ -243,7 +251,7 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
             status = await self.backend_obj.poll(self.backend_state)
         except BackendUnavailable as e:
             self.log.warning("%s: %s; reporting the server stopped", self._log_name, e)
-            self.cluster.mark_suspect(e.node)
+            self.cluster.mark_suspect(e.node, str(e))
             status = 255
         ledger = self.cluster.ledger
         if status is None and self.allocation is None:
