@@ -41,7 +41,7 @@ def node_views(cluster: Cluster, viewer: str | None) -> list[dict[str, Any]]:
         gpus = node["gpus"]
         node["summary"] = {
             "gpus_total": len(gpus),
-            "gpus_free": sum(1 for g in gpus if g["milli_used"] == 0),
+            "gpus_free": sum(1 for g in gpus if g["milli_used"] == 0 and not g.get("drained")),
             "gpu_milli_used": sum(g["milli_used"] for g in gpus),
             "cores_total": sum(len(nn["cpus"]) for nn in node["numa_nodes"]),
             "cores_free": sum(len(nn["cpus_free"]) for nn in node["numa_nodes"]),
