@@ -45,11 +45,14 @@ def _rest_api_page() -> None:
 
 
 def _configuration_page() -> None:
-    """docs/reference/configuration.md: every configurable trait our classes define (their
-    inherited JupyterHub / DockerSpawner / ldapauthenticator traits are documented there)."""
+    """docs/reference/configuration.md: every configurable trait our classes define, in the
+    class or in our mixins (their inherited JupyterHub / ldapauthenticator traits are
+    documented there)."""
     import importlib
 
     classes = [("The spawner", "gpuspawner.hub.spawner", "GPUSpawner"),
+               ("The Docker backend (`c.GPUSpawner.backend = \"docker\"`)",
+                "gpuspawner.backends.docker_backend", "DockerBackend"),
                ("LDAP login (entry point `gpu-ldap`)", "gpuspawner.hub.auth",
                 "GPULDAPAuthenticator"),
                ("The idle culler (`python -m idle_culler`)", "idle_culler.app", "IdleCuller")]
@@ -60,7 +63,9 @@ def _configuration_page() -> None:
     for title, module, name in classes:
         cls = getattr(importlib.import_module(module), name)
         lines += [f"## {title}: `{name}`", "", "```{eval-rst}"]
-        for trait in sorted(cls.class_own_traits(config=True)):
+        ours = {n for n, t in cls.class_traits(config=True).items()
+                if t.this_class.__module__.startswith(("gpuspawner", "idle_culler"))}
+        for trait in sorted(ours):
             lines.append(f".. autotrait:: {module}.{name}.{trait}")
             lines.append("   :noindex:")
             lines.append("")
