@@ -1,0 +1,385 @@
+"""SlurmBackend against the private two-node cluster of scripts/slurm.sh, driven directly (no
+hub): a server reserved by the ledger on node1 runs as a job of gpsuser1 holding exactly the
+allocated GPU's IDX and core, answers HTTP at the address launch returns with the environment
+of its spec (and none of the hub's), is found again by list_managed, and is gone after stop.
+An allocation that Slurm did not grant - tampered readback, or a core that is not the GPU's -
+fails the launch and cancels the job. A controller that does not answer is BackendUnavailable.
+
+The cluster is shared with other tests: these use node1 only and never drain or stop a node.
+Run with SLURM_CONF exported as scripts/slurm.sh prints it (else var/slurm of this checkout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import urllib.request
+import uuid
+from collections.abc import Coroutine, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from gpuspawner.backends.base import (
+    BackendUnavailable,
+    LaunchFailed,
+    Managed,
+    NodeRuntime,
+    backend_class,
+)
+from gpuspawner.backends.slurm.backend import SlurmBackend
+from gpuspawner.backends.slurm.commands import GresAlloc, JobInfo, JobNodeDetail, SlurmClient
+from gpuspawner.backends.slurm.gres import gres_type
+from gpuspawner.backends.slurm.job import ADMIN_MARKER, gpu_positions
+from gpuspawner.backends.spec import HomeMount, LaunchSpec, launch_spec
+from gpuspawner.inventory.topology import load_topology_file
+from gpuspawner.placement import Allocation, Bundle, Ledger, Owner
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slurm
+
+REPO = Path(__file__).resolve().parents[1]
+JOB_USER = "gpsuser1"
+MiB = 2**20
+T = TypeVar("T")
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+@pytest.fixture(scope="module")
+def slurm_conf() -> str:
+    """The running cluster's slurm.conf; skips (with the reason) when it is not up."""
+    conf = os.environ.get("SLURM_CONF") or str(REPO / "var/slurm/etc/slurm.conf")
+    if os.geteuid() != 0:
+        pytest.skip("the Slurm backend submits as root (sbatch --uid)")
+    if shutil.which("sinfo") is None or not os.path.isfile(conf):
+        pytest.skip(f"no Slurm cluster ({conf} missing): start it with scripts/slurm.sh and "
+                    "export SLURM_CONF as it prints")
+    try:
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True,
+                             text=True, timeout=20, env={**os.environ, "SLURM_CONF": conf})
+    except subprocess.TimeoutExpired:
+        pytest.skip(f"the Slurm controller of {conf} does not answer (scripts/slurm.sh)")
+    states = dict(line.split() for line in out.stdout.splitlines() if line.strip())
+    if out.returncode != 0 or states.get("node1") not in ("idle", "mixed", "allocated"):
+        pytest.skip(f"node1 of {conf} is not up ({out.stderr.strip() or states}): "
+                    "scripts/slurm.sh")
+    return conf
+
+
+def topology_nodes() -> dict[str, NodeRuntime]:
+    out = {}
+    for name in ("node1", "node2"):
+        path = REPO / "hub_config" / "slurm" / f"{name}.yaml"
+        out[name] = NodeRuntime(name=name, host="127.0.0.1", topology=str(path),
+                                node=load_topology_file(path))
+    return out
+
+
+@pytest.fixture(scope="module")
+def workdir() -> Iterator[Path]:
+    """A folder of the job user: the server's home and the jobs' output files."""
+    user = pwd.getpwnam(JOB_USER)
+    d = Path(tempfile.mkdtemp(prefix="gps-slurmbe-", dir="/tmp"))
+    os.chown(d, user.pw_uid, user.pw_gid)
+    d.chmod(0o700)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def make_backend(conf: str, workdir: Path, **traits: Any) -> SlurmBackend:
+    backend = SlurmBackend(slurm_conf=conf, python="/usr/bin/python3", submit_timeout=40,
+                           port_timeout=20, stop_timeout=30,
+                           output=str(workdir / "slurm-%x-%j.out"), **traits)
+    backend.bind(topology_nodes())
+    return backend
+
+
+@pytest.fixture(scope="module")
+def backend(slurm_conf: str, workdir: Path) -> SlurmBackend:
+    b = make_backend(slurm_conf, workdir)
+    b.check_config()
+    return b
+
+
+@pytest.fixture(scope="module")
+def client(slurm_conf: str) -> SlurmClient:
+    return SlurmClient(conf=slurm_conf, timeout=30)
+
+
+#: the server: binds the address of JUPYTERHUB_SERVICE_URL as jupyterhub-singleuser does, and
+#: answers every GET with what it sees (a Jupyter-like JSON with "version")
+SERVER = r"""
+import http.server, json, os, urllib.parse
+url = urllib.parse.urlsplit(os.environ["JUPYTERHUB_SERVICE_URL"])
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({
+            "version": "test", "path": self.path, "uid": os.getuid(), "cwd": os.getcwd(),
+            "cpus": sorted(os.sched_getaffinity(0)),
+            "env": {k: os.environ.get(k) for k in ("TRICKY", "HOME", "GPUSPAWNER_PORT",
+                    "GPUSPAWNER_ALLOCATION", "GPS_HUB_SECRET", "JUPYTERHUB_SERVICE_URL")},
+        }).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+print("serving on", url.hostname, url.port, flush=True)
+http.server.HTTPServer((url.hostname, url.port), H).serve_forever()
+"""
+
+TRICKY = "a 'b' \"c\" $HOME `id` \\ ; x\ny"
+
+
+def server_spec(alloc: Allocation, home: Path, name: str) -> LaunchSpec:
+    user = pwd.getpwnam(JOB_USER)
+    prefix = f"/user/{JOB_USER}/"
+    return launch_spec(
+        name=name, user=JOB_USER, server="", allocation=alloc, image="(none)",
+        cmd=["/usr/bin/python3", "-c", SERVER],
+        env={"JUPYTERHUB_SERVICE_URL": f"http://127.0.0.1:8888{prefix}",
+             "JUPYTERHUB_SERVICE_PREFIX": prefix, "TRICKY": TRICKY},
+        uid=user.pw_uid, gid=user.pw_gid, port=8888,
+        home=HomeMount(str(home), f"/home/{JOB_USER}"))
+
+
+def ledger_pair() -> tuple[Allocation, Allocation]:
+    """Two 1-GPU bundles on node1 from the ledger: a filler booked first (held in the ledger
+    only), then the server's, which therefore gets the GPU a scheduler would not pick first
+    whenever the ledger books index 0 first."""
+    nodes = topology_nodes()
+    ledger = Ledger([rt.node for rt in nodes.values()])
+    bundle = Bundle(cores=1, memory_bytes=256 * MiB, gpus=1)
+    filler = ledger.reserve(bundle, Owner("filler"), nodes=["node1"])
+    alloc = ledger.reserve(bundle, Owner(JOB_USER), nodes=["node1"])
+    return filler, alloc
+
+
+@dataclass
+class Launched:
+    alloc: Allocation
+    filler: Allocation
+    spec: LaunchSpec
+    state: dict[str, Any]
+    ip: str
+    port: int
+    progress: list[str]
+
+    @property
+    def job_id(self) -> int:
+        return int(self.state["job_id"])
+
+
+@pytest.fixture(scope="module")
+def launched(backend: SlurmBackend, client: SlurmClient, workdir: Path
+             ) -> Iterator[Launched]:
+    os.environ["GPS_HUB_SECRET"] = "the hub's secret"  # must not reach the job
+    filler, alloc = ledger_pair()
+    spec = server_spec(alloc, workdir, f"gps-test-{uuid.uuid4().hex[:6]}")
+    state: dict[str, Any] = {}
+    progress: list[str] = []
+    try:
+        ip, port = run(backend.launch(spec, state, lambda p, m: progress.append(m)))
+        yield Launched(alloc, filler, spec, state, ip, port, progress)
+    finally:
+        os.environ.pop("GPS_HUB_SECRET", None)
+        run(backend.cleanup(alloc, state))
+
+
+def test_backend_is_registered() -> None:
+    assert backend_class("slurm") is SlurmBackend
+
+
+def test_job_runs_on_the_allocated_gpu_and_core(
+        launched: Launched, client: SlurmClient) -> None:
+    job = run(client.show_job(launched.job_id))
+    assert job is not None and job.state == "RUNNING"
+    assert (job.user, job.name) == (JOB_USER, launched.spec.name)
+    assert job.node_list == ("node1",)
+    node1 = topology_nodes()["node1"].node
+    (uuid_,) = launched.alloc.gpu_uuids
+    assert uuid_ != launched.filler.gpu_uuids[0]
+    idx = gpu_positions(node1)[uuid_]
+    assert job.gres_indices("node1") == {gres_type(uuid_): (idx,)}
+    detail = job.node_detail("node1")
+    assert detail is not None
+    assert detail.cpu_ids == launched.alloc.cpuset
+    numa = {n.id: n for n in node1.numa_nodes}[node1.gpu(uuid_).numa_node]
+    assert detail.cpu_ids == numa.cpus  # the GPU's own core (enforce-binding)
+    assert detail.memory_mb == 256
+    assert job.fields["AdminComment"] == ADMIN_MARKER + launched.alloc.to_json()
+    assert job.fields.get("Requeue") == "0"
+    assert any("submitted Slurm job" in m for m in launched.progress)
+
+
+def get_json(ip: str, port: int, path: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://{ip}:{port}{path}", timeout=5) as r:
+        return json.loads(r.read())
+
+
+def test_server_answers_at_the_returned_address_with_its_spec(launched: Launched,
+                                                               workdir: Path) -> None:
+    assert launched.ip == "127.0.0.1" and launched.port != 8888
+    seen = wait_until(lambda: _try_get(launched.ip, launched.port), timeout=20, interval=0.2,
+                      message=f"server at {launched.ip}:{launched.port}")
+    assert seen["path"] == f"/user/{JOB_USER}/api"
+    assert seen["uid"] == pwd.getpwnam(JOB_USER).pw_uid
+    assert seen["cpus"] == list(launched.alloc.cpuset)
+    assert seen["cwd"] == str(workdir)
+    env = seen["env"]
+    assert env["TRICKY"] == TRICKY  # shlex quoting survives quotes, $, backticks, newlines
+    assert env["HOME"] == str(workdir)  # the home's path on the node, not the mount point
+    assert env["GPUSPAWNER_PORT"] == str(launched.port)
+    assert env["JUPYTERHUB_SERVICE_URL"] == f"http://127.0.0.1:{launched.port}/user/{JOB_USER}/"
+    assert Allocation.from_json(env["GPUSPAWNER_ALLOCATION"]) == launched.alloc
+    assert env["GPS_HUB_SECRET"] is None  # the hub's environment stays out of the job
+
+
+def _try_get(ip: str, port: int) -> dict[str, Any] | None:
+    try:
+        return get_json(ip, port, f"/user/{JOB_USER}/api")
+    except OSError:
+        return None
+
+
+def test_poll_and_exit_report_see_it_running(backend: SlurmBackend, launched: Launched
+                                             ) -> None:
+    assert run(backend.poll(launched.state)) is None
+    assert run(backend.exit_report(launched.state)) is None
+
+
+def test_list_managed_finds_it_with_its_allocation(backend: SlurmBackend, launched: Launched
+                                                   ) -> None:
+    found = run(backend.list_managed())
+    ours = [m for m in found if m.handle == str(launched.job_id)]
+    assert ours == [Managed("node1", launched.alloc.to_json(), str(launched.job_id))]
+    assert Allocation.from_json(ours[0].allocation) == launched.alloc
+
+
+def test_sweep_keeps_booked_jobs(backend: SlurmBackend, launched: Launched) -> None:
+    removed = run(backend.sweep("node1", booked=lambda a: a == launched.alloc.id,
+                                owner_booked=lambda u, s: True))
+    assert str(launched.job_id) not in removed
+    assert run(backend.poll(launched.state)) is None
+
+
+def test_stop_removes_the_job(backend: SlurmBackend, client: SlurmClient,
+                              launched: Launched) -> None:
+    run(backend.stop(launched.state))
+    assert launched.job_id not in run(client.squeue([launched.job_id]))
+    assert run(backend.poll(launched.state)) is not None
+    assert str(launched.job_id) not in {m.handle for m in run(backend.list_managed())}
+    report = run(backend.exit_report(launched.state))
+    assert report is not None and str(launched.job_id) in report
+
+
+# --------------------------------------------------------------------------- mismatches
+
+
+def _gone(client: SlurmClient, job_id: int) -> bool:
+    return job_id not in run(client.squeue([job_id]))
+
+
+def test_tampered_readback_fails_the_launch_and_cancels_the_job(
+        slurm_conf: str, client: SlurmClient, workdir: Path) -> None:
+    backend = make_backend(slurm_conf, workdir)
+    alloc, _ = ledger_pair()  # a consistent allocation: Slurm grants it as asked
+    node1 = topology_nodes()["node1"].node
+    (uuid_,) = alloc.gpu_uuids
+    other = 1 - gpu_positions(node1)[uuid_]
+    real_show = backend.client.show_job
+
+    async def tampered(job_id: int) -> JobInfo | None:
+        job = await real_show(job_id)
+        if job is None or not job.details:
+            return job
+        d = job.details[0]
+        fake = JobNodeDetail(d.nodes, d.cpu_ids, d.memory_mb,
+                             (GresAlloc("gpu", gres_type(uuid_), 1, (other,)),))
+        return replace(job, details=(fake,))
+
+    backend.client.show_job = tampered  # type: ignore[method-assign]
+    state: dict[str, Any] = {}
+    spec = server_spec(alloc, workdir, f"gps-tamper-{uuid.uuid4().hex[:6]}")
+    try:
+        with pytest.raises(LaunchFailed) as e:
+            run(backend.launch(spec, state, lambda p, m: None))
+        assert f"(IDX:{other})" in str(e.value) and "cancelled" in str(e.value)
+        wait_until(lambda: _gone(client, state["job_id"]), timeout=30, interval=0.3,
+                   message=f"job {state.get('job_id')} cancelled")
+    finally:
+        run(backend.cleanup(alloc, state))
+
+
+def test_core_that_is_not_the_gpus_fails_the_launch(
+        slurm_conf: str, client: SlurmClient, workdir: Path) -> None:
+    """An allocation naming a GPU with the other NUMA node's core: Slurm binds the GPU's own
+    core (enforce-binding), the readback sees CPU_IDs differ, and the job is cancelled."""
+    backend = make_backend(slurm_conf, workdir)
+    alloc, _ = ledger_pair()
+    node1 = topology_nodes()["node1"].node
+    gpu = node1.gpu(alloc.gpu_uuids[0])
+    wrong = next(n for n in node1.numa_nodes if n.id != gpu.numa_node)
+    alloc = replace(alloc, id=Allocation.new_id(), cpuset=wrong.cpus, mems=(wrong.id,),
+                    memory_by_numa=((wrong.id, alloc.memory_bytes),))
+    state: dict[str, Any] = {}
+    spec = server_spec(alloc, workdir, f"gps-wrongcpu-{uuid.uuid4().hex[:6]}")
+    try:
+        with pytest.raises(LaunchFailed) as e:
+            run(backend.launch(spec, state, lambda p, m: None))
+        assert "CPU_IDs=" in str(e.value)
+        wait_until(lambda: _gone(client, state["job_id"]), timeout=30, interval=0.3,
+                   message=f"job {state.get('job_id')} cancelled")
+    finally:
+        run(backend.cleanup(alloc, state))
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+def test_check_config_names_an_unknown_node(slurm_conf: str, workdir: Path) -> None:
+    backend = make_backend(slurm_conf, workdir)
+    rt = topology_nodes()["node1"]
+    backend.bind({"node9": replace(rt, name="node9")})
+    with pytest.raises(ValueError, match=r"nodes\[0\] \(node9\)\.name: Slurm does not know"):
+        backend.check_config()
+
+
+def test_check_config_names_a_gpu_without_its_gres_type(slurm_conf: str, workdir: Path
+                                                        ) -> None:
+    backend = make_backend(slurm_conf, workdir)
+    rt = topology_nodes()["node1"]
+    gpus = (replace(rt.node.gpus[0], uuid="GPU-00000000-0000-0000-0000-000000000000"),
+            *rt.node.gpus[1:])
+    backend.bind({"node1": replace(rt, node=replace(rt.node, gpus=gpus))})
+    with pytest.raises(ValueError, match=r"nodes\[0\] \(node1\)\.topology: GPU GPU-0000"):
+        backend.check_config()
+
+
+def test_unreachable_controller_is_backend_unavailable(
+        slurm_conf: str, workdir: Path, tmp_path: Path) -> None:
+    # the same cluster's configuration with the controller on a port where nothing listens
+    text = Path(slurm_conf).read_text()
+    (tmp_path / "slurm.conf").write_text(text.replace("SlurmctldPort=17001",
+                                                      "SlurmctldPort=17091"))
+    for extra in ("gres.conf", "cgroup.conf"):
+        if (Path(slurm_conf).parent / extra).exists():
+            shutil.copy(Path(slurm_conf).parent / extra, tmp_path / extra)
+    backend = make_backend(str(tmp_path / "slurm.conf"), workdir, command_timeout=3)
+    with pytest.raises(BackendUnavailable) as e:
+        run(backend.poll({"node": "node1", "job_id": 1}))
+    assert e.value.node == "node1"
+    assert run(backend.list_managed()) == []
+    backend.check_config()  # a controller that is down does not stop the hub's start
