@@ -558,7 +558,7 @@ class SlurmBackend(Backend):
         for job, text in jobs:
             if text is None or job.state not in _HOLDING:
                 continue
-                out.append(Managed(str(json.loads(text).get("node", "")), text, str(job.job_id)))
+            out.append(Managed(str(json.loads(text).get("node", "")), text, str(job.job_id)))
         return out
 
     async def remove_managed(self, found: Managed) -> None:

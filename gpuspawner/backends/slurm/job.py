@@ -96,7 +96,7 @@ def check_extra_options(options: Sequence[str]) -> None:
             ``--mem 1`` alike).
     """
     for opt in options:
-        name = opt.split("=", 1)[0].strip()
+        name = re.split(r"[=\s]", opt.strip(), maxsplit=1)[0]
         if name in FORBIDDEN_OPTIONS:
             raise ValueError(f"{opt!r}: the backend sets {name} itself")
         if not name.startswith("-"):
