@@ -18,6 +18,7 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+import time
 import urllib.request
 import uuid
 from collections.abc import Coroutine, Iterator
@@ -32,6 +33,7 @@ from gpuspawner.backends.base import (
     LaunchFailed,
     Managed,
     NodeRuntime,
+    ServerRef,
     backend_class,
 )
 from gpuspawner.backends.slurm.backend import SlurmBackend
@@ -383,3 +385,73 @@ def test_unreachable_controller_is_backend_unavailable(
     assert e.value.node == "node1"
     assert run(backend.list_managed()) == []
     backend.check_config()  # a controller that is down does not stop the hub's start
+
+
+# --------------------------------------------------------------------------- other paths
+
+
+def test_server_that_dies_is_reported_with_its_output(
+        slurm_conf: str, client: SlurmClient, workdir: Path) -> None:
+    """The job reports its port, then its command fails: poll gives the exit status and
+    exit_report the job's state with the last lines of its output file."""
+    backend = make_backend(slurm_conf, workdir)
+    alloc, _ = ledger_pair()
+    spec = replace(server_spec(alloc, workdir, f"gps-dies-{uuid.uuid4().hex[:6]}"),
+                   # it outlives the port report by 2 s, so launch returns first
+                   cmd=("/bin/sh", "-c", "echo boom-$GPUSPAWNER_PORT >&2; sleep 2; exit 3"))
+    state: dict[str, Any] = {}
+    try:
+        _, port = run(backend.launch(spec, state, lambda p, m: None))
+        assert run(backend.poll(state)) is None
+        status = wait_until(lambda: run(backend.poll(state)), timeout=30, interval=0.3,
+                            message="poll reports the dead server")
+        assert status == 3
+        report = wait_until(lambda: run(backend.exit_report(state)), timeout=10,
+                            message="exit report")
+        assert "FAILED" in report and "ExitCode=3:0" in report
+        assert f"boom-{port}" in report
+    finally:
+        run(backend.cleanup(alloc, state))
+
+
+def test_held_job_counts_as_alive_only_right_after_submit(
+        backend: SlurmBackend, client: SlurmClient) -> None:
+    """PENDING is not alive (batchspawner kept a requeued job "ready"); only a job submitted
+    less than submit_timeout ago and never seen running may wait."""
+    name = f"gps-held-{uuid.uuid4().hex[:6]}"
+    job_id = run(client.sbatch("#!/bin/sh\ntrue\n", [
+        "--hold", f"--job-name={name}", "--mem=10", "--chdir=/tmp", "--output=/dev/null",
+        "--comment=gpuspawner-submitted:x"], user=JOB_USER))
+    try:
+        fresh = {"node": "node1", "job_id": job_id, "submitted": time.time(), "started": False}
+        assert run(backend.poll(fresh)) is None
+        assert run(backend.exit_report(fresh)) is None
+        assert run(backend.poll(dict(fresh, started=True))) == 1
+        assert run(backend.poll(dict(fresh, submitted=time.time() - 3600))) == 1
+        # an interrupted launch left it held and unmarked: remove_server finds it by name
+        run(backend.remove_server("node1", ServerRef("other", "", name + "-x")))
+        assert job_id in run(client.squeue([job_id]))
+        run(backend.remove_server("node1", ServerRef(JOB_USER, "", name)))
+        wait_until(lambda: _gone(client, job_id), timeout=30, interval=0.3,
+                   message=f"held job {job_id} cancelled by remove_server")
+    finally:
+        run(client.scancel(job_id))
+
+
+def test_sweep_cancels_a_job_whose_allocation_is_not_booked(
+        slurm_conf: str, client: SlurmClient, workdir: Path) -> None:
+    backend = make_backend(slurm_conf, workdir)
+    alloc, _ = ledger_pair()
+    state: dict[str, Any] = {}
+    spec = server_spec(alloc, workdir, f"gps-sweep-{uuid.uuid4().hex[:6]}")
+    try:
+        run(backend.launch(spec, state, lambda p, m: None))
+        assert run(backend.sweep("node2", booked=lambda a: False,
+                                 owner_booked=lambda u, s: False)) == []
+        removed = run(backend.sweep("node1", booked=lambda a: a != alloc.id,
+                                    owner_booked=lambda u, s: True))
+        assert removed == [str(state["job_id"])]
+        wait_until(lambda: _gone(client, state["job_id"]), timeout=30, interval=0.3,
+                   message=f"job {state['job_id']} swept")
+    finally:
+        run(backend.cleanup(alloc, state))
