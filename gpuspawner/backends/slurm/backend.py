@@ -332,6 +332,11 @@ class SlurmBackend(Backend):
                                 prologue=self.job_prologue, listen=self.listen_address)
         except ValueError as e:
             raise LaunchRefused(f"node {alloc.node}: {e}") from None
+        if spec.home is not None:
+            try:
+                await asyncio.to_thread(_make_home, spec.home.host_path, spec.uid, spec.gid)
+            except OSError as e:
+                raise LaunchFailed(f"home {spec.home.host_path}: {e}") from None
         state.update(node=alloc.node, output=self.output, submitted=time.time(), started=False)
         try:
             job_id = await self.client.sbatch(script, plan.options, user=str(spec.uid),
@@ -587,6 +592,18 @@ class SlurmBackend(Backend):
             await self._ask(node, self.client.scancel(job.job_id))
             removed.append(str(job.job_id))
         return removed
+
+
+def _make_home(path: str, uid: int, gid: int) -> None:
+    """Create a missing home (0700, given to uid:gid; blocking). An existing one is left as
+    it is: on a cluster the site owns the homes.
+
+    Raises:
+        OSError: it cannot be made or given away (e.g. a root-squashed NFS).
+    """
+    if not os.path.isdir(path):
+        os.makedirs(path, mode=0o700)
+        os.chown(path, uid, gid)
 
 
 def _tail(path: str, lines: int) -> str:
