@@ -4,8 +4,10 @@ user pinned to the ledger's GPU and core, is reached through the proxy, survives
 (the allocation restored from the job's AdminComment), and is cancelled by a stop. user_options
 that try to reach the job (gres, prologue) are refused.
 
-The server is a small stand-in (a Jupyter-like ``/api`` answer): jupyterhub-singleuser from the
-hub's virtual environment cannot run as the job user here (its interpreter lives under /root).
+The first test's server is a small stand-in (a Jupyter-like ``/api`` answer that reports what
+it sees); the second runs the real jupyterhub-singleuser (JupyterHub 6) as the job user with the
+system Python 3.11 and the hub's site-packages (the hub's own interpreter lives under /root,
+which the job user cannot enter).
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import asyncio
 import pwd
 import secrets
 import shutil
+import sys
 import tempfile
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,7 +50,8 @@ def chp() -> str | None:
 class SlurmHub(HubProcess):
     """A hub on loopback whose GPUSpawner runs servers as Slurm jobs."""
 
-    def __init__(self, state_dir: Path, conf: str) -> None:
+    def __init__(self, state_dir: Path, conf: str, cmd: list[str] | None = None,
+                 environment: dict[str, str] | None = None) -> None:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         super().__init__(state_dir, url, f"{url}/hub/api", secrets.token_hex(16))
@@ -79,7 +84,8 @@ c.JupyterHub.spawner_class = "gpu"
 c.GPUSpawner.backend = "slurm"
 c.GPUSpawner.nodes = {nodes!r}
 c.GPUSpawner.profiles = {profiles!r}
-c.GPUSpawner.cmd = ["/usr/bin/python3", "-c", {SERVER!r}]
+c.GPUSpawner.cmd = {cmd or ["/usr/bin/python3", "-c", SERVER]!r}
+c.GPUSpawner.environment = {environment or {}!r}
 c.GPUSpawner.uid_map = {ids!r}
 c.GPUSpawner.home_path_template = "{home}/{{username}}"
 c.GPUSpawner.http_timeout = 60
@@ -173,3 +179,45 @@ def test_spawn_restart_stop_through_the_hub(hub: SlurmHub, slurm_conf: str) -> N
     hub.wait_stopped(USER)
     wait_until(lambda: job.job_id not in asyncio.run(client.squeue([job.job_id])),
                timeout=30, interval=0.3, message=f"job {job.job_id} gone after stop")
+
+
+def test_real_singleuser_picks_its_reported_port(slurm_conf: str, tmp_path: Path  # noqa: F811
+                                                 ) -> None:
+    """jupyterhub-singleuser takes the port the job script wrote into JUPYTERHUB_SERVICE_URL,
+    talks to the hub, and answers through the proxy; the hub's readiness check passes."""
+    if chp() is None:
+        pytest.skip("configurable-http-proxy is not installed (make venv installs it)")
+    site = Path(sys.prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" \
+        / "site-packages"
+    if not (site / "jupyterhub").is_dir() or not Path("/usr/bin/python3").exists():
+        pytest.skip("no jupyterhub in the hub's site-packages or no /usr/bin/python3")
+    hub = SlurmHub(tmp_path, slurm_conf, cmd=["/usr/bin/python3", "-m", "jupyterhub.singleuser"],
+                   environment={"PYTHONPATH": str(site)})
+    hub.start()
+    client = SlurmClient(conf=slurm_conf, timeout=30)
+    try:
+        hub.ensure_user(USER)
+        r = hub.api("POST", f"/users/{USER}/server", {"profile": "gpu1"})
+        assert r.status_code in (201, 202), r.text
+        hub.wait_ready(USER, timeout=120)
+        (job,) = jobs_of(client, f"jupyter-{USER}")
+        port = int(job.comment.split("=", 1)[1])
+        model = hub.api("GET", f"/users/{USER}").json()["servers"][""]
+        assert model["url"] == f"/user/{USER}/"
+        r = hub.session.get(f"{hub.url}/user/{USER}/api", timeout=10)
+        assert r.status_code == 200 and "version" in r.json(), r.text[:300]
+        # the server itself listens on the reported port of the node's address
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/user/{USER}/api",
+                                    timeout=5) as answer:
+            assert "version" in answer.read().decode()
+        assert hub.api("DELETE", f"/users/{USER}/server").status_code in (202, 204)
+        hub.wait_stopped(USER)
+        wait_until(lambda: job.job_id not in asyncio.run(client.squeue([job.job_id])),
+                   timeout=30, interval=0.3, message=f"job {job.job_id} gone after stop")
+    finally:
+        try:
+            if hub.server(USER) is not None:
+                hub.api("DELETE", f"/users/{USER}/server")
+        finally:
+            hub.stop()
+            shutil.rmtree(hub.home, ignore_errors=True)
