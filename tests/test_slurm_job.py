@@ -3,6 +3,7 @@ script (quoting, port report, PATH-free command), the readback check, the marker
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 from dataclasses import replace
@@ -10,8 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from gpuspawner.backends.base import (
+    BackendUnavailable,
+    LaunchFailed,
+    LaunchRefused,
+    NodeRuntime,
+)
 from gpuspawner.backends.slurm.backend import SlurmBackend, controller_down
-from gpuspawner.backends.slurm.commands import SlurmError, parse_job
+from gpuspawner.backends.slurm.commands import SlurmClient, SlurmError, parse_job
 from gpuspawner.backends.slurm.gres import gres_type
 from gpuspawner.backends.slurm.job import (
     ADMIN_MARKER,
@@ -210,11 +217,117 @@ def test_controller_down_is_told_from_a_refusal() -> None:
 
 
 def test_listen_ip_and_cert_names_follow_the_node() -> None:
-    from gpuspawner.backends.base import NodeRuntime
-
     b = SlurmBackend()
     b.bind({"node1": NodeRuntime("node1", "10.1.2.3", "x", NODE1)})
     assert b.listen_ip == "127.0.0.1"
     assert b.cert_alt_names(alloc_on(), {}) == ["IP:10.1.2.3"]
     b.bind({"node1": NodeRuntime("node1", "gpu01.example", "x", NODE1)})
     assert b.cert_alt_names(alloc_on(), {}) == ["DNS:gpu01.example"]
+
+
+# --------------------------------------------------------------------------- the backend's
+# decisions against a stand-in client (no cluster): node failure, refusals, submit timeout
+
+
+class FakeClient(SlurmClient):
+    """Answers the Slurm commands from canned text; records every command."""
+
+    def __init__(self, job: str | None = None, node_state: str = "IDLE",
+                 sbatch_error: SlurmError | None = None) -> None:
+        super().__init__(conf=None)
+        self.job, self.node_state, self.sbatch_error = job, node_state, sbatch_error
+        self.calls: list[tuple[str, ...]] = []
+
+    async def run(self, *args: str, stdin: str | None = None,
+                  timeout: float | None = None) -> str:
+        self.calls.append(args)
+        if args[0] == "sbatch":
+            if self.sbatch_error is not None:
+                raise self.sbatch_error
+            return "17\n"
+        if args[:3] == ("scontrol", "show", "job"):
+            if self.job is None:
+                raise SlurmError(list(args), 1, "slurm_load_jobs error: Invalid job id "
+                                 "specified")
+            return self.job
+        if args[:3] == ("scontrol", "show", "node"):
+            return (f"NodeName=node1 Arch=x86_64 CoresPerSocket=1\n   CPUTot=2 "
+                    f"RealMemory=4000\n   State={self.node_state} ThreadsPerCore=1\n")
+        return ""
+
+
+def fake_backend(client: FakeClient, **traits: object) -> SlurmBackend:
+    b = SlurmBackend(python="/usr/bin/python3", **traits)
+    b.bind({"node1": NodeRuntime("node1", "127.0.0.1", "x", NODE1)})
+    b._client = client
+    return b
+
+
+def state_job(state: str, exit_code: str = "0:0") -> str:
+    return job_text().replace("JobState=RUNNING", f"JobState={state}").replace(
+        "Dependency=(null)", f"Dependency=(null)\n   ExitCode={exit_code}")
+
+
+def run(coro):  # noqa: ANN001, ANN201 (any coroutine, its result)
+    return asyncio.run(coro)
+
+
+@pytest.mark.parametrize("node_state", ["DOWN*+NOT_RESPONDING", "IDLE*", "DOWN"])
+def test_poll_raises_unavailable_for_a_job_on_a_dead_node(node_state: str) -> None:
+    b = fake_backend(FakeClient(job_text(), node_state=node_state))
+    with pytest.raises(BackendUnavailable) as e:
+        run(b.poll({"node": "node1", "job_id": 7, "started": True}))
+    assert e.value.node == "node1"
+
+
+@pytest.mark.parametrize("job, status", [
+    (job_text(), None),
+    (state_job("FAILED", "2:0"), 2),
+    (state_job("CANCELLED", "0:15"), 1),
+    (state_job("NODE_FAIL", "0:0"), 1),
+    (state_job("COMPLETED", "0:0"), 0),
+    (state_job("PENDING"), 1),
+    (None, 0),
+])
+def test_poll_status_by_job_state(job: str | None, status: int | None) -> None:
+    b = fake_backend(FakeClient(job, node_state="MIXED"))
+    assert run(b.poll({"node": "node1", "job_id": 7, "started": True})) == status
+
+
+@pytest.mark.parametrize("error, kind", [
+    (SlurmError(["sbatch"], 1, "Batch job submission failed: Requested node configuration "
+                "is not available"), "LaunchRefused"),
+    (SlurmError(["sbatch"], 1, "Batch job submission failed: Invalid account"),
+     "LaunchFailed"),
+    (SlurmError(["sbatch"], None, "timed out after 30 s"), "BackendUnavailable"),
+])
+def test_sbatch_errors_become_typed_backend_errors(error: SlurmError, kind: str) -> None:
+    b = fake_backend(FakeClient(sbatch_error=error))
+    state: dict = {}
+    with pytest.raises(Exception) as e:
+        run(b.launch(spec_of(alloc_on(), home=None), state, lambda p, m: None))
+    assert type(e.value).__name__ == kind
+    assert "job_id" not in state
+
+
+def test_a_job_that_stays_pending_is_cancelled_with_slurms_reason() -> None:
+    pending = state_job("PENDING").replace("Reason=None", "Reason=Resources")
+    client = FakeClient(pending)
+    b = fake_backend(client, submit_timeout=0.5)
+    state: dict = {}
+    with pytest.raises(LaunchFailed, match="Reason=Resources"):
+        run(b.launch(spec_of(alloc_on(), home=None), state, lambda p, m: None))
+    assert state["job_id"] == 17
+    assert ("scancel", "17") in client.calls
+    marked = [c for c in client.calls if c[:2] == ("scontrol", "update")]
+    assert marked and marked[0][3] == "AdminComment=" + admin_comment(alloc_on())
+    assert ("scontrol", "release", "17") in client.calls
+
+
+def test_a_gpu_share_is_refused_before_anything_is_submitted() -> None:
+    client = FakeClient()
+    b = fake_backend(client)
+    alloc = replace(alloc_on(), gpus=(GPUShare(GPU_B.uuid, 250),))
+    with pytest.raises(LaunchRefused, match="share of 250"):
+        run(b.launch(spec_of(alloc, home=None), {}, lambda p, m: None))
+    assert client.calls == []
