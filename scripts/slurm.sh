@@ -63,9 +63,9 @@ stop_one() {  # NAME BINARY
 
 if [ "${1:-}" = "--stop" ]; then
   if pid_alive slurmctld slurmctld >/dev/null; then
-    # the jobs of this private cluster: their slurmstepd would outlive the daemons
-    scancel --full --quiet --user=root 2>/dev/null || true
-    for u in gpsuser1 gpsuser2; do scancel --full --quiet --user="$u" 2>/dev/null || true; done
+    # every job of this private cluster (SLURM_CONF): their slurmstepd would outlive slurmd
+    mapfile -t jobs < <(squeue -h -o %i 2>/dev/null || true)
+    [ "${#jobs[@]}" -gt 0 ] && { scancel --full "${jobs[@]}" 2>/dev/null || true; }
     for i in $(seq 1 75); do
       [ -z "$(squeue -h -o %i 2>/dev/null)" ] && break
       sleep 0.2
@@ -225,14 +225,14 @@ start() {  # NAME LOGFILE COMMAND...
   log "started $name (pid $!): $*"
 }
 
-wait_for() {  # SECONDS DESCRIPTION COMMAND...
-  local secs="$1" what="$2" i
+wait_for() {  # SECONDS DESCRIPTION COMMAND...: poll COMMAND until it succeeds or time is up
+  local deadline=$((SECONDS + $1)) what="$2"
   shift 2
-  for i in $(seq 1 $((secs * 5))); do
-    "$@" && return 0
+  log "waiting (at most $((deadline - SECONDS)) s) for $what"
+  until "$@"; do
+    [ "$SECONDS" -ge "$deadline" ] && return 1
     sleep 0.2
   done
-  return 1
 }
 
 if ! pid_alive munged munged >/dev/null; then
@@ -248,7 +248,7 @@ fi
 
 if ! pid_alive slurmctld slurmctld >/dev/null; then
   start slurmctld "$LOGDIR/slurmctld.out" slurmctld -D -i -f "$CONF"
-  wait_for 20 "slurmctld" scontrol ping >/dev/null 2>&1 || {
+  wait_for 20 "slurmctld (scontrol ping)" scontrol ping >/dev/null 2>&1 || {
     tail -n 20 "$LOGDIR/slurmctld.out" "$LOGDIR/slurmctld.log" >&2 2>/dev/null || true
     die "slurmctld did not answer 'scontrol ping' within 20 s"
   }
@@ -261,7 +261,7 @@ for n in "${NODES[@]}"; do
   fi
 done
 
-if ! wait_for "$WAIT" "nodes" nodes_ready; then
+if ! wait_for "$WAIT" "both nodes up in sinfo" nodes_ready; then
   sinfo -N -o '%N %T %E' >&2 || true
   for n in "${NODES[@]}"; do tail -n 10 "$LOGDIR/slurmd-$n.log" >&2 2>/dev/null || true; done
   die "nodes not up within $WAIT s (logs: $LOGDIR)"

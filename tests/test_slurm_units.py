@@ -272,6 +272,16 @@ def test_parse_running_job_with_two_gpus() -> None:
     assert job.comment == ""  # (null)
 
 
+def test_parse_job_on_two_nodes() -> None:
+    job = parse_job(fixture_text("job_two_nodes.txt"))
+    assert job.node_list == ("node1", "node2")  # NodeList=node[1-2]
+    assert [d.nodes for d in job.details] == [("node1",), ("node2",)]
+    assert all(d.cpu_ids == (0, 1) and d.memory_mb == 50 for d in job.details)
+    assert job.gres_indices("node1") == {
+        "gpu-5a0c1e7b-3f4d-4b8e-9c21-6d0e8f1a2b30": (0,), T_N1_B: (1,)}
+    assert job.gres_indices("node2") == {gres_type(N2_A): (0,), gres_type(N2_B): (1,)}
+
+
 def test_parse_pending_and_cancelled_jobs() -> None:
     pending = parse_job(fixture_text("job_pending.txt"))
     assert (pending.state, pending.reason, pending.node_list, pending.details) == \
