@@ -331,3 +331,13 @@ def test_a_gpu_share_is_refused_before_anything_is_submitted() -> None:
     with pytest.raises(LaunchRefused, match="share of 250"):
         run(b.launch(spec_of(alloc, home=None), {}, lambda p, m: None))
     assert client.calls == []
+
+
+@pytest.mark.parametrize("node_state", ["IDLE+DRAIN", "DOWN*+NOT_RESPONDING", "IDLE*"])
+def test_a_node_that_cannot_take_jobs_is_unavailable_before_submit(node_state: str) -> None:
+    client = FakeClient(node_state=node_state)
+    b = fake_backend(client)
+    with pytest.raises(BackendUnavailable) as e:
+        run(b.launch(spec_of(alloc_on(), home=None), {}, lambda p, m: None))
+    assert e.value.node == "node1" and node_state.split("+")[0].rstrip("*") in str(e.value)
+    assert not [c for c in client.calls if c[0] == "sbatch"]

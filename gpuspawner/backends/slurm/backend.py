@@ -319,7 +319,9 @@ class SlurmBackend(Backend):
             LaunchFailed: sbatch refused the job; the job did not run in ``submit_timeout``
                 or ended; Slurm granted other devices than the allocation (exact mode: the
                 job is cancelled); no port in ``port_timeout``.
-            BackendUnavailable: the controller does not answer.
+            BackendUnavailable: the controller does not answer, or the node cannot take jobs
+                now (drained, down, not responding: ``scontrol show node``), so that the
+                spawner marks it suspect instead of leaving a job waiting in the queue.
         """
         alloc = spec.allocation
         node = self._node(alloc.node)
@@ -337,6 +339,12 @@ class SlurmBackend(Backend):
                 await asyncio.to_thread(_make_home, spec.home.host_path, spec.uid, spec.gid)
             except OSError as e:
                 raise LaunchFailed(f"home {spec.home.host_path}: {e}") from None
+        for info in await self._ask(alloc.node, self.client.show_nodes(alloc.node)):
+            if not info.usable:
+                # a drained or dead node would keep the job PENDING until submit_timeout
+                raise BackendUnavailable(
+                    alloc.node, f"node state {'+'.join([info.state, *sorted(info.flags)])}"
+                    + (f" ({info.reason})" if info.reason else ""), "slurmd")
         state.update(node=alloc.node, output=self.output, submitted=time.time(), started=False)
         try:
             job_id = await self.client.sbatch(script, plan.options, user=str(spec.uid),
