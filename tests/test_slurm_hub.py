@@ -51,7 +51,8 @@ class SlurmHub(HubProcess):
     """A hub on loopback whose GPUSpawner runs servers as Slurm jobs."""
 
     def __init__(self, state_dir: Path, conf: str, cmd: list[str] | None = None,
-                 environment: dict[str, str] | None = None) -> None:
+                 environment: dict[str, str] | None = None, internal_ssl: bool = False
+                 ) -> None:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         super().__init__(state_dir, url, f"{url}/hub/api", secrets.token_hex(16))
@@ -72,7 +73,9 @@ c = get_config()  # noqa: F821
 c.JupyterHub.bind_url = {url!r}
 c.JupyterHub.hub_ip = "127.0.0.1"
 c.JupyterHub.hub_port = {free_port()}
-c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{free_port()}"
+c.ConfigurableHTTPProxy.api_url = "{'https' if internal_ssl else 'http'}://127.0.0.1:{free_port()}"
+c.JupyterHub.internal_ssl = {internal_ssl!r}
+c.JupyterHub.internal_certs_location = "{home}/internal-ssl"
 c.ConfigurableHTTPProxy.command = [{chp()!r}]
 c.ConfigurableHTTPProxy.auth_token = {secrets.token_hex(16)!r}
 c.JupyterHub.db_url = "sqlite:///{state_dir}/jupyterhub.sqlite"
@@ -181,10 +184,13 @@ def test_spawn_restart_stop_through_the_hub(hub: SlurmHub, slurm_conf: str) -> N
                timeout=30, interval=0.3, message=f"job {job.job_id} gone after stop")
 
 
-def test_real_singleuser_picks_its_reported_port(slurm_conf: str, tmp_path: Path  # noqa: F811
-                                                 ) -> None:
+@pytest.mark.parametrize("internal_ssl", [False, True], ids=["http", "internal_ssl"])
+def test_real_singleuser_picks_its_reported_port(slurm_conf: str, tmp_path: Path,  # noqa: F811
+                                                 internal_ssl: bool) -> None:
     """jupyterhub-singleuser takes the port the job script wrote into JUPYTERHUB_SERVICE_URL,
-    talks to the hub, and answers through the proxy; the hub's readiness check passes."""
+    talks to the hub, and answers through the proxy; the hub's readiness check passes. With
+    internal_ssl the server's certificate (naming the node's host) is read by the job user
+    from the spawner's copy and the proxy reaches it over mutual TLS."""
     if chp() is None:
         pytest.skip("configurable-http-proxy is not installed (make venv installs it)")
     site = Path(sys.prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" \
@@ -192,7 +198,7 @@ def test_real_singleuser_picks_its_reported_port(slurm_conf: str, tmp_path: Path
     if not (site / "jupyterhub").is_dir() or not Path("/usr/bin/python3").exists():
         pytest.skip("no jupyterhub in the hub's site-packages or no /usr/bin/python3")
     hub = SlurmHub(tmp_path, slurm_conf, cmd=["/usr/bin/python3", "-m", "jupyterhub.singleuser"],
-                   environment={"PYTHONPATH": str(site)})
+                   environment={"PYTHONPATH": str(site)}, internal_ssl=internal_ssl)
     hub.start()
     client = SlurmClient(conf=slurm_conf, timeout=30)
     try:
@@ -207,9 +213,13 @@ def test_real_singleuser_picks_its_reported_port(slurm_conf: str, tmp_path: Path
         r = hub.session.get(f"{hub.url}/user/{USER}/api", timeout=10)
         assert r.status_code == 200 and "version" in r.json(), r.text[:300]
         # the server itself listens on the reported port of the node's address
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/user/{USER}/api",
-                                    timeout=5) as answer:
-            assert "version" in answer.read().decode()
+        if internal_ssl:
+            with pytest.raises(OSError):  # plain HTTP is not served there
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/user/{USER}/api", timeout=5)
+        else:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/user/{USER}/api",
+                                        timeout=5) as answer:
+                assert "version" in answer.read().decode()
         assert hub.api("DELETE", f"/users/{USER}/server").status_code in (202, 204)
         hub.wait_stopped(USER)
         wait_until(lambda: job.job_id not in asyncio.run(client.squeue([job.job_id])),
