@@ -455,3 +455,40 @@ def test_sweep_cancels_a_job_whose_allocation_is_not_booked(
                    message=f"job {state['job_id']} swept")
     finally:
         run(backend.cleanup(alloc, state))
+
+
+def test_hub_config_check_names_slurm_settings_and_nodes(slurm_conf: str) -> None:
+    """The hub's start-up check (check_spawner_settings) builds the Slurm backend: a wrong
+    c.SlurmBackend setting is named as such, an unknown node under GPUSpawner.nodes."""
+    from traitlets.config import Config
+
+    from gpuspawner.hub.cluster import reset_clusters
+    from gpuspawner.hub.config_check import HubConfigError, check_spawner_settings
+
+    topo = REPO / "hub_config" / "slurm"
+    settings = {"backend": "slurm",
+                "nodes": [{"name": "node1", "topology": str(topo / "node1.yaml")}],
+                "profiles": [{"slug": "g", "cpu": 1, "memory": "256M", "gpus": 1}]}
+    cases = [
+        ({"slurm_conf": "/nonexistent/slurm.conf"}, settings,
+         "SlurmBackend.slurm_conf: no such file '/nonexistent/slurm.conf'"),
+        ({"slurm_conf": slurm_conf, "extra_sbatch_options": ["--uid=0"]}, settings,
+         "SlurmBackend.extra_sbatch_options: '--uid=0': the backend sets --uid itself"),
+        ({"slurm_conf": slurm_conf},
+         dict(settings, nodes=[{"name": "node9", "topology": str(topo / "node1.yaml")}]),
+         "GPUSpawner.nodes: nodes[0] (node9).name: Slurm does not know node 'node9'"),
+    ]
+    try:
+        for traits, spawner_settings, message in cases:
+            reset_clusters()
+            config = Config()
+            config.SlurmBackend = Config(traits)
+            with pytest.raises(HubConfigError) as e:
+                check_spawner_settings(spawner_settings, config)
+            assert str(e.value).startswith(message), str(e.value)
+        reset_clusters()
+        config = Config()
+        config.SlurmBackend = Config({"slurm_conf": slurm_conf})
+        check_spawner_settings(settings, config)  # a right configuration passes
+    finally:
+        reset_clusters()

@@ -73,6 +73,12 @@ _REFUSED = ("Requested node configuration is not available", "Invalid generic re
 _HOLDING = frozenset({"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED"})
 
 
+class SlurmConfigError(TraitError, ValueError):
+    """A wrong ``c.SlurmBackend.*`` setting found at start (the message names it). A
+    TraitError, so the hub's configuration check reports it under the backend's own name, not
+    under ``GPUSpawner.nodes``."""
+
+
 def controller_down(e: SlurmError) -> bool:
     """Whether a failed command means the controller (or the commands) cannot be reached, as
     opposed to a refusal: it timed out or did not start, or printed one of :data:`_DOWN`."""
@@ -222,14 +228,16 @@ class SlurmBackend(Backend):
         fatal (the hub may start before it).
 
         Raises:
-            ValueError: the setting, or the node entry and field, that is wrong.
+            SlurmConfigError: a ``c.SlurmBackend.*`` setting that is wrong.
+            ValueError: the node entry and field that is wrong.
         """
         if self.slurm_conf and not os.path.isfile(self.slurm_conf):
-            raise ValueError(f"SlurmBackend.slurm_conf: no such file {self.slurm_conf!r}")
+            raise SlurmConfigError(f"SlurmBackend.slurm_conf: no such file "
+                                   f"{self.slurm_conf!r}")
         for trait in ("server_command", "python"):
             if not getattr(self, trait).startswith("/"):
-                raise ValueError(f"SlurmBackend.{trait}: must be an absolute path, got "
-                                 f"{getattr(self, trait)!r}")
+                raise SlurmConfigError(f"SlurmBackend.{trait}: must be an absolute path, got "
+                                       f"{getattr(self, trait)!r}")
         if not self.nodes:
             return
         try:
@@ -245,7 +253,7 @@ class SlurmBackend(Backend):
                 self.log.warning("SlurmBackend: Slurm controller does not answer at start: %s",
                                  err)
                 return
-            raise ValueError(f"SlurmBackend: {err}")
+            raise SlurmConfigError(f"SlurmBackend: {err}")
         known = {n.name: n for n in parse_nodes(proc.stdout)}
         for i, rt in enumerate(self.nodes.values()):
             where = f"nodes[{i}] ({rt.name})"
