@@ -129,7 +129,8 @@ class H(http.server.BaseHTTPRequestHandler):
             "version": "test", "path": self.path, "uid": os.getuid(), "cwd": os.getcwd(),
             "cpus": sorted(os.sched_getaffinity(0)),
             "env": {k: os.environ.get(k) for k in ("TRICKY", "HOME", "GPUSPAWNER_PORT",
-                    "GPUSPAWNER_ALLOCATION", "GPS_HUB_SECRET", "JUPYTERHUB_SERVICE_URL")},
+                    "GPUSPAWNER_ALLOCATION", "GPS_HUB_SECRET", "JUPYTERHUB_SERVICE_URL",
+                    "FROM_PROLOGUE")},
         }).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -440,12 +441,22 @@ def test_held_job_counts_as_alive_only_right_after_submit(
 
 def test_sweep_cancels_a_job_whose_allocation_is_not_booked(
         slurm_conf: str, client: SlurmClient, workdir: Path) -> None:
-    backend = make_backend(slurm_conf, workdir)
+    """(With the admin's partition, time limit, extra options and prologue, seen in the job.)"""
+    backend = make_backend(slurm_conf, workdir, partition="debug", time_limit="0:10:00",
+                           extra_sbatch_options=["--nice=5"],
+                           job_prologue=["export FROM_PROLOGUE=yes"])
     alloc, _ = ledger_pair()
     state: dict[str, Any] = {}
     spec = server_spec(alloc, workdir, f"gps-sweep-{uuid.uuid4().hex[:6]}")
     try:
-        run(backend.launch(spec, state, lambda p, m: None))
+        ip, port = run(backend.launch(spec, state, lambda p, m: None))
+        job = run(client.show_job(state["job_id"]))
+        assert job is not None
+        assert (job.fields["Partition"], job.fields["TimeLimit"], job.fields["Nice"]) == (
+            "debug", "00:10:00", "5")
+        seen = wait_until(lambda: _try_get(ip, port), timeout=20, interval=0.2,
+                          message=f"server at {ip}:{port}")
+        assert seen["env"]["FROM_PROLOGUE"] == "yes"
         assert run(backend.sweep("node2", booked=lambda a: False,
                                  owner_booked=lambda u, s: False)) == []
         removed = run(backend.sweep("node1", booked=lambda a: a != alloc.id,
