@@ -225,6 +225,9 @@ def test_job_runs_on_the_allocated_gpu_and_core(
     assert job.fields["AdminComment"] == ADMIN_MARKER + launched.alloc.to_json()
     assert job.fields.get("Requeue") == "0"
     assert any("submitted Slurm job" in m for m in launched.progress)
+    picked = launched.state["picked"]
+    assert (picked["node"], picked["cpu_ids"], picked["gpu_uuids"], picked["memory_mb"]) == (
+        "node1", list(launched.alloc.cpuset), [uuid_], 256)
 
 
 def get_json(ip: str, port: int, path: str) -> dict[str, Any]:

@@ -14,7 +14,8 @@ the port the job reports in its ``Comment``; return (the node's ``host``, that p
 
 Per-server ``state`` keys: ``node``, ``job_id``, ``submitted`` (seconds since the epoch),
 ``started`` (True once RUNNING was seen), ``output`` (the job's output file pattern),
-``port``, and in model mode ``picked`` (what Slurm chose, :func:`~.job.picked`).
+``port``, and ``picked`` (what Slurm granted, :func:`~.job.picked`: in model mode the devices
+the ledger should adopt).
 
 The hub's environment never reaches a job: the commands run with ``PATH`` and ``SLURM_CONF``
 only (sbatch exports the submitting environment to the job), and the job script sets the
@@ -371,12 +372,11 @@ class SlurmBackend(Backend):
         job = await self._wait_running(job_id, alloc.node, progress)
         state["started"] = True
         problems = check_readback(job, alloc, node, plan.memory_mb, self.gpu_mode)
+        state["picked"] = picked(job, node)
         if problems:
             await self._cancel(job_id, alloc.node)
             raise LaunchFailed(f"Slurm job {job_id} does not hold allocation {alloc.id}: "
                                f"{'; '.join(problems)}; the job was cancelled")
-        if self.gpu_mode == "model":
-            state["picked"] = picked(job, node)
         progress(50, f"Slurm job {job_id} runs on {alloc.node}, waiting for its port")
         port = await self._wait_port(job_id, alloc.node)
         state["port"] = port
