@@ -341,3 +341,10 @@ def test_a_node_that_cannot_take_jobs_is_unavailable_before_submit(node_state: s
         run(b.launch(spec_of(alloc_on(), home=None), {}, lambda p, m: None))
     assert e.value.node == "node1" and node_state.split("+")[0].rstrip("*") in str(e.value)
     assert not [c for c in client.calls if c[0] == "sbatch"]
+
+
+@pytest.mark.parametrize("trait", ["submit_timeout", "port_timeout", "stop_timeout",
+                                   "command_timeout"])
+def test_timeouts_must_be_positive(trait: str) -> None:
+    with pytest.raises(Exception, match=f"SlurmBackend.{trait}: must be > 0"):
+        SlurmBackend(**{trait: 0})

@@ -204,6 +204,13 @@ class SlurmBackend(Backend):
             raise TraitError(f"SlurmBackend.extra_sbatch_options: {e}") from None
         return proposal.value
 
+    @validate("submit_timeout", "port_timeout", "stop_timeout", "command_timeout")
+    def _validate_positive(self, proposal: Any) -> float:
+        if not proposal.value > 0:
+            raise TraitError(f"SlurmBackend.{proposal.trait.name}: must be > 0 seconds, got "
+                             f"{proposal.value}")
+        return proposal.value
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._client: SlurmClient | None = None
