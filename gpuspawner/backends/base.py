@@ -270,6 +270,7 @@ def owner_labels(labels: Mapping[str, str]) -> tuple[str, str] | None:
 #: ``c.GPUSpawner.backend`` short names -> classes (a dotted path works too)
 BACKENDS: dict[str, str] = {
     "docker": "gpuspawner.backends.docker_backend.DockerBackend",
+    "slurm": "gpuspawner.backends.slurm.backend.SlurmBackend",
 }
 
 

@@ -26,7 +26,8 @@ class SpawnerSettings(LoggingConfigurable):
     _options_refusal: web.HTTPError | None = None
 
     backend = Unicode("docker", help="""What runs servers: "docker" (DockerBackend, configured
-        as c.DockerBackend.*) or a dotted Backend class path.""").tag(config=True)
+        as c.DockerBackend.*), "slurm" (SlurmBackend, c.SlurmBackend.*, docs/slurm-backend.md)
+        or a dotted Backend class path.""").tag(config=True)
     profiles = Union([List(Dict()), Unicode()], default_value=[
         {"slug": "cpu", "display_name": "CPU only", "cpu": 1, "memory": "1G", "default": True}],
         help=PROFILES_HELP).tag(config=True)

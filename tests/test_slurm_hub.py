@@ -1,0 +1,233 @@
+"""GPUSpawner with ``backend = "slurm"`` in a real JupyterHub (with configurable-http-proxy)
+against the private two-node cluster: a spawn through the REST API runs as a Slurm job of the
+user pinned to the ledger's GPU and core, is reached through the proxy, survives a hub restart
+(the allocation restored from the job's AdminComment), and is cancelled by a stop. user_options
+that try to reach the job (gres, prologue) are refused.
+
+The first test's server is a small stand-in (a Jupyter-like ``/api`` answer that reports what
+it sees); the second runs the real jupyterhub-singleuser (JupyterHub 6) as the job user with the
+system Python 3.11 and the hub's site-packages (the hub's own interpreter lives under /root,
+which the job user cannot enter).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pwd
+import secrets
+import shutil
+import sys
+import tempfile
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuspawner.backends.slurm.commands import JobInfo, SlurmClient, parse_jobs
+from gpuspawner.backends.slurm.gres import gres_type
+from gpuspawner.backends.slurm.job import ADMIN_MARKER, gpu_positions
+from gpuspawner.placement import Allocation
+from tests.hubrunner import HubProcess, free_port
+from tests.test_slurm_backend import SERVER, slurm_conf, topology_nodes  # noqa: F401
+from tests.waiting import wait_until
+
+pytestmark = [pytest.mark.slurm, pytest.mark.hub]
+
+REPO = Path(__file__).resolve().parents[1]
+USER = "gpsuser1"
+OTHER = "gpsuser2"
+
+
+def chp() -> str | None:
+    for base in (REPO, Path("/work/main")):
+        path = base / "node_modules" / ".bin" / "configurable-http-proxy"
+        if path.exists():
+            return str(path)
+    return shutil.which("configurable-http-proxy")
+
+
+class SlurmHub(HubProcess):
+    """A hub on loopback whose GPUSpawner runs servers as Slurm jobs."""
+
+    def __init__(self, state_dir: Path, conf: str, cmd: list[str] | None = None,
+                 environment: dict[str, str] | None = None, internal_ssl: bool = False
+                 ) -> None:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        super().__init__(state_dir, url, f"{url}/hub/api", secrets.token_hex(16))
+        topo = REPO / "hub_config" / "slurm"
+        nodes = [{"name": n, "topology": str(topo / f"{n}.yaml"), "host": "127.0.0.1"}
+                 for n in ("node1", "node2")]
+        profiles = [{"slug": "gpu1", "display_name": "1 GPU", "cpu": 1, "memory": "256M",
+                     "gpus": 1, "nodes": ["node1"], "default": True},
+                    {"slug": "gpu2", "display_name": "2 GPUs", "cpu": 2, "memory": "256M",
+                     "gpus": 2, "nodes": ["node1"]}]
+        ids = {u: {"uid": pwd.getpwnam(u).pw_uid, "gid": pwd.getpwnam(u).pw_gid}
+               for u in (USER, OTHER)}
+        # job users must reach their homes: not under pytest's tmp_path (0700 root)
+        home = Path(tempfile.mkdtemp(prefix="gps-slurmhub-", dir="/tmp"))
+        home.chmod(0o755)
+        self.config.write_text(f"""
+c = get_config()  # noqa: F821
+c.JupyterHub.bind_url = {url!r}
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = {free_port()}
+c.ConfigurableHTTPProxy.api_url = "{'https' if internal_ssl else 'http'}://127.0.0.1:{free_port()}"
+c.JupyterHub.internal_ssl = {internal_ssl!r}
+c.JupyterHub.internal_certs_location = "{home}/internal-ssl"
+c.ConfigurableHTTPProxy.command = [{chp()!r}]
+c.ConfigurableHTTPProxy.auth_token = {secrets.token_hex(16)!r}
+c.JupyterHub.db_url = "sqlite:///{state_dir}/jupyterhub.sqlite"
+c.JupyterHub.cookie_secret_file = "{state_dir}/cookie_secret"
+c.JupyterHub.pid_file = "{state_dir}/jupyterhub.pid"
+c.ConfigurableHTTPProxy.pid_file = "{state_dir}/proxy.pid"
+c.JupyterHub.cleanup_servers = False
+c.JupyterHub.spawner_class = "gpu"
+c.GPUSpawner.backend = "slurm"
+c.GPUSpawner.nodes = {nodes!r}
+c.GPUSpawner.profiles = {profiles!r}
+c.GPUSpawner.cmd = {cmd or ["/usr/bin/python3", "-c", SERVER]!r}
+c.GPUSpawner.environment = {environment or {}!r}
+c.GPUSpawner.uid_map = {ids!r}
+c.GPUSpawner.home_path_template = "{home}/{{username}}"
+c.GPUSpawner.http_timeout = 60
+c.GPUSpawner.start_timeout = 120
+c.GPUSpawner.poll_interval = 2
+c.SlurmBackend.slurm_conf = {conf!r}
+c.SlurmBackend.python = "/usr/bin/python3"
+c.SlurmBackend.output = "/tmp/gpuspawner-hubtest-%x-%j.out"
+c.SlurmBackend.submit_timeout = 40
+c.JupyterHub.authenticator_class = "dummy"
+c.Authenticator.allow_all = True
+c.JupyterHub.services = [{{"name": "admin", "api_token": {self.token!r}}}]
+c.JupyterHub.load_roles = [{{"name": "admin-svc", "services": ["admin"], "scopes": [
+    "admin:users", "admin:servers", "list:users", "read:users", "access:servers"]}}]
+""")
+        self.home = home
+
+
+@pytest.fixture
+def hub(slurm_conf: str, tmp_path: Path) -> Iterator[SlurmHub]:  # noqa: F811
+    if chp() is None:
+        pytest.skip("configurable-http-proxy is not installed (make venv installs it)")
+    h = SlurmHub(tmp_path, slurm_conf)
+    h.start()
+    try:
+        yield h
+    finally:
+        try:
+            if h.server(USER) is not None:
+                h.api("DELETE", f"/users/{USER}/server")
+                h.wait_stopped(USER)
+        finally:
+            h.stop()
+            shutil.rmtree(h.home, ignore_errors=True)
+
+
+def jobs_of(client: SlurmClient, name: str) -> list[JobInfo]:
+    """The RUNNING jobs named ``name``."""
+    out = asyncio.run(client.run("scontrol", "show", "job", "-d"))
+    return [j for j in parse_jobs(out) if j.name == name and j.state == "RUNNING"]
+
+
+def test_spawn_restart_stop_through_the_hub(hub: SlurmHub, slurm_conf: str) -> None:  # noqa: F811
+    """gpsuser1 takes both GPUs of node1 (profile gpu2: no enforce-binding across NUMA
+    nodes, the readback still checks the cores); after a hub restart gpsuser2 is refused by
+    the restored ledger at once, not left to wait in Slurm's queue."""
+    client = SlurmClient(conf=slurm_conf, timeout=30)
+    hub.ensure_user(USER)
+    hub.ensure_user(OTHER)
+    # user_options may name a profile only: Slurm options in them are refused
+    r = hub.api("POST", f"/users/{USER}/server",
+                {"profile": "gpu2", "gres": "gpu:2", "prologue": "touch /tmp/owned"})
+    assert r.status_code == 400, r.text
+    r = hub.api("POST", f"/users/{USER}/server", {"profile": "gpu2"})
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready(USER, timeout=90)
+
+    name = f"jupyter-{USER}"
+    (job,) = wait_until(lambda: jobs_of(client, name), timeout=10, message=f"job {name}")
+    assert job.user == USER and job.node_list == ("node1",)
+    alloc = Allocation.from_json(job.fields["AdminComment"][len(ADMIN_MARKER):])
+    node1 = topology_nodes()["node1"].node
+    pos = gpu_positions(node1)
+    assert job.gres_indices("node1") == {gres_type(u): (pos[u],) for u in alloc.gpu_uuids}
+    assert len(alloc.gpu_uuids) == 2
+    assert job.node_detail("node1").cpu_ids == alloc.cpuset == (0, 1)
+
+    # through the proxy, at the port the job reported
+    r = hub.session.get(f"{hub.url}/user/{USER}/api", timeout=10)
+    assert r.status_code == 200, r.text[:300]
+    seen = r.json()
+    assert seen["uid"] == pwd.getpwnam(USER).pw_uid
+    assert seen["cpus"] == list(alloc.cpuset)
+    assert seen["env"]["HOME"] == str(hub.home / USER)
+
+    # a hub restart keeps the job and its allocation (restored from AdminComment)
+    hub.stop()
+    assert [j.job_id for j in jobs_of(client, name)] == [job.job_id]
+    hub.start()
+    model = hub.api("GET", f"/users/{USER}").json()
+    assert model["servers"][""]["ready"] is True
+    r = hub.session.get(f"{hub.url}/user/{USER}/api", timeout=10)
+    assert r.status_code == 200 and r.json()["uid"] == seen["uid"]
+    r = hub.api("POST", f"/users/{OTHER}/server", {"profile": "gpu1"})
+    assert r.status_code == 400, r.text
+    assert "no node has 1 free GPU" in r.json()["message"]
+    assert not jobs_of(client, f"jupyter-{OTHER}")
+
+    # stop: the job leaves the queue
+    assert hub.api("DELETE", f"/users/{USER}/server").status_code in (202, 204)
+    hub.wait_stopped(USER)
+    wait_until(lambda: job.job_id not in asyncio.run(client.squeue([job.job_id])),
+               timeout=30, interval=0.3, message=f"job {job.job_id} gone after stop")
+
+
+@pytest.mark.parametrize("internal_ssl", [False, True], ids=["http", "internal_ssl"])
+def test_real_singleuser_picks_its_reported_port(slurm_conf: str, tmp_path: Path,  # noqa: F811
+                                                 internal_ssl: bool) -> None:
+    """jupyterhub-singleuser takes the port the job script wrote into JUPYTERHUB_SERVICE_URL,
+    talks to the hub, and answers through the proxy; the hub's readiness check passes. With
+    internal_ssl the server's certificate (naming the node's host) is read by the job user
+    from the spawner's copy and the proxy reaches it over mutual TLS."""
+    if chp() is None:
+        pytest.skip("configurable-http-proxy is not installed (make venv installs it)")
+    site = Path(sys.prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" \
+        / "site-packages"
+    if not (site / "jupyterhub").is_dir() or not Path("/usr/bin/python3").exists():
+        pytest.skip("no jupyterhub in the hub's site-packages or no /usr/bin/python3")
+    hub = SlurmHub(tmp_path, slurm_conf, cmd=["/usr/bin/python3", "-m", "jupyterhub.singleuser"],
+                   environment={"PYTHONPATH": str(site)}, internal_ssl=internal_ssl)
+    hub.start()
+    client = SlurmClient(conf=slurm_conf, timeout=30)
+    try:
+        hub.ensure_user(USER)
+        r = hub.api("POST", f"/users/{USER}/server", {"profile": "gpu1"})
+        assert r.status_code in (201, 202), r.text
+        hub.wait_ready(USER, timeout=120)
+        (job,) = jobs_of(client, f"jupyter-{USER}")
+        port = int(job.comment.split("=", 1)[1])
+        model = hub.api("GET", f"/users/{USER}").json()["servers"][""]
+        assert model["url"] == f"/user/{USER}/"
+        r = hub.session.get(f"{hub.url}/user/{USER}/api", timeout=10)
+        assert r.status_code == 200 and "version" in r.json(), r.text[:300]
+        # the server itself listens on the reported port of the node's address
+        if internal_ssl:
+            with pytest.raises(OSError):  # plain HTTP is not served there
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/user/{USER}/api", timeout=5)
+        else:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/user/{USER}/api",
+                                        timeout=5) as answer:
+                assert "version" in answer.read().decode()
+        assert hub.api("DELETE", f"/users/{USER}/server").status_code in (202, 204)
+        hub.wait_stopped(USER)
+        wait_until(lambda: job.job_id not in asyncio.run(client.squeue([job.job_id])),
+                   timeout=30, interval=0.3, message=f"job {job.job_id} gone after stop")
+    finally:
+        try:
+            if hub.server(USER) is not None:
+                hub.api("DELETE", f"/users/{USER}/server")
+        finally:
+            hub.stop()
+            shutil.rmtree(hub.home, ignore_errors=True)

@@ -1,0 +1,350 @@
+"""The Slurm backend's pure pieces (no cluster): sbatch options from an allocation, the job
+script (quoting, port report, PATH-free command), the readback check, the markers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from gpuspawner.backends.base import (
+    BackendUnavailable,
+    LaunchFailed,
+    LaunchRefused,
+    NodeRuntime,
+)
+from gpuspawner.backends.slurm.backend import SlurmBackend, controller_down
+from gpuspawner.backends.slurm.commands import SlurmClient, SlurmError, parse_job
+from gpuspawner.backends.slurm.gres import gres_type
+from gpuspawner.backends.slurm.job import (
+    ADMIN_MARKER,
+    admin_comment,
+    allocation_of,
+    check_extra_options,
+    check_readback,
+    gpu_positions,
+    job_script,
+    mem_mib,
+    picked,
+    plan_job,
+    reported_port,
+)
+from gpuspawner.backends.spec import HomeMount, LaunchSpec, launch_spec
+from gpuspawner.inventory.topology import load_topology_file
+from gpuspawner.placement import Allocation, GPUShare, Owner
+
+REPO = Path(__file__).resolve().parents[1]
+NODE1 = load_topology_file(REPO / "hub_config" / "slurm" / "node1.yaml")
+GPU_A, GPU_B = sorted(NODE1.gpus, key=lambda g: g.index)
+MiB = 2**20
+
+
+def alloc_on(gpus: tuple[str, ...] = (GPU_B.uuid,), cpuset: tuple[int, ...] = (1,),
+             memory: int = 300 * MiB) -> Allocation:
+    return Allocation(id="a" * 32, owner=Owner("ann", "", ("g",)), node="node1",
+                      gpus=tuple(GPUShare(u) for u in gpus), cpuset=cpuset, mems=(1,),
+                      memory_bytes=memory, disk_bytes=0)
+
+
+def spec_of(alloc: Allocation, **kw: object) -> LaunchSpec:
+    args: dict = dict(name="jupyter-ann", user="ann", server="", allocation=alloc, image="x",
+                      cmd=["/opt/jh/bin/jupyterhub-singleuser", "--debug"],
+                      env={"JUPYTERHUB_SERVICE_URL": "http://127.0.0.1:8888/user/ann/"},
+                      uid=2001, gid=2001, port=8888, home=HomeMount("/home/ann", "/home/jovyan"))
+    args.update(kw)
+    return launch_spec(**args)
+
+
+def test_mem_mib_rounds_up_and_is_never_zero() -> None:
+    assert (mem_mib(0), mem_mib(1), mem_mib(MiB), mem_mib(MiB + 1)) == (1, 1, 1, 2)
+
+
+def test_plan_pins_node_gpu_cores_and_memory() -> None:
+    plan = plan_job(spec_of(alloc_on()), NODE1, partition="debug", time_limit="8:00:00",
+                    extra=["--account=jhub"])
+    opts = plan.options
+    assert opts[0] == "--account=jhub"  # the admin's first: ours win
+    for o in ("--job-name=jupyter-ann", "--nodelist=node1", "--ntasks=1", "--cpus-per-task=1",
+              "--mem=300", f"--gres=gpu:{gres_type(GPU_B.uuid)}:1",
+              "--gres-flags=enforce-binding", "--no-requeue", "--hold", "--chdir=/home/ann",
+              "--comment=gpuspawner-submitted:" + "a" * 32, "--partition=debug",
+              "--time=8:00:00", "--export=ALL"):
+        assert o in opts
+    assert plan.binding and plan.memory_mb == 300 and plan.workdir == "/home/ann"
+
+
+def test_plan_drops_binding_for_gpus_on_two_numa_nodes_and_groups_models() -> None:
+    both = alloc_on((GPU_A.uuid, GPU_B.uuid), (0, 1))
+    plan = plan_job(spec_of(both), NODE1)
+    assert not plan.binding and "--gres-flags=enforce-binding" not in plan.options
+    assert plan.gres == f"gpu:{gres_type(GPU_A.uuid)}:1,gpu:{gres_type(GPU_B.uuid)}:1"
+    assert plan_job(spec_of(both), NODE1, mode="model").gres == "gpu:FAKE:2"
+
+
+@pytest.mark.parametrize("alloc, match", [
+    (alloc_on(cpuset=()), "no cores"),
+    (replace(alloc_on(), gpus=(GPUShare(GPU_B.uuid, 500),)), "share of 500"),
+    (alloc_on(("GPU-nosuch",)), "has no GPU GPU-nosuch"),
+])
+def test_plan_refuses_what_slurm_cannot_express(alloc: Allocation, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        plan_job(spec_of(alloc), NODE1)
+
+
+@pytest.mark.parametrize("opt", ["--uid=0", "--gres=gpu:2", "-w", "--mem 5", "--export=NONE",
+                                 "account=x"])
+def test_extra_options_that_undo_pinning_are_refused(opt: str) -> None:
+    with pytest.raises(ValueError):
+        check_extra_options([opt])
+    with pytest.raises(Exception, match="extra_sbatch_options"):
+        SlurmBackend(extra_sbatch_options=[opt])
+
+
+TRICKY = "a 'b' \"c\" $HOME `id` \\ ; x\ny"
+
+
+def test_job_script_is_valid_bash_and_quotes_every_value(tmp_path: Path) -> None:
+    spec = spec_of(alloc_on(), env={"JUPYTERHUB_SERVICE_URL": "http://127.0.0.1:8888/user/a/",
+                                    "TRICKY": TRICKY})
+    script = job_script(spec, python="/usr/bin/python3", prologue=["module load cuda"])
+    path = tmp_path / "job.sh"
+    path.write_text(script)
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+    assert script.startswith("#!/bin/bash\n")
+    assert "export HOME=/home/ann\n" in script  # the node's path, not the container's
+    assert "module load cuda\n" in script
+    assert "export JUPYTERHUB_SERVICE_URL=http://127.0.0.1:\"$port\"/user/a/" in script
+    assert script.rstrip().endswith("exec /opt/jh/bin/jupyterhub-singleuser --debug")
+    # the value comes back unchanged through bash
+    env_only = script.split("module load cuda")[0]  # the exports, TRICKY over two lines
+    out = subprocess.run(["bash", "-c", env_only + '\nprintf %s "$TRICKY"'],
+                         capture_output=True, text=True, check=True).stdout
+    assert out == TRICKY
+
+
+def test_job_script_picks_and_reports_a_port(tmp_path: Path) -> None:
+    """Run the script with a stand-in scontrol and command: the port it reports is the one
+    in JUPYTERHUB_SERVICE_URL and GPUSPAWNER_PORT."""
+    report = tmp_path / "reported"
+    fake = tmp_path / "scontrol"
+    fake.write_text(f'#!/bin/sh\necho "$@" > {report}\n')
+    fake.chmod(0o755)
+    show = tmp_path / "show"
+    show.write_text('#!/bin/sh\necho "$GPUSPAWNER_PORT $JUPYTERHUB_SERVICE_URL $PWD"\n')
+    show.chmod(0o755)
+    spec = spec_of(alloc_on(), cmd=[str(show)], home=None)
+    script = job_script(spec, python="/usr/bin/python3", scontrol=str(fake))
+    (tmp_path / "job.sh").write_text(script)
+    out = subprocess.run(["bash", str(tmp_path / "job.sh")], capture_output=True, text=True,
+                         env={"SLURM_JOB_ID": "42", "PATH": os.environ["PATH"]}, check=True)
+    port, url, cwd = out.stdout.split()
+    assert 0 < int(port) < 65536 and cwd == "/tmp"
+    assert url == f"http://127.0.0.1:{port}/user/ann/"
+    assert report.read_text().split() == ["update", "JobId=42", f"Comment=gpuspawner-port={port}"]
+
+
+def test_job_script_needs_an_absolute_command_and_shell_names() -> None:
+    with pytest.raises(ValueError, match="absolute path"):
+        job_script(spec_of(alloc_on(), cmd=["jupyterhub-singleuser"]), python="/usr/bin/python3")
+    with pytest.raises(ValueError, match="shell identifier"):
+        job_script(spec_of(alloc_on(), env={"A-B": "1"}), python="/usr/bin/python3")
+
+
+def test_backend_replaces_a_bare_singleuser_command() -> None:
+    b = SlurmBackend(server_command="/opt/jh/bin/jupyterhub-singleuser")
+    spec = b._command(spec_of(alloc_on(), cmd=["jupyterhub-singleuser", "--x"]))
+    assert spec.cmd == ("/opt/jh/bin/jupyterhub-singleuser", "--x")
+
+
+JOB = """JobId=7 JobName=jupyter-ann
+   UserId=ann(2001) GroupId=ann(2001) MCS_label=N/A
+   JobState=RUNNING Reason=None Dependency=(null)
+   NodeList=node1
+     Nodes=node1 CPU_IDs={cpus} Mem=300 GRES=gpu:{gtype}:1(IDX:{idx})
+   Comment={comment}
+   AdminComment={admin}
+"""
+
+
+def job_text(cpus: str = "1", idx: int = 1, comment: str = "gpuspawner-port=40001",
+             admin: str = "") -> str:
+    return JOB.format(cpus=cpus, gtype=gres_type(GPU_B.uuid), idx=idx, comment=comment,
+                      admin=admin or admin_comment(alloc_on()))
+
+
+def test_readback_agrees_with_the_allocation() -> None:
+    assert gpu_positions(NODE1) == {GPU_A.uuid: 0, GPU_B.uuid: 1}
+    assert check_readback(parse_job(job_text()), alloc_on(), NODE1, 300) == []
+
+
+@pytest.mark.parametrize("text, word", [
+    (job_text(cpus="0"), "CPU_IDs=0"),
+    (job_text(idx=0), "(IDX:0)"),
+    (job_text().replace("NodeList=node1", "NodeList=node2"), "runs on node2"),
+    (job_text().replace("Mem=300", "Mem=200"), "Mem=200"),
+])
+def test_readback_names_each_difference(text: str, word: str) -> None:
+    problems = check_readback(parse_job(text), alloc_on(), NODE1, 300)
+    assert problems and word in "; ".join(problems)
+
+
+def test_model_mode_checks_counts_and_records_the_pick() -> None:
+    job = parse_job(job_text(cpus="0", idx=0))
+    assert check_readback(job, alloc_on(), NODE1, 300, mode="model") == []
+    got = picked(job, NODE1)
+    assert got["cpu_ids"] == [0] and got["gpu_uuids"] == [GPU_A.uuid]
+
+
+def test_markers_read_back() -> None:
+    job = parse_job(job_text())
+    assert allocation_of(job) == alloc_on().to_json()
+    assert reported_port(job) == 40001
+    assert reported_port(parse_job(job_text(comment="gpuspawner-port=99999"))) is None
+    assert allocation_of(parse_job(job_text(admin="someone else's"))) is None
+    assert allocation_of(parse_job(job_text(admin=ADMIN_MARKER + "[1]"))) is None
+
+
+def test_controller_down_is_told_from_a_refusal() -> None:
+    assert controller_down(SlurmError(["squeue"], None, "timed out after 3 s"))
+    assert controller_down(SlurmError(["squeue"], 1, "slurm_load_jobs error: Unable to "
+                                      "contact slurm controller (connect failure)"))
+    assert not controller_down(SlurmError(["sbatch"], 1, "Batch job submission failed: "
+                                          "Requested node configuration is not available"))
+
+
+def test_listen_ip_and_cert_names_follow_the_node() -> None:
+    b = SlurmBackend()
+    b.bind({"node1": NodeRuntime("node1", "10.1.2.3", "x", NODE1)})
+    assert b.listen_ip == "127.0.0.1"
+    assert b.cert_alt_names(alloc_on(), {}) == ["IP:10.1.2.3"]
+    b.bind({"node1": NodeRuntime("node1", "gpu01.example", "x", NODE1)})
+    assert b.cert_alt_names(alloc_on(), {}) == ["DNS:gpu01.example"]
+
+
+# --------------------------------------------------------------------------- the backend's
+# decisions against a stand-in client (no cluster): node failure, refusals, submit timeout
+
+
+class FakeClient(SlurmClient):
+    """Answers the Slurm commands from canned text; records every command."""
+
+    def __init__(self, job: str | None = None, node_state: str = "IDLE",
+                 sbatch_error: SlurmError | None = None) -> None:
+        super().__init__(conf=None)
+        self.job, self.node_state, self.sbatch_error = job, node_state, sbatch_error
+        self.calls: list[tuple[str, ...]] = []
+
+    async def run(self, *args: str, stdin: str | None = None,
+                  timeout: float | None = None) -> str:
+        self.calls.append(args)
+        if args[0] == "sbatch":
+            if self.sbatch_error is not None:
+                raise self.sbatch_error
+            return "17\n"
+        if args[:3] == ("scontrol", "show", "job"):
+            if self.job is None:
+                raise SlurmError(list(args), 1, "slurm_load_jobs error: Invalid job id "
+                                 "specified")
+            return self.job
+        if args[:3] == ("scontrol", "show", "node"):
+            return (f"NodeName=node1 Arch=x86_64 CoresPerSocket=1\n   CPUTot=2 "
+                    f"RealMemory=4000\n   State={self.node_state} ThreadsPerCore=1\n")
+        return ""
+
+
+def fake_backend(client: FakeClient, **traits: object) -> SlurmBackend:
+    b = SlurmBackend(python="/usr/bin/python3", **traits)
+    b.bind({"node1": NodeRuntime("node1", "127.0.0.1", "x", NODE1)})
+    b._client = client
+    return b
+
+
+def state_job(state: str, exit_code: str = "0:0") -> str:
+    return job_text().replace("JobState=RUNNING", f"JobState={state}").replace(
+        "Dependency=(null)", f"Dependency=(null)\n   ExitCode={exit_code}")
+
+
+def run(coro):  # noqa: ANN001, ANN201 (any coroutine, its result)
+    return asyncio.run(coro)
+
+
+@pytest.mark.parametrize("node_state", ["DOWN*+NOT_RESPONDING", "IDLE*", "DOWN"])
+def test_poll_raises_unavailable_for_a_job_on_a_dead_node(node_state: str) -> None:
+    b = fake_backend(FakeClient(job_text(), node_state=node_state))
+    with pytest.raises(BackendUnavailable) as e:
+        run(b.poll({"node": "node1", "job_id": 7, "started": True}))
+    assert e.value.node == "node1"
+
+
+@pytest.mark.parametrize("job, status", [
+    (job_text(), None),
+    (state_job("FAILED", "2:0"), 2),
+    (state_job("CANCELLED", "0:15"), 1),
+    (state_job("NODE_FAIL", "0:0"), 1),
+    (state_job("COMPLETED", "0:0"), 0),
+    (state_job("PENDING"), 1),
+    (None, 0),
+])
+def test_poll_status_by_job_state(job: str | None, status: int | None) -> None:
+    b = fake_backend(FakeClient(job, node_state="MIXED"))
+    assert run(b.poll({"node": "node1", "job_id": 7, "started": True})) == status
+
+
+@pytest.mark.parametrize("error, kind", [
+    (SlurmError(["sbatch"], 1, "Batch job submission failed: Requested node configuration "
+                "is not available"), "LaunchRefused"),
+    (SlurmError(["sbatch"], 1, "Batch job submission failed: Invalid account"),
+     "LaunchFailed"),
+    (SlurmError(["sbatch"], None, "timed out after 30 s"), "BackendUnavailable"),
+])
+def test_sbatch_errors_become_typed_backend_errors(error: SlurmError, kind: str) -> None:
+    b = fake_backend(FakeClient(sbatch_error=error))
+    state: dict = {}
+    with pytest.raises(Exception) as e:
+        run(b.launch(spec_of(alloc_on(), home=None), state, lambda p, m: None))
+    assert type(e.value).__name__ == kind
+    assert "job_id" not in state
+
+
+def test_a_job_that_stays_pending_is_cancelled_with_slurms_reason() -> None:
+    pending = state_job("PENDING").replace("Reason=None", "Reason=Resources")
+    client = FakeClient(pending)
+    b = fake_backend(client, submit_timeout=0.5)
+    state: dict = {}
+    with pytest.raises(LaunchFailed, match="Reason=Resources"):
+        run(b.launch(spec_of(alloc_on(), home=None), state, lambda p, m: None))
+    assert state["job_id"] == 17
+    assert ("scancel", "17") in client.calls
+    marked = [c for c in client.calls if c[:2] == ("scontrol", "update")]
+    assert marked and marked[0][3] == "AdminComment=" + admin_comment(alloc_on())
+    assert ("scontrol", "release", "17") in client.calls
+
+
+def test_a_gpu_share_is_refused_before_anything_is_submitted() -> None:
+    client = FakeClient()
+    b = fake_backend(client)
+    alloc = replace(alloc_on(), gpus=(GPUShare(GPU_B.uuid, 250),))
+    with pytest.raises(LaunchRefused, match="share of 250"):
+        run(b.launch(spec_of(alloc, home=None), {}, lambda p, m: None))
+    assert client.calls == []
+
+
+@pytest.mark.parametrize("node_state", ["IDLE+DRAIN", "DOWN*+NOT_RESPONDING", "IDLE*"])
+def test_a_node_that_cannot_take_jobs_is_unavailable_before_submit(node_state: str) -> None:
+    client = FakeClient(node_state=node_state)
+    b = fake_backend(client)
+    with pytest.raises(BackendUnavailable) as e:
+        run(b.launch(spec_of(alloc_on(), home=None), {}, lambda p, m: None))
+    assert e.value.node == "node1" and node_state.split("+")[0].rstrip("*") in str(e.value)
+    assert not [c for c in client.calls if c[0] == "sbatch"]
+
+
+@pytest.mark.parametrize("trait", ["submit_timeout", "port_timeout", "stop_timeout",
+                                   "command_timeout"])
+def test_timeouts_must_be_positive(trait: str) -> None:
+    with pytest.raises(Exception, match=f"SlurmBackend.{trait}: must be > 0"):
+        SlurmBackend(**{trait: 0})
