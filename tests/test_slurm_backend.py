@@ -490,7 +490,7 @@ def test_hub_config_check_names_slurm_settings_and_nodes(slurm_conf: str) -> Non
          "SlurmBackend.extra_sbatch_options: '--uid=0': the backend sets --uid itself"),
         ({"slurm_conf": slurm_conf},
          dict(settings, nodes=[{"name": "node9", "topology": str(topo / "node1.yaml")}]),
-         "GPUSpawner.nodes: nodes[0] (node9).name: Slurm does not know node 'node9'"),
+         "GPUSpawner.nodes[0] (node9).name: Slurm does not know node 'node9'"),
     ]
     try:
         for traits, spawner_settings, message in cases:

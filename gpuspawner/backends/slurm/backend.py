@@ -573,6 +573,30 @@ class SlurmBackend(Backend):
                 await self._ask(node, self.client.scancel(job.job_id))
 
     # -- the whole cluster ---------------------------------------------------------------------
+    async def node_states(self) -> dict[str, tuple[str, str]]:
+        """Slurm's view of each bound node (``scontrol show node``; slurm.conf(5) node
+        states): DOWN, NOT_RESPONDING (``*``), FAIL or a reboot -> "down"; DRAIN/DRAINING ->
+        "drain"; else "up". The reason is Slurm's ``Reason``. A controller that does not answer
+        makes every node "down" (no job could start)."""
+        try:
+            infos = {n.name: n for n in await self.client.show_nodes()}
+        except Exception as e:
+            return {name: ("down", f"Slurm controller unavailable: {e}") for name in self.nodes}
+        out: dict[str, tuple[str, str]] = {}
+        for name in self.nodes:
+            info = infos.get(name)
+            if info is None:
+                out[name] = ("down", "Slurm does not know this node")
+            elif info.drained and info.responding and info.state != "DOWN":
+                out[name] = ("drain", f"Slurm: drained: {info.reason or 'no reason given'}")
+            elif not info.usable:
+                flags = "+".join(sorted(info.flags))
+                out[name] = ("down", f"Slurm: {info.state}{'+' + flags if flags else ''}"
+                                     f"{': ' + info.reason if info.reason else ''}")
+            else:
+                out[name] = ("up", "")
+        return out
+
     async def list_managed(self) -> list[Managed]:
         """Every job of ours (AdminComment ``gpuspawner:`` + allocation JSON) that is
         PENDING, CONFIGURING, RUNNING or SUSPENDED, as Managed(allocation's node, JSON, job
