@@ -4,7 +4,7 @@ import { Widget } from '@lumino/widgets';
 import { h, svg } from './dom';
 import {
   cullWarning,
-  formatBytes,
+  formatMemory,
   formatPercent,
   gpuRows,
   historySeries,
@@ -112,7 +112,8 @@ export class GpuPanel extends Widget {
           h('ul', { class: 'jp-gpuspawner-warnings' }, ...gpus.warnings.map(w => h('li', {}, w)))
         );
       }
-      const rows = gpuRows(gpus, metrics);
+      const settings = src.settings;
+      const rows = gpuRows(gpus, metrics, settings.gpus);
       for (const row of rows) {
         const s = row.sample;
         const facts = [
@@ -132,7 +133,7 @@ export class GpuPanel extends Widget {
             h('div', { class: 'jp-gpuspawner-gpu-facts', title: row.info.uuid }, facts || row.info.uuid),
             sparkline('Utilisation', util, 100, utilText, 'jp-gpuspawner-spark-util'),
             sparkline('Memory', mem, row.memoryTotal ?? 1,
-              `${formatBytes(s?.memory_used_bytes ?? null)} / ${formatBytes(row.memoryTotal)}`,
+              formatMemory(s?.memory_used_bytes ?? null, row.memoryTotal, settings.units),
               'jp-gpuspawner-spark-mem'),
             h('div', { class: 'jp-gpuspawner-gpu-facts' },
               `Temperature ${s?.temperature_c ?? '–'} °C · Power ${s?.power_w !== null && s?.power_w !== undefined ? s.power_w.toFixed(0) : '–'} W`)
@@ -140,9 +141,14 @@ export class GpuPanel extends Widget {
         );
       }
       if (gpus.state === 'ok' && rows.length === 0) {
-        body.push(h('div', { class: 'jp-gpuspawner-state', 'data-state': 'no_gpu' }, 'No GPU in this session.'));
+        body.push(
+          settings.gpus.length > 0 && gpus.gpus.length > 0
+            ? h('div', { class: 'jp-gpuspawner-state', 'data-state': 'none_selected' },
+                `None of the GPUs in the settings (${settings.gpus.join(', ')}) is in this session.`)
+            : h('div', { class: 'jp-gpuspawner-state', 'data-state': 'no_gpu' }, 'No GPU in this session.')
+        );
       }
-      const procs = processRows(gpus, metrics, this.kernelNames);
+      const procs = processRows(gpus, metrics, this.kernelNames, settings);
       if (gpus.state === 'ok') {
         body.push(h('h3', {}, 'Processes'));
         body.push(
