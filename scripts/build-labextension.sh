@@ -34,6 +34,11 @@ fi
 link_into_venv() {
   local share="$REPO/.venv/share/jupyter/labextensions" dest
   [ -d "$share" ] || return 0
+  # a git worktree whose .venv links to another checkout's venv: leave that venv's link alone
+  if [ -L "$REPO/.venv" ]; then
+    log "$REPO/.venv is a link to another checkout's venv; not relinking its labextension"
+    return 0
+  fi
   dest="$share/gpuspawner-labextension"
   [ -L "$dest" ] && [ "$(readlink "$dest")" = "$OUT" ] && return 0
   rm -rf "$dest"
@@ -42,7 +47,7 @@ link_into_venv() {
 }
 
 hash_sources() {
-  (cd "$EXT" && find src style package.json package-lock.json tsconfig.json -type f -print0 \
+  (cd "$EXT" && find src style schema package.json package-lock.json tsconfig.json -type f -print0 \
     | sort -z | xargs -0 sha256sum; "$JUPYTER" lab --version) | sha256sum | cut -d' ' -f1
 }
 HASH="$(hash_sources)"
