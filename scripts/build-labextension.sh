@@ -6,7 +6,9 @@
 # `jupyter labextension build`. Idempotent: skipped when the sources' hash matches the last
 # successful build and the output exists.
 #   --force   build even when nothing changed
-#   --deps    only install node_modules (what the unit tests need)
+#   --deps    only install node_modules (what the unit tests and `make lint` need)
+#   --ui-deps only install labextension/ui-tests/node_modules (galata and @playwright/test for
+#             the UI tests; no browser is downloaded: they use Debian's /usr/bin/chromium)
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$REPO"
@@ -18,6 +20,19 @@ JUPYTER="${JUPYTER:-$REPO/.venv/bin/jupyter}"
 LOGF="$VAR/log/build-labextension.log"
 
 command -v npm >/dev/null 2>&1 && command -v node >/dev/null 2>&1 || scripts/install-chp.sh --node-only
+
+if [ "${1:-}" = "--ui-deps" ]; then
+  UI="$EXT/ui-tests"
+  if [ ! -d "$UI/node_modules" ] || [ "$UI/package-lock.json" -nt "$UI/node_modules/.package-lock.json" ]; then
+    log "npm ci in labextension/ui-tests/ (log: var/log/build-labextension.log)"
+    (cd "$UI" && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund) >"$LOGF" 2>&1 \
+      || { tail -n 20 "$LOGF" >&2; die "npm ci in ui-tests failed"; }
+    touch "$UI/node_modules/.package-lock.json"
+  else
+    log "labextension/ui-tests/node_modules is up to date"
+  fi
+  exit 0
+fi
 [ -x "$JUPYTER" ] || die "$JUPYTER not found: run 'make venv' first (jupyterlab is in the test extra)"
 
 if [ ! -d "$EXT/node_modules" ] || [ "$EXT/package-lock.json" -nt "$EXT/node_modules/.package-lock.json" ]; then

@@ -512,7 +512,9 @@ export function deriveStatus(
   const util = utils.length ? utils.reduce((a, b) => a + b, 0) / utils.length : null;
   const used = rows.map(r => r.sample?.memory_used_bytes ?? null);
   const total = rows.map(r => r.memoryTotal);
-  const usedSum = used.every(u => u !== null) ? (used as number[]).reduce((a, b) => a + b, 0) : null;
+  const usedSum = used.every(u => u !== null)
+    ? (used as number[]).reduce((a, b) => a + b, 0)
+    : null;
   const totalSum = total.every(t => t !== null)
     ? (total as number[]).reduce((a, b) => a + b, 0)
     : null;
@@ -552,9 +554,7 @@ export function cullWarning(culler: CullerStatus | null, now: number = Date.now(
     const minutes = Math.round((at - now) / 60000);
     const clock = new Date(at).toISOString().slice(11, 16);
     when =
-      minutes > 0
-        ? ` in ${minutes} min (at ${clock} UTC)`
-        : ` now (it was due at ${clock} UTC)`;
+      minutes > 0 ? ` in ${minutes} min (at ${clock} UTC)` : ` now (it was due at ${clock} UTC)`;
   }
   const reason = culler.reason ? `: ${culler.reason}` : '';
   if (status === 'culled') {
@@ -649,7 +649,10 @@ export function processRows(
     if (gpus && info === undefined && gpus.gpus.length > 0) {
       continue;
     }
-    if (settings.gpus.length > 0 && (info === undefined || !settings.gpus.some(e => gpuMatches(info, e)))) {
+    if (
+      settings.gpus.length > 0 &&
+      (info === undefined || !settings.gpus.some(e => gpuMatches(info, e)))
+    ) {
       continue;
     }
     const gpu = info ? `#${info.index ?? '?'}` : s.uuid.slice(0, 12);
@@ -657,7 +660,10 @@ export function processRows(
       rows.push({
         gpu,
         pid: p.pid,
-        memory: formatBytesIn(p.used_memory_bytes, settings.units === 'percent' ? 'auto' : settings.units),
+        memory: formatBytesIn(
+          p.used_memory_bytes,
+          settings.units === 'percent' ? 'auto' : settings.units
+        ),
         memoryBytes: p.used_memory_bytes,
         kernel: p.kernel_id ? (kernelNames[p.kernel_id] ?? p.kernel_id.slice(0, 8)) : '–'
       });

@@ -44,12 +44,27 @@ const metrics = parseMetrics({
   state: 'ok',
   timestamp: NOW,
   gpus: [
-    { uuid: 'GPU-a', utilization_percent: 40, memory_used_bytes: 4 * GiB, memory_total_bytes: 16 * GiB,
-      processes: [{ pid: 1, used_memory_bytes: 512 * MiB, kernel_id: null }] },
-    { uuid: 'GPU-b', utilization_percent: 90, memory_used_bytes: 8 * GiB, memory_total_bytes: 16 * GiB,
-      processes: [{ pid: 2, used_memory_bytes: 8 * GiB, kernel_id: null }] },
-    { uuid: 'GPU-c', utilization_percent: 10, memory_used_bytes: 2 * GiB, memory_total_bytes: 16 * GiB,
-      processes: [{ pid: 3, used_memory_bytes: 2 * GiB, kernel_id: null }] }
+    {
+      uuid: 'GPU-a',
+      utilization_percent: 40,
+      memory_used_bytes: 4 * GiB,
+      memory_total_bytes: 16 * GiB,
+      processes: [{ pid: 1, used_memory_bytes: 512 * MiB, kernel_id: null }]
+    },
+    {
+      uuid: 'GPU-b',
+      utilization_percent: 90,
+      memory_used_bytes: 8 * GiB,
+      memory_total_bytes: 16 * GiB,
+      processes: [{ pid: 2, used_memory_bytes: 8 * GiB, kernel_id: null }]
+    },
+    {
+      uuid: 'GPU-c',
+      utilization_percent: 10,
+      memory_used_bytes: 2 * GiB,
+      memory_total_bytes: 16 * GiB,
+      processes: [{ pid: 3, used_memory_bytes: 2 * GiB, kernel_id: null }]
+    }
   ],
   history: []
 });
@@ -65,7 +80,10 @@ describe('settings schema', () => {
     assert.equal(props.pollInterval.minimum, MIN_POLL_INTERVAL_MS);
     assert.equal(props.statusPollInterval.minimum, MIN_POLL_INTERVAL_MS);
     assert.equal(props.pollInterval.maximum, MAX_POLL_INTERVAL_MS);
-    assert.deepEqual(props.units.enum, MEMORY_UNITS);
+    assert.deepEqual(
+      props.units.oneOf.map((o: { const: string }) => o.const),
+      MEMORY_UNITS
+    );
     assert.ok(schema.title && schema.description);
     assert.ok(schema['jupyter.lab.setting-icon']);
   });
@@ -119,24 +137,44 @@ describe('poll interval', () => {
 
 describe('GPU selection', () => {
   it('shows the session GPUs without a selection', () => {
-    assert.deepEqual(selectGpus(gpus.gpus).map(g => g.uuid), ['GPU-a', 'GPU-c']);
+    assert.deepEqual(
+      selectGpus(gpus.gpus).map(g => g.uuid),
+      ['GPU-a', 'GPU-c']
+    );
   });
 
   it('selects by index or UUID (case-insensitive), among all reported GPUs', () => {
-    assert.deepEqual(selectGpus(gpus.gpus, ['1']).map(g => g.uuid), ['GPU-b']);
-    assert.deepEqual(selectGpus(gpus.gpus, ['gpu-c', '0']).map(g => g.uuid), ['GPU-a', 'GPU-c']);
+    assert.deepEqual(
+      selectGpus(gpus.gpus, ['1']).map(g => g.uuid),
+      ['GPU-b']
+    );
+    assert.deepEqual(
+      selectGpus(gpus.gpus, ['gpu-c', '0']).map(g => g.uuid),
+      ['GPU-a', 'GPU-c']
+    );
     assert.deepEqual(selectGpus(gpus.gpus, ['7', 'GPU-z']), []);
   });
 
   it('drives the rows, the status text and the processes', () => {
     const s = parseSettings({ gpus: ['1'] });
-    assert.deepEqual(gpuRows(gpus, metrics, s.gpus).map(r => r.info.uuid), ['GPU-b']);
+    assert.deepEqual(
+      gpuRows(gpus, metrics, s.gpus).map(r => r.info.uuid),
+      ['GPU-b']
+    );
     const v = deriveStatus(gpus, metrics, null, NOW, s);
     assert.equal(v.text, 'GPU 90% · 8.0/16.0 GiB');
-    assert.deepEqual(processRows(gpus, metrics, {}, s).map(p => p.pid), [2]);
+    assert.deepEqual(
+      processRows(gpus, metrics, {}, s).map(p => p.pid),
+      [2]
+    );
     // default: the session's two GPUs (mean utilisation, summed memory), their processes
     assert.equal(deriveStatus(gpus, metrics, null, NOW).text, '2 GPUs 25% · 6.0/32.0 GiB');
-    assert.deepEqual(processRows(gpus, metrics).map(p => p.pid).sort(), [1, 2, 3]);
+    assert.deepEqual(
+      processRows(gpus, metrics)
+        .map(p => p.pid)
+        .sort(),
+      [1, 2, 3]
+    );
   });
 
   it('says so when no selected GPU is in the session', () => {
@@ -175,9 +213,18 @@ describe('memory units', () => {
     assert.equal(v.text, 'GPU 40% · 4096/16384 MiB');
     assert.match(v.title, /4096 MiB \/ 16384 MiB/);
     assert.equal(processRows(gpus, metrics, {}, s)[0].memory, '512 MiB');
-    const p = deriveStatus(gpus, metrics, null, NOW, parseSettings({ units: 'percent', gpus: ['0'] }));
+    const p = deriveStatus(
+      gpus,
+      metrics,
+      null,
+      NOW,
+      parseSettings({ units: 'percent', gpus: ['0'] })
+    );
     assert.equal(p.text, 'GPU 40% · mem 25%');
     // percent of a process's memory is not meaningful: auto units there
-    assert.equal(processRows(gpus, metrics, {}, parseSettings({ units: 'percent' }))[0].memory, '8.0 GiB');
+    assert.equal(
+      processRows(gpus, metrics, {}, parseSettings({ units: 'percent' }))[0].memory,
+      '8.0 GiB'
+    );
   });
 });

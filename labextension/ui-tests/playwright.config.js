@@ -51,6 +51,9 @@ module.exports = {
   reporter: [['list'], ['json', { outputFile: 'playwright-report/results.json' }]],
   retries: 0,
   workers: 1,
+  forbidOnly: !!process.env.CI,
+  // the whole run, servers' start included, is bounded (the pytest wrapper allows 540 s)
+  globalTimeout: 8 * 60 * 1000,
   use: {
     ...baseConfig.use,
     launchOptions: { executablePath: CHROMIUM },

@@ -90,15 +90,17 @@ test('pollInterval is editable in the Settings Editor', async ({ page }) => {
   });
   // the form the Settings Editor builds from schema/plugin.json
   const form = page.getByRole('group', { name: 'GPU views (gpuspawner)' });
-  await expect(form.getByRole('heading', { name: 'Poll interval of the panel (ms)' })).toBeVisible();
+  await expect(
+    form.getByRole('heading', { name: 'Poll interval of the panel (ms)' })
+  ).toBeVisible();
   const field = form.locator('input[id$="_pollInterval"]');
   await expect(field).toBeVisible();
   await expect(field).toHaveValue('2000');
   await field.fill('1000');
   await field.press('Tab');
-  await expect.poll(async () => (await getSettings(page)).pollInterval, { timeout: 10000 }).toBe(
-    1000
-  );
+  await expect
+    .poll(async () => (await getSettings(page)).pollInterval, { timeout: 10000 })
+    .toBe(1000);
 
   const changed = Date.now();
   await expect
