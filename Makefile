@@ -9,8 +9,10 @@
 #                     download: Debian's chromium from make test-tools)
 #   make images       gpuspawner/singleuser:latest (scripts/build-images.sh)
 #   make up           all of the above, then the hub on http://127.0.0.1:8000
-#   make test         lint + the whole test suite (docker-marked tests included)
-#   make test-unit    tests without an engine, a hub, a browser, slapd or slow processes
+#   make slurm        a private two-node Slurm cluster on loopback for the Slurm backend's
+#                     tests (scripts/slurm.sh; `scripts/slurm.sh --stop` stops it)
+#   make test         lint + the whole test suite (docker- and slurm-marked tests included)
+#   make test-unit    tests without an engine, a hub, a browser, slapd, Slurm or slow processes
 #   make docs         the Sphinx site in docs/_build/html (warnings are errors)
 #   make lint         ruff, import-linter, and the lab extension's prettier + eslint
 #   make clean | distclean
@@ -25,8 +27,8 @@ HUB_CONFIG ?= hub_config/jupyterhub_config.py
 PYTEST_ARGS ?=
 LINT_DIRS := $(wildcard gpuspawner tests idle_culler benchmarks hub_config labextension/ui-tests)
 
-.PHONY: help venv chp engine btrfs-engine labext labext-ui images up hub test test-unit lint docs \
-	clean distclean
+.PHONY: help venv chp engine btrfs-engine labext labext-ui images slurm up hub test test-unit lint \
+	docs clean distclean
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -79,23 +81,33 @@ docs: venv
 	$(VENV)/bin/sphinx-build -W -q -b html docs docs/_build/html
 	@echo "docs/_build/html/index.html"
 
+# Debian's Slurm 22.05 + munge, started as a private cluster under var/slurm/ (munged,
+# slurmctld on 127.0.0.1:17001, slurmd node1/node2 with fake GPUs); its gres.conf comes from
+# hub_config/slurm/*.yaml through `gpuspawner slurm-gres` (the venv's python, or python3 with
+# PyYAML). No venv prerequisite: `make test` builds the venv before it.
+slurm:
+	scripts/slurm.sh
+
 # slapd + ldap-utils + chromium for the LDAP and service tests (Debian packages)
 test-tools:
 	scripts/ldap.sh
 
-test: venv chp engine images btrfs-engine test-tools labext-ui lint
+test: venv chp engine images btrfs-engine test-tools slurm labext-ui lint
 	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
 test-unit: venv
-	$(VENV)/bin/pytest -q -m "not docker and not hub and not browser and not ldap and not slow" \
+	$(VENV)/bin/pytest -q \
+	  -m "not docker and not hub and not browser and not ldap and not slurm and not slow" \
 	  $(PYTEST_ARGS)
 
 clean:
 	rm -rf .pytest_cache .ruff_cache .hypothesis build dist *.egg-info var/build docs/_build
 	find . -name __pycache__ -type d -prune -not -path './$(VENV)/*' -not -path './node_modules/*' -exec rm -rf {} +
 
-# also the venv, node_modules and var/ (wheelhouse, btrfs loop file); engines' images stay
+# also the venv, node_modules and var/ (wheelhouse, btrfs loop file); engines' images stay;
+# the Slurm cluster is stopped (its state in var/slurm/ stays)
 distclean: clean
+	-scripts/slurm.sh --stop
 	-scripts/btrfs-engine.sh --stop
 	-scripts/network.sh --stop
 	rm -rf $(VENV) node_modules var/wheelhouse var/btrfs var/build

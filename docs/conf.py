@@ -15,7 +15,8 @@ project = "gpuspawner"
 author = "gpuspawner maintainers"
 extensions = ["myst_parser", "sphinx.ext.autodoc", "autodoc_traits"]
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
-exclude_patterns = ["_build"]
+# reference/schemas/: field tables generated below, included by configuration-schemas.md
+exclude_patterns = ["_build", "reference/schemas"]
 myst_heading_anchors = 3
 html_theme = "alabaster"
 autodoc_member_order = "bysource"
@@ -67,5 +68,86 @@ def _configuration_page() -> None:
     (DOCS / "reference" / "configuration.md").write_text("\n".join(lines))
 
 
+def _schema_kind(schema: dict, sub: dict) -> str:
+    """A table cell: the type and limits of one property of a configuration schema."""
+    if "$ref" in sub:
+        target = schema["$defs"][sub["$ref"].rsplit("/", 1)[-1]]
+        if "properties" in target:
+            return target.get("title", "object")
+        return target.get("title") or target.get("description", "")
+    if "enum" in sub:
+        return "one of " + ", ".join(f"`{v}`" for v in sub["enum"])
+    if "anyOf" in sub:
+        return " or ".join(_schema_kind(schema, s) for s in sub["anyOf"])
+    types = sub.get("type", "any")
+    text = " or ".join(types) if isinstance(types, list) else types
+    limits = []
+    if "minimum" in sub:
+        limits.append(f">= {sub['minimum']}")
+    if "maximum" in sub:
+        limits.append(f"<= {sub['maximum']}")
+    if "pattern" in sub:
+        limits.append(sub.get("title") or f"matching `{sub['pattern']}`")
+    return text + (f" ({', '.join(limits)})" if limits else "")
+
+
+def _schema_def(schema: dict, sub: dict) -> dict | None:
+    """The ``$defs`` entry with properties that ``sub`` refers to (directly or in an
+    ``anyOf``), or None."""
+    for s in [sub, *sub.get("anyOf", [])]:
+        if "$ref" in s:
+            target = schema["$defs"][s["$ref"].rsplit("/", 1)[-1]]
+            if "properties" in target:
+                return target
+    return None
+
+
+def _schema_rows(schema: dict, node: dict, path: str) -> list[str]:
+    """Table rows (field, type, description) of one object schema's properties; a map (an
+    object of named entries) adds a ``<name>`` row; an entry defined in ``$defs`` is shown by
+    its title and has a table of its own (:func:`_schema_tables`)."""
+    def row(field: str, sub: dict) -> str:
+        target = _schema_def(schema, sub) or {}
+        text = sub.get("description") or target.get("description", "")
+        return f"| `{field}` | {_schema_kind(schema, sub)} | {text} |"
+
+    if "items" in node:
+        return [row(f"{path}[i]", node["items"])]
+    rows = []
+    for name, sub in node.get("properties", {}).items():
+        field = f"{path}.{name}" if path else name
+        rows.append(row(field, sub))
+        if isinstance(sub.get("additionalProperties"), dict):
+            rows.append(row(f"{field}.<name>", sub["additionalProperties"]))
+        elif "properties" in sub:
+            rows += _schema_rows(schema, sub, field)
+    return rows
+
+
+def _schema_tables() -> None:
+    """docs/reference/schemas/<name>.md: tables of fields per shipped configuration schema
+    (gpuspawner/schemas/), from the schemas' own descriptions: the value, then each entry
+    defined in ``$defs`` (a profile, a node, a quota, a policy entry)."""
+    from gpuspawner.schemas import SCHEMA_NAMES, check_schemas, load_schema
+
+    check_schemas()
+    out = DOCS / "reference" / "schemas"
+    out.mkdir(parents=True, exist_ok=True)
+    head = ["| Field | Type | Description |", "| --- | --- | --- |"]
+    for name in SCHEMA_NAMES:
+        schema = load_schema(name)
+        root = "" if name == "culler-policies" else name
+        lines = [schema["description"], "", *head, *_schema_rows(schema, schema, root), ""]
+        for definition in schema.get("$defs", {}).values():
+            if "properties" in definition:
+                lines += [f"Fields of a **{definition['title']}** "
+                          f"({definition['description'].rstrip('.')}):", "", *head,
+                          *_schema_rows(schema, definition, ""), ""]
+        (out / f"{name}.md").write_text("\n".join(lines))
+
+
+# the generated pages' folder is not in git (docs/.gitignore): a fresh checkout lacks it
+(DOCS / "reference").mkdir(exist_ok=True)
 _rest_api_page()
 _configuration_page()
+_schema_tables()

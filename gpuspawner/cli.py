@@ -5,6 +5,11 @@ Subcommands:
 * ``gpuspawner inventory [--name NAME] [--sysfs-root DIR] [--proc-root DIR] [--disk-path DIR]
   [-o FILE]``: describe this host (NUMA nodes from sysfs, GPUs from NVML) and print it as a
   topology file (``docs/topology-files.md``), ready to be copied to the hub for a remote node.
+* ``gpuspawner slurm-gres --topology FILE [--topology FILE ...] --dev-dir DIR
+  [--numbering {sequential,index}]``: the gres.conf of a Slurm cluster whose nodes the topology
+  files describe, one GRES Type per GPU (:mod:`gpuspawner.backends.slurm.gres`), followed by one
+  comment line per node, ``# slurm.conf NodeName=NAME Gres=VALUE``, giving the ``Gres=`` value
+  of that node's line in slurm.conf (``scripts/slurm.sh`` reads it from there).
 * ``gpuspawner simulate ...``: provided by :mod:`gpuspawner.simulate` (its ``add_arguments`` and
   ``run``).
 """
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -53,6 +59,68 @@ def _add_inventory(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_inventory)
 
 
+def _cmd_slurm_gres(args: argparse.Namespace) -> int:
+    from .backends.slurm.gres import GresError, check_types, gres_conf, node_gres
+    from .inventory.topology import TopologyError, load_topology_file
+
+    try:
+        nodes = [load_topology_file(path) for path in args.topology]
+    except TopologyError as e:
+        print(f"gpuspawner slurm-gres: {e}", file=sys.stderr)
+        return 1
+    names = [n.name for n in nodes]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        print(f"gpuspawner slurm-gres: node name(s) given twice: {', '.join(dupes)}",
+              file=sys.stderr)
+        return 1
+    dev_dir = os.path.abspath(args.dev_dir)
+    lines = [f"# gres.conf made by gpuspawner slurm-gres from {', '.join(args.topology)}",
+             "# one GRES Type per GPU, derived from its UUID (gpuspawner.backends.slurm.gres)",
+             "AutoDetect=off"]
+    try:
+        check_types(g.uuid for n in nodes for g in n.gpus)  # types are cluster-wide
+        number = 0
+        for node in nodes:
+            files = {}
+            for g in sorted(node.gpus, key=lambda g: g.index):
+                n = number if args.numbering == "sequential" else g.index
+                files[g.uuid] = os.path.join(dev_dir, f"nvidia{n}")
+                number += 1
+            lines.extend(gres_conf(node, files))
+        for node in nodes:
+            gres = node_gres(node)
+            if gres:
+                lines.append(f"# slurm.conf NodeName={node.name} Gres={gres}")
+    except GresError as e:
+        print(f"gpuspawner slurm-gres: {e}", file=sys.stderr)
+        return 1
+    text = "\n".join(lines) + "\n"
+    if args.output and args.output != "-":
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _add_slurm_gres(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("slurm-gres", help="gres.conf (one GRES Type per GPU) from topology files",
+                       description="Print the gres.conf of a Slurm cluster described by topology "
+                       "files, one GRES Type per GPU derived from its UUID, and per node the "
+                       "Gres= value for slurm.conf as a '# slurm.conf NodeName=N Gres=V' line.")
+    p.add_argument("--topology", action="append", required=True, metavar="FILE",
+                   help="a node's topology file (docs/topology-files.md); repeat per node")
+    p.add_argument("--dev-dir", required=True, metavar="DIR",
+                   help="directory of the GPU device files nvidiaN (/dev on a real node)")
+    p.add_argument("--numbering", choices=("sequential", "index"), default="sequential",
+                   help="N of nvidiaN: 'sequential' numbers the GPUs of all nodes one after "
+                   "the other (nodes sharing one host, as scripts/slurm.sh runs them); 'index' "
+                   "uses each GPU's index on its own node (default: sequential)")
+    p.add_argument("-o", "--output", default=None, help="write to this file instead of stdout")
+    p.set_defaults(func=_cmd_slurm_gres)
+
+
 def _add_simulate(sub: argparse._SubParsersAction) -> None:
     from . import simulate
 
@@ -71,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="log more (-v: info, -vv: debug) on stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_inventory(sub)
+    _add_slurm_gres(sub)
     _add_simulate(sub)
     return parser
 

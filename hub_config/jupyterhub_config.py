@@ -66,8 +66,8 @@ c.GPUSpawner.http_timeout = 60
 c.GPUSpawner.placement_policy = "fgd"
 # one bridge network per server from this pool (docs/security.md); "host" only for one
 # trusted user
-c.GPUSpawner.network_isolation = "per-server"
-c.GPUSpawner.server_network_pool = "198.18.0.0/16"
+c.DockerBackend.network_isolation = "per-server"
+c.DockerBackend.server_network_pool = "198.18.0.0/16"
 c.GPUSpawner.user_options_max_bytes = 4096
 
 nodes_file = os.environ.get("GPUSPAWNER_NODES_FILE")
@@ -99,7 +99,7 @@ c.GPUSpawner.home_path_template = str(STATE.parent / "home" / "{username}")
 c.GPUSpawner.home_mount_point = "/home/{username}"
 c.GPUSpawner.default_uid = 1000
 c.GPUSpawner.default_gid = 100
-c.GPUSpawner.disk_limit_mode = "account"
+c.DockerBackend.disk_limit_mode = "account"
 c.GPUSpawner.quotas = {"default_user": {"gpus": 2, "servers": 3}}
 
 # -- DEMO AUTHENTICATOR: any name, password "gpuspawner". NOT FOR PRODUCTION. --------------

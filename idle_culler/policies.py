@@ -39,6 +39,8 @@ from typing import Any
 
 import yaml
 
+from gpuspawner.schemas import ConfigSchemaError, validate
+
 #: built-in defaults, used where neither the file's global entry nor any other sets a field
 DEFAULTS: dict[str, Any] = {
     "idle_timeout": 3600.0,
@@ -84,27 +86,27 @@ def parse_duration(value: Any, where: str = "") -> float:
 def normalize_entry(entry: Any, where: str) -> dict[str, Any]:
     """Validate one entry (global, a group's or a user's) and convert its values: durations to
     seconds (float), ``gpu_idle_threshold`` to percent in [0, 100], ``network_floor`` to
-    bytes/s, ``exempt`` to bool. Unknown keys are an error."""
-    if entry is None:
-        return {}
-    if not isinstance(entry, dict):
-        raise PolicyError(f"{where}: expected a mapping, got {type(entry).__name__}")
+    bytes/s, ``exempt`` to bool.
+
+    The entry is checked against the ``culler-policies`` JSON Schema's ``entry`` definition
+    first (:mod:`gpuspawner.schemas`: unknown keys, types, ranges, the form of durations).
+
+    Raises:
+        PolicyError: ``<where>.<field>: <reason>``, e.g. ``users.bob.idle_timeout: 'soon' is
+            not a duration such as 600, "90s", "10m", "2h" or "1d"``.
+    """
+    try:
+        validate("culler-policies", entry, where=where, definition="entry")
+    except ConfigSchemaError as e:
+        raise PolicyError(str(e)) from None
     out: dict[str, Any] = {}
-    for key, value in entry.items():
+    for key, value in (entry or {}).items():
         w = f"{where}.{key}"
-        if key not in DEFAULTS:
-            raise PolicyError(f"{w}: unknown field (known: {', '.join(DEFAULTS)})")
         if key in _DURATIONS:
             out[key] = parse_duration(value, w)
         elif key == "exempt":
-            if not isinstance(value, bool):
-                raise PolicyError(f"{w}: expected true or false, got {value!r}")
             out[key] = value
         else:
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise PolicyError(f"{w}: expected a number, got {value!r}")
-            if value < 0 or (key == "gpu_idle_threshold" and value > 100):
-                raise PolicyError(f"{w}: out of range: {value!r}")
             out[key] = float(value)
     return out
 
@@ -164,12 +166,17 @@ class PolicySet:
         return cls(data, path, base)
 
     def replace(self, data: dict[str, Any]) -> None:
-        """Validate and install a whole new policy document (all or nothing)."""
-        if not isinstance(data, dict):
-            raise PolicyError("policy document: expected a mapping")
-        unknown = set(data) - {"global", "groups", "users"}
-        if unknown:
-            raise PolicyError(f"policy document: unknown sections {sorted(unknown)}")
+        """Validate and install a whole new policy document (all or nothing).
+
+        Raises:
+            PolicyError: the document does not match the ``culler-policies`` JSON Schema
+                (:mod:`gpuspawner.schemas`), named by field: ``users.bob.idle_timeut:
+                unknown field; known: ...``, ``policy: unknown field; known: global, ...``.
+        """
+        try:  # the culler-policies JSON Schema first: every section and entry at once
+            validate("culler-policies", data, where="")
+        except ConfigSchemaError as e:
+            raise PolicyError(str(e) if e.path else f"policy document: {e.reason}") from None
         g = normalize_entry(data.get("global"), "global")
         groups = {str(k): normalize_entry(v, f"groups.{k}")
                   for k, v in (data.get("groups") or {}).items()}

@@ -44,6 +44,9 @@ def test_contracts_hold_on_the_tree(tmp_path):
     ("gpuspawner/inventory/topology.py", "import gpuspawner.hub.spawner", "layers"),
     ("gpuspawner/singleuser/kernel.py", "from gpuspawner.placement import model",
      "the single-user side knows nothing"),
+    ("gpuspawner/schemas/__init__.py", "import yaml", "the configuration schemas are a leaf"),
+    ("gpuspawner/schemas/__init__.py", "from gpuspawner.placement import units",
+     "the configuration schemas are a leaf"),
 ])
 def test_a_forbidden_import_breaks_its_contract(tmp_path, module, line, contract):
     root = scratch_copy(tmp_path)

@@ -21,7 +21,7 @@ from idle_culler.core import Culler, iso
 from idle_culler.gpu import GPUHistory, NVMLSampler, PrometheusSource, parse_dcgm
 from idle_culler.hub import HubAPIError, HubClient
 from idle_culler.netstats import NetworkMeter
-from idle_culler.policies import PolicyError, PolicySet, parse_duration
+from idle_culler.policies import PolicyError, PolicySet, normalize_entry, parse_duration
 from tests.culler_hub import free_port
 from tests.nvml_double import FakeGPU, FakeNVML, NVMLError, _Handle, _Struct
 
@@ -40,14 +40,25 @@ def test_durations() -> None:
 
 
 def test_bad_entries_name_the_field() -> None:
-    with pytest.raises(PolicyError, match=r"users.bob.idle_timeut: unknown field"):
+    """The culler-policies schema (gpuspawner/schemas/) refuses them, named by field."""
+    with pytest.raises(PolicyError, match=r"^users.bob.idle_timeut: unknown field; known: "):
         PolicySet({"users": {"bob": {"idle_timeut": 5}}})
-    with pytest.raises(PolicyError, match=r"global.gpu_idle_threshold: out of range"):
+    with pytest.raises(PolicyError, match=r"^global.gpu_idle_threshold: 150 is greater than the "
+                                          r"maximum of 100"):
         PolicySet({"global": {"gpu_idle_threshold": 150}})
-    with pytest.raises(PolicyError, match="exempt"):
+    with pytest.raises(PolicyError, match=r"^groups.g.exempt: 'yes' is not of type 'boolean'"):
         PolicySet({"groups": {"g": {"exempt": "yes"}}})
-    with pytest.raises(PolicyError, match="unknown sections"):
+    with pytest.raises(PolicyError, match=r"^user: unknown field; known: global, groups, users"):
         PolicySet({"user": {}})
+    with pytest.raises(PolicyError, match=r"^policy document: \['global'\] is not of type "):
+        PolicySet().replace(["global"])  # type: ignore[arg-type]
+    with pytest.raises(PolicyError, match=r"^users.ann.max_age: '2 days' is not a duration"):
+        normalize_entry({"max_age": "2 days"}, "users.ann")
+    with pytest.raises(PolicyError, match=r"^global.network_floor: -1 is less than the minimum"):
+        normalize_entry({"network_floor": -1}, "global")
+    assert normalize_entry({"max_age": "2h", "network_floor": 5, "exempt": True}, "g") == {
+        "max_age": 7200.0, "network_floor": 5.0, "exempt": True}
+    assert normalize_entry(None, "g") == {}
 
 
 POLICY = {

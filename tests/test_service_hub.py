@@ -179,6 +179,19 @@ def test_no_token_is_refused_and_openapi_is_public(hub):
     assert r.status_code == 401
 
 
+def test_configuration_schemas_are_public_through_the_proxy(hub):
+    from gpuspawner.schemas import SCHEMA_NAMES, load_schema
+
+    r = svc(hub, "api/schemas", None)
+    assert r.status_code == 200, r.text
+    assert [s["name"] for s in r.json()] == list(SCHEMA_NAMES)
+    for item in r.json():
+        r = requests.get(f"{hub.url}{item['url']}", timeout=30)
+        assert r.status_code == 200 and r.json() == load_schema(item["name"])
+    r = svc(hub, "api/schemas/nope", None)
+    assert r.status_code == 404 and r.json()["status"] == 404
+
+
 def test_admin_sees_everything(hub):
     r = svc(hub, "api/allocations", hub.token)
     assert r.status_code == 200, r.text

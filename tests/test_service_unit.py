@@ -15,6 +15,7 @@ import jsonschema
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuspawner.backends.base import Backend
 from gpuspawner.hub import metrics
 from gpuspawner.hub.cluster import Cluster
 from gpuspawner.hub.service.openapi import openapi_document
@@ -43,7 +44,8 @@ def cluster() -> Cluster:
                    Owner("alice", "", ("lab",)))
     ledger.reserve(Bundle(cores=2, memory_bytes=2**30, gpus=1, gpu_models=("A100",)),
                    Owner("bob", "work", ("lab",)))
-    return Cluster({n.name: None for n in ledger.nodes}, ledger)  # type: ignore[misc]
+    # the base Backend runs nothing and finds nothing to restore
+    return Cluster({n.name: None for n in ledger.nodes}, ledger, Backend())  # type: ignore
 
 
 def _json_schema(name: str) -> dict[str, Any]:
@@ -152,7 +154,7 @@ def test_openapi_document_is_valid_openapi_3():
     doc = openapi_document("/services/gpuspawner/")
     assert doc["openapi"].startswith("3.0")
     assert set(doc["paths"]) == {"/api/nodes", "/api/allocations", "/api/users/{name}/usage",
-                                 "/api/openapi.json"}
+                                 "/api/openapi.json", "/api/schemas", "/api/schemas/{name}"}
     assert doc["servers"] == [{"url": "/services/gpuspawner"}]
     # every schema is a valid JSON Schema and every $ref resolves
     for name in doc["components"]["schemas"]:
@@ -226,3 +228,59 @@ async def test_track_spawn_observes_ready_spawns_only():
     failed._spawn_future.set_exception(RuntimeError("boom"))
     await asyncio.sleep(0)
     assert _samples(metrics.REGISTRY)[key] == after[key]
+
+
+# -- the configuration schemas over HTTP (the service's Tornado app, no hub) -------------------
+@pytest.fixture
+async def service_url(cluster):
+    """The service's own application on a loopback port; the public endpoints need no hub."""
+    from tornado.httpserver import HTTPServer
+    from tornado.netutil import bind_sockets
+
+    from gpuspawner.hub.service.app import GPUService
+
+    service = GPUService("gpuspawner", "t" * 64, hub_api_url="http://127.0.0.1:1/hub/api",
+                         cluster_provider=lambda: cluster, user_lookup=lambda name: None)
+    sockets = bind_sockets(0, "127.0.0.1")
+    server = HTTPServer(service.make_app())
+    server.add_sockets(sockets)
+    yield f"http://127.0.0.1:{sockets[0].getsockname()[1]}{service.prefix}"
+    server.stop()
+    await server.close_all_connections()
+
+
+async def _get(url: str) -> tuple[int, Any]:
+    import json
+
+    from tornado.httpclient import AsyncHTTPClient
+
+    r = await AsyncHTTPClient().fetch(url, raise_error=False)
+    assert r.headers["Content-Type"].startswith("application/json")
+    return r.code, json.loads(r.body)
+
+
+async def test_the_service_serves_the_configuration_schemas(service_url):
+    from gpuspawner.schemas import SCHEMA_NAMES, load_schema
+
+    code, listed = await _get(service_url + "api/schemas")
+    assert code == 200
+    _validate(listed, "SchemaInfo", array=True)
+    assert [s["name"] for s in listed] == list(SCHEMA_NAMES)
+    for item in listed:
+        assert item["url"] == f"/services/gpuspawner/api/schemas/{item['name']}"
+        code, schema = await _get(service_url + f"api/schemas/{item['name']}")
+        assert code == 200 and schema == load_schema(item["name"])  # the shipped file
+        assert item["title"] == schema["title"] and item["id"] == schema["$id"]
+        jsonschema.Draft202012Validator.check_schema(schema)
+    code, err = await _get(service_url + "api/schemas/profile")
+    assert code == 404 and "no configuration schema 'profile'" in err["message"]
+    _validate(err, "Error")
+
+
+async def test_schemas_are_public_while_the_state_is_not(service_url):
+    """The schemas describe the configuration (like the OpenAPI document); the nodes need a
+    hub user: without a token or cookie, 401."""
+    code, _ = await _get(service_url + "api/schemas/quotas")
+    assert code == 200
+    code, _ = await _get(service_url + "api/nodes")
+    assert code == 401, code

@@ -9,6 +9,7 @@ import asyncio
 import ipaddress
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -16,12 +17,14 @@ import pytest
 import yaml
 
 docker = pytest.importorskip("docker")
-pytest.importorskip("dockerspawner")
 
 from jupyterhub.objects import Hub  # noqa: E402
 from tornado import web  # noqa: E402
+from traitlets.config import Config  # noqa: E402
 
-from gpuspawner.backends.spec import ALLOCATION_LABEL, launch_spec  # noqa: E402
+from gpuspawner.backends.docker_backend import DockerBackend  # noqa: E402
+from gpuspawner.backends.docker_network import ServerNetwork  # noqa: E402
+from gpuspawner.backends.spec import ALLOCATION_LABEL  # noqa: E402
 from gpuspawner.hub.cluster import reset_clusters  # noqa: E402
 from gpuspawner.hub.spawner import GPUSpawner  # noqa: E402
 from gpuspawner.inventory.local import read_local_node  # noqa: E402
@@ -114,32 +117,56 @@ def make_spawner(tmp_path, client):
         ])
         config.setdefault("home_path_template", str(tmp_path / "home" / "{username}"))
         config.setdefault("cmd", FAKE_SERVER)
-        sp = GPUSpawner(user=FakeUser(user), hub=Hub(), oauth_client_id=f"c-{user}",
-                        api_token="secret-token", **config)
+        cfg = Config()
+        for key, value in config.items():  # each setting to the class that has it
+            section = "DockerBackend" if DockerBackend.class_traits().get(key) is not None \
+                and key not in GPUSpawner.class_traits() else "GPUSpawner"
+            cfg[section][key] = value
+        sp = GPUSpawner(config=cfg, user=FakeUser(user), hub=Hub(), oauth_client_id=f"c-{user}",
+                        api_token="secret-token")
         sp.user_options = options or {"profile": "cpu"}
         made.append(sp)
         return sp
 
     yield make
     for sp in made:
-        if sp.object_id:
+        if container_id(sp):
             try:
-                client.remove_container(sp.object_id, force=True)
+                client.remove_container(container_id(sp), force=True)
             except docker.errors.NotFound:
                 pass
-        if sp.server_network is not None:
-            client.remove_network(sp.server_network.name)
+        if server_network(sp) is not None:
+            client.remove_network(server_network(sp).name)
     reset_clusters()
 
 
+def container_id(sp: GPUSpawner) -> str:
+    return sp.backend_state.get("container_id", "")
+
+
+def server_network(sp: GPUSpawner) -> ServerNetwork | None:
+    net = sp.backend_state.get("network")
+    return ServerNetwork.from_dict(net) if net else None
+
+
 async def test_gpu_container_has_exactly_the_allocated_uuids(make_spawner, client):
-    sp = make_spawner("gpuuser", {"profile": "gpu1"})
-    _, alloc = await sp._prepare()  # reserve + this server's own network
-    spec = launch_spec(name=sp.object_name, user="gpuuser", server="", allocation=alloc,
-                       image=IMAGE, cmd=["true"], env={}, uid=1234, gid=1234, port=8888)
-    obj = await sp._create_container(spec, {})  # created, not started: no NVIDIA runtime
-    sp.object_id = obj["Id"]
-    info = client.inspect_container(obj["Id"])
+    sp = make_spawner("gpuuser", {"profile": "gpu1"}, default_uid=1234, default_gid=1234)
+    engine = sp.backend_obj.client("gpunode")
+    created: list[str] = []
+    engine.start = lambda cid, *a, **k: created.append(cid)  # no NVIDIA runtime here
+    sp.http_timeout = 1  # created, never started: the readiness wait fails, then rollback
+    state: dict = {}
+    original = sp._rollback
+
+    async def keep_state():
+        state.update(sp.backend_state, alloc=sp.allocation)
+
+    sp._rollback = keep_state  # inspect before anything is removed
+    with pytest.raises(web.HTTPError):
+        await asyncio.wait_for(sp.start(), 60)
+    alloc = state["alloc"]
+    (cid,) = created
+    info = client.inspect_container(cid)
     hc = info["HostConfig"]
     requests = hc["DeviceRequests"]
     assert len(requests) == 1
@@ -151,8 +178,8 @@ async def test_gpu_container_has_exactly_the_allocated_uuids(make_spawner, clien
     assert hc["Memory"] == 256 * 2**20 and hc["MemorySwap"] == 256 * 2**20
     assert hc["Privileged"] is False
     assert "no-new-privileges" in hc["SecurityOpt"]
-    assert hc["PidsLimit"] == sp.pids_limit
-    net = sp.server_network
+    assert hc["PidsLimit"] == sp.backend_obj.pids_limit
+    net = ServerNetwork.from_dict(state["network"])
     assert hc["NetworkMode"] == net.name == "jupyter-gpuuser-net"
     ipam = info["NetworkSettings"]["Networks"][net.name]["IPAMConfig"]
     assert ipam["IPv4Address"] == str(net.server_ip)
@@ -166,13 +193,18 @@ async def test_gpu_container_has_exactly_the_allocated_uuids(make_spawner, clien
     assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(alloc.gpu_uuids)
     assert env["CPU_LIMIT"] == "1" and env["MEM_LIMIT"] == str(256 * 2**20)
     assert json.loads(env["GPUSPAWNER_ALLOCATION"])["id"] == alloc.id
+    sp._rollback = original
+    await sp._rollback()
+    assert sp.cluster.ledger.allocations() == []
+    assert_removed(client, cid)
 
 
 async def test_gpu_start_fails_without_nvidia_runtime_and_releases(make_spawner, client):
     sp = make_spawner("gpuuser", {"profile": "gpu1"})
-    with pytest.raises(docker.errors.APIError, match="nvidia"):  # no such device driver
-        await asyncio.wait_for(sp.start(), 60)
-    assert sp.allocation is None and sp.server_network is None
+    with pytest.raises(web.HTTPError, match="could not start the container.*nvidia") as e:
+        await asyncio.wait_for(sp.start(), 60)  # no such device driver
+    assert e.value.status_code == 500
+    assert sp.allocation is None and server_network(sp) is None
     assert sp.cluster.ledger.allocations() == []
     assert client.containers(all=True, filters={"label": "gpuspawner.user=gpuuser"}) == []
     assert client.networks(filters={"label": "gpuspawner.user=gpuuser"}) == []
@@ -187,23 +219,25 @@ async def test_missing_image_leaves_no_allocation(make_spawner, client):
 
 async def test_start_timeout_rolls_back(make_spawner, client):
     sp = make_spawner("slowuser")
-    started = asyncio.Event()
-    original = sp.start_object
+    starting, release = threading.Event(), threading.Event()
+    engine = sp.backend_obj.client("gpunode")
 
-    async def slow_start_object():
-        started.set()
-        await asyncio.sleep(30)
-        await original()
+    def slow_start(cid, *a, **k):  # the engine hangs in start
+        starting.set()
+        release.wait(30)
 
-    sp.start_object = slow_start_object
+    engine.start = slow_start
     task = asyncio.ensure_future(sp.start())
-    await asyncio.wait_for(started.wait(), 60)
-    assert len(sp.cluster.ledger.allocations()) == 1
-    created = sp.object_id
-    assert created
-    task.cancel()  # what asyncio.wait_for(spawner.start(), start_timeout) does
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    try:
+        await asyncio.wait_for(asyncio.to_thread(starting.wait, 60), 61)
+        assert len(sp.cluster.ledger.allocations()) == 1
+        created = container_id(sp)
+        assert created
+        task.cancel()  # what asyncio.wait_for(spawner.start(), start_timeout) does
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        release.set()
     assert sp.cluster.ledger.allocations() == []
     assert_removed(client, created)
 
@@ -212,11 +246,11 @@ async def test_run_pins_cpuset_and_home_owned_by_uid(make_spawner, client, tmp_p
     sp = make_spawner("homeuser", uid_map={"homeuser": {"uid": 4321, "gid": 4322}})
     ip, port = await asyncio.wait_for(sp.start(), 90)
     # its own network, a fixed address in it, the fixed port inside its namespace
-    assert ip == str(sp.server_network.server_ip) and port == 8888
-    net_name = sp.server_network.name
+    assert ip == str(server_network(sp).server_ip) and port == 8888
+    net_name = server_network(sp).name
     try:
         alloc = sp.allocation
-        cid = sp.object_id
+        cid = container_id(sp)
 
         def run(cmd: str) -> str:
             ex = client.exec_create(cid, ["sh", "-c", cmd])
@@ -290,7 +324,7 @@ async def test_disk_limit_enforced_on_btrfs_engine(make_spawner, tmp_path):
                    for e in sp._events)
 
         def run(cmd: str) -> str:
-            ex = btrfs.exec_create(sp.object_id, ["sh", "-c", cmd])
+            ex = btrfs.exec_create(container_id(sp), ["sh", "-c", cmd])
             return btrfs.exec_start(ex).decode()
 
         small = run("dd if=/dev/zero of=/tmp/small bs=1M count=16 2>&1; echo rc=$?")
@@ -306,10 +340,11 @@ async def test_disk_on_overlay2_is_accounted_or_refused(make_spawner, client):
     profiles = [{"slug": "disk", "cpu": 1, "memory": "256M", "disk": "1G"}]
     refuse = make_spawner("refuser", {"profile": "disk"}, profiles=profiles,
                           disk_limit_mode="refuse")
-    if refuse.cluster.nodes["gpunode"].disk_limit_supported()[0]:
+    if refuse.backend_obj.disk_limit_supported("gpunode")[0]:
         pytest.skip("the default engine can limit disk")
-    with pytest.raises(web.HTTPError, match="cannot limit disk.*'refuse'"):
+    with pytest.raises(web.HTTPError, match="cannot limit disk.*'refuse'") as e:
         await refuse.start()
+    assert e.value.status_code == 400
     assert refuse.cluster.ledger.allocations() == []
 
 
@@ -327,7 +362,7 @@ async def test_shared_network_mode_puts_servers_on_one_network(make_spawner, cli
             client.inspect_network(net["Id"])["IPAM"]["Config"][0]["Subnet"])
         assert ipaddress.ip_address(ip_a) in subnet
         assert ipaddress.ip_address(ip_b) in subnet and ip_a != ip_b
-        assert port_a == 8888 and a.server_network is None
+        assert port_a == 8888 and server_network(a) is None
     finally:
         await a.stop()
         await b.stop()
@@ -339,6 +374,6 @@ async def test_host_network_mode_is_an_explicit_opt_out(make_spawner, client):
     ip, port = await asyncio.wait_for(sp.start(), 90)
     try:
         assert (ip, port) == ("127.0.0.1", 8888)
-        assert client.inspect_container(sp.object_id)["HostConfig"]["NetworkMode"] == "host"
+        assert client.inspect_container(container_id(sp))["HostConfig"]["NetworkMode"] == "host"
     finally:
         await sp.stop()

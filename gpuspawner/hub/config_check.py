@@ -10,6 +10,7 @@ files, or this host through sysfs and NVML) so that the first spawn does not, an
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,8 +18,8 @@ from traitlets.config import LazyConfigValue
 
 
 class HubConfigError(ValueError):
-    """A wrong gpuspawner setting; the message starts with the trait, e.g.
-    ``GPUSpawner.profiles: profiles[1].gpus: must be a number >= 0, got 'two'``."""
+    """A wrong gpuspawner setting; the message starts with the trait and the field, e.g.
+    ``GPUSpawner.profiles[1] (gpu).gpus: 'two' is not of type 'number'``."""
 
 
 def _section(c: Any, name: str) -> Mapping[str, Any]:
@@ -26,35 +27,55 @@ def _section(c: Any, name: str) -> Mapping[str, Any]:
 
 
 def check_trait(name: str, value: Any) -> None:
-    """Check one structured GPUSpawner setting (``profiles``, ``quotas``,
-    ``server_network_pool``, ``nodes``; nodes by structure only) with the code the hub uses.
+    """Check one structured GPUSpawner setting (``backend``, ``profiles``, ``quotas``,
+    ``nodes``; nodes by structure only) with the code the hub uses.
     The spawner's trait validator and :func:`check_spawner_settings` both call it.
 
+    Profiles, quotas and nodes go through their JSON Schema first (:mod:`gpuspawner.schemas`,
+    inside :func:`~gpuspawner.hub.profiles.load_profiles`,
+    :func:`~gpuspawner.hub.cluster.check_quotas` and
+    :func:`~gpuspawner.hub.cluster.check_node_entries`), then through the rules a schema
+    cannot express (unique names, one default profile, GPU fractions).
+
     Raises:
-        HubConfigError: ``GPUSpawner.<name>: <entry>: <reason>``.
+        HubConfigError: ``GPUSpawner.<field>: <reason>``, the field being the JSON path in the
+            trait (``GPUSpawner.profiles[2] (a100).gpus: -1 is less than the minimum of 0``,
+            ``GPUSpawner.quotas.users.ann.memory: ...``); for a profiles file,
+            ``GPUSpawner.profiles: <file>[2] (a100).gpus: ...``.
     """
-    from ..backends.docker_network import parse_pool
+    from ..backends.base import backend_class
     from .cluster import check_node_entries, check_quotas
     from .profiles import load_profiles
 
-    checks = {"profiles": load_profiles, "quotas": check_quotas,
-              "server_network_pool": parse_pool, "nodes": check_node_entries}
+    checks = {"profiles": load_profiles, "quotas": check_quotas, "nodes": check_node_entries,
+              "backend": backend_class}
     try:
         checks[name](value)
     except ValueError as e:
-        text = str(e)
-        if text.startswith(f"{name}: "):  # parse_pool names the setting itself
-            text = text[len(name) + 2:]
-        raise HubConfigError(f"GPUSpawner.{name}: {text}") from None
+        raise HubConfigError(_named(name, str(e))) from None
 
 
-def check_spawner_settings(settings: Mapping[str, Any]) -> None:
+def _named(name: str, text: str) -> str:
+    """``GPUSpawner.<field>: <reason>`` from a check's message. The checks name the field from
+    the trait down (``profiles[1] ...``, ``quotas.users...``, ``nodes[0] ...``); any other
+    message (a profiles file's, the backend's) follows the trait's name."""
+    if text.startswith((f"{name}[", f"{name}.", f"{name}:")):
+        return f"GPUSpawner.{text}"
+    return f"GPUSpawner.{name}: {text}"
+
+
+def check_spawner_settings(settings: Mapping[str, Any], config: Any = None) -> None:
     """Check ``GPUSpawner`` settings (a mapping of trait name to value; missing = default)
-    and build the hub's cluster for them, reading every node's inventory now.
+    and build the hub's cluster for them, reading every node's inventory now and making the
+    backend from ``config`` (the whole traitlets ``Config``: its ``c.<Backend>.*`` section is
+    validated by the backend's traits).
 
     Raises:
-        HubConfigError: the first wrong setting, named ``GPUSpawner.<trait>``.
+        HubConfigError: the first wrong setting, named ``GPUSpawner.<trait>`` or
+            ``<Backend>.<trait>``.
     """
+    from traitlets import TraitError
+
     from ..placement import POLICIES
     from .cluster import get_cluster
     from .spawner import GPUSpawner
@@ -68,22 +89,27 @@ def check_spawner_settings(settings: Mapping[str, Any]) -> None:
     if policy not in POLICIES:
         raise HubConfigError(f"GPUSpawner.placement_policy: unknown policy {policy!r}; "
                              f"choose one of: {', '.join(POLICIES)}")
-    for name in ("profiles", "quotas", "server_network_pool", "nodes"):
+    for name in ("backend", "profiles", "quotas", "nodes"):
         check_trait(name, get(name))
     if not isinstance(get("nodes"), list) or not get("nodes"):
         raise HubConfigError("GPUSpawner.nodes: must be a non-empty list of node entries")
     try:
         # builds the hub's cluster: every topology is read here, once, before any spawn
-        get_cluster(get("nodes"), policy, get("quotas"), get("profiles"))
+        get_cluster(get("nodes"), policy, get("quotas"), get("profiles"), get("backend"),
+                    config)
+    except TraitError as e:  # a backend trait; the validators name it
+        raise HubConfigError(str(e)) from None
     except ValueError as e:
-        raise HubConfigError(f"GPUSpawner.nodes: {e}") from None
+        raise HubConfigError(_named("nodes", str(e))) from None
 
 
 def check_culler_policies(path: str) -> None:
-    """Load the idle culler's policy file as the culler will.
+    """Load the idle culler's policy file as the culler will (the ``culler-policies`` JSON
+    Schema first, then the culler's conversions: :class:`idle_culler.policies.PolicySet`).
 
     Raises:
-        HubConfigError: the file does not load, named with its path and entry.
+        HubConfigError: the file does not load: ``idle culler --policies <path>: <field>:
+            <reason>``, e.g. ``... global.idle_timeout: 'soon' is not a duration ...``.
     """
     from idle_culler.policies import PolicyError, PolicySet
 
@@ -93,22 +119,50 @@ def check_culler_policies(path: str) -> None:
         raise HubConfigError(f"idle culler --policies {path}: {e}") from None
 
 
+def culler_policies_path(service: Mapping[str, Any]) -> str | None:
+    """The policy file of a JupyterHub service entry that runs the idle culler, or None.
+
+    A service runs the culler when its command runs ``idle_culler`` (``python -m idle_culler``
+    or the ``idle-culler`` script) or it is named ``idle-culler``; its file is the value of
+    ``--policies`` (also written ``--policies=PATH`` or ``--IdleCuller.policies_file=PATH``,
+    the culler's traitlets aliases, idle_culler/app.py), relative to the service's ``cwd``.
+    """
+    cmd = [str(a) for a in (service.get("command") or [])]
+    runs_culler = service.get("name") == "idle-culler" or any(
+        a == "idle_culler" or a.rsplit("/", 1)[-1] == "idle-culler" for a in cmd)
+    if not runs_culler:
+        return None
+    path = None
+    for i, arg in enumerate(cmd):
+        for flag in ("--policies", "--IdleCuller.policies_file"):
+            if arg == flag and i + 1 < len(cmd):
+                path = cmd[i + 1]
+            elif arg.startswith(flag + "="):
+                path = arg[len(flag) + 1:]
+    if not path:
+        return None
+    cwd = service.get("cwd")
+    return os.path.join(cwd, path) if cwd else path
+
+
 def check_hub_config(c: Any) -> None:
     """Check the GPUSpawner settings of the config object ``c`` (and the idle culler's policy
-    file, when an ``idle-culler`` service with ``--policies`` is configured); stop the hub with
-    the reason when one is wrong.
+    file against the ``culler-policies`` schema and the culler's own rules, when a service
+    runs the culler with a policy file: :func:`culler_policies_path`); stop the hub with the
+    reason when one is wrong.
 
     Raises:
-        SystemExit: ``gpuspawner configuration error: <trait>: <entry>: <reason>``.
+        SystemExit: ``gpuspawner configuration error: <trait>.<field>: <reason>`` (or
+            ``idle culler --policies <file>: <field>: <reason>``).
     """
     try:
-        check_spawner_settings(_section(c, "GPUSpawner"))
+        check_spawner_settings(_section(c, "GPUSpawner"), c)
         services = c.JupyterHub.services if "services" in _section(c, "JupyterHub") else []
         if isinstance(services, LazyConfigValue):  # only .append()ed to, never assigned
             services = services.get_value([])
         for svc in services:
-            cmd = list(svc.get("command") or [])
-            if svc.get("name") == "idle-culler" and "--policies" in cmd:
-                check_culler_policies(cmd[cmd.index("--policies") + 1])
+            path = culler_policies_path(svc) if isinstance(svc, Mapping) else None
+            if path:
+                check_culler_policies(path)
     except HubConfigError as e:
         raise SystemExit(f"gpuspawner configuration error: {e}") from None

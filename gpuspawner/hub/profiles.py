@@ -17,12 +17,20 @@ from typing import Any
 
 import yaml
 
-from ..placement import GPU_MILLI, NUMA_POLICIES, Bundle, parse_bytes
+from ..placement import GPU_MILLI, Bundle, parse_bytes
+from ..schemas import ConfigSchemaError, format_field, load_schema, validate
 
-PROFILE_KEYS = frozenset({
-    "slug", "display_name", "description", "cpu", "memory", "gpus", "gpu_milli", "gpu_models",
-    "disk", "image", "numa_policy", "groups", "nodes", "default",
-})
+#: the keys of a profile (the ``profiles`` schema's)
+PROFILE_KEYS = frozenset(load_schema("profiles")["$defs"]["profile"]["properties"])
+
+#: help of ``GPUSpawner.profiles``
+PROFILES_HELP = """Profiles users choose from: a list of dicts or the path of a YAML file.
+
+Keys: slug, display_name, description, cpu (cores), memory and disk (sizes like "4G"), gpus
+(whole GPUs, or a fraction below 1 for a share) or gpu_milli (1..999), gpu_models (list), image,
+numa_policy (strict | prefer | none), groups (who may use it; empty = everyone), nodes (node
+names it may run on; empty = any), default.
+"""
 
 #: keys a client may send in ``user_options``
 USER_OPTION_KEYS = frozenset({"profile"})
@@ -62,47 +70,51 @@ class Profile:
 
 
 def _bundle_from(entry: Mapping[str, Any], where: str) -> Bundle:
+    """The bundle of one profile entry that passed the ``profiles`` schema: sizes parsed to
+    bytes, a GPU fraction (``gpus: 0.25``) turned into milli-GPU.
+
+    Raises:
+        ProfileConfigError: a rule the schema cannot express: a fraction of a GPU above 1
+            or together with ``gpu_milli``.
+    """
     def size(key: str) -> int:
-        value = entry.get(key, 0)
         try:
-            return parse_bytes(value if value is not None else 0)
-        except ValueError as e:
+            return parse_bytes(entry.get(key) or 0)
+        except ValueError as e:  # the schema's pattern and parse_bytes agree; kept as a guard
             raise ProfileConfigError(f"{where}.{key}: {e}") from None
 
-    cpu = entry.get("cpu", 1)
-    if not isinstance(cpu, int) or isinstance(cpu, bool) or cpu < 0:
-        raise ProfileConfigError(f"{where}.cpu: must be a whole number of cores >= 0, got {cpu!r}")
     gpus_raw = entry.get("gpus", 0)
-    milli = entry.get("gpu_milli", 0)
-    if isinstance(gpus_raw, bool) or not isinstance(gpus_raw, (int, float)) or gpus_raw < 0:
-        raise ProfileConfigError(f"{where}.gpus: must be a number >= 0, got {gpus_raw!r}")
-    if isinstance(gpus_raw, float) and not gpus_raw.is_integer():
+    milli = int(entry.get("gpu_milli", 0))
+    if not float(gpus_raw).is_integer():
         if gpus_raw > 1 or milli:
             raise ProfileConfigError(f"{where}.gpus: a fraction must be below 1 (a share of one "
-                                     f"GPU), got {gpus_raw}")
+                                     f"GPU) and not given with gpu_milli, got {gpus_raw}")
         milli, gpus_raw = round(gpus_raw * GPU_MILLI), 0
-    if not isinstance(milli, int) or isinstance(milli, bool) or not 0 <= milli < GPU_MILLI:
-        raise ProfileConfigError(f"{where}.gpu_milli: must be 0..999, got {milli!r}")
-    models = entry.get("gpu_models", ())
-    if isinstance(models, str):
-        models = (models,)
-    if not isinstance(models, (list, tuple)) or not all(isinstance(m, str) for m in models):
-        raise ProfileConfigError(f"{where}.gpu_models: must be a list of model names")
-    policy = entry.get("numa_policy", "strict")
-    if policy not in NUMA_POLICIES:
-        raise ProfileConfigError(f"{where}.numa_policy: must be one of "
-                                 f"{', '.join(NUMA_POLICIES)}, got {policy!r}")
-    return Bundle(cores=cpu, memory_bytes=size("memory"), gpus=int(gpus_raw), gpu_milli=milli,
-                  gpu_models=tuple(models), disk_bytes=size("disk"), numa_policy=policy)
+    return Bundle(cores=int(entry.get("cpu", 1)), memory_bytes=size("memory"),
+                  gpus=int(gpus_raw), gpu_milli=milli,
+                  gpu_models=_names(entry.get("gpu_models")), disk_bytes=size("disk"),
+                  numa_policy=entry.get("numa_policy", "strict"))
 
 
-def _str_list(entry: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
-    value = entry.get(key) or ()
-    if isinstance(value, str):
-        value = (value,)
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        raise ProfileConfigError(f"{where}.{key}: must be a list of names")
-    return tuple(value)
+def _names(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    """A ``names`` value of the schema (a list, one name, or null) as a tuple."""
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+def _schema_error(e: ConfigSchemaError, config: Sequence[Any], source: str
+                  ) -> ProfileConfigError:
+    """The schema's refusal, with the profile's slug after its index where it has one:
+    ``profiles[2] (a100).gpus: -1 is less than the minimum of 0``."""
+    path = list(e.path)
+    if path and isinstance(path[0], int):
+        entry = config[path[0]]
+        slug = entry.get("slug") if isinstance(entry, Mapping) else None
+        head = f"{source}[{path[0]}]" + (f" ({slug})" if isinstance(slug, str) and slug
+                                        else "")
+        return ProfileConfigError(f"{format_field(head, path[1:])}: {e.reason}")
+    return ProfileConfigError(str(e))
 
 
 def load_profiles(config: Sequence[Mapping[str, Any]] | str | os.PathLike[str]
@@ -110,9 +122,14 @@ def load_profiles(config: Sequence[Mapping[str, Any]] | str | os.PathLike[str]
     """Validate profiles from ``c.GPUSpawner.profiles``: a list of dicts, or the path of a YAML
     file holding such a list (or ``{"profiles": [...]}``).
 
+    First the ``profiles`` JSON Schema (:mod:`gpuspawner.schemas`: keys, types, ranges, the
+    form of slugs and sizes, ``numa_policy``), then what it cannot express: unique slugs, at
+    most one default, a GPU fraction below 1.
+
     Raises:
         ProfileConfigError: the file is unreadable, a key is unknown or a value is bad; the
-            message names the profile (``profiles[2] (a100)``) and the field.
+            message names the profile (``profiles[2] (a100)``, or the file:
+            ``/etc/p.yaml[2] (a100)``, ``/etc/p.yaml: profiles[2] (a100)``) and the field.
     """
     source = "profiles"
     if isinstance(config, (str, os.PathLike)):
@@ -126,40 +143,29 @@ def load_profiles(config: Sequence[Mapping[str, Any]] | str | os.PathLike[str]
             raise ProfileConfigError(f"{source}: not valid YAML: {e}") from None
         if isinstance(data, dict):
             data = data.get("profiles")
+            source = f"{source}: profiles"
         config = data or []
-    if not isinstance(config, (list, tuple)):
-        raise ProfileConfigError(f"{source}: must be a list of profiles")
+    try:
+        validate("profiles", config, where=source)
+    except ConfigSchemaError as e:
+        raise _schema_error(e, config, source) from None
     out: list[Profile] = []
     seen: set[str] = set()
     for i, entry in enumerate(config):
-        where = f"{source}[{i}]"
-        if not isinstance(entry, Mapping):
-            raise ProfileConfigError(f"{where}: must be a mapping")
-        slug = entry.get("slug")
-        if not isinstance(slug, str) or not slug or not slug.replace("-", "").replace(
-                "_", "").replace(".", "").isalnum():
-            raise ProfileConfigError(f"{where}.slug: must be a non-empty name of letters, "
-                                     f"digits, '-', '_' or '.', got {slug!r}")
-        where = f"{where} ({slug})"
+        slug = entry["slug"]
+        where = f"{source}[{i}] ({slug})"
         if slug in seen:
             raise ProfileConfigError(f"{where}.slug: duplicate slug")
         seen.add(slug)
-        unknown = set(entry) - PROFILE_KEYS
-        if unknown:
-            raise ProfileConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; "
-                                     f"known: {', '.join(sorted(PROFILE_KEYS))}")
-        image = entry.get("image", "")
-        if not isinstance(image, str):
-            raise ProfileConfigError(f"{where}.image: must be a string")
         out.append(Profile(
             slug=slug,
-            display_name=str(entry.get("display_name") or slug),
-            description=str(entry.get("description") or ""),
+            display_name=entry.get("display_name") or slug,
+            description=entry.get("description") or "",
             bundle=_bundle_from(entry, where),
-            image=image,
-            groups=_str_list(entry, "groups", where),
-            nodes=_str_list(entry, "nodes", where),
-            default=bool(entry.get("default", False)),
+            image=entry.get("image", ""),
+            groups=_names(entry.get("groups")),
+            nodes=_names(entry.get("nodes")),
+            default=entry.get("default", False),
         ))
     if sum(p.default for p in out) > 1:
         raise ProfileConfigError(f"{source}: more than one profile has default: true")

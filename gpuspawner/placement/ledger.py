@@ -356,15 +356,19 @@ class Ledger:
         elif grew:
             c.versions[key] = c.versions.get(key, 0) + 1
 
-    def release(self, allocation_id: str) -> Allocation:
-        """Give back everything an allocation holds.
+    def release(self, allocation_id: str, missing_ok: bool = False) -> Allocation | None:
+        """Give back everything an allocation holds; returns it (None when ``missing_ok``
+        and the ledger holds no such allocation).
 
         Raises:
-            UnknownAllocation: the ledger holds no allocation with that id.
+            UnknownAllocation: the ledger holds no allocation with that id (unless
+                ``missing_ok``).
         """
         with self._lock:
             alloc = self._allocs.pop(allocation_id, None)
             if alloc is None:
+                if missing_ok:
+                    return None
                 raise UnknownAllocation(f"no allocation {allocation_id}")
             st = self._by_name[alloc.node]
             old = self._bucket_key(st)
@@ -436,12 +440,11 @@ class Ledger:
         other = self._by_owner.get((alloc.owner.user, alloc.owner.server))
         if other is not None:
             return f"server {alloc.owner.user}/{alloc.owner.server} already holds {other}"
-        problem = st.conflict(alloc)
-        if problem and ("already held" in problem or "milli-GPU free" in problem):
-            holder = self._holder_of(alloc)
-            if holder:
-                problem += f"; held by {holder}"
-        return problem
+        conflict = st.conflict(alloc)
+        if conflict is None:
+            return None
+        holder = self._holder_of(alloc) if conflict.held else None
+        return f"{conflict.text}; held by {holder}" if holder else conflict.text
 
     def _holder_of(self, alloc: Allocation) -> str | None:
         uuids = {g.uuid for g in alloc.gpus}

@@ -4,8 +4,22 @@ GPU UUID, free disk. Not thread-safe on its own: the :class:`~.ledger.Ledger` ho
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .model import GPU, GPU_MILLI, Allocation, Node
+
+
+class Conflict(NamedTuple):
+    """Why an allocation cannot be booked (:meth:`NodeState.conflict`).
+
+    Attributes:
+        text: the reason, e.g. "CPU 3 is already held".
+        held: True when another allocation holds what it names (a double booking), False
+            when it does not fit the node at all (unknown device, malformed).
+    """
+
+    text: str
+    held: bool = False
 
 
 @dataclass
@@ -100,38 +114,41 @@ class NodeState:
         return not self.allocation_ids
 
     # -- booking ----------------------------------------------------------------------------
-    def conflict(self, alloc: Allocation) -> str | None:
-        """Why ``alloc`` cannot be booked on top of the current state, or None if it can."""
+    def conflict(self, alloc: Allocation) -> Conflict | None:
+        """Why ``alloc`` cannot be booked on top of the current state, or None if it can.
+        ``Conflict.held`` is True when devices it names are held by another allocation (as
+        opposed to an allocation that does not fit this node at all)."""
         for g in alloc.gpus:
             if g.uuid not in self.gpu_used:
-                return f"GPU {g.uuid} is not on node {self.name}"
+                return Conflict(f"GPU {g.uuid} is not on node {self.name}")
             if g.milli <= 0 or g.milli > GPU_MILLI:
-                return f"GPU {g.uuid}: {g.milli} milli-GPU is out of range"
+                return Conflict(f"GPU {g.uuid}: {g.milli} milli-GPU is out of range")
             if g.milli < GPU_MILLI and not self.gpu_by_uuid[g.uuid].shareable:
-                return f"GPU {g.uuid} is exclusive, a share of {g.milli} milli-GPU is not allowed"
+                return Conflict(f"GPU {g.uuid} is exclusive, a share of {g.milli} milli-GPU "
+                                "is not allowed")
             if self.gpu_used[g.uuid] + g.milli > GPU_MILLI:
-                return (f"GPU {g.uuid} has {self.gpu_free_milli(g.uuid)} milli-GPU free, "
-                        f"{g.milli} asked")
+                return Conflict(f"GPU {g.uuid} has {self.gpu_free_milli(g.uuid)} milli-GPU "
+                                f"free, {g.milli} asked", held=True)
         if len({g.uuid for g in alloc.gpus}) != len(alloc.gpus):
-            return "the same GPU appears twice"
+            return Conflict("the same GPU appears twice")
         for c in alloc.cpuset:
             if c not in self.cpu_numa:
-                return f"CPU {c} is not on node {self.name}"
+                return Conflict(f"CPU {c} is not on node {self.name}")
             if c not in self.free_cpus[self.cpu_numa[c]]:
-                return f"CPU {c} is already held"
+                return Conflict(f"CPU {c} is already held", held=True)
         if len(set(alloc.cpuset)) != len(alloc.cpuset):
-            return "the same CPU appears twice"
+            return Conflict("the same CPU appears twice")
         for nid, b in alloc.memory_by_numa:
             if nid not in self.free_mem:
-                return f"NUMA node {nid} is not on node {self.name}"
+                return Conflict(f"NUMA node {nid} is not on node {self.name}")
             if b < 0 or b > self.free_mem[nid]:
-                return f"NUMA node {nid} has {self.free_mem[nid]} bytes free, {b} asked"
+                return Conflict(f"NUMA node {nid} has {self.free_mem[nid]} bytes free, {b} asked")
         if sum(b for _, b in alloc.memory_by_numa) != alloc.memory_bytes:
-            return "memory_by_numa does not add up to memory_bytes"
+            return Conflict("memory_by_numa does not add up to memory_bytes")
         if alloc.disk_bytes > self.free_disk:
-            return f"{self.free_disk} bytes of disk free, {alloc.disk_bytes} asked"
+            return Conflict(f"{self.free_disk} bytes of disk free, {alloc.disk_bytes} asked")
         if alloc.id in self.allocation_ids:
-            return f"allocation {alloc.id} is already booked"
+            return Conflict(f"allocation {alloc.id} is already booked")
         return None
 
     def book(self, alloc: Allocation) -> None:

@@ -4,7 +4,15 @@ Prometheus metrics over the hub process's placement ledger. See ``app.py`` for t
 
 from .app import ADMIN_SCOPE, GPUService, configure_service, hub_cluster
 from .openapi import openapi_document
-from .views import allocation_views, map_view, node_views, usage_view
+from .views import (
+    allocation_views,
+    map_view,
+    node_views,
+    schema_list_view,
+    schema_view,
+    usage_view,
+)
 
 __all__ = ["ADMIN_SCOPE", "GPUService", "allocation_views", "configure_service", "hub_cluster",
-           "map_view", "node_views", "openapi_document", "usage_view"]
+           "map_view", "node_views", "openapi_document", "schema_list_view", "schema_view",
+           "usage_view"]

@@ -45,7 +45,14 @@ from tornado.netutil import bind_sockets
 from .. import metrics
 from ..cluster import Cluster, get_cluster
 from .openapi import openapi_document
-from .views import allocation_views, map_view, node_views, usage_view
+from .views import (
+    allocation_views,
+    map_view,
+    node_views,
+    schema_list_view,
+    schema_view,
+    usage_view,
+)
 
 log = logging.getLogger("gpuspawner")
 
@@ -224,6 +231,27 @@ class OpenAPIHandler(_Base):
         self.write_json(openapi_document(self.service.prefix))
 
 
+class SchemasHandler(_Base):
+    """``GET api/schemas``: the configuration's JSON Schemas, listed (public, like the OpenAPI
+    document: they describe the configuration, not the hub's state)."""
+    public = True
+
+    def get(self) -> None:
+        self.write_json(schema_list_view(self.service.prefix))
+
+
+class SchemaHandler(_Base):
+    """``GET api/schemas/{name}``: one JSON Schema (public); 404 for an unknown name."""
+    public = True
+
+    def get(self, name: str) -> None:
+        schema = schema_view(name)
+        if schema is None:
+            raise web.HTTPError(404, f"no configuration schema {name!r}; see "
+                                     f"{self.service.prefix}api/schemas")
+        self.write_json(schema)
+
+
 class MetricsHandler(_Base):
     """``GET metrics``: Prometheus text from the ledger (needs ``read:metrics``)."""
     @property
@@ -362,6 +390,8 @@ class GPUService:
             (p + "api/allocations", AllocationsHandler, kw),
             (p + r"api/users/([^/]+)/usage", UsageHandler, kw),
             (p + "api/openapi.json", OpenAPIHandler, kw),
+            (p + "api/schemas", SchemasHandler, kw),
+            (p + r"api/schemas/([^/]+)", SchemaHandler, kw),
             (p + "metrics", MetricsHandler, kw),
             (p + "oauth_callback", CallbackHandler, kw),
         ], cookie_secret=secrets.token_bytes(32), default_handler_class=NotFoundHandler,

@@ -120,6 +120,19 @@ USER_USAGE = {
         "allocations": {"type": "array", "items": _STR},
     },
 }
+SCHEMA_INFO = {
+    "type": "object",
+    "description": "One of the configuration's JSON Schemas (gpuspawner.schemas).",
+    "required": ["name", "title", "description", "id", "url"],
+    "properties": {
+        "name": {"type": "string", "description": "its name in api/schemas/{name}"},
+        "title": {"type": "string", "description": "what it describes, e.g. "
+                                                   "GPUSpawner.profiles"},
+        "description": _STR,
+        "id": {"type": "string", "description": "the schema's $id"},
+        "url": {"type": "string", "description": "where the schema itself is served"},
+    },
+}
 ERROR = {
     "type": "object",
     "required": ["status", "message"],
@@ -159,7 +172,8 @@ def openapi_document(prefix: str = "/services/gpuspawner/") -> dict[str, Any]:
                                           "description": "token <JupyterHub API token>"}},
             "schemas": {"Usage": USAGE, "Limits": LIMITS, "Holder": HOLDER, "GPU": GPU,
                         "NumaNode": NUMA, "Node": NODE, "Allocation": ALLOCATION,
-                        "UserUsage": USER_USAGE, "Error": ERROR},
+                        "UserUsage": USER_USAGE, "SchemaInfo": SCHEMA_INFO,
+                        "Error": ERROR},
         },
         "security": [{"token": []}],
         "paths": {
@@ -187,6 +201,30 @@ def openapi_document(prefix: str = "/services/gpuspawner/") -> dict[str, Any]:
                                 "schema": _STR}],
                 "responses": {"200": _resp("usage and quota", {
                     "$ref": "#/components/schemas/UserUsage"}), **_DENIED},
+            }},
+            "/api/schemas": {"get": {
+                "operationId": "listConfigSchemas",
+                "summary": "The configuration's JSON Schemas: profiles, nodes, quotas, culler "
+                           "policies",
+                "description": "The schemas the hub checks its configuration with at start "
+                               "(draft 2020-12), shipped in gpuspawner.schemas. Public.",
+                "security": [],
+                "responses": {"200": _resp("the schemas, by name", {
+                    "type": "array", "items": {"$ref": "#/components/schemas/SchemaInfo"}})},
+            }},
+            "/api/schemas/{name}": {"get": {
+                "operationId": "getConfigSchema",
+                "summary": "One configuration JSON Schema (draft 2020-12)",
+                "security": [],
+                "parameters": [{"name": "name", "in": "path", "required": True,
+                                "schema": {"type": "string"},
+                                "description": "profiles, nodes, quotas or culler-policies"}],
+                "responses": {
+                    "200": _resp("the JSON Schema", {
+                        "type": "object", "required": ["$schema", "$id", "title"],
+                        "description": "a JSON Schema, draft 2020-12"}),
+                    "404": _resp("no schema of that name", _ERR),
+                },
             }},
             "/api/openapi.json": {"get": {
                 "operationId": "getOpenAPI",

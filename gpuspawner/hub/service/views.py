@@ -15,6 +15,7 @@ from dataclasses import fields
 from typing import Any
 
 from ...placement import GPU_MILLI, Allocation, Quota, format_bytes, format_cpu_list
+from ...schemas import SCHEMA_NAMES, load_schema
 from ..cluster import Cluster
 
 #: what a non-admin sees instead of another user's name
@@ -184,3 +185,22 @@ def map_view(cluster: Cluster) -> dict[str, Any]:
         },
         "policy": ledger.policy_name,
     }
+
+
+def schema_list_view(prefix: str) -> list[dict[str, Any]]:
+    """``GET api/schemas``: the configuration's JSON Schemas (:mod:`gpuspawner.schemas`), one
+    item per schema: ``name``, ``title`` (what it describes, e.g. ``GPUSpawner.profiles``),
+    ``description`` and ``url`` (``<prefix>api/schemas/<name>``, the schema itself)."""
+    out = []
+    for name in SCHEMA_NAMES:
+        schema = load_schema(name)
+        out.append({"name": name, "title": schema["title"],
+                    "description": schema["description"], "id": schema["$id"],
+                    "url": f"{prefix}api/schemas/{name}"})
+    return out
+
+
+def schema_view(name: str) -> dict[str, Any] | None:
+    """``GET api/schemas/{name}``: the JSON Schema (draft 2020-12) ``name``, or None when
+    there is none of that name."""
+    return load_schema(name) if name in SCHEMA_NAMES else None

@@ -1,0 +1,291 @@
+"""The one seam between the hub and whatever runs user servers.
+
+The spawner (``gpuspawner.hub.spawner.GPUSpawner``) decides *what* a server gets: it validates
+``user_options``, reserves an :class:`~gpuspawner.placement.Allocation` in the ledger and
+builds a :class:`~gpuspawner.backends.spec.LaunchSpec`. A :class:`Backend` decides *how* it
+runs: a Docker container on a node's engine (:class:`~gpuspawner.backends.docker_backend.
+DockerBackend`), a batch job on a Slurm cluster, a pod. The spawner speaks only to this
+interface, so a new backend never touches the spawner.
+
+A backend keeps no per-server memory of its own: everything it needs to find a server again
+lives in a JSON-able ``state`` dict that the spawner stores in the hub's database (JupyterHub's
+``Spawner.get_state``) and hands back on every call. That is what makes a hub restart work:
+the state and the objects' own labels (:meth:`Backend.list_managed`) are enough.
+
+Lifecycle of one server, as the spawner drives it::
+
+    prepare(server, alloc, state)       # e.g. the server's own network; gives its address
+    cert_alt_names(alloc, state)        # internal_ssl: names the certificate must carry
+    certs_path(host_dir)                # where the server sees its certificate folder
+    launch(spec, state, progress)       # start it; returns (ip, port)
+    exit_report(state)                  # while waiting for readiness: did it die?
+    poll(state) / stop(state)           # later
+    cleanup(state)                      # after any failure: remove everything, never raise
+
+Errors: :class:`BackendUnavailable` (the node's engine or controller does not answer: the
+spawner answers HTTP 503 and marks the node suspect), :class:`LaunchRefused` (the request
+cannot run on this node as configured: HTTP 400), :class:`LaunchFailed` (the server could not
+start, e.g. a missing image or a process that exited: HTTP 500). Anything else is a bug.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from traitlets.config import LoggingConfigurable
+
+from ..placement import Allocation, Node
+from .spec import LaunchSpec
+
+#: a callable the backend reports spawn progress through: ``(percent 0..100, message)``
+Progress = Callable[[int, str], None]
+
+
+class BackendError(Exception):
+    """Base of the errors a backend raises on purpose."""
+
+
+class BackendUnavailable(BackendError):
+    """The engine (or controller) of ``node`` does not answer.
+
+    Attributes:
+        node: node name. reason: what the client library said.
+    """
+
+    def __init__(self, node: str, reason: object, what: str = "engine") -> None:
+        super().__init__(f"node {node}: {what} unavailable: {reason}")
+        self.node = node
+        self.reason = reason
+
+
+class LaunchRefused(BackendError):
+    """The allocation cannot be honoured on its node as configured (e.g. a disk limit the
+    node's storage driver cannot enforce with ``disk_limit_mode = "refuse"``)."""
+
+
+class LaunchFailed(BackendError):
+    """The server could not be started (missing image, the process exited during start)."""
+
+
+@dataclass
+class NodeRuntime:
+    """One configured node (an entry of ``c.GPUSpawner.nodes``) and its live state.
+
+    Attributes:
+        name: node name.
+        host: address at which the node's servers are reached with host networking.
+        topology: "auto" or the topology file's path the inventory came from.
+        node: the inventory (placement model).
+        docker_url: Docker engine URL of the node ("" = ``DOCKER_HOST``; Docker backend).
+        network_pool: CIDR blocks of the node's server networks ("" = the backend's
+            default; Docker backend; engines sharing one host need disjoint pools).
+        suspect: set when the node stopped answering: servers the ledger no longer books may
+            still run there, so the next placement on it sweeps them first.
+    """
+
+    name: str
+    host: str
+    topology: str
+    node: Node
+    docker_url: str = ""
+    network_pool: str = ""
+    suspect: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ServerRef:
+    """Which server an operation is about.
+
+    Attributes:
+        user: JupyterHub user name. server: server name ("" = the default server).
+        name: the escaped, capped object name (``safe_name``): a valid container name, job
+            name, DNS label and path component.
+    """
+
+    user: str
+    server: str
+    name: str
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """The owner labels every engine object of this server carries."""
+        return {"gpuspawner.user": self.user, "gpuspawner.server": self.server}
+
+
+@dataclass(frozen=True)
+class Managed:
+    """One running server found by :meth:`Backend.list_managed` (restore after a restart).
+
+    Attributes:
+        node: node name. allocation: the allocation JSON it carries (label, job comment).
+        handle: the backend's id of it (container id, job id), for :meth:`remove_managed`.
+    """
+
+    node: str
+    allocation: str
+    handle: str
+
+
+class Backend(LoggingConfigurable):
+    """Runs user servers for allocations. Subclasses are ``Configurable``: their settings are
+    traits configured as ``c.<ClassName>.<trait>`` in ``jupyterhub_config.py``.
+
+    The hub makes one backend per process (owned by the :class:`~gpuspawner.hub.cluster.
+    Cluster`) and calls :meth:`bind` with the node table before anything else. Methods that
+    talk to an engine are ``async`` and must not block the hub's event loop.
+    """
+
+    #: the name ``c.GPUSpawner.backend`` selects this class by
+    backend_name = ""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.nodes: Mapping[str, NodeRuntime] = {}
+
+    def bind(self, nodes: Mapping[str, NodeRuntime]) -> None:
+        """Receive the hub's node table (name -> :class:`~gpuspawner.hub.cluster.NodeRuntime`).
+        """
+        self.nodes = nodes
+
+    def check_config(self) -> None:
+        """Check this backend's settings at hub start.
+
+        Raises:
+            ValueError: a setting is wrong (the message names it).
+        """
+
+    @property
+    def listen_ip(self) -> str:
+        """The address the server binds in its network namespace (the spawner's ``ip``
+        default). Default "0.0.0.0": a namespace of its own, one interface."""
+        return "0.0.0.0"
+
+    # -- one server ------------------------------------------------------------------------
+    async def prepare(self, server: ServerRef, alloc: Allocation, state: dict[str, Any]
+                      ) -> dict[str, Any]:
+        """Make what must exist before the server's certificate can be signed (its network
+        and address). Returns the new state. Default: nothing to make.
+
+        Raises:
+            BackendUnavailable.
+        """
+        return dict(state)
+
+    def cert_alt_names(self, alloc: Allocation, state: Mapping[str, Any]) -> list[str]:
+        """Subject alternative names (``"IP:…"``, ``"DNS:…"``) for the server's internal_ssl
+        certificate, besides localhost. Default: none."""
+        return []
+
+    def certs_path(self, host_dir: str) -> str:
+        """Where the server sees ``host_dir``, the folder of its internal_ssl files (copied
+        there by the spawner, owned by the user; :attr:`LaunchSpec.certs_dir`). Default: the
+        same path (a shared file system)."""
+        return host_dir
+
+    async def launch(self, spec: LaunchSpec, state: dict[str, Any], progress: Progress
+                     ) -> tuple[str, int]:
+        """Start the server of ``spec`` (a new one: never reuse an old object); record its
+        handle in ``state`` as soon as it exists, so :meth:`cleanup` can remove it.
+
+        Returns:
+            (ip, port) at which the hub reaches it.
+
+        Raises:
+            BackendUnavailable, LaunchRefused, LaunchFailed.
+        """
+        raise NotImplementedError
+
+    async def exit_report(self, state: Mapping[str, Any]) -> str | None:
+        """None while the launched server runs; else why it ended (exit code, last log
+        lines), for the spawn's error message."""
+        return None
+
+    async def poll(self, state: Mapping[str, Any]) -> int | None:
+        """None while the server runs, else its exit status (JupyterHub ``Spawner.poll``).
+
+        Raises:
+            BackendUnavailable: the node cannot be asked.
+        """
+        raise NotImplementedError
+
+    async def stop(self, state: Mapping[str, Any], now: bool = False) -> None:
+        """Stop the server and remove every object it had (idempotent).
+
+        Raises:
+            BackendUnavailable: the node cannot be asked (the spawner releases anyway).
+        """
+        raise NotImplementedError
+
+    async def cleanup(self, alloc: Allocation | None, state: Mapping[str, Any]) -> None:
+        """Remove whatever :meth:`prepare` and :meth:`launch` made for
+        this server, as far as ``state`` knows it (rollback of a failed spawn, after stop).
+        Never raises: failures are logged."""
+
+    async def remove_server(self, node: str, server: ServerRef) -> None:
+        """Remove every object of ``server`` on ``node`` found by its labels alone (what an
+        interrupted spawn left without spawner state).
+
+        Raises:
+            BackendUnavailable.
+        """
+
+    # -- the whole cluster ---------------------------------------------------------------------
+    async def list_managed(self) -> list[Managed]:
+        """Every running server this project launched, on every reachable node, with the
+        allocation it carries. Nodes that do not answer are logged and skipped."""
+        return []
+
+    async def remove_managed(self, found: Managed) -> None:
+        """Remove one server found by :meth:`list_managed` (its owner is gone). Never
+        raises."""
+
+    async def sweep(self, node: str, booked: Callable[[str], bool],
+                    owner_booked: Callable[[str, str], bool]) -> list[str]:
+        """After ``node`` was unreachable: remove its servers whose allocation id
+        ``booked(id)`` is False and per-server objects whose owner ``owner_booked(user,
+        server)`` is False. Returns the removed handles.
+
+        Raises:
+            BackendUnavailable.
+        """
+        return []
+
+
+def owner_labels(labels: Mapping[str, str]) -> tuple[str, str] | None:
+    """(user, server) from an object's labels, or None when it has no owner labels."""
+    if "gpuspawner.user" not in labels:
+        return None
+    return labels["gpuspawner.user"], labels.get("gpuspawner.server", "")
+
+
+#: ``c.GPUSpawner.backend`` short names -> classes (a dotted path works too)
+BACKENDS: dict[str, str] = {
+    "docker": "gpuspawner.backends.docker_backend.DockerBackend",
+}
+
+
+def backend_class(name: str) -> type[Backend]:
+    """The :class:`Backend` subclass ``name`` selects: a short name of :data:`BACKENDS` or a
+    dotted import path.
+
+    Raises:
+        ValueError: unknown name, not importable, or not a Backend subclass.
+    """
+    from importlib import import_module
+
+    path = BACKENDS.get(name, name)
+    module, _, attr = path.rpartition(".")
+    if not module:
+        raise ValueError(f"unknown backend {name!r}; one of {', '.join(BACKENDS)} or a "
+                         "dotted class path")
+    try:
+        cls = getattr(import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"backend {name!r}: cannot import {path}: {e}") from None
+    if not (isinstance(cls, type) and issubclass(cls, Backend)):
+        raise ValueError(f"backend {name!r}: {path} is not a gpuspawner Backend")
+    return cls
+

@@ -1,0 +1,509 @@
+"""DockerBackend: each server a new container on its node's Docker engine, pinned to its
+allocation (GPU UUIDs as ``device_requests``, ``cpuset_cpus``/``cpuset_mems``, memory, disk,
+pids), alone on its own bridge network (``docs/security.md``).
+
+Configured as ``c.DockerBackend.*``. The container's arguments come from the pure
+:func:`~gpuspawner.backends.docker.container_config`; the network from
+:class:`~gpuspawner.backends.docker_network.NetworkManager`. Every engine call runs in a
+worker thread (``asyncio.to_thread``) so the hub's event loop never waits on the engine; an
+engine that cannot be reached raises :class:`~gpuspawner.backends.base.BackendUnavailable`.
+
+Per-server ``state`` keys: ``node``, ``container_id``, ``network`` (a
+:class:`~gpuspawner.backends.docker_network.ServerNetwork` as a dict) and ``ip``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import docker
+import requests
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from traitlets import Any as AnyTrait
+from traitlets import Enum, Int, TraitError, Unicode, validate
+
+from ..placement import Allocation
+from .base import (
+    Backend,
+    BackendUnavailable,
+    LaunchFailed,
+    LaunchRefused,
+    Managed,
+    Progress,
+    ServerRef,
+)
+from .docker import (
+    CERTS_MOUNT,
+    DISK_LIMIT_DRIVERS,
+    DiskLimitUnsupported,
+    container_config,
+    disk_rule,
+    ensure_home,
+)
+from .docker_network import DEFAULT_SERVER_POOL, NetworkManager, ServerNetwork, parse_pool
+from .spec import ALLOCATION_LABEL, MANAGED_LABEL, LaunchSpec
+
+
+def engine_down(e: BaseException) -> bool:
+    """Whether ``e`` says the engine cannot be reached (as opposed to an API refusal)."""
+    if isinstance(e, requests.exceptions.ConnectionError):
+        return True
+    return isinstance(e, DockerException) and not isinstance(e, APIError)
+
+
+class DockerBackend(Backend):
+    """Run each server in a new container on its node's Docker engine."""
+
+    backend_name = "docker"
+
+    network_isolation = Enum(
+        ["per-server", "shared", "host"],
+        default_value="per-server",
+        help="""How servers are networked (docs/security.md).
+
+        "per-server" (default): each server gets its own bridge network, a
+        /server_network_prefix block of server_network_pool, and its own network namespace;
+        it listens on the spawner's `port` there and the hub reaches it by IP. With the host
+        firewall rule of scripts/network.sh, users' containers cannot reach each other.
+        "shared": all servers on the bridge network `network_name` (created if missing on a
+        free block of server_network_pool); containers of different users can reach each
+        other. "host": network_mode=host, the server on 127.0.0.1:`port` in the hub's own
+        namespace, so one server per node. Only for a single trusted user: any user process
+        can then take the hub's ports.
+        """,
+    ).tag(config=True)
+
+    network_name = Unicode(
+        "gpuspawner-servers",
+        help='The one network of network_isolation = "shared".',
+    ).tag(config=True)
+
+    server_network_pool = Unicode(
+        DEFAULT_SERVER_POOL,
+        help="""CIDR blocks (comma separated) server networks are carved from. Every network
+        gets an explicit subnet; blocks in use on the engine are skipped. Private (RFC 1918)
+        ranges are refused. Checked when the hub starts. A node's own network_pool wins.""",
+    ).tag(config=True)
+
+    server_network_prefix = Int(
+        28, help="Prefix length of each per-server network (28: 14 addresses).",
+    ).tag(config=True)
+
+    disk_limit_mode = Enum(
+        ["refuse", "account"],
+        default_value="account",
+        help="""When a profile asks for disk and the node's storage driver cannot enforce
+        storage_opt size (only btrfs, zfs and overlay2 on xfs+pquota can): "refuse" fails the
+        spawn, "account" books the disk in the ledger without a limit. Spawn progress says
+        which.
+        """,
+    ).tag(config=True)
+
+    pids_limit = Int(4096, help="Maximum processes in a container (docker pids_limit).").tag(
+        config=True)
+
+    pull_policy = Enum(
+        ["never", "ifnotpresent", "always"],
+        default_value="never",
+        help="""Whether the image is pulled before a container is made: "never" (the admin
+        builds or loads images on every node; a missing image fails the spawn with a clear
+        message), "ifnotpresent", "always".""",
+    ).tag(config=True)
+
+    extra_host_config = AnyTrait(
+        {},
+        help="""Extra ``create_host_config`` arguments (docker SDK), a dict or a callable
+        (spawner) returning one (or an awaitable of one). Pinning and hardening win where they
+        overlap; a bind of the Docker socket is refused.""",
+    ).tag(config=True)
+
+    extra_create_kwargs = AnyTrait(
+        {},
+        help="Extra ``create_container`` arguments (docker SDK), a dict or a callable.",
+    ).tag(config=True)
+
+    stop_timeout = Int(
+        10, help="Seconds a server gets to exit after SIGTERM before it is killed (stop).",
+    ).tag(config=True)
+
+    @validate("server_network_prefix")
+    def _validate_prefix(self, proposal: Any) -> int:
+        if not 16 <= proposal.value <= 29:
+            raise TraitError(f"DockerBackend.server_network_prefix: must be 16..29, got "
+                             f"{proposal.value}")
+        return proposal.value
+
+    @validate("server_network_pool")
+    def _validate_pool(self, proposal: Any) -> str:
+        try:
+            parse_pool(proposal.value, "DockerBackend.server_network_pool")
+        except ValueError as e:
+            raise TraitError(str(e)) from None
+        return proposal.value
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._clients: dict[str, docker.APIClient] = {}
+        self._networks: dict[tuple[str, int], NetworkManager] = {}
+        self._disk: dict[str, tuple[bool, str]] = {}
+        #: the spawner the admin's callables receive (set per call by the spawner)
+        self.spawner: Any = None
+
+    def check_config(self) -> None:
+        """Each node's ``network_pool`` parses and is not private.
+
+        Raises:
+            ValueError: the node entry and the problem.
+        """
+        for i, rt in enumerate(self.nodes.values()):
+            if rt.network_pool:
+                parse_pool(rt.network_pool, f"nodes[{i}] ({rt.name}).network_pool")
+
+    @property
+    def listen_ip(self) -> str:
+        """Host networking shares the hub's namespace: loopback only."""
+        return "127.0.0.1" if self.network_isolation == "host" else "0.0.0.0"
+
+    # -- per node -------------------------------------------------------------------------------
+    def client(self, node: str) -> docker.APIClient:
+        """Low-level Docker client of ``node``'s engine (made on first use)."""
+        if node not in self._clients:
+            url = self.nodes[node].docker_url if node in self.nodes else ""
+            if url:
+                self._clients[node] = docker.APIClient(base_url=url, version="auto")
+            else:
+                self._clients[node] = docker.APIClient(version="auto",
+                                                       **docker.utils.kwargs_from_env())
+        return self._clients[node]
+
+    def networks(self, node: str, prefixlen: int | None = None) -> NetworkManager:
+        """The manager of ``node``'s server networks: blocks of the node's ``network_pool``
+        (else ``server_network_pool``) of /``prefixlen`` (default
+        ``server_network_prefix``)."""
+        prefixlen = prefixlen or self.server_network_prefix
+        key = (node, prefixlen)
+        if key not in self._networks:
+            rt = self.nodes.get(node)
+            pool = (rt.network_pool if rt else "") or self.server_network_pool
+            self._networks[key] = NetworkManager(self.client(node), parse_pool(pool),
+                                                 prefixlen)
+        return self._networks[key]
+
+    def disk_limit_supported(self, node: str) -> tuple[bool, str]:
+        """Whether ``node``'s engine enforces ``storage_opt size``, and its storage driver
+        (blocking: one ``docker info``, cached). overlay2 counts only on an xfs backing file
+        system (docker docs, "--storage-opt")."""
+        if node not in self._disk:
+            info = self.client(node).info()
+            driver = str(info.get("Driver", ""))
+            backing = dict(info.get("DriverStatus") or []).get("Backing Filesystem", "")
+            self._disk[node] = (driver in DISK_LIMIT_DRIVERS
+                                or (driver == "overlay2" and backing == "xfs"), driver)
+        return self._disk[node]
+
+    async def _call(self, node: str, fn: Callable[..., Any] | str, *args: Any,
+                    **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` in a worker thread; ``fn`` may name a method of the node's
+        ``APIClient`` (the client is made in the thread too: ``version="auto"`` asks the
+        engine). An unreachable engine becomes BackendUnavailable(node)."""
+        def run() -> Any:
+            call = getattr(self.client(node), fn) if isinstance(fn, str) else fn
+            return call(*args, **kwargs)
+
+        try:
+            return await asyncio.to_thread(run)
+        except Exception as e:
+            if engine_down(e):
+                raise BackendUnavailable(node, e, "Docker engine") from None
+            raise
+
+    async def _resolved(self, value: Any) -> dict[str, Any]:
+        """A dict, or a callable(spawner) returning one (or an awaitable of one)."""
+        if callable(value):
+            value = value(self.spawner)
+        if inspect.isawaitable(value):
+            value = await value
+        return dict(value or {})
+
+    # -- one server -------------------------------------------------------------------------------
+    def _network_label(self, server: ServerRef) -> str:
+        return f"{server.name}-net"
+
+    async def prepare(self, server: ServerRef, alloc: Allocation, state: dict[str, Any]
+                      ) -> dict[str, Any]:
+        """Per-server isolation: create the server's own network (its fixed address goes
+        into ``state["ip"]``). Shared: make sure the shared network exists."""
+        state = dict(state, node=alloc.node)
+        if self.network_isolation == "per-server":
+            net = await self._call(alloc.node, lambda *a: self.networks(alloc.node).create(*a),
+                                   self._network_label(server), server.labels)
+            state["network"] = net.to_dict()
+            state["ip"] = str(net.server_ip)
+        elif self.network_isolation == "shared":
+            await self._call(alloc.node, lambda *a: self.networks(alloc.node, 24).create(*a),
+                             self.network_name, {})
+        return state
+
+    def cert_alt_names(self, alloc: Allocation, state: Mapping[str, Any]) -> list[str]:
+        """The server's fixed IP (per-server), or the node's host address (host mode)."""
+        if state.get("ip"):
+            return [f"IP:{state['ip']}"]
+        if self.network_isolation == "host":
+            host = self.nodes[alloc.node].host
+            return [f"IP:{host}" if host[:1].isdigit() else f"DNS:{host}"]
+        return []
+
+    def certs_path(self, host_dir: str) -> str:
+        """The certificate folder is mounted read-only at ``/etc/gpuspawner/certs``."""
+        return CERTS_MOUNT
+
+    async def launch(self, spec: LaunchSpec, state: dict[str, Any], progress: Progress
+                     ) -> tuple[str, int]:
+        """Make the home, apply the disk rule, check (or pull) the image, create a *new*
+        container from the spec and start it.
+
+        Raises:
+            LaunchRefused: a disk limit the node cannot enforce in "refuse" mode.
+            LaunchFailed: the image is missing, or the engine refuses the container.
+            BackendUnavailable: the engine does not answer.
+        """
+        node = spec.allocation.node
+        if spec.home is not None:
+            await asyncio.to_thread(ensure_home, spec.home.host_path, spec.uid, spec.gid)
+        storage_opt = await self._disk_rule(spec, progress)
+        await self._ensure_image(node, spec.image)
+        progress(40, f"creating container from {spec.image}")
+        await self._remove_named(node, spec.name)  # a leftover of this name: never reuse it
+        net = ServerNetwork.from_dict(state["network"]) if state.get("network") else None
+        if self.network_isolation == "per-server" and net is not None:
+            network, fixed_ip = net.name, str(net.server_ip)
+        elif self.network_isolation == "host":
+            network, fixed_ip = "host", None
+        else:
+            network, fixed_ip = self.network_name, None
+        try:
+            create, host = container_config(
+                spec, network=network, fixed_ip=fixed_ip, pids_limit=self.pids_limit,
+                storage_opt=storage_opt,
+                base_host=await self._resolved(self.extra_host_config),
+                base_create=await self._resolved(self.extra_create_kwargs))
+        except ValueError as e:
+            raise LaunchFailed(str(e)) from None
+        def create_container() -> Any:
+            cli = self.client(node)
+            return cli.create_container(host_config=cli.create_host_config(**host), **create)
+
+        try:
+            obj = await self._call(node, create_container)
+        except APIError as e:
+            raise LaunchFailed(f"node {node}: the engine refused the container: "
+                               f"{e.explanation or e}") from None
+        state["container_id"] = obj["Id"]
+        try:
+            await self._call(node, "start", obj["Id"])
+        except APIError as e:
+            raise LaunchFailed(f"node {node}: the engine could not start the container: "
+                               f"{e.explanation or e}") from None
+        if net is not None:
+            ip = str(net.server_ip)
+        elif self.network_isolation == "host":
+            ip = self.nodes[node].host
+        else:
+            info = await self._call(node, "inspect_container", obj["Id"])
+            ip = info["NetworkSettings"]["Networks"][self.network_name]["IPAddress"]
+        state["ip"] = ip
+        return ip, spec.port
+
+    async def _disk_rule(self, spec: LaunchSpec, progress: Progress) -> dict[str, str]:
+        """``storage_opt`` for the allocation's disk (:func:`disk_rule`)."""
+        alloc = spec.allocation
+        if not alloc.disk_bytes:
+            return {}
+        supported, driver = await self._call(alloc.node, self.disk_limit_supported, alloc.node)
+        image_bytes = 0
+        if supported:
+            try:
+                info = await self._call(alloc.node, "inspect_image", spec.image)
+                image_bytes = int(info.get("Size") or 0)
+            except (APIError, NotFound, ValueError):
+                image_bytes = 0
+        try:
+            storage_opt, message = disk_rule(alloc.disk_bytes, supported=supported,
+                                             driver=driver, image_bytes=image_bytes,
+                                             mode=self.disk_limit_mode)
+        except DiskLimitUnsupported as e:
+            raise LaunchRefused(f"node {alloc.node}: {e}") from None
+        if message:
+            progress(30, message)
+        return storage_opt
+
+    async def _ensure_image(self, node: str, image: str) -> None:
+        """The image is on the node (pulled per ``pull_policy``).
+
+        Raises:
+            LaunchFailed: missing with pull_policy "never", or the pull failed.
+        """
+        present = True
+        try:
+            await self._call(node, "inspect_image", image)
+        except (ImageNotFound, NotFound):
+            present = False
+        if self.pull_policy == "always" or (not present and self.pull_policy == "ifnotpresent"):
+            repo, tag = docker.utils.parse_repository_tag(image)
+            try:
+                await self._call(node, "pull", repo, tag=tag or "latest")
+                return
+            except APIError as e:
+                raise LaunchFailed(f"image {image!r}: pull on node {node} failed: {e}") from None
+        if not present:
+            raise LaunchFailed(f"image {image!r} is not on node {node}; the admin must build "
+                               "or pull it (make images)")
+
+    async def _remove_named(self, node: str, name: str) -> None:
+        try:
+            await self._call(node, "remove_container", name, v=True, force=True)
+        except NotFound:
+            pass
+
+    async def exit_report(self, state: Mapping[str, Any]) -> str | None:
+        """None while the container runs; else its exit code (and OOM kill) with its last 8
+        log lines."""
+        node, cid = state.get("node", ""), state.get("container_id")
+        if not cid:
+            return None
+        st = (await self._call(node, "inspect_container", cid)).get("State") or {}
+        if st.get("Running"):
+            return None
+        try:
+            logs = (await self._call(node, "logs", cid, tail=8)).decode(
+                "utf-8", "replace").strip()
+        except Exception:
+            logs = ""
+        text = f"container {cid[:12]} exited during start with code {st.get('ExitCode')}"
+        if st.get("OOMKilled"):
+            text += " (out of memory)"
+        return f"{text}; last log lines:\n{logs}" if logs else text
+
+    async def poll(self, state: Mapping[str, Any]) -> int | None:
+        """None while the container runs; its exit code once it stopped; 0 when it is gone.
+        """
+        node, cid = state.get("node", ""), state.get("container_id")
+        if not cid:
+            return 0
+        try:
+            info = await self._call(node, "inspect_container", cid)
+        except NotFound:
+            return 0
+        st = info.get("State") or {}
+        if st.get("Running") or st.get("Status") in ("created", "restarting"):
+            return None
+        return int(st.get("ExitCode") or 0)
+
+    async def stop(self, state: Mapping[str, Any], now: bool = False) -> None:
+        """Stop (SIGTERM, ``stop_timeout``) and remove the container."""
+        node, cid = state.get("node", ""), state.get("container_id")
+        if not cid:
+            return
+        try:
+            if not now:
+                await self._call(node, "stop", cid, timeout=self.stop_timeout)
+            await self._call(node, "remove_container", cid, v=True, force=True)
+        except NotFound:
+            pass
+        except APIError as e:
+            if e.status_code not in (404, 409):
+                raise
+
+    async def cleanup(self, alloc: Allocation | None, state: Mapping[str, Any]) -> None:
+        """Remove the container and the server's network as far as ``state`` knows them.
+        Never raises."""
+        node = state.get("node") or (alloc.node if alloc else "")
+        if not node or node not in self.nodes:
+            return
+        cid = state.get("container_id")
+        if cid:
+            try:
+                await self._call(node, "remove_container", cid, v=True,
+                                 force=True)
+            except NotFound:
+                pass
+            except Exception as e:
+                self.log.warning("node %s: removing container %s failed: %s", node, cid[:12], e)
+        net = state.get("network")
+        if net:
+            try:
+                await self._call(node, lambda n: self.networks(node).remove(n), net["name"])
+            except Exception as e:
+                self.log.warning("node %s: removing network %s failed: %s", node, net["name"], e)
+
+    async def remove_server(self, node: str, server: ServerRef) -> None:
+        """Remove the containers labelled with this user and server, and its network."""
+        found = await self._call(node, "containers", all=True, filters={"label": [
+            f"{MANAGED_LABEL}=1", f"gpuspawner.user={server.user}",
+            f"gpuspawner.server={server.server}"]})
+        for c in found:
+            try:
+                await self._call(node, "remove_container", c["Id"], v=True, force=True)
+            except NotFound:
+                pass
+        if self.network_isolation == "per-server":
+            await self._call(node, lambda n: self.networks(node).remove(n),
+                             self._network_label(server))
+
+    # -- the whole cluster ----------------------------------------------------------------------
+    async def list_managed(self) -> list[Managed]:
+        """Containers with our labels that run (or were created) on every reachable node."""
+        out: list[Managed] = []
+        for name in self.nodes:
+            try:
+                found = await self._call(name, "containers", all=True,
+                                         filters={"label": f"{MANAGED_LABEL}=1"})
+            except Exception as e:  # engine down: report, do not crash the hub
+                self.log.warning("node %s: cannot list containers to restore allocations: %s",
+                                 name, e)
+                continue
+            for c in found:
+                text = (c.get("Labels") or {}).get(ALLOCATION_LABEL)
+                if text and c.get("State") in ("running", "created", "restarting"):
+                    out.append(Managed(name, text, c["Id"]))
+        return out
+
+    async def remove_managed(self, found: Managed) -> None:
+        """Remove the container (force). Never raises."""
+        try:
+            await self._call(found.node, "remove_container",
+                             found.handle, v=True, force=True)
+        except Exception as e:
+            self.log.warning("node %s: removing container %s failed: %s", found.node,
+                             found.handle[:12], e)
+
+    async def sweep(self, node: str, booked: Callable[[str], bool],
+                    owner_booked: Callable[[str, str], bool]) -> list[str]:
+        """Remove containers whose allocation is not booked and server networks whose owner
+        holds nothing."""
+        removed = []
+        for c in await self._call(node, "containers", all=True,
+                                  filters={"label": f"{MANAGED_LABEL}=1"}):
+            try:
+                alloc_id = json.loads((c.get("Labels") or {}).get(ALLOCATION_LABEL, ""))["id"]
+            except (ValueError, KeyError, TypeError):
+                alloc_id = None
+            if alloc_id is None or not booked(alloc_id):
+                self.log.warning("node %s: removing container %s, not booked in the ledger",
+                                 node, c["Id"][:12])
+                await self._call(node, "remove_container", c["Id"], v=True, force=True)
+                removed.append(c["Id"])
+        for n in await self._call(node, "networks", filters={"label": "gpuspawner.user"}):
+            labels = n.get("Labels") or {}
+            if not owner_booked(labels.get("gpuspawner.user", ""),
+                                labels.get("gpuspawner.server", "")):
+                try:
+                    await self._call(node, "remove_network", n["Id"])
+                except Exception as e:  # still in use by something else: leave it
+                    self.log.info("node %s: network %s kept: %s", node, n.get("Name"), e)
+        return removed
+

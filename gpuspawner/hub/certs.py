@@ -1,0 +1,66 @@
+"""internal_ssl files of one server: a key pair signed by the hub's notebooks CA that names the
+server's own address, copied to a folder only the server's user can read.
+
+JupyterHub's ``Spawner.create_certs`` names files ``user-<name>`` only, which fails for long
+names and lets two named servers of one user overwrite each other's certificate; DockerSpawner's
+``move_certs`` stages them with an extra container and a volume it leaves behind. Here files are
+named after the escaped, capped object name and copied on the host (blocking functions: call
+them in a worker thread).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+
+
+def create_pair(certs_location: str, name: str, alt_names: Sequence[str], cafile: str
+                ) -> dict[str, str]:
+    """Sign a key pair ``server-<name>`` with the ``notebooks-ca`` of ``certs_location``,
+    valid for ``DNS:localhost``, ``IP:127.0.0.1`` and ``alt_names`` (certipy, as JupyterHub).
+
+    Returns:
+        {"keyfile", "certfile", "cafile"}: paths on the hub's host.
+    """
+    from certipy import Certipy
+
+    names = ["DNS:localhost", "IP:127.0.0.1", *alt_names]
+    pair = Certipy(store_dir=certs_location).create_signed_pair(
+        f"server-{name}", "notebooks-ca", alt_names=names, overwrite=True)
+    return {"keyfile": pair["files"]["key"], "certfile": pair["files"]["cert"], "cafile": cafile}
+
+
+def server_folder(certs_location: str, name: str) -> str:
+    """The host folder of server ``name``'s copies."""
+    return os.path.join(certs_location, "gpuspawner-servers", name)
+
+
+def copy_for_server(paths: Mapping[str, str], folder: str, uid: int, gid: int, seen_at: str
+                    ) -> dict[str, str]:
+    """Copy ``paths`` into a fresh ``folder`` (mode 0500, files 0400, owned by uid:gid).
+
+    Returns:
+        the same keys with the paths as the server sees them under ``seen_at`` (the folder's
+        mount point, or the folder itself).
+    """
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder, mode=0o700)
+    out = {}
+    for key, src in paths.items():
+        name = os.path.basename(src)
+        dst = os.path.join(folder, name)
+        shutil.copyfile(src, dst)
+        os.chmod(dst, 0o400)
+        os.chown(dst, uid, gid)
+        out[key] = f"{seen_at}/{name}"
+    os.chmod(folder, 0o500)
+    os.chown(folder, uid, gid)
+    return out
+
+
+def remove(certs_location: str, name: str, folder: str) -> None:
+    """Remove the server's copy ``folder`` and its key pair. Never raises."""
+    for path in (folder, os.path.join(certs_location, f"server-{name}")):
+        if path:
+            shutil.rmtree(path, ignore_errors=True)

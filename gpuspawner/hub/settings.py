@@ -1,0 +1,110 @@
+"""The configurable settings of :class:`~gpuspawner.hub.spawner.GPUSpawner` (``c.GPUSpawner.*``)
+and who its servers run as: traits with their validators (checked when the hub starts, see
+:mod:`gpuspawner.hub.config_check`), uid/gid from ``auth_state``, ``uid_map`` or the defaults,
+and the user's home on the shared file system."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tornado import web
+from traitlets import Callable, Dict, Enum, Int, List, TraitError, Unicode, Union, validate
+from traitlets.config import LoggingConfigurable
+
+from ..placement import DEFAULT_POLICY, POLICIES
+from .config_check import HubConfigError, check_trait
+from .identity import home_path, ids_from_auth_state
+from .profiles import PROFILES_HELP
+from .user_options import check_user_options
+
+
+class SpawnerSettings(LoggingConfigurable):
+    """GPUSpawner's own traits (configured as ``c.GPUSpawner.*``). Expects the spawner's
+    ``user``, ``user_options``, ``group_names`` and ``escaped_name``."""
+
+    _uid_gid: tuple[int, int] | None = None
+    _options_refusal: web.HTTPError | None = None
+
+    backend = Unicode("docker", help="""What runs servers: "docker" (DockerBackend, configured
+        as c.DockerBackend.*) or a dotted Backend class path.""").tag(config=True)
+    profiles = Union([List(Dict()), Unicode()], default_value=[
+        {"slug": "cpu", "display_name": "CPU only", "cpu": 1, "memory": "1G", "default": True}],
+        help=PROFILES_HELP).tag(config=True)
+    nodes = List(Dict(), default_value=[{"name": "local", "docker_url": "", "topology": "auto"}],
+                 help="""Nodes servers may run on: dicts with name, topology ("auto" = read this
+        host with sysfs and NVML, or a topology YAML file), host (where its servers are reached
+        with host networking; default 127.0.0.1), docker_url and network_pool (Docker backend).
+        """).tag(config=True)
+    placement_policy = Enum(list(POLICIES), default_value=DEFAULT_POLICY, help=(
+        f"Node-selection policy, one of: {', '.join(POLICIES)} (docs/placement.md).")
+    ).tag(config=True)
+    quotas = Dict(help="""Quotas: {"users": {name: q}, "groups": {name: q}, "default_user": q}
+        where q has gpus, cores, memory, disk and servers. A group quota caps what all members
+        hold together. Checked in the same atomic step as the reservation.""").tag(config=True)
+    image = Unicode("gpuspawner/singleuser:latest",
+                    help="Image of servers whose profile names none.").tag(config=True)
+    home_path_template = Unicode("", help="""Host path of the user's home on the shared file
+        system, e.g. "/shared/home/{username}" ({username}: the escaped user name). Created when
+        missing, owned by the user's uid/gid, mounted at home_mount_point. Empty = none.
+        """).tag(config=True)
+    home_mount_point = Unicode("/home/{username}", help="Where the home is mounted in the "
+                               "server; also its HOME.").tag(config=True)
+    uid_map = Union([Dict(), Callable()], default_value={}, help="""uid/gid for users whose
+        authenticator gives none in auth_state: {username: {"uid": N, "gid": M}} or a
+        callable(spawner) returning (uid, gid).""").tag(config=True)
+    default_uid = Int(1000, help="uid when neither auth_state nor uid_map give one.").tag(
+        config=True)
+    default_gid = Int(100, help="gid when neither auth_state nor uid_map give one.").tag(
+        config=True)
+    user_options_max_bytes = Int(4096, help="""Largest user_options (as JSON, bytes) accepted;
+        larger ones are refused with HTTP 400 before the hub stores them.""").tag(config=True)
+
+    @validate("backend", "profiles", "nodes", "quotas")
+    def _validate_structured(self, proposal: Any) -> Any:
+        try:
+            check_trait(proposal.trait.name, proposal.value)
+        except HubConfigError as e:
+            raise TraitError(str(e)) from None
+        return proposal.value
+
+    @validate("user_options")
+    def _validate_user_options(self, proposal: Any) -> dict[str, Any]:
+        """Keep refused options out of memory too (the REST model echoes them): a refused
+        value leaves the previous one in place; apply_user_options / start raise the refusal."""
+        try:
+            check_user_options(proposal.value, self.profiles, self.group_names,
+                               self.user_options_max_bytes)
+        except web.HTTPError as e:
+            self._options_refusal = e
+            return dict(self.user_options or {})
+        except Exception:  # profiles that do not load: start() reports it with the field
+            pass
+        self._options_refusal = None
+        return proposal.value
+
+
+    async def run_auth_state_hook(self, auth_state: dict[str, Any] | None) -> None:
+        """Take uid/gid from ``auth_state`` (:func:`ids_from_auth_state`), then run the hook."""
+        self._uid_gid = ids_from_auth_state(auth_state)
+        await super().run_auth_state_hook(auth_state)
+
+    def user_ids(self) -> tuple[int, int]:
+        """(uid, gid) the server runs as: auth_state, then uid_map, then the defaults."""
+        if self._uid_gid is not None:
+            return self._uid_gid
+        if callable(self.uid_map):
+            uid, gid = self.uid_map(self)
+            return int(uid), int(gid)
+        entry = self.uid_map.get(self.user.name)
+        if entry:
+            return int(entry["uid"]), int(entry.get("gid", entry["uid"]))
+        return self.default_uid, self.default_gid
+
+    def home_host_path(self) -> str | None:
+        """The user's home on the host, or None. Raises web.HTTPError(500) if the template
+        escapes its base folder."""
+        try:
+            return home_path(self.home_path_template, self.escaped_name)
+        except ValueError as e:
+            raise web.HTTPError(500, str(e)) from None
+

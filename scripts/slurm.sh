@@ -1,0 +1,270 @@
+#!/usr/bin/env bash
+# A private two-node Slurm cluster on this host, for the Slurm backend's tests
+# (docs: /work/shared/ENVIRONMENT.md "Slurm"; Slurm 22.05 from Debian). Everything lives under
+# var/slurm/ (etc/ state/ spool/ log/ run/ dev/ munge/):
+#   munged with its own key and socket (var/slurm/munge/), as user munge;
+#   slurmctld on 127.0.0.1:17001; `slurmd -N node1` (port 17002) and `-N node2` (17003);
+#   fake GPU device files dev/nvidia0..3 (`mknod ... c 195 N`: node1 has 0,1, node2 has 2,3);
+#   gres.conf and each node's Gres= from hub_config/slurm/node*.yaml by `gpuspawner slurm-gres`
+#   (one GRES Type per GPU, derived from its UUID);
+#   two unprivileged job users, gpsuser1 (uid 2001) and gpsuser2 (uid 2002).
+# Idempotent: a cluster that is already running is left alone. Waits until sinfo shows both
+# nodes up (SLURM_WAIT seconds, default 60) and prints the line to export SLURM_CONF on stdout.
+# `--stop` cancels the cluster's jobs and stops, by the PIDs recorded in var/slurm/run/, the
+# daemons this script started, nothing else.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+
+SL="$VAR/slurm"
+ETC="$SL/etc" RUN="$SL/run" LOGDIR="$SL/log" DEV="$SL/dev" MUNGE="$SL/munge"
+CONF="$ETC/slurm.conf"
+NODES=(node1 node2)
+declare -A PORT=([node1]=17002 [node2]=17003)
+CTLD_PORT=17001
+WAIT="${SLURM_WAIT:-60}"
+PY="${PYTHON:-$REPO/.venv/bin/python}"
+[ -x "$PY" ] || PY=python3
+export SLURM_CONF="$CONF"
+
+# pid_alive NAME BINARY: the PID in run/NAME.pid runs BINARY (Debian's slurmctld is an
+# alternatives link to slurmctld-wlm: compared after resolving links) with our SLURM_CONF in its
+# environment, or for munged our directory in its command line; prints the PID.
+pid_alive() {
+  local f="$RUN/$1.pid" pid want
+  [ -f "$f" ] || return 1
+  pid="$(cat "$f")"
+  [ -n "$pid" ] && [ -d "/proc/$pid" ] || return 1
+  want="$(readlink -f "$(command -v "$2")")" || return 1
+  [ "$(readlink -f "/proc/$pid/exe" 2>/dev/null)" = "$want" ] || return 1
+  if grep -qxF "SLURM_CONF=$CONF" < <(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null) \
+      || grep -qF "$MUNGE/" < <(tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null); then
+    echo "$pid"
+    return 0
+  fi
+  return 1
+}
+
+stop_one() {  # NAME BINARY
+  local pid i
+  if pid="$(pid_alive "$1" "$2")"; then
+    kill -TERM "$pid" 2>/dev/null || true
+    for i in $(seq 1 100); do
+      [ -d "/proc/$pid" ] || break
+      sleep 0.2
+    done
+    if [ -d "/proc/$pid" ]; then
+      log "$1 (pid $pid) did not stop within 20 s; SIGKILL"
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+    log "stopped $1 (pid $pid)"
+  fi
+  rm -f "$RUN/$1.pid"
+}
+
+if [ "${1:-}" = "--stop" ]; then
+  if pid_alive slurmctld slurmctld >/dev/null; then
+    # every job of this private cluster (SLURM_CONF): their slurmstepd would outlive slurmd
+    mapfile -t jobs < <(squeue -h -o %i 2>/dev/null || true)
+    [ "${#jobs[@]}" -gt 0 ] && { scancel --full "${jobs[@]}" 2>/dev/null || true; }
+    for i in $(seq 1 75); do
+      [ -z "$(squeue -h -o %i 2>/dev/null)" ] && break
+      sleep 0.2
+    done
+  fi
+  for n in "${NODES[@]}"; do stop_one "slurmd-$n" slurmd; done
+  stop_one slurmctld slurmctld
+  stop_one munged munged
+  log "cluster stopped (state kept in $SL/state)"
+  exit 0
+fi
+
+all_up() {
+  pid_alive munged munged >/dev/null && pid_alive slurmctld slurmctld >/dev/null \
+    && pid_alive slurmd-node1 slurmd >/dev/null && pid_alive slurmd-node2 slurmd >/dev/null
+}
+
+# usable: every node responds (idle, mixed or allocated, no drain/down flag)
+nodes_ready() {
+  local out
+  out="$(sinfo -h -N -o '%N %T' 2>/dev/null)" || return 1
+  for n in "${NODES[@]}"; do
+    grep -qE "^$n (idle|mixed|allocated)$" <<<"$out" || return 1
+  done
+}
+
+if all_up && nodes_ready; then
+  log "cluster already running ($(sinfo -h -N -o '%N:%T' | tr '\n' ' '))"
+  echo "export SLURM_CONF=$CONF"
+  exit 0
+fi
+
+# ------------------------------------------------------------------ packages and users
+apt_install slurmctld slurmd slurm-client munge slurmrestd runc
+for b in munged mungekey slurmctld slurmd sbatch sinfo scontrol; do
+  command -v "$b" >/dev/null || die "$b missing after installing the Slurm packages"
+done
+
+for spec in gpsuser1:2001 gpsuser2:2002; do
+  u="${spec%%:*}" uid="${spec##*:}"
+  if id -u "$u" >/dev/null 2>&1; then
+    [ "$(id -u "$u")" = "$uid" ] || die "user $u exists with uid $(id -u "$u"), expected $uid"
+  else
+    getent passwd "$uid" >/dev/null && die "uid $uid is taken by $(getent passwd "$uid" | cut -d: -f1)"
+    useradd --uid "$uid" --user-group --create-home --shell /bin/bash "$u"
+    log "created job user $u (uid $uid)"
+  fi
+done
+
+# ------------------------------------------------------------------ directories and devices
+mkdir -p "$ETC" "$SL/state" "$SL/spool" "$LOGDIR" "$RUN" "$DEV" "$MUNGE"
+chmod 0755 "$SL" "$DEV"
+chown munge:munge "$MUNGE"
+chmod 0755 "$MUNGE"  # job users reach the socket through it
+
+minor=0
+for n in "${NODES[@]}"; do
+  for _ in 0 1; do
+    f="$DEV/nvidia$minor"
+    if [ ! -c "$f" ] || [ "$(stat -c '%t:%T' "$f")" != "c3:$(printf '%x' "$minor")" ]; then
+      rm -f "$f"
+      mknod "$f" c 195 "$minor"
+    fi
+    chmod 0666 "$f"  # file modes allow everyone: only Slurm's device cgroup may refuse
+    minor=$((minor + 1))
+  done
+done
+
+if [ ! -s "$MUNGE/munge.key" ]; then
+  setpriv --reuid=munge --regid=munge --init-groups mungekey --create --keyfile="$MUNGE/munge.key"
+  log "made munge key $MUNGE/munge.key"
+fi
+
+# ------------------------------------------------------------------ configuration
+"$PY" -c 'import yaml' 2>/dev/null \
+  || die "$PY cannot import yaml (PyYAML): run 'make venv' first (gpuspawner slurm-gres needs it)"
+TOPOLOGIES=("$REPO/hub_config/slurm/node1.yaml" "$REPO/hub_config/slurm/node2.yaml")
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m gpuspawner.cli slurm-gres \
+  --topology "${TOPOLOGIES[0]}" --topology "${TOPOLOGIES[1]}" --dev-dir "$DEV" \
+  -o "$TMP/gres.conf" || die "gpuspawner slurm-gres failed"
+declare -A GRES
+for n in "${NODES[@]}"; do
+  GRES[$n]="$(sed -n "s/^# slurm.conf NodeName=$n Gres=//p" "$TMP/gres.conf")"
+  [ -n "${GRES[$n]}" ] || die "gpuspawner slurm-gres printed no Gres= for $n"
+done
+
+{
+  cat <<EOF
+# made by scripts/slurm.sh: a private two-node cluster on loopback (see the script's header)
+ClusterName=gpuspawner
+SlurmctldHost=$(hostname -s)(127.0.0.1)
+SlurmctldPort=$CTLD_PORT
+CommunicationParameters=NoInAddrAny
+AuthType=auth/munge
+CryptoType=crypto/munge
+AuthInfo=socket=$MUNGE/munged.sock
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation=$SL/state
+SlurmdSpoolDir=$SL/spool/%n
+SlurmctldPidFile=$RUN/slurmctld.daemon.pid
+SlurmdPidFile=$RUN/slurmd-%n.daemon.pid
+SlurmctldLogFile=$LOGDIR/slurmctld.log
+SlurmdLogFile=$LOGDIR/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/cgroup
+TaskPlugin=task/cgroup,task/affinity
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+GresTypes=gpu
+SchedulerType=sched/backfill
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+JobAcctGatherType=jobacct_gather/none
+MpiDefault=none
+SlurmdTimeout=10
+ReturnToService=2
+SlurmdParameters=config_overrides
+EOF
+  for n in "${NODES[@]}"; do
+    echo "NodeName=$n NodeHostname=localhost NodeAddr=127.0.0.1 Port=${PORT[$n]} CPUs=2 Boards=1 SocketsPerBoard=2 CoresPerSocket=1 ThreadsPerCore=1 RealMemory=4000 Gres=${GRES[$n]} State=UNKNOWN"
+  done
+  echo "PartitionName=debug Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP"
+} >"$TMP/slurm.conf"
+
+cat >"$TMP/cgroup.conf" <<EOF
+# made by scripts/slurm.sh (cgroup v1 on this host)
+CgroupPlugin=cgroup/v1
+CgroupAutomount=no
+ConstrainCores=yes
+ConstrainRAMSpace=yes
+ConstrainDevices=yes
+EOF
+
+changed=0
+for f in slurm.conf cgroup.conf gres.conf; do
+  if ! cmp -s "$TMP/$f" "$ETC/$f"; then
+    cp "$TMP/$f" "$ETC/$f"
+    chmod 0644 "$ETC/$f"
+    changed=1
+  fi
+done
+if [ "$changed" = 1 ] && { pid_alive slurmctld slurmctld >/dev/null \
+    || pid_alive slurmd-node1 slurmd >/dev/null || pid_alive slurmd-node2 slurmd >/dev/null; }; then
+  die "the configuration changed while daemons run; run scripts/slurm.sh --stop first"
+fi
+
+# ------------------------------------------------------------------ daemons
+start() {  # NAME LOGFILE COMMAND...
+  local name="$1" logf="$2"
+  shift 2
+  setsid "$@" >"$logf" 2>&1 </dev/null &
+  echo $! >"$RUN/$name.pid"
+  log "started $name (pid $!): $*"
+}
+
+wait_for() {  # SECONDS DESCRIPTION COMMAND...: poll COMMAND until it succeeds or time is up
+  local deadline=$((SECONDS + $1)) what="$2"
+  shift 2
+  log "waiting (at most $((deadline - SECONDS)) s) for $what"
+  until "$@"; do
+    [ "$SECONDS" -ge "$deadline" ] && return 1
+    sleep 0.2
+  done
+}
+
+if ! pid_alive munged munged >/dev/null; then
+  rm -f "$MUNGE/munged.sock" "$MUNGE/munged.sock.lock"
+  start munged "$LOGDIR/munged.out" setpriv --reuid=munge --regid=munge --init-groups \
+    munged --foreground --socket="$MUNGE/munged.sock" --key-file="$MUNGE/munge.key" \
+    --pid-file="$MUNGE/munged.pid" --log-file="$MUNGE/munged.log" --seed-file="$MUNGE/munged.seed"
+  wait_for 10 "munge socket" test -S "$MUNGE/munged.sock" || {
+    tail -n 20 "$LOGDIR/munged.out" "$MUNGE/munged.log" >&2 2>/dev/null || true
+    die "munged did not make its socket $MUNGE/munged.sock within 10 s"
+  }
+fi
+
+if ! pid_alive slurmctld slurmctld >/dev/null; then
+  start slurmctld "$LOGDIR/slurmctld.out" slurmctld -D -i -f "$CONF"
+  wait_for 20 "slurmctld (scontrol ping)" scontrol ping >/dev/null 2>&1 || {
+    tail -n 20 "$LOGDIR/slurmctld.out" "$LOGDIR/slurmctld.log" >&2 2>/dev/null || true
+    die "slurmctld did not answer 'scontrol ping' within 20 s"
+  }
+fi
+
+for n in "${NODES[@]}"; do
+  mkdir -p "$SL/spool/$n"
+  if ! pid_alive "slurmd-$n" slurmd >/dev/null; then
+    start "slurmd-$n" "$LOGDIR/slurmd-$n.out" slurmd -D -N "$n" -f "$CONF"
+  fi
+done
+
+if ! wait_for "$WAIT" "both nodes up in sinfo" nodes_ready; then
+  sinfo -N -o '%N %T %E' >&2 || true
+  for n in "${NODES[@]}"; do tail -n 10 "$LOGDIR/slurmd-$n.log" >&2 2>/dev/null || true; done
+  die "nodes not up within $WAIT s (logs: $LOGDIR)"
+fi
+log "cluster up: $(sinfo -h -N -o '%N:%T' | tr '\n' ' ')(logs: $LOGDIR)"
+echo "export SLURM_CONF=$CONF"
