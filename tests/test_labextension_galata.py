@@ -55,10 +55,11 @@ pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(bool(_skip_reasons()), reason="; ".join(_skip_reasons()))]
 
 
-def test_galata_ui_tests():
+def test_galata_ui_tests(tmp_path):
     report = UI / "playwright-report" / "results.json"
     report.unlink(missing_ok=True)
-    env = dict(os.environ, CHROMIUM=CHROMIUM, JUPYTER=str(JUPYTER),
+    # the servers' Jupyter dirs, root and workspaces dirs (mkdtemp) land in pytest's tmp_path
+    env = dict(os.environ, TMPDIR=str(tmp_path), CHROMIUM=CHROMIUM, JUPYTER=str(JUPYTER),
                GALATA_PORT_GPU=str(free_port()), GALATA_PORT_CPU=str(free_port()),
                PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD="1", CI="1")
     p = subprocess.run([str(UI / "node_modules" / ".bin" / "playwright"), "test"], cwd=UI,
