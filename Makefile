@@ -5,6 +5,8 @@
 #                     between server networks (scripts/network.sh)
 #   make btrfs-engine second engine on btrfs with per-container disk quotas
 #   make labext       the JupyterLab extension, prebuilt (scripts/build-labextension.sh)
+#   make labext-ui    node_modules of its galata UI tests (labextension/ui-tests; no browser
+#                     download: Debian's chromium from make test-tools)
 #   make images       gpuspawner/singleuser:latest (scripts/build-images.sh)
 #   make up           all of the above, then the hub on http://127.0.0.1:8000
 #   make slurm        a private two-node Slurm cluster on loopback for the Slurm backend's
@@ -12,7 +14,8 @@
 #   make test         lint + the whole test suite (docker- and slurm-marked tests included)
 #   make test-unit    tests without an engine, a hub, a browser, slapd, Slurm or slow processes
 #   make docs         the Sphinx site in docs/_build/html (warnings are errors)
-#   make lint | clean | distclean
+#   make lint         ruff, import-linter, and the lab extension's prettier + eslint
+#   make clean | distclean
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
@@ -22,10 +25,10 @@ STAMP  := $(VENV)/.installed
 CHP    := node_modules/.bin/configurable-http-proxy
 HUB_CONFIG ?= hub_config/jupyterhub_config.py
 PYTEST_ARGS ?=
-LINT_DIRS := $(wildcard gpuspawner tests idle_culler benchmarks hub_config)
+LINT_DIRS := $(wildcard gpuspawner tests idle_culler benchmarks hub_config labextension/ui-tests)
 
-.PHONY: help venv chp engine btrfs-engine labext images slurm up hub test test-unit lint docs \
-	clean distclean
+.PHONY: help venv chp engine btrfs-engine labext labext-ui images slurm up hub test test-unit lint \
+	docs clean distclean
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -53,6 +56,9 @@ btrfs-engine: engine images
 labext: venv
 	scripts/build-labextension.sh
 
+labext-ui: venv
+	scripts/build-labextension.sh --ui-deps
+
 images: venv engine labext
 	scripts/build-images.sh
 
@@ -67,6 +73,8 @@ hub:
 lint: venv
 	$(VENV)/bin/ruff check $(LINT_DIRS)
 	$(VENV)/bin/lint-imports
+	scripts/build-labextension.sh --deps
+	cd labextension && npm run --silent lint:check
 
 docs: venv
 	$(VENV)/bin/python -m pip install -q -e '.[hub,test,docs]'
@@ -84,7 +92,7 @@ slurm:
 test-tools:
 	scripts/ldap.sh
 
-test: venv chp engine images btrfs-engine test-tools slurm lint
+test: venv chp engine images btrfs-engine test-tools slurm labext-ui lint
 	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
 test-unit: venv

@@ -3,22 +3,57 @@
 # gpuspawner/labextension_static/ (the wheel installs it as
 # share/jupyter/labextensions/gpuspawner-labextension, see pyproject.toml shared-data).
 # Steps: npm ci (only when node_modules is missing or older than package-lock.json), tsc,
-# `jupyter labextension build`. Idempotent: skipped when the sources' hash matches the last
-# successful build and the output exists.
+# `jupyter-builder build` (what `jupyter labextension build` runs). Idempotent: skipped when the
+# sources' hash matches the last successful build and the output exists.
+# `pip install` runs it too: the hatch-jupyter-builder hook in pyproject.toml calls
+# `npm run build:prebuilt` (this script) in labextension/, with the build environment's
+# jupyter-builder on PATH, so a following `make labext` finds the output up to date.
 #   --force   build even when nothing changed
-#   --deps    only install node_modules (what the unit tests need)
+#   --deps    only install node_modules (what the unit tests and `make lint` need)
+#   --hook install | --hook run build:prebuilt
+#             how `pip install` calls it (pyproject.toml: hatch-jupyter-builder's npm_builder
+#             with npm = this script): "install" does nothing (the build runs npm ci itself),
+#             "run ..." builds as without arguments
+#   --ui-deps only install labextension/ui-tests/node_modules (galata and @playwright/test for
+#             the UI tests; no browser is downloaded: they use Debian's /usr/bin/chromium)
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$REPO"
 
+if [ "${1:-}" = "--hook" ]; then
+  [ "${2:-}" = "install" ] && exit 0
+  set --
+fi
+
 EXT="$REPO/labextension"
 OUT="$REPO/gpuspawner/labextension_static"
 STAMP="$EXT/.build-stamp"
-JUPYTER="${JUPYTER:-$REPO/.venv/bin/jupyter}"
+# jupyter-builder (a dependency of jupyterlab; in pip's build environment during `pip install`)
+if [ -z "${JUPYTER_BUILDER:-}" ]; then
+  if [ -x "$REPO/.venv/bin/jupyter-builder" ]; then
+    JUPYTER_BUILDER="$REPO/.venv/bin/jupyter-builder"
+  else
+    JUPYTER_BUILDER="$(command -v jupyter-builder || true)"
+  fi
+fi
 LOGF="$VAR/log/build-labextension.log"
 
 command -v npm >/dev/null 2>&1 && command -v node >/dev/null 2>&1 || scripts/install-chp.sh --node-only
-[ -x "$JUPYTER" ] || die "$JUPYTER not found: run 'make venv' first (jupyterlab is in the test extra)"
+
+if [ "${1:-}" = "--ui-deps" ]; then
+  UI="$EXT/ui-tests"
+  if [ ! -d "$UI/node_modules" ] || [ "$UI/package-lock.json" -nt "$UI/node_modules/.package-lock.json" ]; then
+    log "npm ci in labextension/ui-tests/ (log: var/log/build-labextension.log)"
+    (cd "$UI" && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund) >"$LOGF" 2>&1 \
+      || { tail -n 20 "$LOGF" >&2; die "npm ci in ui-tests failed"; }
+    touch "$UI/node_modules/.package-lock.json"
+  else
+    log "labextension/ui-tests/node_modules is up to date"
+  fi
+  exit 0
+fi
+[ -n "$JUPYTER_BUILDER" ] && [ -x "$JUPYTER_BUILDER" ] \
+  || die "jupyter-builder not found: run 'make venv' first (jupyterlab is in the test extra)"
 
 if [ ! -d "$EXT/node_modules" ] || [ "$EXT/package-lock.json" -nt "$EXT/node_modules/.package-lock.json" ]; then
   log "npm ci in labextension/ (log: var/log/build-labextension.log)"
@@ -34,6 +69,11 @@ fi
 link_into_venv() {
   local share="$REPO/.venv/share/jupyter/labextensions" dest
   [ -d "$share" ] || return 0
+  # a git worktree whose .venv links to another checkout's venv: leave that venv's link alone
+  if [ -L "$REPO/.venv" ]; then
+    log "$REPO/.venv is a link to another checkout's venv; not relinking its labextension"
+    return 0
+  fi
   dest="$share/gpuspawner-labextension"
   [ -L "$dest" ] && [ "$(readlink "$dest")" = "$OUT" ] && return 0
   rm -rf "$dest"
@@ -42,8 +82,8 @@ link_into_venv() {
 }
 
 hash_sources() {
-  (cd "$EXT" && find src style package.json package-lock.json tsconfig.json -type f -print0 \
-    | sort -z | xargs -0 sha256sum; "$JUPYTER" lab --version) | sha256sum | cut -d' ' -f1
+  (cd "$EXT" && find src style schema package.json package-lock.json tsconfig.json -type f -print0 \
+    | sort -z | xargs -0 sha256sum; "$JUPYTER_BUILDER" --version) | sha256sum | cut -d' ' -f1
 }
 HASH="$(hash_sources)"
 if [ "${1:-}" != "--force" ] && [ -f "$OUT/package.json" ] && [ -f "$STAMP" ] \
@@ -54,11 +94,11 @@ if [ "${1:-}" != "--force" ] && [ -f "$OUT/package.json" ] && [ -f "$STAMP" ] \
 fi
 
 start=$(date +%s)
-log "tsc + jupyter labextension build (log: var/log/build-labextension.log)"
+log "tsc + jupyter-builder build (log: var/log/build-labextension.log)"
 rm -f "$STAMP"
 {
   (cd "$EXT" && npx tsc -p tsconfig.json)
-  PATH="$(dirname "$JUPYTER"):$PATH" "$JUPYTER" labextension build "$EXT"
+  PATH="$(dirname "$JUPYTER_BUILDER"):$PATH" "$JUPYTER_BUILDER" build "$EXT"
 } >>"$LOGF" 2>&1 || { tail -n 30 "$LOGF" >&2; die "labextension build failed"; }
 [ -f "$OUT/package.json" ] || die "$OUT/package.json missing after the build"
 echo "$HASH" >"$STAMP"

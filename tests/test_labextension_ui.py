@@ -80,7 +80,10 @@ class Lab:
         (labext / "gpuspawner-labextension").symlink_to(BUILT, target_is_directory=True)
         env = dict(os.environ)
         env.update(JUPYTER_CONFIG_DIR=str(tmp / "config"), JUPYTER_DATA_DIR=str(tmp / "data"),
-                   JUPYTER_RUNTIME_DIR=str(tmp / "runtime"), JUPYTER_PLATFORM_DIRS="1")
+                   JUPYTER_RUNTIME_DIR=str(tmp / "runtime"), JUPYTER_PLATFORM_DIRS="1",
+                   # jupyter_core puts the venv's dirs before the user's inside a venv
+                   # unless told not to
+                   JUPYTER_PREFER_ENV_PATH="0")
         # the user config dir wins over the venv's etc/jupyter/jupyter_server_config.d
         (tmp / "config" / "jupyter_server_config.json").write_text(json.dumps({
             "ServerApp": {"jpserver_extensions": {

@@ -1,11 +1,9 @@
-import {
-  ILayoutRestorer,
-  JupyterFrontEnd,
-  JupyterFrontEndPlugin
-} from '@jupyterlab/application';
+import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 
+import { parseSettings } from './model';
 import { GpuPanel } from './panel';
 import { GpuDataSource } from './source';
 import { GpuStatusItem } from './status';
@@ -19,18 +17,34 @@ const gpuIcon = new LabIcon({
 });
 
 export const COMMAND_OPEN = 'gpuspawner:open-gpu-panel';
+/** the plugin id; its settings schema is schema/plugin.json */
+export const PLUGIN_ID = 'gpuspawner-labextension:plugin';
 
 const plugin: JupyterFrontEndPlugin<void> = {
-  id: 'gpuspawner-labextension:plugin',
+  id: PLUGIN_ID,
   description: 'GPU status bar item and side panel of gpuspawner sessions',
   autoStart: true,
-  optional: [IStatusBar, ILayoutRestorer],
+  optional: [IStatusBar, ILayoutRestorer, ISettingRegistry],
   activate: (
     app: JupyterFrontEnd,
     statusBar: IStatusBar | null,
-    restorer: ILayoutRestorer | null
+    restorer: ILayoutRestorer | null,
+    settingRegistry: ISettingRegistry | null
   ) => {
     const source = new GpuDataSource(app.serviceManager.serverSettings);
+    if (settingRegistry) {
+      // poll intervals, GPU selection and units; changes apply at once (no reload)
+      settingRegistry
+        .load(PLUGIN_ID)
+        .then(settings => {
+          const apply = () => source.configure(parseSettings(settings.composite));
+          settings.changed.connect(apply);
+          apply();
+        })
+        .catch(reason => {
+          console.error('gpuspawner-labextension: cannot load the settings', reason);
+        });
+    }
     const panel = new GpuPanel(source);
     panel.title.icon = gpuIcon;
     app.shell.add(panel, 'right', { rank: 900 });
@@ -54,6 +68,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
 
     app.commands.addCommand(COMMAND_OPEN, {
       label: 'Show GPU panel',
+      describedBy: { args: { type: 'object', properties: {} } },
       execute: () => app.shell.activateById(panel.id)
     });
 

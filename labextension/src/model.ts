@@ -109,6 +109,97 @@ export function parseTime(v: unknown): number | null {
 
 export class ParseError extends Error {}
 
+// ------------------------------------------------------------------------------------------
+// User settings (schema/plugin.json, edited in JupyterLab's Settings Editor)
+
+/** How memory is shown: automatic binary units, fixed MiB or GiB, or percent of the total. */
+export type MemoryUnits = 'auto' | 'MiB' | 'GiB' | 'percent';
+
+export const MEMORY_UNITS: MemoryUnits[] = ['auto', 'MiB', 'GiB', 'percent'];
+
+/** The smallest poll interval the settings accept (schema/plugin.json's minimum). */
+export const MIN_POLL_INTERVAL_MS = 500;
+/** The largest one: an hour (a larger number is taken as this). */
+export const MAX_POLL_INTERVAL_MS = 3600 * 1000;
+
+export interface ViewSettings {
+  /** ms between two requests while the side panel is visible */
+  pollInterval: number;
+  /** ms between two requests while only the status bar item is shown */
+  statusPollInterval: number;
+  /** which GPUs to show: indices ("0") or UUIDs; empty = the session's GPUs */
+  gpus: string[];
+  /** memory units */
+  units: MemoryUnits;
+}
+
+export const DEFAULT_SETTINGS: ViewSettings = {
+  pollInterval: 2000,
+  statusPollInterval: 5000,
+  gpus: [],
+  units: 'auto'
+};
+
+function interval(v: unknown, fallback: number): number {
+  const n = num(v);
+  if (n === null) {
+    return fallback;
+  }
+  return Math.round(Math.min(Math.max(n, MIN_POLL_INTERVAL_MS), MAX_POLL_INTERVAL_MS));
+}
+
+/**
+ * The settings as the views use them, from the setting registry's composite (user settings
+ * over the schema's defaults). Defensive: a missing or invalid value gives the default,
+ * intervals are clamped to [MIN_POLL_INTERVAL_MS, MAX_POLL_INTERVAL_MS], GPU entries are
+ * trimmed strings (numbers are taken as indices), duplicates and empty entries dropped.
+ */
+export function parseSettings(raw: unknown): ViewSettings {
+  const o = isObj(raw) ? raw : {};
+  const gpus: string[] = [];
+  for (const g of arr(o.gpus)) {
+    const v = typeof g === 'number' && Number.isInteger(g) && g >= 0 ? String(g) : str(g)?.trim();
+    if (v && !gpus.includes(v)) {
+      gpus.push(v);
+    }
+  }
+  return {
+    pollInterval: interval(o.pollInterval, DEFAULT_SETTINGS.pollInterval),
+    statusPollInterval: interval(o.statusPollInterval, DEFAULT_SETTINGS.statusPollInterval),
+    gpus,
+    units: MEMORY_UNITS.includes(o.units as MemoryUnits)
+      ? (o.units as MemoryUnits)
+      : DEFAULT_SETTINGS.units
+  };
+}
+
+/**
+ * The poll interval for the viewers that are visible: the panel's while the panel is
+ * visible, else the status bar's.
+ */
+export function pollIntervalFor(panelVisible: boolean, settings: ViewSettings): number {
+  return panelVisible ? settings.pollInterval : settings.statusPollInterval;
+}
+
+/** True when a GPU matches a settings entry: its index ("0") or its UUID (case-insensitive). */
+export function gpuMatches(info: GpuInfo, entry: string): boolean {
+  if (/^\d+$/.test(entry)) {
+    return info.index === Number(entry);
+  }
+  return info.uuid.toLowerCase() === entry.toLowerCase();
+}
+
+/**
+ * The GPUs to show: with no selection, the session's GPUs (sessionGpus); with one, every GPU
+ * the server reports that matches an entry (by index or UUID).
+ */
+export function selectGpus(gpus: GpuInfo[], selection: string[] = []): GpuInfo[] {
+  if (selection.length === 0) {
+    return sessionGpus(gpus);
+  }
+  return gpus.filter(g => selection.some(e => gpuMatches(g, e)));
+}
+
 export function parseGpus(raw: unknown): GpusResponse {
   if (!isObj(raw)) {
     throw new ParseError('the gpus answer is not a JSON object');
@@ -241,6 +332,53 @@ export function formatPercent(p: number | null): string {
   return p === null ? 'n/a' : `${Math.round(p)}%`;
 }
 
+const MiB = 1024 ** 2;
+const GiB = 1024 ** 3;
+
+/** Bytes in the given units ('percent' and 'auto' use formatBytes); "–" when unknown. */
+export function formatBytesIn(b: number | null, units: MemoryUnits): string {
+  if (b === null) {
+    return '–';
+  }
+  if (units === 'MiB') {
+    return `${Math.round(b / MiB)} MiB`;
+  }
+  if (units === 'GiB') {
+    return `${(b / GiB).toFixed(1)} GiB`;
+  }
+  return formatBytes(b);
+}
+
+/**
+ * Used and total memory in the given units. `compact` (the status bar) shares the unit:
+ * "3.2/16.0 GiB", "3277/16384 MiB", "mem 20%"; else "3.2 GiB / 16.0 GiB", "20% of 16.0 GiB".
+ * Without a used value, the total alone; percent without a total falls back to 'auto'.
+ */
+export function formatMemory(
+  used: number | null,
+  total: number | null,
+  units: MemoryUnits,
+  compact = false
+): string {
+  if (used === null) {
+    return formatBytesIn(total, units === 'percent' ? 'auto' : units);
+  }
+  if (units === 'percent') {
+    if (total !== null && total > 0) {
+      const pct = formatPercent((100 * used) / total);
+      return compact ? `mem ${pct}` : `${pct} of ${formatBytes(total)}`;
+    }
+    units = 'auto';
+  }
+  const u = formatBytesIn(used, units);
+  const t = formatBytesIn(total, units);
+  if (!compact) {
+    return `${u} / ${t}`;
+  }
+  const unit = / ([KMG]i)?B$/.exec(t)?.[0];
+  return unit && u.endsWith(unit) ? `${u.slice(0, -unit.length)}/${t}` : `${u}/${t}`;
+}
+
 /**
  * The session's GPUs: those the server marks as part of the allocation; when none is marked
  * (no allocation known, e.g. a plain JupyterLab), every GPU NVML shows.
@@ -301,10 +439,17 @@ export interface GpuRow {
   memoryTotal: number | null;
 }
 
-/** Static data joined with the newest sample, for the session's GPUs, in index order. */
-export function gpuRows(gpus: GpusResponse, metrics: MetricsResponse | null): GpuRow[] {
+/**
+ * Static data joined with the newest sample, in index order, for the GPUs to show: the
+ * session's, or those of the settings' `gpus` selection (selectGpus).
+ */
+export function gpuRows(
+  gpus: GpusResponse,
+  metrics: MetricsResponse | null,
+  selection: string[] = []
+): GpuRow[] {
   const byUuid = new Map((metrics?.gpus ?? []).map(s => [s.uuid, s]));
-  return sessionGpus(gpus.gpus)
+  return selectGpus(gpus.gpus, selection)
     .slice()
     .sort((a, b) => (a.index ?? 0) - (b.index ?? 0))
     .map(info => {
@@ -325,7 +470,8 @@ export function deriveStatus(
   gpus: GpusResponse | null,
   metrics: MetricsResponse | null,
   error: string | null = null,
-  now: number = Date.now()
+  now: number = Date.now(),
+  settings: ViewSettings = DEFAULT_SETTINGS
 ): StatusView {
   if (error !== null) {
     return { text: 'GPU: unavailable', title: error, level: 'error' };
@@ -349,7 +495,14 @@ export function deriveStatus(
       level: cull ? 'warn' : level
     };
   }
-  const rows = gpuRows(gpus, metrics);
+  const rows = gpuRows(gpus, metrics, settings.gpus);
+  if (rows.length === 0 && settings.gpus.length > 0 && gpus.gpus.length > 0) {
+    return {
+      text: 'GPU: none selected',
+      title: `None of the GPUs in the settings (${settings.gpus.join(', ')}) is in this session`,
+      level: 'idle'
+    };
+  }
   if (rows.length === 0) {
     return { text: 'GPU: no GPU', title: gpus.message || 'No GPU in this session', level: 'idle' };
   }
@@ -359,21 +512,24 @@ export function deriveStatus(
   const util = utils.length ? utils.reduce((a, b) => a + b, 0) / utils.length : null;
   const used = rows.map(r => r.sample?.memory_used_bytes ?? null);
   const total = rows.map(r => r.memoryTotal);
-  const usedSum = used.every(u => u !== null) ? (used as number[]).reduce((a, b) => a + b, 0) : null;
+  const usedSum = used.every(u => u !== null)
+    ? (used as number[]).reduce((a, b) => a + b, 0)
+    : null;
   const totalSum = total.every(t => t !== null)
     ? (total as number[]).reduce((a, b) => a + b, 0)
     : null;
   const label = rows.length === 1 ? 'GPU' : `${rows.length} GPUs`;
-  const mem =
-    usedSum === null
-      ? formatBytes(totalSum)
-      : `${formatBytes(usedSum).replace(/ GiB$/, '')}/${formatBytes(totalSum)}`;
-  const text = metrics === null ? `${label} · ${formatBytes(totalSum)}` : `${label} ${formatPercent(util)} · ${mem}`;
+  const units = settings.units;
+  const mem = formatMemory(usedSum, totalSum, units, true);
+  const text =
+    metrics === null
+      ? `${label} · ${formatMemory(null, totalSum, units, true)}`
+      : `${label} ${formatPercent(util)} · ${mem}`;
   const lines = rows.map(
     r =>
       `#${r.info.index ?? '?'} ${r.info.name}: ${formatPercent(r.sample?.utilization_percent ?? null)}` +
       `${r.info.mig ? ' (MIG: utilisation not available)' : ''}, ` +
-      `${formatBytes(r.sample?.memory_used_bytes ?? null)} / ${formatBytes(r.memoryTotal)}`
+      formatMemory(r.sample?.memory_used_bytes ?? null, r.memoryTotal, units)
   );
   const warnings = [...gpus.warnings, ...(cull ? [cull] : [])];
   return {
@@ -398,9 +554,7 @@ export function cullWarning(culler: CullerStatus | null, now: number = Date.now(
     const minutes = Math.round((at - now) / 60000);
     const clock = new Date(at).toISOString().slice(11, 16);
     when =
-      minutes > 0
-        ? ` in ${minutes} min (at ${clock} UTC)`
-        : ` now (it was due at ${clock} UTC)`;
+      minutes > 0 ? ` in ${minutes} min (at ${clock} UTC)` : ` now (it was due at ${clock} UTC)`;
   }
   const reason = culler.reason ? `: ${culler.reason}` : '';
   if (status === 'culled') {
@@ -482,7 +636,8 @@ export interface ProcessRow {
 export function processRows(
   gpus: GpusResponse | null,
   metrics: MetricsResponse | null,
-  kernelNames: Record<string, string> = {}
+  kernelNames: Record<string, string> = {},
+  settings: ViewSettings = DEFAULT_SETTINGS
 ): ProcessRow[] {
   if (metrics === null) {
     return [];
@@ -494,12 +649,21 @@ export function processRows(
     if (gpus && info === undefined && gpus.gpus.length > 0) {
       continue;
     }
+    if (
+      settings.gpus.length > 0 &&
+      (info === undefined || !settings.gpus.some(e => gpuMatches(info, e)))
+    ) {
+      continue;
+    }
     const gpu = info ? `#${info.index ?? '?'}` : s.uuid.slice(0, 12);
     for (const p of s.processes) {
       rows.push({
         gpu,
         pid: p.pid,
-        memory: formatBytes(p.used_memory_bytes),
+        memory: formatBytesIn(
+          p.used_memory_bytes,
+          settings.units === 'percent' ? 'auto' : settings.units
+        ),
         memoryBytes: p.used_memory_bytes,
         kernel: p.kernel_id ? (kernelNames[p.kernel_id] ?? p.kernel_id.slice(0, 8)) : '–'
       });

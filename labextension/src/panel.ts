@@ -4,7 +4,7 @@ import { Widget } from '@lumino/widgets';
 import { h, svg } from './dom';
 import {
   cullWarning,
-  formatBytes,
+  formatMemory,
   formatPercent,
   gpuRows,
   historySeries,
@@ -34,15 +34,30 @@ function sparkline(
     role: 'img',
     'aria-label': `${label} history`
   });
-  chart.append(svg('rect', { x: '0', y: '0', width: `${CHART_W}`, height: `${CHART_H}`, class: 'jp-gpuspawner-spark-bg' }));
+  chart.append(
+    svg('rect', {
+      x: '0',
+      y: '0',
+      width: `${CHART_W}`,
+      height: `${CHART_H}`,
+      class: 'jp-gpuspawner-spark-bg'
+    })
+  );
   const d = sparklinePath(values, CHART_W, CHART_H, max, CHART_CAPACITY);
   if (d) {
-    chart.append(svg('path', { d, class: 'jp-gpuspawner-spark-line', 'vector-effect': 'non-scaling-stroke' }));
+    chart.append(
+      svg('path', { d, class: 'jp-gpuspawner-spark-line', 'vector-effect': 'non-scaling-stroke' })
+    );
   }
   return h(
     'div',
     { class: 'jp-gpuspawner-chart' },
-    h('div', { class: 'jp-gpuspawner-chart-label' }, h('span', {}, label), h('span', { class: 'jp-gpuspawner-value' }, current)),
+    h(
+      'div',
+      { class: 'jp-gpuspawner-chart-label' },
+      h('span', {}, label),
+      h('span', { class: 'jp-gpuspawner-value' }, current)
+    ),
     chart
   );
 }
@@ -84,11 +99,17 @@ export class GpuPanel extends Widget {
 
     if (src.error !== null) {
       body.push(
-        h('div', { class: 'jp-gpuspawner-state jp-gpuspawner-state-error', 'data-state': 'unreachable' },
-          h('strong', {}, 'GPU data unavailable'), h('p', {}, src.error))
+        h(
+          'div',
+          { class: 'jp-gpuspawner-state jp-gpuspawner-state-error', 'data-state': 'unreachable' },
+          h('strong', {}, 'GPU data unavailable'),
+          h('p', {}, src.error)
+        )
       );
     } else if (gpus === null) {
-      body.push(h('div', { class: 'jp-gpuspawner-state', 'data-state': 'loading' }, 'Loading GPU data…'));
+      body.push(
+        h('div', { class: 'jp-gpuspawner-state', 'data-state': 'loading' }, 'Loading GPU data…')
+      );
     }
 
     if (gpus !== null) {
@@ -98,13 +119,24 @@ export class GpuPanel extends Widget {
       }
       if (sessionWithoutGpu(gpus) && src.error === null) {
         body.push(
-          h('div', { class: 'jp-gpuspawner-state jp-gpuspawner-state-no_gpu', 'data-state': 'no_gpu' },
-            h('strong', {}, 'no GPU'), h('p', {}, 'This session was started without a GPU.'))
+          h(
+            'div',
+            { class: 'jp-gpuspawner-state jp-gpuspawner-state-no_gpu', 'data-state': 'no_gpu' },
+            h('strong', {}, 'no GPU'),
+            h('p', {}, 'This session was started without a GPU.')
+          )
         );
       } else if (gpus.state !== 'ok' && src.error === null) {
         body.push(
-          h('div', { class: `jp-gpuspawner-state jp-gpuspawner-state-${gpus.state}`, 'data-state': gpus.state },
-            h('strong', {}, stateText(gpus.state)), gpus.message ? h('p', {}, gpus.message) : null)
+          h(
+            'div',
+            {
+              class: `jp-gpuspawner-state jp-gpuspawner-state-${gpus.state}`,
+              'data-state': gpus.state
+            },
+            h('strong', {}, stateText(gpus.state)),
+            gpus.message ? h('p', {}, gpus.message) : null
+          )
         );
       }
       if (gpus.warnings.length) {
@@ -112,7 +144,8 @@ export class GpuPanel extends Widget {
           h('ul', { class: 'jp-gpuspawner-warnings' }, ...gpus.warnings.map(w => h('li', {}, w)))
         );
       }
-      const rows = gpuRows(gpus, metrics);
+      const settings = src.settings;
+      const rows = gpuRows(gpus, metrics, settings.gpus);
       for (const row of rows) {
         const s = row.sample;
         const facts = [
@@ -120,43 +153,107 @@ export class GpuPanel extends Widget {
           row.info.numa_node !== null ? `NUMA ${row.info.numa_node}` : null,
           row.info.mig ? 'MIG' : null,
           row.info.in_allocation ? 'allocated' : null
-        ].filter(Boolean).join(' · ');
+        ]
+          .filter(Boolean)
+          .join(' · ');
         const util = historySeries(metrics, row.info.uuid, 'utilization_percent');
         const mem = historySeries(metrics, row.info.uuid, 'memory_used_bytes');
-        const utilText = row.info.mig && (s?.utilization_percent ?? null) === null
-          ? 'n/a (MIG)'
-          : formatPercent(s?.utilization_percent ?? null);
+        const utilText =
+          row.info.mig && (s?.utilization_percent ?? null) === null
+            ? 'n/a (MIG)'
+            : formatPercent(s?.utilization_percent ?? null);
         body.push(
-          h('section', { class: 'jp-gpuspawner-gpu', 'data-uuid': row.info.uuid },
-            h('div', { class: 'jp-gpuspawner-gpu-name' }, `#${row.info.index ?? '?'} ${row.info.name}`),
-            h('div', { class: 'jp-gpuspawner-gpu-facts', title: row.info.uuid }, facts || row.info.uuid),
+          h(
+            'section',
+            { class: 'jp-gpuspawner-gpu', 'data-uuid': row.info.uuid },
+            h(
+              'div',
+              { class: 'jp-gpuspawner-gpu-name' },
+              `#${row.info.index ?? '?'} ${row.info.name}`
+            ),
+            h(
+              'div',
+              { class: 'jp-gpuspawner-gpu-facts', title: row.info.uuid },
+              facts || row.info.uuid
+            ),
             sparkline('Utilisation', util, 100, utilText, 'jp-gpuspawner-spark-util'),
-            sparkline('Memory', mem, row.memoryTotal ?? 1,
-              `${formatBytes(s?.memory_used_bytes ?? null)} / ${formatBytes(row.memoryTotal)}`,
-              'jp-gpuspawner-spark-mem'),
-            h('div', { class: 'jp-gpuspawner-gpu-facts' },
-              `Temperature ${s?.temperature_c ?? '–'} °C · Power ${s?.power_w !== null && s?.power_w !== undefined ? s.power_w.toFixed(0) : '–'} W`)
+            sparkline(
+              'Memory',
+              mem,
+              row.memoryTotal ?? 1,
+              formatMemory(s?.memory_used_bytes ?? null, row.memoryTotal, settings.units),
+              'jp-gpuspawner-spark-mem'
+            ),
+            h(
+              'div',
+              { class: 'jp-gpuspawner-gpu-facts' },
+              `Temperature ${s?.temperature_c ?? '–'} °C · Power ${s?.power_w !== null && s?.power_w !== undefined ? s.power_w.toFixed(0) : '–'} W`
+            )
           )
         );
       }
       if (gpus.state === 'ok' && rows.length === 0) {
-        body.push(h('div', { class: 'jp-gpuspawner-state', 'data-state': 'no_gpu' }, 'No GPU in this session.'));
+        body.push(
+          settings.gpus.length > 0 && gpus.gpus.length > 0
+            ? h(
+                'div',
+                { class: 'jp-gpuspawner-state', 'data-state': 'none_selected' },
+                `None of the GPUs in the settings (${settings.gpus.join(', ')}) is in this session.`
+              )
+            : h(
+                'div',
+                { class: 'jp-gpuspawner-state', 'data-state': 'no_gpu' },
+                'No GPU in this session.'
+              )
+        );
       }
-      const procs = processRows(gpus, metrics, this.kernelNames);
+      const procs = processRows(gpus, metrics, this.kernelNames, settings);
       if (gpus.state === 'ok') {
         body.push(h('h3', {}, 'Processes'));
         body.push(
           procs.length
-            ? h('table', { class: 'jp-gpuspawner-procs' },
-                h('thead', {}, h('tr', {}, h('th', {}, 'GPU'), h('th', {}, 'PID'), h('th', {}, 'Memory'), h('th', {}, 'Kernel'))),
-                h('tbody', {}, ...procs.map(p =>
-                  h('tr', {}, h('td', {}, p.gpu), h('td', {}, `${p.pid}`), h('td', {}, p.memory), h('td', {}, p.kernel)))))
+            ? h(
+                'table',
+                { class: 'jp-gpuspawner-procs' },
+                h(
+                  'thead',
+                  {},
+                  h(
+                    'tr',
+                    {},
+                    h('th', {}, 'GPU'),
+                    h('th', {}, 'PID'),
+                    h('th', {}, 'Memory'),
+                    h('th', {}, 'Kernel')
+                  )
+                ),
+                h(
+                  'tbody',
+                  {},
+                  ...procs.map(p =>
+                    h(
+                      'tr',
+                      {},
+                      h('td', {}, p.gpu),
+                      h('td', {}, `${p.pid}`),
+                      h('td', {}, p.memory),
+                      h('td', {}, p.kernel)
+                    )
+                  )
+                )
+              )
             : h('p', { class: 'jp-gpuspawner-muted' }, 'No process uses these GPUs.')
         );
       }
     }
     if (src.updatedAt !== null) {
-      body.push(h('p', { class: 'jp-gpuspawner-muted' }, `Updated ${new Date(src.updatedAt).toLocaleTimeString()}`));
+      body.push(
+        h(
+          'p',
+          { class: 'jp-gpuspawner-muted' },
+          `Updated ${new Date(src.updatedAt).toLocaleTimeString()}`
+        )
+      );
     }
     this.node.replaceChildren(...body);
   }

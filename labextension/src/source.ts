@@ -1,7 +1,9 @@
 /**
- * One poller shared by the status bar item and the side panel: every 5 s while only the
- * status item is shown, every 2 s while the panel is visible, nothing while the browser tab is
- * hidden (Lumino Poll standby) or nobody is attached.
+ * One poller shared by the status bar item and the side panel: every `statusPollInterval` ms
+ * (default 5 s) while only the status item is shown, every `pollInterval` ms (default 2 s)
+ * while the panel is visible, nothing while the browser tab is hidden (Lumino Poll standby) or
+ * nobody is attached. The intervals come from the user settings (schema/plugin.json) and
+ * change live (configure).
  */
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
@@ -9,18 +11,22 @@ import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import {
+  DEFAULT_SETTINGS,
   describeFetchError,
   GpusResponse,
+  MAX_POLL_INTERVAL_MS,
   MetricsResponse,
   parseGpus,
-  parseMetrics
+  parseMetrics,
+  pollIntervalFor,
+  ViewSettings
 } from './model';
 
 export const GPUS_PATH = 'api/gpuspawner/gpus';
 export const METRICS_PATH = 'api/gpuspawner/metrics';
 
-export const STATUS_INTERVAL_MS = 5000;
-export const PANEL_INTERVAL_MS = 2000;
+export const STATUS_INTERVAL_MS = DEFAULT_SETTINGS.statusPollInterval;
+export const PANEL_INTERVAL_MS = DEFAULT_SETTINGS.pollInterval;
 
 class FetchError extends Error {
   constructor(message: string) {
@@ -56,10 +62,10 @@ async function getJSON(settings: ServerConnection.ISettings, path: string): Prom
 export class GpuDataSource {
   constructor(settings?: ServerConnection.ISettings) {
     this._settings = settings ?? ServerConnection.makeSettings();
-    this._poll = new Poll({
+    this._poll = new Poll<void, unknown, 'rescheduled'>({
       auto: false,
       factory: () => this.refresh(),
-      frequency: { interval: STATUS_INTERVAL_MS, backoff: false },
+      frequency: { interval: STATUS_INTERVAL_MS, backoff: false, max: MAX_POLL_INTERVAL_MS },
       name: 'gpuspawner:gpu-data',
       standby: () => (this._users.size === 0 ? true : 'when-hidden')
     });
@@ -73,6 +79,14 @@ export class GpuDataSource {
   }
   get metrics(): MetricsResponse | null {
     return this._metrics;
+  }
+  /** the settings in effect (schema/plugin.json; the defaults until configure) */
+  get settings(): ViewSettings {
+    return this._viewSettings;
+  }
+  /** the current poll interval in ms */
+  get interval(): number {
+    return this._poll.frequency.interval;
   }
   /** the last request's error message, null after a successful one */
   get error(): string | null {
@@ -93,17 +107,40 @@ export class GpuDataSource {
     } else {
       this._users.delete(user);
     }
-    const interval = this._users.has('panel') ? PANEL_INTERVAL_MS : STATUS_INTERVAL_MS;
-    if (this._poll.frequency.interval !== interval) {
-      this._poll.frequency = { ...this._poll.frequency, interval };
-    }
+    this._applyInterval();
     if (this._users.size > 0 && (before === 0 || !this._started)) {
       this._started = true;
       void this._poll.start().then(() => this._poll.refresh());
     } else if (visible && user === 'panel') {
-      // fresh data at once when the panel opens; the next ticks follow the 2 s interval
+      // fresh data at once when the panel opens; the next ticks follow the panel's interval
       void this._poll.refresh();
     }
+  }
+
+  /**
+   * Apply new settings: the views re-render (units, GPU selection) and a changed interval
+   * takes effect at once: the pending tick, scheduled with the old interval, is replaced by
+   * one the new interval away.
+   */
+  configure(settings: ViewSettings): void {
+    this._viewSettings = settings;
+    if (this._applyInterval() && this._started && this._users.size > 0) {
+      void this._poll.schedule({
+        interval: this._poll.frequency.interval,
+        phase: 'rescheduled'
+      });
+    }
+    this._changed.emit();
+  }
+
+  /** Set the poll's interval for the visible viewers; true when it changed. */
+  private _applyInterval(): boolean {
+    const interval = pollIntervalFor(this._users.has('panel'), this._viewSettings);
+    if (this._poll.frequency.interval === interval) {
+      return false;
+    }
+    this._poll.frequency = { ...this._poll.frequency, interval };
+    return true;
   }
 
   async refresh(): Promise<void> {
@@ -128,8 +165,9 @@ export class GpuDataSource {
   }
 
   private _settings: ServerConnection.ISettings;
-  private _poll: Poll;
+  private _poll: Poll<void, unknown, 'rescheduled'>;
   private _users = new Set<string>();
+  private _viewSettings: ViewSettings = DEFAULT_SETTINGS;
   private _started = false;
   private _gpus: GpusResponse | null = null;
   private _metrics: MetricsResponse | null = null;

@@ -25,7 +25,8 @@ export class GpuStatusItem extends Widget {
   }
 
   render(): void {
-    const v = deriveStatus(this._source.gpus, this._source.metrics, this._source.error);
+    const src = this._source;
+    const v = deriveStatus(src.gpus, src.metrics, src.error, Date.now(), src.settings);
     this.node.textContent = v.text;
     this.node.title = `${v.title}\n(click for the GPU panel)`;
     this.node.dataset.level = v.level;

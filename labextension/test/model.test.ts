@@ -26,10 +26,26 @@ function gpusJSON(over: Record<string, unknown> = {}): unknown {
     message: '',
     allocation: { gpus: ['GPU-a'] },
     gpus: [
-      { uuid: 'GPU-a', index: 0, name: 'NVIDIA A100', memory_total_bytes: 16 * GiB,
-        pci_bus_id: '00000000:3B:00.0', numa_node: 0, mig: false, in_allocation: true },
-      { uuid: 'GPU-b', index: 1, name: 'NVIDIA A100', memory_total_bytes: 16 * GiB,
-        pci_bus_id: '00000000:5E:00.0', numa_node: 1, mig: false, in_allocation: false }
+      {
+        uuid: 'GPU-a',
+        index: 0,
+        name: 'NVIDIA A100',
+        memory_total_bytes: 16 * GiB,
+        pci_bus_id: '00000000:3B:00.0',
+        numa_node: 0,
+        mig: false,
+        in_allocation: true
+      },
+      {
+        uuid: 'GPU-b',
+        index: 1,
+        name: 'NVIDIA A100',
+        memory_total_bytes: 16 * GiB,
+        pci_bus_id: '00000000:5E:00.0',
+        numa_node: 1,
+        mig: false,
+        in_allocation: false
+      }
     ],
     warnings: [],
     culler: null,
@@ -43,19 +59,37 @@ function metricsJSON(over: Record<string, unknown> = {}): unknown {
     message: '',
     timestamp: '2026-11-21T12:00:04Z',
     gpus: [
-      { uuid: 'GPU-a', utilization_percent: 37.4, memory_used_bytes: 3.2 * GiB,
-        memory_total_bytes: 16 * GiB, temperature_c: 51, power_w: 88.5,
+      {
+        uuid: 'GPU-a',
+        utilization_percent: 37.4,
+        memory_used_bytes: 3.2 * GiB,
+        memory_total_bytes: 16 * GiB,
+        temperature_c: 51,
+        power_w: 88.5,
         processes: [
           { pid: 10, used_memory_bytes: 1 * GiB, kernel_id: 'k-1234567890' },
           { pid: 11, used_memory_bytes: 2 * GiB, kernel_id: null }
-        ] },
-      { uuid: 'GPU-b', utilization_percent: 90, memory_used_bytes: 10 * GiB,
-        memory_total_bytes: 16 * GiB, temperature_c: 70, power_w: 250,
-        processes: [{ pid: 99, used_memory_bytes: 10 * GiB, kernel_id: null }] }
+        ]
+      },
+      {
+        uuid: 'GPU-b',
+        utilization_percent: 90,
+        memory_used_bytes: 10 * GiB,
+        memory_total_bytes: 16 * GiB,
+        temperature_c: 70,
+        power_w: 250,
+        processes: [{ pid: 99, used_memory_bytes: 10 * GiB, kernel_id: null }]
+      }
     ],
     history: [
-      { timestamp: '2026-11-21T12:00:02Z', gpus: { 'GPU-a': { utilization_percent: 20, memory_used_bytes: 3 * GiB } } },
-      { timestamp: '2026-11-21T12:00:00Z', gpus: { 'GPU-a': { utilization_percent: 10, memory_used_bytes: 2 * GiB } } }
+      {
+        timestamp: '2026-11-21T12:00:02Z',
+        gpus: { 'GPU-a': { utilization_percent: 20, memory_used_bytes: 3 * GiB } }
+      },
+      {
+        timestamp: '2026-11-21T12:00:00Z',
+        gpus: { 'GPU-a': { utilization_percent: 10, memory_used_bytes: 2 * GiB } }
+      }
     ],
     ...over
   };
@@ -71,7 +105,11 @@ describe('parse', () => {
   });
 
   it('turns unknown states and bad values into safe ones', () => {
-    const g = parseGpus({ state: 'weird', gpus: [{ uuid: 'x', index: 'zero', memory_total_bytes: NaN }, 3], warnings: ['w', 4] });
+    const g = parseGpus({
+      state: 'weird',
+      gpus: [{ uuid: 'x', index: 'zero', memory_total_bytes: NaN }, 3],
+      warnings: ['w', 4]
+    });
     assert.equal(g.state, 'error');
     assert.equal(g.gpus.length, 1);
     assert.equal(g.gpus[0].index, null);
@@ -87,10 +125,22 @@ describe('parse', () => {
 
   it('reads metrics, drops processes without a pid, keeps MIG null utilisation', () => {
     const m = parseMetrics({
-      state: 'ok', timestamp: 1763726400,
-      gpus: [{ uuid: 'MIG-1', utilization_percent: null, memory_used_bytes: 5,
-        processes: [{ pid: 'x' }, { pid: 7, used_memory_bytes: null }] }],
-      history: [{ timestamp: 1763726398.5, gpus: { 'MIG-1': { utilization_percent: null, memory_used_bytes: 4 } } }]
+      state: 'ok',
+      timestamp: 1763726400,
+      gpus: [
+        {
+          uuid: 'MIG-1',
+          utilization_percent: null,
+          memory_used_bytes: 5,
+          processes: [{ pid: 'x' }, { pid: 7, used_memory_bytes: null }]
+        }
+      ],
+      history: [
+        {
+          timestamp: 1763726398.5,
+          gpus: { 'MIG-1': { utilization_percent: null, memory_used_bytes: 4 } }
+        }
+      ]
     });
     assert.equal(m.gpus[0].utilization_percent, null);
     assert.deepEqual(m.gpus[0].processes, [{ pid: 7, used_memory_bytes: null, kernel_id: null }]);
@@ -117,7 +167,10 @@ describe('display values', () => {
 
   it('shows only the allocated GPUs, or all when none is marked', () => {
     const g = parseGpus(gpusJSON());
-    assert.deepEqual(sessionGpus(g.gpus).map(x => x.uuid), ['GPU-a']);
+    assert.deepEqual(
+      sessionGpus(g.gpus).map(x => x.uuid),
+      ['GPU-a']
+    );
     const none = g.gpus.map(x => ({ ...x, in_allocation: false }));
     assert.equal(sessionGpus(none).length, 2);
   });
@@ -137,16 +190,45 @@ describe('display values', () => {
   });
 
   it('shows n/a utilisation on MIG', () => {
-    const g = parseGpus(gpusJSON({ gpus: [{ uuid: 'MIG-1', index: 0, name: 'A100 MIG 1g.10gb', memory_total_bytes: 10 * GiB, mig: true, in_allocation: true }] }));
-    const m = parseMetrics({ state: 'ok', gpus: [{ uuid: 'MIG-1', utilization_percent: null, memory_used_bytes: GiB, memory_total_bytes: 10 * GiB, processes: [] }], history: [] });
+    const g = parseGpus(
+      gpusJSON({
+        gpus: [
+          {
+            uuid: 'MIG-1',
+            index: 0,
+            name: 'A100 MIG 1g.10gb',
+            memory_total_bytes: 10 * GiB,
+            mig: true,
+            in_allocation: true
+          }
+        ]
+      })
+    );
+    const m = parseMetrics({
+      state: 'ok',
+      gpus: [
+        {
+          uuid: 'MIG-1',
+          utilization_percent: null,
+          memory_used_bytes: GiB,
+          memory_total_bytes: 10 * GiB,
+          processes: []
+        }
+      ],
+      history: []
+    });
     const v = deriveStatus(g, m, null, NOW);
     assert.equal(v.text, 'GPU n/a · 1.0/10.0 GiB');
     assert.match(v.title, /MIG: utilisation not available/);
   });
 
   it('a session placed without GPUs says "no GPU" in neutral colours, not an NVML error', () => {
-    const cpu = { state: 'no_nvml', message: 'NVML Shared Library Not Found', gpus: [],
-      allocation: { id: 'a1', gpus: [], cpuset: [1] } };
+    const cpu = {
+      state: 'no_nvml',
+      message: 'NVML Shared Library Not Found',
+      gpus: [],
+      allocation: { id: 'a1', gpus: [], cpuset: [1] }
+    };
     const v = deriveStatus(parseGpus(cpu), null, null, NOW);
     assert.equal(v.text, 'GPU: no GPU');
     assert.equal(v.level, 'idle');
@@ -163,7 +245,12 @@ describe('display values', () => {
       ['error', 'GPU: error', 'error']
     ];
     for (const [state, text, level] of cases) {
-      const v = deriveStatus(parseGpus({ state, message: `msg ${state}`, gpus: [] }), null, null, NOW);
+      const v = deriveStatus(
+        parseGpus({ state, message: `msg ${state}`, gpus: [] }),
+        null,
+        null,
+        NOW
+      );
       assert.equal(v.text, text);
       assert.equal(v.level, level);
       assert.match(v.title, new RegExp(`msg ${state}`));
@@ -191,30 +278,71 @@ describe('display values', () => {
 
 describe('culler', () => {
   it('says when the server will be stopped', () => {
-    const w = cullWarning({ status: 'warned', cull_at: '2026-11-21T12:15:00Z', reason: 'idle for 45 min' }, NOW);
-    assert.equal(w, 'This server will be stopped by the idle culler in 15 min (at 12:15 UTC): idle for 45 min. Save your work.');
-    const v = deriveStatus(parseGpus(gpusJSON({ culler: { status: 'warned', cull_at: '2026-11-21T12:15:00Z', reason: 'idle' } })), null, null, NOW);
+    const w = cullWarning(
+      { status: 'warned', cull_at: '2026-11-21T12:15:00Z', reason: 'idle for 45 min' },
+      NOW
+    );
+    assert.equal(
+      w,
+      'This server will be stopped by the idle culler in 15 min (at 12:15 UTC): idle for 45 min. Save your work.'
+    );
+    const v = deriveStatus(
+      parseGpus(
+        gpusJSON({ culler: { status: 'warned', cull_at: '2026-11-21T12:15:00Z', reason: 'idle' } })
+      ),
+      null,
+      null,
+      NOW
+    );
     assert.equal(v.level, 'warn');
   });
 
-  it('reads the server extension\'s culler document (an idle culler decision)', () => {
-    const g = parseGpus(gpusJSON({
-      culler: {
-        server: {
-          user: 'ada', server: '', action: 'warn', reason: 'idle',
-          message: 'will be culled at 2026-11-21T12:10:00Z, because no activity for 50 min',
-          due: '2026-11-21T12:05:00Z', cull_at: '2026-11-21T12:10:00Z', figures: {}, policy: {}
-        },
-        last_pass: '2026-11-21T11:59:00Z'
+  it("reads the server extension's culler document (an idle culler decision)", () => {
+    const g = parseGpus(
+      gpusJSON({
+        culler: {
+          server: {
+            user: 'ada',
+            server: '',
+            action: 'warn',
+            reason: 'idle',
+            message: 'will be culled at 2026-11-21T12:10:00Z, because no activity for 50 min',
+            due: '2026-11-21T12:05:00Z',
+            cull_at: '2026-11-21T12:10:00Z',
+            figures: {},
+            policy: {}
+          },
+          last_pass: '2026-11-21T11:59:00Z'
+        }
+      })
+    );
+    assert.deepEqual(g.culler, {
+      status: 'warned',
+      cull_at: '2026-11-21T12:10:00Z',
+      reason: 'no activity for 50 min'
+    });
+    assert.equal(
+      cullWarning(g.culler, NOW),
+      'This server will be stopped by the idle culler in 10 min (at 12:10 UTC): no activity for 50 min. Save your work.'
+    );
+    const keep = parseCuller({
+      server: {
+        action: 'keep',
+        reason: 'active',
+        message: 'next: idle at 2026-11-21T13:00:00Z',
+        due: '2026-11-21T13:00:00Z'
       }
-    }));
-    assert.deepEqual(g.culler, { status: 'warned', cull_at: '2026-11-21T12:10:00Z', reason: 'no activity for 50 min' });
-    assert.equal(cullWarning(g.culler, NOW),
-      'This server will be stopped by the idle culler in 10 min (at 12:10 UTC): no activity for 50 min. Save your work.');
-    const keep = parseCuller({ server: { action: 'keep', reason: 'active', message: 'next: idle at 2026-11-21T13:00:00Z', due: '2026-11-21T13:00:00Z' } });
+    });
     assert.equal(keep?.status, 'ok');
     assert.equal(cullWarning(keep, NOW), null);
-    const cull = parseCuller({ server: { action: 'cull', reason: 'idle', message: 'no activity for 60 min', cull_at: '2026-11-21T12:00:00Z' } });
+    const cull = parseCuller({
+      server: {
+        action: 'cull',
+        reason: 'idle',
+        message: 'no activity for 60 min',
+        cull_at: '2026-11-21T12:00:00Z'
+      }
+    });
     assert.match(cullWarning(cull, NOW) ?? '', /is stopping this server now: idle/);
     assert.equal(parseCuller(null), null);
     assert.equal(parseCuller({ server: 'x', status: 'warned' })?.status, 'warned');
@@ -223,7 +351,10 @@ describe('culler', () => {
   it('is quiet when nothing is scheduled', () => {
     assert.equal(cullWarning(null, NOW), null);
     assert.equal(cullWarning({ status: 'ok', cull_at: null, reason: null }, NOW), null);
-    assert.match(cullWarning({ status: 'warned', cull_at: '2026-11-21T11:00:00Z', reason: null }, NOW) ?? '', /now \(it was due at 11:00 UTC\)/);
+    assert.match(
+      cullWarning({ status: 'warned', cull_at: '2026-11-21T11:00:00Z', reason: null }, NOW) ?? '',
+      /now \(it was due at 11:00 UTC\)/
+    );
   });
 });
 
@@ -244,12 +375,17 @@ describe('charts and processes', () => {
   });
 
   it('lists processes of the known GPUs, largest first, with kernel names', () => {
-    const rows = processRows(parseGpus(gpusJSON()), parseMetrics(metricsJSON()), { 'k-1234567890': 'analysis.ipynb' });
-    assert.deepEqual(rows.map(r => [r.gpu, r.pid, r.memory, r.kernel]), [
-      ['#1', 99, '10.0 GiB', '–'],
-      ['#0', 11, '2.0 GiB', '–'],
-      ['#0', 10, '1.0 GiB', 'analysis.ipynb']
-    ]);
+    const rows = processRows(parseGpus(gpusJSON()), parseMetrics(metricsJSON()), {
+      'k-1234567890': 'analysis.ipynb'
+    });
+    assert.deepEqual(
+      rows.map(r => [r.gpu, r.pid, r.memory, r.kernel]),
+      [
+        ['#1', 99, '10.0 GiB', '–'],
+        ['#0', 11, '2.0 GiB', '–'],
+        ['#0', 10, '1.0 GiB', 'analysis.ipynb']
+      ]
+    );
     const unnamed = processRows(null, parseMetrics(metricsJSON()));
     assert.equal(unnamed.find(r => r.pid === 10)?.kernel, 'k-123456');
   });
@@ -258,6 +394,12 @@ describe('charts and processes', () => {
     const g = parseGpus(gpusJSON());
     g.gpus.forEach(x => (x.in_allocation = false));
     const rows = gpuRows(g, null);
-    assert.deepEqual(rows.map(r => [r.info.index, r.sample, r.memoryTotal]), [[0, null, 16 * GiB], [1, null, 16 * GiB]]);
+    assert.deepEqual(
+      rows.map(r => [r.info.index, r.sample, r.memoryTotal]),
+      [
+        [0, null, 16 * GiB],
+        [1, null, 16 * GiB]
+      ]
+    );
   });
 });

@@ -28,18 +28,39 @@ function sampleGpus() {
     message: '',
     allocation: { gpu_uuids: ['GPU-8f1c', 'GPU-27aa'], numa_node: 0 },
     gpus: [
-      { uuid: 'GPU-8f1c', index: 0, name: 'NVIDIA A100-SXM4-40GB', memory_total_bytes: 40 * GiB,
-        pci_bus_id: '00000000:07:00.0', numa_node: 0, mig: false, in_allocation: true },
-      { uuid: 'GPU-27aa', index: 1, name: 'NVIDIA A100-SXM4-40GB', memory_total_bytes: 40 * GiB,
-        pci_bus_id: '00000000:0F:00.0', numa_node: 0, mig: false, in_allocation: true }
+      {
+        uuid: 'GPU-8f1c',
+        index: 0,
+        name: 'NVIDIA A100-SXM4-40GB',
+        memory_total_bytes: 40 * GiB,
+        pci_bus_id: '00000000:07:00.0',
+        numa_node: 0,
+        mig: false,
+        in_allocation: true
+      },
+      {
+        uuid: 'GPU-27aa',
+        index: 1,
+        name: 'NVIDIA A100-SXM4-40GB',
+        memory_total_bytes: 40 * GiB,
+        pci_bus_id: '00000000:0F:00.0',
+        numa_node: 0,
+        mig: false,
+        in_allocation: true
+      }
     ],
     warnings: ['The allocation names 2 GPUs; CUDA_VISIBLE_DEVICES shows 1 (sample warning).'],
     // the server extension's shape: this server's idle culler decision
     culler: {
       server: {
-        user: 'ada', server: '', action: 'warn', reason: 'idle',
+        user: 'ada',
+        server: '',
+        action: 'warn',
+        reason: 'idle',
         message: `will be culled at ${cullAt}, because idle for 46 min (limit 60 min)`,
-        cull_at: cullAt, figures: {}, policy: {}
+        cull_at: cullAt,
+        figures: {},
+        policy: {}
       },
       last_pass: new Date().toISOString()
     }
@@ -56,8 +77,14 @@ function sampleMetrics() {
     history.push({
       timestamp: new Date(now - i * 2000).toISOString(),
       gpus: {
-        'GPU-8f1c': { utilization_percent: 55 + 35 * Math.sin(t / 6), memory_used_bytes: (12 + 4 * Math.sin(t / 15)) * GiB },
-        'GPU-27aa': { utilization_percent: i > 30 ? 0 : 80 + 10 * Math.cos(t / 4), memory_used_bytes: (i > 30 ? 0.5 : 22) * GiB }
+        'GPU-8f1c': {
+          utilization_percent: 55 + 35 * Math.sin(t / 6),
+          memory_used_bytes: (12 + 4 * Math.sin(t / 15)) * GiB
+        },
+        'GPU-27aa': {
+          utilization_percent: i > 30 ? 0 : 80 + 10 * Math.cos(t / 4),
+          memory_used_bytes: (i > 30 ? 0.5 : 22) * GiB
+        }
       }
     });
   }
@@ -66,15 +93,27 @@ function sampleMetrics() {
     message: '',
     timestamp: new Date(now).toISOString(),
     gpus: [
-      { uuid: 'GPU-8f1c', utilization_percent: 71, memory_used_bytes: 14.2 * GiB, memory_total_bytes: 40 * GiB,
-        temperature_c: 58, power_w: 231.4,
-        processes: [{ pid: 4121, used_memory_bytes: 13.7 * GiB, kernel_id: 'sample-kernel-1' }] },
-      { uuid: 'GPU-27aa', utilization_percent: 86, memory_used_bytes: 22.0 * GiB, memory_total_bytes: 40 * GiB,
-        temperature_c: 64, power_w: 298.0,
+      {
+        uuid: 'GPU-8f1c',
+        utilization_percent: 71,
+        memory_used_bytes: 14.2 * GiB,
+        memory_total_bytes: 40 * GiB,
+        temperature_c: 58,
+        power_w: 231.4,
+        processes: [{ pid: 4121, used_memory_bytes: 13.7 * GiB, kernel_id: 'sample-kernel-1' }]
+      },
+      {
+        uuid: 'GPU-27aa',
+        utilization_percent: 86,
+        memory_used_bytes: 22.0 * GiB,
+        memory_total_bytes: 40 * GiB,
+        temperature_c: 64,
+        power_w: 298.0,
         processes: [
           { pid: 4388, used_memory_bytes: 21.5 * GiB, kernel_id: 'sample-kernel-2' },
           { pid: 4402, used_memory_bytes: 0.4 * GiB, kernel_id: null }
-        ] }
+        ]
+      }
     ],
     history
   };
@@ -83,8 +122,13 @@ function sampleMetrics() {
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
   args: [
-    '--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking',
-    '--disable-component-update', '--disable-sync', '--no-first-run'
+    '--headless',
+    '--no-sandbox',
+    '--disable-gpu',
+    '--disable-background-networking',
+    '--disable-component-update',
+    '--disable-sync',
+    '--no-first-run'
   ]
 });
 let code = 0;
@@ -95,7 +139,11 @@ try {
   let openedAt = null;
   page.on('pageerror', e => consoleErrors.push(String(e)));
   if (sample) {
-    const json = body => ({ status: 200, contentType: 'application/json', body: JSON.stringify(body) });
+    const json = body => ({
+      status: 200,
+      contentType: 'application/json',
+      body: JSON.stringify(body)
+    });
     await page.route('**/api/gpuspawner/gpus*', r => r.fulfill(json(sampleGpus())));
     await page.route('**/api/gpuspawner/metrics*', r => {
       metricsRequests.push(Date.now());
@@ -130,14 +178,21 @@ try {
   await page.waitForFunction(
     () => {
       const p = document.querySelector('#gpuspawner-gpu-panel');
-      return !!p && !!p.querySelector('.jp-gpuspawner-gpu, .jp-gpuspawner-state:not([data-state="loading"])');
+      return (
+        !!p &&
+        !!p.querySelector('.jp-gpuspawner-gpu, .jp-gpuspawner-state:not([data-state="loading"])')
+      );
     },
     null,
     { timeout }
   );
   if (sample) {
     // two more polls (2 s each while the panel is visible) so the charts have moved
-    await page.waitForFunction(() => document.querySelectorAll('#gpuspawner-gpu-panel path').length >= 4, null, { timeout });
+    await page.waitForFunction(
+      () => document.querySelectorAll('#gpuspawner-gpu-panel path').length >= 4,
+      null,
+      { timeout }
+    );
     await page.waitForTimeout(6500);
   }
   // toasts (news, build notices) would cover part of the screenshot
@@ -146,7 +201,9 @@ try {
   const result = await page.evaluate(() => {
     const item = document.querySelector('#gpuspawner-gpu-status');
     const p = document.querySelector('#gpuspawner-gpu-panel');
-    const states = [...p.querySelectorAll('.jp-gpuspawner-state')].map(s => s.getAttribute('data-state'));
+    const states = [...p.querySelectorAll('.jp-gpuspawner-state')].map(s =>
+      s.getAttribute('data-state')
+    );
     return {
       status: item?.textContent ?? null,
       statusLevel: item?.getAttribute('data-level') ?? null,
