@@ -51,18 +51,19 @@ class SlurmHub(HubProcess):
     """A hub on loopback whose GPUSpawner runs servers as Slurm jobs."""
 
     def __init__(self, state_dir: Path, conf: str, cmd: list[str] | None = None,
-                 environment: dict[str, str] | None = None, internal_ssl: bool = False
-                 ) -> None:
+                 environment: dict[str, str] | None = None, internal_ssl: bool = False,
+                 profiles: list[dict] | None = None) -> None:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         super().__init__(state_dir, url, f"{url}/hub/api", secrets.token_hex(16))
         topo = REPO / "hub_config" / "slurm"
         nodes = [{"name": n, "topology": str(topo / f"{n}.yaml"), "host": "127.0.0.1"}
                  for n in ("node1", "node2")]
-        profiles = [{"slug": "gpu1", "display_name": "1 GPU", "cpu": 1, "memory": "256M",
-                     "gpus": 1, "nodes": ["node1"], "default": True},
-                    {"slug": "gpu2", "display_name": "2 GPUs", "cpu": 2, "memory": "256M",
-                     "gpus": 2, "nodes": ["node1"]}]
+        profiles = profiles or [
+            {"slug": "gpu1", "display_name": "1 GPU", "cpu": 1, "memory": "256M", "gpus": 1,
+             "nodes": ["node1"], "default": True},
+            {"slug": "gpu2", "display_name": "2 GPUs", "cpu": 2, "memory": "256M", "gpus": 2,
+             "nodes": ["node1"]}]
         ids = {u: {"uid": pwd.getpwnam(u).pw_uid, "gid": pwd.getpwnam(u).pw_gid}
                for u in (USER, OTHER)}
         # job users must reach their homes: not under pytest's tmp_path (0700 root)
