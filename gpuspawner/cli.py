@@ -11,7 +11,7 @@ Subcommands:
   comment line per node, ``# slurm.conf NodeName=NAME Gres=VALUE``, giving the ``Gres=`` value
   of that node's line in slurm.conf (``scripts/slurm.sh`` reads it from there).
 * ``gpuspawner simulate ...``: provided by :mod:`gpuspawner.simulate` (its ``add_arguments`` and
-  ``run``).
+  ``run``, from :mod:`gpuspawner.simulate.cli`).
 """
 
 from __future__ import annotations

@@ -47,6 +47,8 @@ def test_contracts_hold_on_the_tree(tmp_path):
     ("gpuspawner/schemas/__init__.py", "import yaml", "the configuration schemas are a leaf"),
     ("gpuspawner/schemas/__init__.py", "from gpuspawner.placement import units",
      "the configuration schemas are a leaf"),
+    ("gpuspawner/simulate/engine.py", "from gpuspawner.backends import base",
+     "the simulator uses placement, never the hub or an engine"),
 ])
 def test_a_forbidden_import_breaks_its_contract(tmp_path, module, line, contract):
     root = scratch_copy(tmp_path)

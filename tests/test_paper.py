@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from gpuspawner import simulate as sim
-from gpuspawner import simulate_paper as sp
 from gpuspawner.placement.paper import (
     PAPER_POLICIES,
     Fragmentation,
@@ -24,6 +23,7 @@ from gpuspawner.placement.paper import (
     sub_pack,
     typical_pods,
 )
+from gpuspawner.simulate import paper_method as sp
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "alibaba-gpu-v2023"
 
@@ -209,8 +209,8 @@ def test_parse_seeds_and_trace_names() -> None:
     assert sp.parse_seeds("42-44,50") == [42, 43, 44, 50]
     with pytest.raises(ValueError):
         sp.parse_seeds("5-2")
-    assert sp.trace_name("x/openb_pod_list_gpushare100.csv") == "gpushare100"
-    assert sp.trace_path("default", Path("/d")) == Path("/d/openb_pod_list_default.csv")
+    assert sim.trace_name("x/openb_pod_list_gpushare100.csv") == "gpushare100"
+    assert sim.trace_path("default", Path("/d")) == Path("/d/openb_pod_list_default.csv")
 
 
 def write_small_trace(tmp: Path) -> tuple[Path, Path]:
@@ -280,7 +280,7 @@ def test_unknown_paper_policy_is_an_error(tmp_path: Path,
 
 @pytest.mark.skipif(not TRACE.is_dir(), reason=f"{TRACE} not present")
 def test_real_trace_slice_compare(tmp_path: Path) -> None:
-    rows = sp.read_node_rows(TRACE / "openb_node_list_gpu_node.csv")[:60]
+    rows = sim.read_node_rows(TRACE / "openb_node_list_gpu_node.csv")[:60]
     tasks = sp.tasks_of(sim.load_pods(TRACE / "openb_pod_list_default.csv"))
     typical = typical_pods(t for _, t, _ in tasks)
     assert len(typical) == 35 and any(t.gpu_number == 0 for t, _ in typical)

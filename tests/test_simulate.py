@@ -1,5 +1,5 @@
-"""Tests of the trace simulator (gpuspawner/simulate.py) on small fixtures in tests/data/trace/
-and, when the shared data folder is there, on the Alibaba GPU trace itself."""
+"""Tests of the trace simulator (the gpuspawner.simulate package) on small fixtures in
+tests/data/trace/ and, when the shared data folder is there, on the Alibaba GPU trace itself."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 from gpuspawner import simulate as sim
 from gpuspawner.placement import POLICIES, PlacementRefused
 from gpuspawner.placement.model import Allocation, Bundle, GPULink, GPUShare, Node, Owner
+from gpuspawner.simulate import engine
 
 DATA = Path(__file__).parent / "data" / "trace"
 TRACE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "alibaba-gpu-v2023"
@@ -289,7 +290,7 @@ class ScriptedLedger:
 def test_numa_aligned_fraction_counts_only_eligible_bundles(
         monkeypatch: pytest.MonkeyPatch) -> None:
     nodes = sim.load_nodes(DATA / "fill_nodes.csv")  # n4: GPUs 0,1 on NUMA 0, 2,3 on NUMA 1
-    monkeypatch.setattr(sim, "Ledger", ScriptedLedger)
+    monkeypatch.setattr(engine, "Ledger", ScriptedLedger)
     monkeypatch.setattr(ScriptedLedger, "script", [
         ("n4", [0, 1]),  # eligible, aligned
         ("n4", [1, 2]),  # eligible, split

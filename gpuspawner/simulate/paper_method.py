@@ -24,6 +24,10 @@ Differences, stated: Python's ``random.Random(seed)`` replaces Go's ``math/rand`
 the same number, so seed 42 here is not the paper's seed 42 pod sequence; only means over
 seeds compare. Pods after the 100 % reading cannot change it, so by default a run stops once
 the arrived demand passes 100.5 % (``until=130`` runs the whole 130 %).
+
+The node rows and pod lists come from :mod:`gpuspawner.simulate.traces`
+(:func:`~gpuspawner.simulate.traces.read_node_rows`, :func:`~gpuspawner.simulate.traces.load_pods`);
+the ``--compare`` table is :func:`gpuspawner.simulate.report.format_compare`.
 """
 
 from __future__ import annotations
@@ -33,7 +37,6 @@ import statistics
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 from typing import Any
 
 from gpuspawner.placement.paper import (
@@ -88,21 +91,6 @@ def parse_seeds(text: str) -> list[int]:
     return out
 
 
-def trace_path(name: str, folder: Path) -> Path:
-    """A pod list by short name (``default`` -> ``folder/openb_pod_list_default.csv``) or
-    path."""
-    p = Path(name)
-    if p.suffix == ".csv":
-        return p if p.is_absolute() or p.exists() else folder / p
-    return folder / f"openb_pod_list_{name}.csv"
-
-
-def trace_name(path: str | Path) -> str:
-    """``.../openb_pod_list_default.csv`` -> ``default``; other files: their stem."""
-    stem = Path(path).stem
-    return stem[len("openb_pod_list_"):] if stem.startswith("openb_pod_list_") else stem
-
-
 def _ceil_milli(v: int) -> int:
     return -(-v // MILLI) * MILLI
 
@@ -112,7 +100,7 @@ def make_nodes(rows: Sequence[tuple[str, int, int, int, str]], cpu_rounding: str
     """Fresh :class:`PaperNode` objects from ``(name, cpu_milli, memory_mib, gpus, model)``.
     ``cpu_rounding="ceil"`` rounds milli-CPU up to whole CPUs; ``numa_split`` > 1 gives nodes
     with >= 2 GPUs that many NUMA nodes, GPUs split evenly in device order (remainder to the
-    lowest ids), as :func:`gpuspawner.simulate.make_node` does."""
+    lowest ids), as :func:`gpuspawner.simulate.traces.make_node` does."""
     out = []
     for name, cpu, mem, gpus, model in rows:
         parts = numa_split if gpus >= 2 else 1
@@ -125,28 +113,12 @@ def make_nodes(rows: Sequence[tuple[str, int, int, int, str]], cpu_rounding: str
     return out
 
 
-def read_node_rows(path: str | Path) -> list[tuple[str, int, int, int, str]]:
-    """``(sn, cpu_milli, memory_mib, gpu, model)`` rows of a trace node list, validated by
-    :func:`gpuspawner.simulate.load_nodes`'s reader.
-
-    Raises:
-        gpuspawner.simulate.TraceFormatError: malformed file.
-    """
-    from gpuspawner.simulate import NODE_COLUMNS, _int_field, _read_rows
-
-    rows = []
-    for line, row in _read_rows(path, NODE_COLUMNS):
-        rows.append((row["sn"], _int_field(path, line, row, "cpu_milli"),
-                     _int_field(path, line, row, "memory_mib"),
-                     _int_field(path, line, row, "gpu"), row["model"]))
-    return rows
-
-
 Task = tuple[str, PodType, int]  # (pod name, type, memory MiB)
 
 
 def tasks_of(pods, cpu_rounding: str = "none") -> list[Task]:
-    """Trace pods (:class:`gpuspawner.simulate.Pod`) as ``(name, PodType, memory_mib)``."""
+    """Trace pods (:class:`gpuspawner.simulate.traces.Pod`) as
+    ``(name, PodType, memory_mib)``."""
     out = []
     for p in pods:
         cpu = _ceil_milli(p.cpu_milli) if cpu_rounding == "ceil" else p.cpu_milli
@@ -308,26 +280,5 @@ def summarize(results: Sequence[dict[str, Any]], paper: bool = True) -> list[dic
     return out
 
 
-def format_compare(summary: Sequence[dict[str, Any]]) -> str:
-    """The ``--compare`` table: one row per trace and policy."""
-    head = ["trace", "policy", "seeds", "unalloc GPUs mean", "std", "min", "max", "alloc ratio",
-            "p50 us", "p99 us", "paper mean", "diff %"]
-    rows = [head]
-    for s in summary:
-        rows.append([
-            s["trace"], s["policy"], str(s["seeds"]), f"{s['unallocated_mean']:.1f}",
-            f"{s['unallocated_std']:.1f}", f"{s['unallocated_min']:.1f}",
-            f"{s['unallocated_max']:.1f}", f"{s['allocation_ratio']:.4f}",
-            f"{s['decision_us_p50']:.0f}", f"{s['decision_us_p99']:.0f}",
-            "-" if s["paper_mean"] is None else f"{s['paper_mean']:.1f}",
-            "-" if s["diff_percent"] is None else f"{s['diff_percent']:+.1f}",
-        ])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    return "\n".join("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
-                               for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip()
-                     for r in rows)
-
-
-__all__ = ["PAPER_UNALLOCATED", "PAPER_NAMES", "PAPER_POLICIES", "compare", "format_compare",
-           "make_nodes", "parse_seeds", "read_node_rows", "run_paper", "summarize",
-           "tasks_of", "trace_path", "tune_workload"]
+__all__ = ["PAPER_UNALLOCATED", "PAPER_NAMES", "PAPER_POLICIES", "compare", "make_nodes",
+           "parse_seeds", "run_paper", "summarize", "tasks_of", "tune_workload"]

@@ -1,0 +1,201 @@
+"""The simulator's command line: ``gpuspawner simulate`` and ``python -m gpuspawner.simulate``.
+
+:func:`add_arguments` adds the options to a parser and :func:`run` acts on the parsed
+arguments (``gpuspawner simulate``, :mod:`gpuspawner.cli`, uses both); :func:`main` is
+``python -m gpuspawner.simulate`` (:mod:`gpuspawner.simulate.__main__`). ``--method ledger``
+(the default) reads the trace (:mod:`~gpuspawner.simulate.traces`) and runs
+:mod:`~gpuspawner.simulate.engine`; ``--method paper`` and ``--compare`` run
+:mod:`~gpuspawner.simulate.paper_method`. Output: :mod:`~gpuspawner.simulate.report`. An input
+file that is missing or malformed is a message on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from gpuspawner.placement import POLICIES
+from gpuspawner.placement.model import NUMA_POLICIES
+from gpuspawner.placement.paper import PAPER_POLICIES
+from gpuspawner.simulate import paper_method
+from gpuspawner.simulate.engine import MODES, simulate
+from gpuspawner.simulate.report import format_compare, format_json, format_table
+from gpuspawner.simulate.traces import (
+    load_nodes,
+    load_pods,
+    read_node_rows,
+    trace_name,
+    trace_path,
+)
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the simulator's options to ``parser`` (used by ``gpuspawner simulate``)."""
+    parser.add_argument("--nodes", required=True, metavar="NODES.csv",
+                        help="node list: sn,cpu_milli,memory_mib,gpu,model")
+    parser.add_argument("--pods", default=None, metavar="PODS.csv",
+                        help="pod list: name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec,"
+                             "...,creation_time,deletion_time,...]")
+    parser.add_argument("--policy", default="fgd",
+                        choices=[*POLICIES, *(p for p in PAPER_POLICIES if p not in POLICIES),
+                                 "all"],
+                        help="placement policy, or 'all' for every policy side by side "
+                             "(default: fgd)")
+    parser.add_argument("--mode", default="fill", choices=MODES,
+                        help="fill: draw pods until demand reaches GPU capacity (Weng et al., "
+                             "ATC '23); replay: place and release at the trace's times "
+                             "(default: fill)")
+    parser.add_argument("--numa-split", type=_positive_int, default=2, metavar="N",
+                        help="NUMA nodes per node with >= 2 GPUs (default: 2)")
+    parser.add_argument("--numa-policy", default="strict", choices=NUMA_POLICIES,
+                        help="the bundles' NUMA policy (default: strict)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed for fill-mode sampling and the random policy (default: 0)")
+    parser.add_argument("--max-pods", type=_positive_int, default=None, metavar="N",
+                        help="stop after N arriving pods (fill) / replay the first N pods")
+    parser.add_argument("--explain-refusals", action="store_true",
+                        help="have the ledger explain each refusal (slower, O(nodes) per "
+                             "refusal, as in the spawner) and count refusals by reason")
+    parser.add_argument("--json", action="store_true",
+                        help="print JSON (an object, or a list with --policy all)")
+    paper = parser.add_argument_group(
+        "paper method", "the FGD paper's experiment (Weng et al., ATC '23) on a milli-CPU "
+        "cluster model: see gpuspawner.simulate.paper_method")
+    paper.add_argument("--method", default="ledger", choices=("ledger", "paper"),
+                       help="ledger: --mode fill/replay through the Ledger (whole cores, NUMA); "
+                            "paper: tune the pod list to 130%% of GPU capacity, shuffle, place "
+                            "once each, read the allocation at 100%% arrived (default: ledger)")
+    paper.add_argument("--compare", action="store_true",
+                       help="paper method: every policy on every trace of --traces for every "
+                            "seed of --seeds, one summary table with the paper's means")
+    paper.add_argument("--seeds", default=None, metavar="LIST",
+                       help="paper method seeds, e.g. 42-51 or 42,43 (default: 42-51)")
+    paper.add_argument("--traces", default=None, metavar="LIST",
+                       help="--compare: pod lists, comma separated, by short name "
+                            "(default -> openb_pod_list_default.csv beside --nodes) or path "
+                            "(default: default,multigpu50,gpushare100)")
+    paper.add_argument("--policies", default=None, metavar="LIST",
+                       help="--compare: policies, comma separated (default: all paper-method "
+                            "policies)")
+    paper.add_argument("--cpu-rounding", default="none", choices=("none", "ceil"),
+                       help="paper method: none keeps milli-CPU (the paper); ceil rounds pods "
+                            "and nodes up to whole CPUs (what cpusets can give) (default: none)")
+    paper.add_argument("--until", type=float, default=100.5, metavar="PERCENT",
+                       help="paper method: stop once arrived GPU demand passes this percent of "
+                            "capacity; 130 offers the whole tuned list (default: 100.5, later "
+                            "pods cannot change the 100%% reading)")
+    paper.add_argument("--exact-fgd", action="store_true",
+                       help="paper method: fgd picks the smallest exact fragmentation growth "
+                            "instead of the Go plugin's integer sigmoid score")
+    paper.add_argument("--paper-numa", default="none", choices=("none", "strict"),
+                       help="paper method: none (the paper: no NUMA) or strict (nodes with >= 2 "
+                            "GPUs get --numa-split NUMA nodes; a whole-GPU pod that fits one "
+                            "NUMA node must take its GPUs from one) (default: none)")
+    paper.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
+                       help="--compare: processes to run in parallel (default: 1)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the simulation the parsed arguments describe and print the result.
+
+    Returns:
+        0 on success, 2 when an input file is missing or malformed (message on stderr).
+    """
+    if getattr(args, "method", "ledger") == "paper" or getattr(args, "compare", False):
+        return _run_paper(args)
+    if args.pods is None:
+        print("error: --pods is required (or use --method paper --compare with --traces)",
+              file=sys.stderr)
+        return 2
+    if args.policy not in POLICIES and args.policy != "all":
+        print(f"error: policy {args.policy!r} exists only in --method paper", file=sys.stderr)
+        return 2
+    try:
+        nodes = load_nodes(args.nodes, numa_split=args.numa_split)
+        pods = load_pods(args.pods)
+        policies = list(POLICIES) if args.policy == "all" else [args.policy]
+        results = [simulate(nodes, pods, policy, args.mode, numa_policy=args.numa_policy,
+                            seed=args.seed, max_pods=args.max_pods,
+                            explain=args.explain_refusals) for policy in policies]
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        payload: Any = results if args.policy == "all" else results[0]
+        print(format_json(payload))
+    else:
+        print(format_table(results))
+    return 0
+
+
+def _run_paper(args: argparse.Namespace) -> int:
+    """``--method paper`` and ``--compare`` (see :mod:`gpuspawner.simulate.paper_method`)."""
+    numa = args.paper_numa
+    try:
+        seeds = (paper_method.parse_seeds(args.seeds) if args.seeds
+                 else list(paper_method.DEFAULT_SEEDS))
+        rows = read_node_rows(args.nodes)
+        folder = Path(args.nodes).parent
+        if args.compare:
+            names = ([t.strip() for t in args.traces.split(",") if t.strip()] if args.traces
+                     else list(paper_method.DEFAULT_TRACES))
+            paths = [trace_path(n, folder) for n in names]
+        else:
+            if args.pods is None:
+                raise ValueError("--pods is required without --compare")
+            paths = [Path(args.pods)]
+        if args.policies:
+            policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+        elif args.compare or args.policy == "all":
+            policies = list(PAPER_POLICIES)
+        else:
+            policies = [args.policy]
+        unknown = [p for p in policies if p not in PAPER_POLICIES]
+        if unknown:
+            raise ValueError(f"unknown paper-method policy {unknown[0]!r}; choose from "
+                             f"{', '.join(PAPER_POLICIES)}")
+        traces = {trace_name(p): paper_method.tasks_of(load_pods(p), args.cpu_rounding)
+                  for p in paths}
+        t0 = time.perf_counter()
+        results = paper_method.compare(rows, traces, policies, seeds, jobs=args.jobs,
+                                       cpu_rounding=args.cpu_rounding, until=args.until,
+                                       exact_fgd=args.exact_fgd, numa=numa,
+                                       numa_split=args.numa_split)
+        wall = time.perf_counter() - t0
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    comparable = (Path(args.nodes).name == "openb_node_list_gpu_node.csv" and numa == "none"
+                  and args.cpu_rounding == "none")
+    summary = paper_method.summarize(results, paper=comparable)
+    if args.json:
+        print(format_json({"runs": results, "summary": summary, "wall_s": wall}))
+    else:
+        print(f"# paper method: nodes {args.nodes}, seeds {','.join(map(str, seeds))}, "
+              f"cpu_rounding {args.cpu_rounding}, numa {numa}, exact_fgd {args.exact_fgd}, "
+              f"until {args.until:g}%, wall {wall:.1f} s")
+        print(format_compare(summary))
+    return 0
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    """Entry point of ``python -m gpuspawner.simulate``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m gpuspawner.simulate",
+        description="Replay the Alibaba GPU trace (Weng et al., ATC '23) through the ledger "
+                    "and report GPU allocation, refusals, NUMA alignment and decision latency.")
+    add_arguments(parser)
+    return run(parser.parse_args(None if argv is None else list(argv)))
+

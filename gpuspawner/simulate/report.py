@@ -1,0 +1,72 @@
+"""What a simulation prints: the metrics table, the ``--compare`` table and JSON.
+
+The ledger method's metrics (:mod:`gpuspawner.simulate.engine`, which defines them) print as
+one row per metric and one column per run, in the order of
+:data:`~gpuspawner.simulate.engine.METRIC_KEYS`; the paper method's summary
+(:func:`gpuspawner.simulate.paper_method.summarize`) as one row per trace and policy. With
+``--json`` both print as they are, as indented JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from gpuspawner.simulate.engine import METRIC_KEYS
+
+
+def _align(rows: Sequence[Sequence[str]], left: int) -> str:
+    """Rows of cells as aligned text: the first ``left`` columns padded on the right, the
+    others on the left, two spaces apart, no trailing blanks."""
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) if i < left else c.rjust(w)
+                               for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip()
+                     for row in rows)
+
+
+def _fmt(key: str, value: Any) -> str:
+    """A metric value as table text."""
+    if value is None:
+        return "-"
+    if isinstance(value, dict):
+        return " ".join(f"{k}:{v}" for k, v in value.items()) or "-"
+    if isinstance(value, float):
+        if key in ("gpu_allocation_ratio", "numa_aligned_fraction"):
+            return f"{value:.4f}"
+        if key in ("setup_s", "wall_s"):
+            return f"{value:.2f}"
+        if key == "decisions_per_s":
+            return f"{value:,.0f}"
+        return f"{value:.1f}"
+    return str(value)
+
+
+def format_table(results: Sequence[dict[str, Any]]) -> str:
+    """Metrics as an aligned text table: one row per metric, one column per run."""
+    keys = [k for k in METRIC_KEYS if any(k in r for r in results)]
+    keys += [k for r in results for k in r if k not in keys]
+    rows = [[k] + [_fmt(k, r.get(k)) for r in results] for k in keys]
+    return _align(rows, left=1)
+
+
+def format_compare(summary: Sequence[dict[str, Any]]) -> str:
+    """The ``--compare`` table: one row per trace and policy."""
+    head = ["trace", "policy", "seeds", "unalloc GPUs mean", "std", "min", "max", "alloc ratio",
+            "p50 us", "p99 us", "paper mean", "diff %"]
+    rows = [head]
+    for s in summary:
+        rows.append([
+            s["trace"], s["policy"], str(s["seeds"]), f"{s['unallocated_mean']:.1f}",
+            f"{s['unallocated_std']:.1f}", f"{s['unallocated_min']:.1f}",
+            f"{s['unallocated_max']:.1f}", f"{s['allocation_ratio']:.4f}",
+            f"{s['decision_us_p50']:.0f}", f"{s['decision_us_p99']:.0f}",
+            "-" if s["paper_mean"] is None else f"{s['paper_mean']:.1f}",
+            "-" if s["diff_percent"] is None else f"{s['diff_percent']:+.1f}",
+        ])
+    return _align(rows, left=2)
+
+
+def format_json(payload: Any) -> str:
+    """The ``--json`` output: ``payload`` as JSON indented by 2."""
+    return json.dumps(payload, indent=2)
