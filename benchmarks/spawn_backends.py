@@ -1,7 +1,7 @@
 """Spawn to ready, the Docker backend against the Slurm backend, same profile, same run.
 
 Both hubs run GPUSpawner with the real ``jupyterhub-singleuser`` and the profile "1 core,
-256 MiB" (no GPU: the Docker node of this machine has none; the Slurm nodes' GPUs are fake
+512 MiB" (no GPU: the Docker node of this machine has none; the Slurm nodes' GPUs are fake
 device files). Docker: a new container on its own bridge network (``make engine images``).
 Slurm: a batch job on the private two-node cluster of ``scripts/slurm.sh`` (``make slurm``),
 running as the job user, which picks its port and reports it through the job's Comment.
@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 from tests.hubrunner import Hub, HubProcess  # noqa: E402
 from tests.test_slurm_hub import USER, SlurmHub  # noqa: E402
 
-PROFILE = {"slug": "cpu", "display_name": "1 core", "cpu": 1, "memory": "256M",
+PROFILE = {"slug": "cpu", "display_name": "1 core", "cpu": 1, "memory": "512M",
            "default": True}
 
 

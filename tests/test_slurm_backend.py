@@ -477,7 +477,11 @@ def test_hub_config_check_names_slurm_settings_and_nodes(slurm_conf: str) -> Non
     from traitlets.config import Config
 
     from gpuspawner.hub.cluster import reset_clusters
-    from gpuspawner.hub.config_check import HubConfigError, check_spawner_settings
+    from gpuspawner.hub.config_check import (
+        HubConfigError,
+        check_hub_config,
+        check_spawner_settings,
+    )
 
     topo = REPO / "hub_config" / "slurm"
     settings = {"backend": "slurm",
@@ -504,5 +508,18 @@ def test_hub_config_check_names_slurm_settings_and_nodes(slurm_conf: str) -> Non
         config = Config()
         config.SlurmBackend = Config({"slurm_conf": slurm_conf})
         check_spawner_settings(settings, config)  # a right configuration passes
+        # ... but the whole hub config needs internal_ssl: jobs share the node's network
+        reset_clusters()
+        config.GPUSpawner = Config(settings)
+        with pytest.raises(SystemExit, match=r"JupyterHub.internal_ssl: must be True with "
+                                             "SlurmBackend"):
+            check_hub_config(config)
+        reset_clusters()
+        config.JupyterHub.internal_ssl = True
+        check_hub_config(config)
+        reset_clusters()
+        config.JupyterHub.internal_ssl = False
+        config.SlurmBackend.allow_plain_http = True  # a trusted test cluster
+        check_hub_config(config)
     finally:
         reset_clusters()

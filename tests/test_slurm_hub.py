@@ -16,6 +16,8 @@ import asyncio
 import pwd
 import secrets
 import shutil
+import socket
+import ssl
 import sys
 import tempfile
 import urllib.request
@@ -76,6 +78,7 @@ c.JupyterHub.hub_ip = "127.0.0.1"
 c.JupyterHub.hub_port = {free_port()}
 c.ConfigurableHTTPProxy.api_url = "{'https' if internal_ssl else 'http'}://127.0.0.1:{free_port()}"
 c.JupyterHub.internal_ssl = {internal_ssl!r}
+c.SlurmBackend.allow_plain_http = {not internal_ssl!r}
 c.JupyterHub.internal_certs_location = "{home}/internal-ssl"
 c.ConfigurableHTTPProxy.command = [{chp()!r}]
 c.ConfigurableHTTPProxy.auth_token = {secrets.token_hex(16)!r}
@@ -217,6 +220,18 @@ def test_real_singleuser_picks_its_reported_port(slurm_conf: str, tmp_path: Path
         if internal_ssl:
             with pytest.raises(OSError):  # plain HTTP is not served there
                 urllib.request.urlopen(f"http://127.0.0.1:{port}/user/{USER}/api", timeout=5)
+            # what another user's process on the node can try: TLS without the proxy's client
+            # certificate is refused in the handshake (the isolation issue's exploit, here
+            # where jobs share the node's network)
+            ctx = ssl.create_default_context()
+            ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+            with pytest.raises((ssl.SSLError, ConnectionResetError)):
+                with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+                    with ctx.wrap_socket(raw) as tls:
+                        tls.sendall(f"GET /user/{USER}/api HTTP/1.1\r\nHost: x\r\n\r\n"
+                                    .encode())
+                        if not tls.recv(1024):  # TLS 1.3: the refusal comes with the read
+                            raise ConnectionResetError("closed without an answer")
         else:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/user/{USER}/api",
                                         timeout=5) as answer:

@@ -157,6 +157,10 @@ class Backend(LoggingConfigurable):
             ValueError: a setting is wrong (the message names it).
         """
 
+    #: True when servers share a network namespace with other users' processes, so the hub
+    #: must run with ``c.JupyterHub.internal_ssl`` (checked at start)
+    requires_internal_ssl = False
+
     @property
     def listen_ip(self) -> str:
         """The address the server binds in its network namespace (the spawner's ``ip``

@@ -145,6 +145,26 @@ def culler_policies_path(service: Mapping[str, Any]) -> str | None:
     return os.path.join(cwd, path) if cwd else path
 
 
+def check_internal_ssl(c: Any) -> None:
+    """A backend whose servers share a network with other users' processes (Slurm jobs on a
+    node) needs ``c.JupyterHub.internal_ssl = True``.
+
+    Raises:
+        HubConfigError: it is off (the message names both settings).
+    """
+    from .cluster import current_clusters
+
+    hub = _section(c, "JupyterHub")
+    for cluster in current_clusters():
+        backend = cluster.backend
+        if backend.requires_internal_ssl and not hub.get("internal_ssl", False):
+            name = type(backend).__name__
+            raise HubConfigError(
+                f"JupyterHub.internal_ssl: must be True with {name}: its servers share the "
+                "node's network with other users' processes (docs/slurm-backend.md); "
+                f"c.{name}.allow_plain_http = True allows it for a trusted test cluster")
+
+
 def check_hub_config(c: Any) -> None:
     """Check the GPUSpawner settings of the config object ``c`` (and the idle culler's policy
     file against the ``culler-policies`` schema and the culler's own rules, when a service
@@ -157,6 +177,7 @@ def check_hub_config(c: Any) -> None:
     """
     try:
         check_spawner_settings(_section(c, "GPUSpawner"), c)
+        check_internal_ssl(c)
         services = c.JupyterHub.services if "services" in _section(c, "JupyterHub") else []
         if isinstance(services, LazyConfigValue):  # only .append()ed to, never assigned
             services = services.get_value([])

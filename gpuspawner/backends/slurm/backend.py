@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from traitlets import Enum, Float, List, TraitError, Unicode, default, validate
+from traitlets import Bool, Enum, Float, List, TraitError, Unicode, default, validate
 
 from ...placement import Allocation, Node
 from ..base import (
@@ -172,6 +172,21 @@ class SlurmBackend(Backend):
         its last lines when a server dies during start: put it on a file system the hub
         shares (it is read as the hub's user).""",
     ).tag(config=True)
+
+    allow_plain_http = Bool(
+        False,
+        help="""Allow a hub without ``c.JupyterHub.internal_ssl``. Jobs share their node's
+        network namespace (Slurm has no network isolation; Backend.AI's Sokovan notes gives
+        the same reason), so any process on the node can connect to a user's server port:
+        with internal_ssl the hub, the proxy and the server verify each other's certificates
+        and other connections fail the TLS handshake. Only for a test cluster with one
+        trusted user.""",
+    ).tag(config=True)
+
+    @property
+    def requires_internal_ssl(self) -> bool:
+        """True unless ``allow_plain_http``: the hub refuses to start without internal_ssl."""
+        return not self.allow_plain_http
 
     listen_address = Unicode(
         "127.0.0.1",
