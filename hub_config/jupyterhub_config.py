@@ -102,6 +102,16 @@ c.GPUSpawner.default_gid = 100
 c.DockerBackend.disk_limit_mode = "account"
 c.GPUSpawner.quotas = {"default_user": {"gpus": 2, "servers": 3}}
 
+# -- a Slurm cluster instead of this machine's Docker engine (docs/slurm-backend.md) --------
+# Each node's topology file is `gpuspawner inventory` run on that node; gres.conf comes from
+# `gpuspawner slurm-gres`. Jobs share their node's network, so internal_ssl is required.
+# c.GPUSpawner.backend = "slurm"
+# c.GPUSpawner.nodes = [{"name": "gpu01", "topology": "/etc/gpuspawner/gpu01.yaml",
+#                        "host": "gpu01.cluster.example.org"}]
+# c.SlurmBackend.slurm_conf = "/etc/slurm/slurm.conf"
+# c.SlurmBackend.listen_address = "0.0.0.0"
+# c.JupyterHub.internal_ssl = True
+
 # -- DEMO AUTHENTICATOR: any name, password "gpuspawner". NOT FOR PRODUCTION. --------------
 c.JupyterHub.authenticator_class = "dummy"
 c.DummyAuthenticator.password = os.environ.get("GPUSPAWNER_DEMO_PASSWORD", "gpuspawner")
