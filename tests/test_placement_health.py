@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from gpuspawner.placement import GPU_MILLI, Bundle, Ledger, Owner, PlacementRefused
+from gpuspawner.placement import (
+    GPU_MILLI,
+    Bundle,
+    Ledger,
+    Owner,
+    PlacementError,
+    PlacementRefused,
+    UnknownAllocation,
+)
 from tests.factories import make_node
 
 ONE_GPU = Bundle(cores=1, gpus=1, numa_policy="none")
@@ -83,3 +91,25 @@ def test_every_policy_respects_node_state(policy):
         assert ledger.reserve(ONE_GPU, Owner(user)).node == "n3"
     with pytest.raises(PlacementRefused):  # n3 is full; the others have free GPUs but are down
         ledger.reserve(ONE_GPU, Owner("c"))
+
+
+def test_adopt_takes_the_granted_cores_and_gpus_or_changes_nothing():
+    """What Slurm granted replaces what the ledger planned (same counts, models, NUMA)."""
+    ledger = Ledger([make_node(gpus=2, numa=1, cores=4)])
+    a = ledger.reserve(Bundle(cores=2, gpus=1), Owner("a"))
+    other = ledger.reserve(Bundle(cores=1), Owner("b"))
+    free_cores = sorted(set(range(4)) - set(a.cpuset) - set(other.cpuset))
+    granted = (a.cpuset[0], free_cores[0])
+    spare = next(u for u in ("GPU-n1-00", "GPU-n1-01") if u not in a.gpu_uuids)
+    got = ledger.adopt(a.id, cpuset=granted, gpus=[spare])
+    assert got.id == a.id and got.cpuset == tuple(sorted(granted)) and got.gpu_uuids == [spare]
+    assert ledger.get(a.id) == got
+    # what it held before is free again: another user gets that GPU
+    assert ledger.reserve(Bundle(cores=0, gpus=1), Owner("c")).gpu_uuids == a.gpu_uuids
+    with pytest.raises(PlacementError, match="held"):  # b's core
+        ledger.adopt(a.id, cpuset=(other.cpuset[0], got.cpuset[0]))
+    with pytest.raises(PlacementError, match="3 cores granted"):
+        ledger.adopt(a.id, cpuset=(0, 1, 2))
+    assert ledger.get(a.id) == got  # refused: nothing changed
+    with pytest.raises(UnknownAllocation):
+        ledger.adopt("nope", cpuset=())

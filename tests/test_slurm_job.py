@@ -35,7 +35,15 @@ from gpuspawner.backends.slurm.job import (
 )
 from gpuspawner.backends.spec import HomeMount, LaunchSpec, launch_spec
 from gpuspawner.inventory.topology import load_topology_file
-from gpuspawner.placement import Allocation, GPUShare, Owner
+from gpuspawner.placement import (
+    Allocation,
+    Bundle,
+    GPUShare,
+    Ledger,
+    Node,
+    NumaNode,
+    Owner,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 NODE1 = load_topology_file(REPO / "hub_config" / "slurm" / "node1.yaml")
@@ -348,3 +356,45 @@ def test_a_node_that_cannot_take_jobs_is_unavailable_before_submit(node_state: s
 def test_timeouts_must_be_positive(trait: str) -> None:
     with pytest.raises(Exception, match=f"SlurmBackend.{trait}: must be > 0"):
         SlurmBackend(**{trait: 0})
+
+
+def one_numa_node1() -> Node:
+    """node1 as if its two cores were on one NUMA node (a real socket has many cores, so
+    Slurm's pick among them may differ from the ledger's)."""
+    mem = sum(n.memory_bytes for n in NODE1.numa_nodes)
+    return replace(NODE1, numa_nodes=(NumaNode(0, (0, 1), mem),),
+                   gpus=tuple(replace(g, numa_node=0) for g in NODE1.gpus))
+
+
+@pytest.mark.parametrize("free", [True, False], ids=["adopted", "held"])
+def test_the_ledger_adopts_slurms_core_when_it_is_free(free: bool) -> None:
+    """Slurm granted the other core of the GPU's NUMA node: the ledger takes it (and the job
+    is marked again with the adopted allocation) when it is free, else the launch fails and
+    the job is cancelled."""
+    node = one_numa_node1()
+    ledger = Ledger([node])
+    alloc = ledger.reserve(Bundle(cores=1, memory_bytes=300 * MiB, gpus=1,
+                                  gpu_models=(GPU_B.model,)), Owner("ann"))
+    if alloc.gpu_uuids != [GPU_B.uuid]:  # the job text holds GPU B
+        alloc = ledger.adopt(alloc.id, gpus=[GPU_B.uuid])
+    other = 1 - alloc.cpuset[0]
+    if not free:
+        ledger.reserve(Bundle(cores=1), Owner("bob"))  # takes the other core
+    client = FakeClient(job_text(cpus=str(other)), node_state="MIXED")
+    b = SlurmBackend(python="/usr/bin/python3", submit_timeout=5, port_timeout=5)
+    b.bind({"node1": NodeRuntime("node1", "127.0.0.1", "x", node)})
+    b._client = client
+    b.ledger = ledger
+    state: dict = {}
+    if free:
+        ip, port = run(b.launch(spec_of(alloc, home=None), state, lambda p, m: None))
+        assert port == 40001
+        adopted = ledger.get(alloc.id)
+        assert adopted.cpuset == (other,) and adopted.gpu_uuids == [GPU_B.uuid]
+        marks = [c[3] for c in client.calls if c[:2] == ("scontrol", "update")]
+        assert marks[-1] == "AdminComment=" + admin_comment(adopted)
+    else:
+        with pytest.raises(LaunchFailed, match="cannot adopt.*held"):
+            run(b.launch(spec_of(alloc, home=None), state, lambda p, m: None))
+        assert ("scancel", "17") in client.calls
+        assert ledger.get(alloc.id) == alloc

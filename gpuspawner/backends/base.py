@@ -36,7 +36,7 @@ from typing import Any
 
 from traitlets.config import LoggingConfigurable
 
-from ..placement import Allocation, Node
+from ..placement import Allocation, Ledger, Node
 from .spec import LaunchSpec
 
 #: a callable the backend reports spawn progress through: ``(percent 0..100, message)``
@@ -144,6 +144,9 @@ class Backend(LoggingConfigurable):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.nodes: Mapping[str, NodeRuntime] = {}
+        #: the hub's ledger (set with the cluster), for :meth:`Ledger.adopt` when an engine
+        #: grants other devices than planned (Slurm's core choice); None outside a hub
+        self.ledger: Ledger | None = None
 
     def bind(self, nodes: Mapping[str, NodeRuntime]) -> None:
         """Receive the hub's node table (name -> :class:`~gpuspawner.hub.cluster.NodeRuntime`).

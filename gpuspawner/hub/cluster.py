@@ -136,6 +136,9 @@ class Cluster:
     nodes: dict[str, NodeRuntime]
     ledger: Ledger
     backend: Backend
+
+    def __post_init__(self) -> None:
+        self.backend.ledger = self.ledger
     restored: RestoreReport | None = None
     _restore_lock: asyncio.Lock | None = field(default=None, repr=False)
     #: restored allocations whose owner was not yet checked against the hub's database
@@ -295,6 +298,7 @@ def get_cluster(nodes: Sequence[Mapping[str, Any]], policy: str,
         made = backend_class(backend)(config=config) if config is not None else \
             backend_class(backend)()
         made.bind(table)
+        made.ledger = ledger
         made.check_config()
         _CLUSTER = Cluster(table, ledger, made)
         _CLUSTER_KEY = key

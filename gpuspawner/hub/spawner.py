@@ -186,6 +186,7 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
                     port=self.port, home=HomeMount(host_home, home_in) if host_home else None,
                     certs_dir=self.certs_dir)
                 ip, port = await self.backend_obj.launch(spec, self.backend_state, self._emit)
+                self.allocation = self.cluster.ledger.get(alloc.id) or alloc  # adopted?
                 self._emit(60, f"{self.object_name} started at {ip}:{port}, waiting for it")
                 await wait_for_own_server(
                     ip, port, self.server.base_url if self.server else "/",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .devices import min_numa_count, model_allowed, plan
@@ -414,6 +414,56 @@ class Ledger:
                 if self._group_used[g] == Usage():
                     del self._group_used[g]
             return alloc
+
+    def adopt(self, allocation_id: str, *, cpuset: Iterable[int] | None = None,
+              gpus: Iterable[str] | None = None) -> Allocation:
+        """Make a booked allocation name the devices an engine actually granted: Slurm cannot
+        be told core ids (``sbatch`` asks for a count, the select plugin picks them) and, in
+        model mode, picks the GPUs itself. The allocation keeps its id, owner, node, memory
+        and disk; ``cpuset`` replaces its cores (same count, on its memory NUMA nodes ``mems``),
+        ``gpus`` its GPUs (UUIDs, same count and models, each keeping its milli-GPU). Every new
+        device must be free or already this allocation's. Atomic: on refusal nothing changes.
+
+        Returns:
+            the allocation as booked now.
+
+        Raises:
+            UnknownAllocation: no such allocation.
+            PlacementError: the granted devices do not fit (held by another allocation, other
+                counts, models or NUMA nodes); the message says which.
+        """
+        with self._lock:
+            old = self._allocs.get(allocation_id)
+            if old is None:
+                raise UnknownAllocation(f"no allocation {allocation_id}")
+            st = self._by_name[old.node]
+            new_cpus = tuple(sorted(cpuset)) if cpuset is not None else old.cpuset
+            if len(new_cpus) != len(old.cpuset):
+                raise PlacementError(f"adopt {old.id}: {len(new_cpus)} cores granted, "
+                                     f"{len(old.cpuset)} allocated")
+            off = [c for c in new_cpus if st.cpu_numa.get(c) not in old.mems]
+            if off and old.mems:
+                raise PlacementError(f"adopt {old.id}: cores {off} are not on NUMA nodes "
+                                     f"{list(old.mems)} of its memory")
+            new_gpus = old.gpus
+            if gpus is not None:
+                uuids = list(gpus)
+                models_old = sorted(st.gpu_by_uuid[g.uuid].model for g in old.gpus)
+                unknown = [u for u in uuids if u not in st.gpu_by_uuid]
+                if unknown or sorted(st.gpu_by_uuid[u].model for u in uuids) != models_old:
+                    raise PlacementError(f"adopt {old.id}: GPUs {uuids} are not "
+                                         f"{len(old.gpus)} of the models {models_old}")
+                new_gpus = tuple(GPUShare(u, g.milli) for u, g in zip(uuids, old.gpus, strict=True))
+            new = replace(old, cpuset=new_cpus, gpus=new_gpus)
+            if new == old:
+                return old
+            self.release(old.id)
+            problem = self._restore_problem(new)
+            if problem:
+                self._book(st, old)
+                raise PlacementError(f"adopt {old.id}: {problem}")
+            self._book(st, new)
+            return new
 
     def restore(self, allocations: Iterable[Allocation | Mapping[str, Any] | str],
                 replace: bool = False) -> RestoreReport:

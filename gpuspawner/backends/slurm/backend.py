@@ -36,7 +36,7 @@ from typing import Any
 
 from traitlets import Bool, Enum, Float, List, TraitError, Unicode, default, validate
 
-from ...placement import Allocation, Node
+from ...placement import Allocation, Node, PlacementError
 from ..base import (
     Backend,
     BackendUnavailable,
@@ -394,7 +394,10 @@ class SlurmBackend(Backend):
         job = await self._wait_running(job_id, alloc.node, progress)
         state["started"] = True
         problems = check_readback(job, alloc, node, plan.memory_mb, self.gpu_mode)
-        state["picked"] = picked(job, node)
+        state["picked"] = granted = picked(job, node)
+        if problems and self.ledger is not None:
+            alloc, problems = await self._adopt(job, alloc, node, granted, plan.memory_mb,
+                                                problems)
         if problems:
             await self._cancel(job_id, alloc.node)
             raise LaunchFailed(f"Slurm job {job_id} does not hold allocation {alloc.id}: "
@@ -403,6 +406,31 @@ class SlurmBackend(Backend):
         port = await self._wait_port(job_id, alloc.node)
         state["port"] = port
         return self.nodes[alloc.node].host, port
+
+    async def _adopt(self, job: JobInfo, alloc: Allocation, node: Node,
+                     granted: Mapping[str, Any], memory_mb: int, problems: list[str]
+                     ) -> tuple[Allocation, list[str]]:
+        """Slurm cannot be told core ids (and picks GPUs in model mode): when it granted other
+        cores (or, in model mode, GPUs) on the right node, the ledger adopts them if they are
+        free there (:meth:`~gpuspawner.placement.Ledger.adopt`) and the job's AdminComment
+        is marked again. Returns the allocation and what still differs."""
+        assert self.ledger is not None
+        if granted.get("node") != alloc.node or len(granted["cpu_ids"]) != len(alloc.cpuset):
+            return alloc, problems
+        gpus = granted["gpu_uuids"] if self.gpu_mode == "model" else None
+        try:
+            adopted = self.ledger.adopt(alloc.id, cpuset=granted["cpu_ids"], gpus=gpus)
+        except PlacementError as e:
+            return alloc, [*problems, f"the ledger cannot adopt what Slurm granted: {e}"]
+        left = check_readback(job, adopted, node, memory_mb, self.gpu_mode)
+        if left:
+            return alloc, problems
+        self.log.info("allocation %s adopted Slurm's cores %s (planned %s)", alloc.id,
+                      adopted.cpuset_str(), alloc.cpuset_str())
+        await self._ask(alloc.node, self.client.run(
+            "scontrol", "update", f"JobId={job.job_id}",
+            f"AdminComment={admin_comment(adopted)}"))
+        return adopted, []
 
     async def _wait_running(self, job_id: int, node: str, progress: Progress) -> JobInfo:
         """Poll ``scontrol show job -d`` until the job is RUNNING with its detail lines, at
