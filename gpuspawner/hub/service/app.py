@@ -81,6 +81,7 @@ def hub_cluster() -> Cluster:
     Raises:
         web.HTTPError(503): the hub does not use GPUSpawner.
     """
+    from ..settings import HEALTH_TRAITS, health_settings
     from ..spawner import GPUSpawner
 
     app = _hub_app()
@@ -88,8 +89,8 @@ def hub_cluster() -> Cluster:
     if not (isinstance(cls, type) and issubclass(cls, GPUSpawner)):
         raise web.HTTPError(503, f"the hub's spawner_class is {cls!r}, not a GPUSpawner")
     traits = cls.class_traits()
-    values: dict[str, Any] = {name: traits[name].default()
-                              for name in ("nodes", "placement_policy", "quotas", "profiles")}
+    names = ("nodes", "placement_policy", "quotas", "profiles", *HEALTH_TRAITS)
+    values: dict[str, Any] = {name: traits[name].default() for name in names}
     for klass in reversed(cls.mro()):
         section = klass.__name__
         if section in app.config:
@@ -97,7 +98,7 @@ def hub_cluster() -> Cluster:
                 if name in app.config[section]:
                     values[name] = app.config[section][name]
     return get_cluster(values["nodes"], values["placement_policy"], values["quotas"],
-                       values["profiles"])
+                       values["profiles"], health=health_settings(values, str(app.db_url)))
 
 
 def hub_user(name: str) -> tuple[bool, list[str]] | None:
