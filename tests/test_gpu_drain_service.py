@@ -1,0 +1,191 @@
+"""``POST``/``DELETE api/gpus/{uuid}/drain`` on the service's own Tornado application without a
+hub (as tests/test_service_unit.py), with the service's real ``HubOAuth`` asking a stand-in hub
+API (``GET /hub/api/user`` answering per token, loopback) who is calling: admins drain and
+undrain (kept in the drains file), others get 403, an unknown UUID 404, a body without a string
+reason 400; ``api/nodes`` shows the drain to everyone and who drained it to admins only; the
+admin map shows it. Every answer is checked against the OpenAPI document."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tornado import web
+from tornado.httpclient import AsyncHTTPClient
+from tornado.httpserver import HTTPServer
+from tornado.netutil import bind_sockets
+
+from gpuspawner.backends.base import Backend
+from gpuspawner.hub.cluster import Cluster
+from gpuspawner.hub.drains import DrainStore
+from gpuspawner.hub.service.app import GPUService
+from gpuspawner.inventory.topology import load_topology_file
+from gpuspawner.placement import Bundle, Ledger, Owner, PlacementRefused
+from tests.test_service_unit import _validate
+
+TOPO = Path(__file__).parent / "data" / "topologies"
+ACCESS = "access:services!service=gpuspawner"
+#: token -> the hub's model of its owner
+MODELS = {
+    "admin-token": {"kind": "user", "name": "root", "admin": True, "groups": [],
+                    "scopes": [ACCESS]},
+    "user-token": {"kind": "user", "name": "ann", "admin": False, "groups": [],
+                   "scopes": [ACCESS]},
+}
+
+
+class FakeHubUser(web.RequestHandler):
+    """``GET /hub/api/user``: the model of the token's owner (what JupyterHub answers)."""
+
+    def get(self) -> None:
+        token = self.request.headers.get("Authorization", "").removeprefix("token ")
+        model = MODELS.get(token)
+        if model is None:
+            raise web.HTTPError(403)
+        self.finish(model)
+
+
+@pytest.fixture
+def cluster(tmp_path) -> Cluster:
+    dgx = load_topology_file(str(TOPO / "dgx-a100.yaml"))
+    ledger = Ledger([dgx], policy="first-fit")
+    c = Cluster({dgx.name: None}, ledger, Backend(),  # type: ignore[dict-item]
+                drain_store=DrainStore(str(tmp_path / "drains.json")))
+    c.load_drains()
+    return c
+
+
+def _serve(app: web.Application) -> tuple[HTTPServer, int]:
+    sockets = bind_sockets(0, "127.0.0.1")
+    server = HTTPServer(app)
+    server.add_sockets(sockets)
+    return server, sockets[0].getsockname()[1]
+
+
+@pytest.fixture
+async def url(cluster):
+    hub, hub_port = _serve(web.Application([(r"/hub/api/user", FakeHubUser)]))
+    service = GPUService("gpuspawner", "t" * 64,
+                         hub_api_url=f"http://127.0.0.1:{hub_port}/hub/api",
+                         cluster_provider=lambda: cluster,
+                         user_lookup=lambda name: (name == "root", []))
+    server, port = _serve(service.make_app())
+    yield f"http://127.0.0.1:{port}{service.prefix}"
+    for s in (server, hub):
+        s.stop()
+        await s.close_all_connections()
+
+
+async def call(url: str, method: str, token: str | None, body: Any = None,
+               raw: bytes | None = None) -> tuple[int, Any]:
+    headers = {"Authorization": f"token {token}"} if token else {}
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None
+                                        else None)
+    if method == "POST" and data is None:
+        data = b""
+    r = await AsyncHTTPClient().fetch(url, method=method, headers=headers, body=data,
+                                      raise_error=False, allow_nonstandard_methods=True)
+    assert r.headers["Content-Type"].startswith("application/json"), r.body
+    return r.code, json.loads(r.body)
+
+
+def gpu0(cluster: Cluster) -> str:
+    return cluster.ledger.nodes[0].gpus[0].uuid
+
+
+async def test_an_admin_drains_and_undrains_a_gpu(url, cluster, tmp_path):
+    uuid = gpu0(cluster)
+    code, body = await call(f"{url}api/gpus/{uuid}/drain", "POST", "admin-token",
+                            {"reason": "fan noise"})
+    assert code == 200, body
+    _validate(body, "GPUDrain")
+    assert body["drained"] == "fan noise" and body["drained_by"] == "root"
+    assert body["node"] == cluster.ledger.nodes[0].name
+    assert cluster.ledger.drained_gpus() == {uuid: "fan noise"}
+    saved = json.loads((tmp_path / "drains.json").read_text())
+    assert saved["drains"][uuid]["by"] == "root"
+    # the placement excludes it: 7 of 8 can be taken, the 8th is refused naming the drain
+    for i in range(7):
+        got = cluster.ledger.reserve(Bundle(cores=1, gpus=1, numa_policy="none"),
+                                     Owner(f"u{i}"))
+        assert uuid not in got.gpu_uuids
+    with pytest.raises(PlacementRefused, match=f"drained: GPU {uuid} .*fan noise"):
+        cluster.ledger.reserve(Bundle(cores=1, gpus=1, numa_policy="none"), Owner("u8"))
+    # admins see who; users see that it is drained, and why, but not who
+    code, nodes = await call(f"{url}api/nodes", "GET", "admin-token")
+    _validate(nodes, "Node", array=True)
+    g = next(g for n in nodes for g in n["gpus"] if g["uuid"] == uuid)
+    assert g["drained"] == "fan noise" and g["drained_by"] == "root"
+    assert nodes[0]["summary"]["gpus_free"] == 0
+    code, nodes = await call(f"{url}api/nodes", "GET", "user-token")
+    assert code == 200
+    _validate(nodes, "Node", array=True)
+    g = next(g for n in nodes for g in n["gpus"] if g["uuid"] == uuid)
+    assert g["drained"] == "fan noise"
+    assert "drained_by" not in g and "drained_since" not in g
+    assert all(n["state"] == "up" for n in nodes)
+    # undrain
+    code, body = await call(f"{url}api/gpus/{uuid}/drain", "DELETE", "admin-token")
+    assert code == 200, body
+    _validate(body, "GPUDrain")
+    assert body["drained"] is None and body["drained_by"] is None
+    assert cluster.ledger.drained_gpus() == {}
+    assert json.loads((tmp_path / "drains.json").read_text())["drains"] == {}
+    assert uuid in cluster.ledger.reserve(Bundle(cores=1, gpus=1, numa_policy="none"),
+                                          Owner("u8")).gpu_uuids
+
+
+async def test_only_admins_drain(url, cluster):
+    uuid = gpu0(cluster)
+    code, body = await call(f"{url}api/gpus/{uuid}/drain", "POST", "user-token",
+                            {"reason": "mine"})
+    assert code == 403 and "for hub admins" in body["message"]
+    _validate(body, "Error")
+    cluster.drain_gpu(uuid, "bad", by="root")
+    code, _ = await call(f"{url}api/gpus/{uuid}/drain", "DELETE", "user-token")
+    assert code == 403
+    assert cluster.ledger.drained_gpus() == {uuid: "bad"}  # unchanged
+    code, _ = await call(f"{url}api/gpus/{uuid}/drain", "POST", None, {"reason": "x"})
+    assert code == 401
+
+
+@pytest.mark.parametrize("method", ["POST", "DELETE"])
+async def test_an_unknown_gpu_is_404(url, cluster, method):
+    code, body = await call(f"{url}api/gpus/GPU-nowhere/drain", method, "admin-token",
+                            {"reason": "x"} if method == "POST" else None)
+    assert code == 404 and "no node has GPU 'GPU-nowhere'" in body["message"]
+    _validate(body, "Error")
+    assert cluster.ledger.drained_gpus() == {}
+
+
+@pytest.mark.parametrize("raw", [b"", b"not json", b"[]", b"{}", b'{"reason": 5}',
+                                 b'{"reason": "   "}', b'{"why": "x"}'])
+async def test_a_body_without_a_string_reason_is_400(url, cluster, raw):
+    code, body = await call(f"{url}api/gpus/{gpu0(cluster)}/drain", "POST", "admin-token",
+                            raw=raw)
+    assert code == 400 and '"reason"' in body["message"]
+    _validate(body, "Error")
+    assert cluster.ledger.drained_gpus() == {}
+
+
+def test_the_admin_map_shows_drained_gpus_and_node_state(cluster):
+    from jinja2 import Environment, PackageLoader, select_autoescape
+
+    from gpuspawner.hub.service.views import map_view
+
+    uuid = gpu0(cluster)
+    cluster.drain_gpu(uuid, "xid 79 (GPU fell off the bus)", by="health")
+    cluster.ledger.set_node_state(cluster.ledger.nodes[0].name, "drain", "maintenance")
+    env = Environment(loader=PackageLoader("gpuspawner.hub", "service/templates"),
+                      autoescape=select_autoescape(["html", "j2"]))
+    view = map_view(cluster)
+    html = env.get_template("admin.html.j2").render(
+        view=view, user={"name": "root"}, prefix="/services/gpuspawner/", hub_prefix="/hub/")
+    assert html.count('class="gpu drained"') == 1
+    assert (f'data-gpu="{uuid}" data-milli-used="0" data-owners="" '
+            'data-drained="xid 79 (GPU fell off the bus)" data-drained-by="health"') in html
+    assert "drained: xid 79 (GPU fell off the bus)" in html
+    assert 'data-state="drain"' in html and "drain: maintenance" in html
+    assert view["drained"] == 1 and "1 drained" in html
