@@ -189,3 +189,79 @@ def test_the_admin_map_shows_drained_gpus_and_node_state(cluster):
     assert "drained: xid 79 (GPU fell off the bus)" in html
     assert 'data-state="drain"' in html and "drain: maintenance" in html
     assert view["drained"] == 1 and "1 drained" in html
+
+
+# -- the CLI: gpuspawner drain-gpu / undrain-gpu against the same service --------------------
+async def run_cli(*argv: str) -> tuple[int, str, str]:
+    """``gpuspawner ARGV`` in a worker thread (its HTTP call is blocking; the service answers
+    on this loop); (exit status, stdout, stderr)."""
+    import asyncio
+    import contextlib
+    import io
+
+    from gpuspawner.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+
+    def run() -> int:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            return main(list(argv))
+
+    code = await asyncio.to_thread(run)
+    return code, out.getvalue(), err.getvalue()
+
+
+def hub_of(url: str) -> str:
+    return url.split("/services/")[0]
+
+
+async def test_cli_drains_and_undrains_through_the_service(url, cluster, monkeypatch):
+    uuid = gpu0(cluster)
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "admin-token")
+    code, out, err = await run_cli("drain-gpu", uuid, "--reason", "bad fan",
+                                   "--hub-url", hub_of(url))
+    assert code == 0, err
+    assert json.loads(out)["drained"] == "bad fan" and json.loads(out)["drained_by"] == "root"
+    assert cluster.ledger.drained_gpus() == {uuid: "bad fan"}
+    code, out, err = await run_cli("undrain-gpu", uuid, "--hub-url", hub_of(url))
+    assert code == 0, err
+    assert json.loads(out)["drained"] is None and cluster.ledger.drained_gpus() == {}
+
+
+async def test_cli_errors_are_clear(url, cluster, monkeypatch):
+    monkeypatch.delenv("JUPYTERHUB_API_TOKEN", raising=False)
+    uuid = gpu0(cluster)
+    code, _, err = await run_cli("drain-gpu", uuid, "--reason", "x", "--hub-url", hub_of(url))
+    assert code == 1 and "no token" in err
+    code, _, err = await run_cli("drain-gpu", uuid, "--reason", "x", "--hub-url", hub_of(url),
+                                 "--token", "user-token")
+    assert code == 1 and "HTTP 403" in err and "hub admin's token" in err
+    code, _, err = await run_cli("undrain-gpu", "GPU-nowhere", "--hub-url", hub_of(url),
+                                 "--token", "admin-token")
+    assert code == 1 and "HTTP 404" in err and "no node has GPU 'GPU-nowhere'" in err
+    assert cluster.ledger.drained_gpus() == {}
+    code, _, err = await run_cli("drain-gpu", uuid, "--hub-url", hub_of(url))
+    assert code == 2  # --reason is required
+
+
+def test_cli_health_prints_json_from_nvml(monkeypatch, capsys):
+    import sys
+
+    from tests.nvml_double import FakeGPU, FakeNVML
+
+    nvml = FakeNVML([FakeGPU(uuid="GPU-a", ecc_uncorrected=1),
+                     FakeGPU(uuid="GPU-b", pci_bus_id="00000000:08:00.0")])
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    from gpuspawner.cli import main
+
+    assert main(["health", "--name", "n7"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["node"] == "n7" and doc["healthy"] is False
+    assert [(g["uuid"], g["healthy"], g["reasons"]) for g in doc["gpus"]] == [
+        ("GPU-a", False, ["1 uncorrected ECC error (volatile)"]), ("GPU-b", True, [])]
+    assert main(["health", "--exit-code"]) == 3
+    capsys.readouterr()
+    assert main(["health", "--exit-code", "--max-uncorrected-ecc", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["healthy"] is True
+    assert main(["health", "--gpu", "GPU-b", "--exit-code"]) == 0
+    assert [g["uuid"] for g in json.loads(capsys.readouterr().out)["gpus"]] == ["GPU-b"]
