@@ -210,3 +210,24 @@ def test_default_drains_file_is_beside_the_hub_database(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert default_drains_file("postgresql://db/hub") == str(tmp_path / "gpuspawner-drains.json")
     assert default_drains_file("sqlite:///:memory:") == str(tmp_path / "gpuspawner-drains.json")
+
+
+async def test_a_slow_reading_does_not_hold_the_caller_and_is_applied_when_it_ends(tmp_path):
+    from gpuspawner.inventory.health import GPUHealth
+
+    release = threading.Event()
+    calls = []
+
+    def slow() -> list[GPUHealth]:
+        calls.append(1)
+        release.wait(30)  # a hanging NVML call, until the test lets it go
+        return [GPUHealth("GPU-local-00", 0, False, ["xid 79 (GPU fell off the bus)"])]
+
+    c = local_cluster(tmp_path, interval=0.001)
+    c.health_reader, c.health_wait_s = slow, 0.05
+    assert await c.refresh_gpu_health() == []  # did not end in time: the caller goes on
+    assert await c.refresh_gpu_health(force=True) == []  # no second reading meanwhile
+    assert len(calls) == 1 and c.ledger.drained_gpus() == {}
+    release.set()
+    await asyncio.wait_for(c._gpu_health_task, 10)  # the task ends on this loop
+    assert c.ledger.drained_gpus() == {"GPU-local-00": "xid 79 (GPU fell off the bus)"}

@@ -179,8 +179,10 @@ class Cluster:
     #: the latest reading per GPU UUID (this host's GPUs)
     last_health: dict[str, GPUHealth] = field(default_factory=dict)
     _drains: DrainState = field(default_factory=DrainState, repr=False)
+    #: seconds a caller of :meth:`refresh_gpu_health` waits for the reading
+    health_wait_s: float = 5.0
     _gpu_health_read: float = field(default=float("-inf"), repr=False)
-    _gpu_health_busy: bool = field(default=False, repr=False)
+    _gpu_health_task: asyncio.Task[list[GPUHealth]] | None = field(default=None, repr=False)
 
     async def ensure_restored(self, owner_exists: Callable[[str, str], bool] | None = None
                               ) -> RestoreReport:
@@ -376,22 +378,39 @@ class Cluster:
     async def refresh_gpu_health(self, force: bool = False) -> list[GPUHealth]:
         """Read this host's GPU health in a worker thread (``asyncio.to_thread``: NVML calls
         never run on the event loop), at most every ``health_interval_s`` seconds (``force``:
-        now), and apply it (:meth:`apply_health`). Returns the reading ([] when none ran)."""
+        now), and apply it (:meth:`apply_health`).
+
+        The caller (a spawn, a service request) waits at most ``health_wait_s`` seconds: a
+        reading that takes longer (NVML can hang on a failing GPU) goes on as an asyncio task
+        and is applied when it ends; no second reading starts meanwhile.
+
+        Returns:
+            the reading, or [] when none was due or it did not end in time.
+        """
         if self.health_reader is None or (self.health_interval_s <= 0 and not force):
             return []
         loop = asyncio.get_running_loop()
-        if self._gpu_health_busy or (
-                not force and loop.time() - self._gpu_health_read < self.health_interval_s):
+        task = self._gpu_health_task
+        if task is not None and not task.done():
             return []
-        self._gpu_health_busy = True
+        if not force and loop.time() - self._gpu_health_read < self.health_interval_s:
+            return []
         self._gpu_health_read = loop.time()
+        task = self._gpu_health_task = loop.create_task(self._read_gpu_health())
+        done, _ = await asyncio.wait({task}, timeout=self.health_wait_s)
+        if not done:
+            log.warning("GPU health reading takes longer than %.1f s; applied when it ends",
+                        self.health_wait_s)
+            return []
+        return task.result()
+
+    async def _read_gpu_health(self) -> list[GPUHealth]:
+        assert self.health_reader is not None
         try:
             readings = await asyncio.to_thread(self.health_reader)
-        except Exception as e:  # a reader bug must not stop spawns
+        except Exception as e:  # a failing reading must not stop spawns
             log.warning("GPU health reading failed: %s", e)
             return []
-        finally:
-            self._gpu_health_busy = False
         self.apply_health(readings)
         return readings
 
