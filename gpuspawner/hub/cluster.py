@@ -456,7 +456,9 @@ _WARNED: set[str] = set()
 
 def get_cluster(nodes: Sequence[Mapping[str, Any]], policy: str,
                 quotas: Mapping[str, Any], profiles: Any = None, backend: str = "docker",
-                config: Any = None, health: GPUHealthSettings | None = None) -> Cluster:
+                config: Any = None,
+                health: GPUHealthSettings | Callable[[], GPUHealthSettings] | None = None
+                ) -> Cluster:
     """The hub process's one cluster: one ledger and one backend, whatever asks for it.
 
     It is made on the first call. A call with another configuration (a config file checked
@@ -471,7 +473,7 @@ def get_cluster(nodes: Sequence[Mapping[str, Any]], policy: str,
     ``Config``: its ``c.<BackendClass>.*`` section) and bound to the nodes. ``health``
     (``GPUSpawner.gpu_*``) names the drains file, checked and applied to the new ledger here,
     and the automatic health check of this host's GPUs (not part of the key: the first
-    caller's settings hold).
+    caller's settings hold); a callable is called only when a cluster is made.
 
     Raises:
         NodeConfigError, ValueError: bad node, policy, quota or backend configuration.
@@ -499,7 +501,7 @@ def get_cluster(nodes: Sequence[Mapping[str, Any]], policy: str,
         made.bind(table)
         made.check_config()
         cluster = Cluster(table, ledger, made)
-        settings = health or GPUHealthSettings()
+        settings = (health() if callable(health) else health) or GPUHealthSettings()
         if settings.drains_file:
             cluster.drain_store = DrainStore(settings.drains_file)
             cluster.drain_store.check()

@@ -99,7 +99,8 @@ def hub_cluster() -> Cluster:
                 if name in app.config[section]:
                     values[name] = app.config[section][name]
     return get_cluster(values["nodes"], values["placement_policy"], values["quotas"],
-                       values["profiles"], health=health_settings(values, str(app.db_url)))
+                       values["profiles"],
+                       health=lambda: health_settings(values, str(app.db_url)))
 
 
 def hub_user(name: str) -> tuple[bool, list[str]] | None:
