@@ -265,3 +265,20 @@ def test_cli_health_prints_json_from_nvml(monkeypatch, capsys):
     assert json.loads(capsys.readouterr().out)["healthy"] is True
     assert main(["health", "--gpu", "GPU-b", "--exit-code"]) == 0
     assert [g["uuid"] for g in json.loads(capsys.readouterr().out)["gpus"]] == ["GPU-b"]
+
+
+def test_metrics_count_a_drained_gpu_as_drained_not_free(cluster):
+    from prometheus_client import CollectorRegistry
+
+    from gpuspawner.hub import metrics
+    from tests.test_service_unit import _samples
+
+    reg = CollectorRegistry()
+    reg.register(metrics.ClusterCollector(lambda: [cluster]))
+    key = (("model", "A100"), ("node", cluster.ledger.nodes[0].name))
+    assert _samples(reg)[("gpuspawner_gpus_free", key)] == 8
+    assert _samples(reg)[("gpuspawner_gpus_drained", key)] == 0
+    cluster.drain_gpu(gpu0(cluster), "bad fan", by="root")
+    s = _samples(reg)
+    assert s[("gpuspawner_gpus_free", key)] == 7 and s[("gpuspawner_gpus_drained", key)] == 1
+    assert s[("gpuspawner_gpus_total", key)] == 8
