@@ -169,8 +169,9 @@ class HealthReader:
             ``tests.nvml_double.FakeNVML``); None imports ``pynvml``.
         thresholds: when a GPU is unhealthy.
 
-    Use as a context manager or call :meth:`close`. Not thread-safe: one reader per thread
-    (the hub reads from one worker thread at a time).
+    Use as a context manager or call :meth:`close`. Calls must not overlap (its buffers are
+    not locked); they may come from different threads one after the other, as the hub's
+    worker threads do (the NVML API reference: NVML itself is thread-safe).
     """
 
     def __init__(self, nvml: ModuleType | Any | None = None,
