@@ -10,6 +10,8 @@ Subcommands:
   files describe, one GRES Type per GPU (:mod:`gpuspawner.backends.slurm.gres`), followed by one
   comment line per node, ``# slurm.conf NodeName=NAME Gres=VALUE``, giving the ``Gres=`` value
   of that node's line in slurm.conf (``scripts/slurm.sh`` reads it from there).
+* ``gpuspawner health``, ``gpuspawner drain-gpu UUID --reason TEXT``, ``gpuspawner undrain-gpu
+  UUID``: GPU health of this host and drains through the hub (:mod:`gpuspawner.health_cli`).
 * ``gpuspawner simulate ...``: provided by :mod:`gpuspawner.simulate` (its ``add_arguments`` and
   ``run``, from :mod:`gpuspawner.simulate.cli`).
 """
@@ -140,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_inventory(sub)
     _add_slurm_gres(sub)
+    from .health_cli import add_subcommands as _add_health
+
+    _add_health(sub)
     _add_simulate(sub)
     return parser
 

@@ -148,6 +148,13 @@ if api_token:
 #     "default_user": {"gpus": 1, "cores": 16, "memory": "128G"},
 # }
 #
+# GPU health (docs/gpu-health.md): this host's GPUs are read through NVML every 60 s and an
+# unhealthy one is drained; drains (also `gpuspawner drain-gpu`) are kept in a JSON file,
+# by default gpuspawner-drains.json beside the SQLite database:
+# c.GPUSpawner.gpu_health_interval = 60
+# c.GPUSpawner.gpu_drains_file = "/var/lib/jupyterhub/gpuspawner-drains.json"
+# c.GPUSpawner.gpu_health_xids = [48, 63, 64, 74, 79, 92, 94, 95]
+#
 # LDAP (jupyterhub-ldapauthenticator 2.x); uidNumber/gidNumber in auth_state own the home:
 # c.JupyterHub.authenticator_class = "ldapauthenticator.LDAPAuthenticator"
 # c.LDAPAuthenticator.server_address = "ldap.example.org"

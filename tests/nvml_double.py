@@ -11,7 +11,10 @@ Configurable: the GPUs (UUID, product name, memory, PCI bus id, NUMA node, NVLin
 pairwise ``nvmlDeviceGetTopologyCommonAncestor`` levels, an error at ``nvmlInit`` or
 ``nvmlDeviceGetCount``, per-device errors for any function, whether the binding has
 ``nvmlDeviceGetNumaNodeId`` at all, and ``bytes`` instead of ``str`` returns (older bindings).
-It records calls (``init_calls``, ``shutdown_calls``, ``calls``) for assertions.
+Health (:mod:`gpuspawner.inventory.health`): per-device ECC counts, retired pages, pending
+retirement and remapped rows (each may be NotSupported), and XID events through event sets:
+:meth:`FakeNVML.emit_xid` is the test's "the driver reported XID n on GPU i".
+It records calls (``init_calls``, ``shutdown_calls``, ``calls``, ``waits``) for assertions.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NO_PERMISSION = 4
 NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
@@ -35,6 +39,15 @@ NVML_ERROR_UNKNOWN = 999
 NVML_FEATURE_DISABLED = 0
 NVML_FEATURE_ENABLED = 1
 NVML_NVLINK_MAX_LINKS = 18
+
+NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+NVML_VOLATILE_ECC = 0
+NVML_AGGREGATE_ECC = 1
+NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
+NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
+nvmlEventTypeXidCriticalError = 0x0000000000000008
+nvmlEventTypeNone = 0x0000000000000000
 
 NVML_TOPOLOGY_INTERNAL = 0
 NVML_TOPOLOGY_SINGLE = 10
@@ -80,6 +93,7 @@ NVMLError_InvalidArgument = _error_class("NVMLError_InvalidArgument",
 NVMLError_NotSupported = _error_class("NVMLError_NotSupported", NVML_ERROR_NOT_SUPPORTED)
 NVMLError_NoPermission = _error_class("NVMLError_NoPermission", NVML_ERROR_NO_PERMISSION)
 NVMLError_NotFound = _error_class("NVMLError_NotFound", NVML_ERROR_NOT_FOUND)
+NVMLError_Timeout = _error_class("NVMLError_Timeout", NVML_ERROR_TIMEOUT)
 NVMLError_DriverNotLoaded = _error_class("NVMLError_DriverNotLoaded",
                                          NVML_ERROR_DRIVER_NOT_LOADED)
 NVMLError_LibraryNotFound = _error_class("NVMLError_LibraryNotFound",
@@ -106,6 +120,17 @@ class FakeGPU:
             list means no NVLink at all (``nvmlDeviceGetNvLinkState`` raises NotSupported).
         fail: function name -> NVML error code raised when that function is called for this
             device, e.g. ``{"nvmlDeviceGetUUID": NVML_ERROR_GPU_IS_LOST}``.
+        ecc_uncorrected: volatile uncorrected ECC count (``nvmlDeviceGetTotalEccErrors`` with
+            UNCORRECTED, VOLATILE); None: ECC off or absent (NotSupported, as on GeForce).
+        ecc_corrected: volatile corrected (single-bit) count.
+        retired_pages_dbe / retired_pages_sbe: page addresses ``nvmlDeviceGetRetiredPages``
+            returns per cause; None: NotSupported (consumer GPUs, Ampere and later).
+        retired_pending: ``nvmlDeviceGetRetiredPagesPendingStatus`` (True = ENABLED); None:
+            NotSupported.
+        remapped_rows: ``nvmlDeviceGetRemappedRows`` ``(corrected, uncorrected, pending,
+            failure)``; None: NotSupported (before Ampere).
+        xid_events: ``nvmlDeviceRegisterEvents`` accepts ``nvmlEventTypeXidCriticalError``
+            (False: NotSupported).
     """
 
     uuid: str
@@ -115,6 +140,23 @@ class FakeGPU:
     numa_node: int | None = 0
     nvlinks: list[str | None] = field(default_factory=list)
     fail: dict[str, int] = field(default_factory=dict)
+    ecc_uncorrected: int | None = 0
+    ecc_corrected: int | None = 0
+    retired_pages_dbe: list[int] | None = field(default_factory=list)
+    retired_pages_sbe: list[int] | None = field(default_factory=list)
+    retired_pending: bool | None = False
+    remapped_rows: tuple[int, int, int, int] | None = None
+    xid_events: bool = True
+
+
+@dataclass
+class _EventSet:
+    """Stands in for pynvml's ``c_nvmlEventSet_t``: registered (device index, event mask)
+    pairs and the events waiting, oldest first."""
+
+    registered: dict[int, int] = field(default_factory=dict)
+    queue: list[Any] = field(default_factory=list)
+    freed: bool = False
 
 
 @dataclass
@@ -155,6 +197,17 @@ class FakeNVML:
     NVML_ERROR_NOT_SUPPORTED = NVML_ERROR_NOT_SUPPORTED
     NVML_ERROR_NO_PERMISSION = NVML_ERROR_NO_PERMISSION
     NVML_ERROR_NOT_FOUND = NVML_ERROR_NOT_FOUND
+    NVML_ERROR_TIMEOUT = NVML_ERROR_TIMEOUT
+    NVML_MEMORY_ERROR_TYPE_CORRECTED = NVML_MEMORY_ERROR_TYPE_CORRECTED
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+    NVML_VOLATILE_ECC = NVML_VOLATILE_ECC
+    NVML_AGGREGATE_ECC = NVML_AGGREGATE_ECC
+    NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = \
+        NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
+    NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = \
+        NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+    nvmlEventTypeXidCriticalError = nvmlEventTypeXidCriticalError
+    nvmlEventTypeNone = nvmlEventTypeNone
     NVML_ERROR_DRIVER_NOT_LOADED = NVML_ERROR_DRIVER_NOT_LOADED
     NVML_ERROR_LIBRARY_NOT_FOUND = NVML_ERROR_LIBRARY_NOT_FOUND
     NVML_ERROR_FUNCTION_NOT_FOUND = NVML_ERROR_FUNCTION_NOT_FOUND
@@ -172,6 +225,7 @@ class FakeNVML:
     NVMLError_NotSupported = NVMLError_NotSupported
     NVMLError_NoPermission = NVMLError_NoPermission
     NVMLError_NotFound = NVMLError_NotFound
+    NVMLError_Timeout = NVMLError_Timeout
     NVMLError_DriverNotLoaded = NVMLError_DriverNotLoaded
     NVMLError_LibraryNotFound = NVMLError_LibraryNotFound
     NVMLError_FunctionNotFound = NVMLError_FunctionNotFound
@@ -184,6 +238,10 @@ class FakeNVML:
         "nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetMemoryInfo",
         "nvmlDeviceGetPciInfo", "nvmlDeviceGetNumaNodeId", "nvmlDeviceGetTopologyCommonAncestor",
         "nvmlDeviceGetNvLinkState", "nvmlDeviceGetNvLinkRemotePciInfo",
+        "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRetiredPages",
+        "nvmlDeviceGetRetiredPagesPendingStatus", "nvmlDeviceGetRemappedRows",
+        "nvmlEventSetCreate", "nvmlDeviceRegisterEvents", "nvmlEventSetWait",
+        "nvmlEventSetFree",
     )
 
     def __init__(self, gpus: list[FakeGPU] | tuple[FakeGPU, ...] = (), *,
@@ -200,6 +258,9 @@ class FakeNVML:
         self.init_calls = 0
         self.shutdown_calls = 0
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
+        self.event_sets: list[_EventSet] = []
+        #: the ``timeoutms`` of every ``nvmlEventSetWait`` call, in order
+        self.waits: list[int] = []
 
     def __getattribute__(self, name: str) -> Any:
         if name == "nvmlDeviceGetNumaNodeId" and not object.__getattribute__(
@@ -301,3 +362,88 @@ class FakeNVML:
         if not 0 <= link < len(g.nvlinks) or g.nvlinks[link] is None:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         return self._pci(g.nvlinks[link] or "")
+
+    # ----------------------------------------------------------------- health
+    def nvmlDeviceGetTotalEccErrors(self, handle: _Handle, errorType: int,
+                                    counterType: int) -> int:
+        g = self._device("nvmlDeviceGetTotalEccErrors", handle, errorType, counterType)
+        if counterType not in (NVML_VOLATILE_ECC, NVML_AGGREGATE_ECC) or errorType not in (
+                NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_MEMORY_ERROR_TYPE_UNCORRECTED):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        value = g.ecc_uncorrected if errorType == NVML_MEMORY_ERROR_TYPE_UNCORRECTED \
+            else g.ecc_corrected
+        if value is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return value
+
+    def nvmlDeviceGetRetiredPages(self, device: _Handle, sourceFilter: int) -> list[int]:
+        g = self._device("nvmlDeviceGetRetiredPages", device, sourceFilter)
+        pages = {NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR: g.retired_pages_dbe,
+                 NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS:
+                     g.retired_pages_sbe}
+        if sourceFilter not in pages:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        if pages[sourceFilter] is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return list(pages[sourceFilter] or [])
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, device: _Handle) -> int:
+        g = self._device("nvmlDeviceGetRetiredPagesPendingStatus", device)
+        if g.retired_pending is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return NVML_FEATURE_ENABLED if g.retired_pending else NVML_FEATURE_DISABLED
+
+    def nvmlDeviceGetRemappedRows(self, device: _Handle) -> tuple[int, int, int, int]:
+        g = self._device("nvmlDeviceGetRemappedRows", device)
+        if g.remapped_rows is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return g.remapped_rows
+
+    def nvmlEventSetCreate(self) -> _EventSet:
+        if not self.initialized:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+        es = _EventSet()
+        self.event_sets.append(es)
+        return es
+
+    def nvmlDeviceRegisterEvents(self, handle: _Handle, eventTypes: int,
+                                 eventSet: _EventSet) -> None:
+        g = self._device("nvmlDeviceRegisterEvents", handle, eventTypes, eventSet)
+        if not isinstance(eventSet, _EventSet) or eventSet.freed:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        if eventTypes & nvmlEventTypeXidCriticalError and not g.xid_events:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        eventSet.registered[handle.index] = eventSet.registered.get(handle.index, 0) | \
+            eventTypes
+
+    def nvmlEventSetWait(self, eventSet: _EventSet, timeoutms: int) -> _Struct:
+        """The oldest waiting event (``device``, ``eventType``, ``eventData``,
+        ``gpuInstanceId``, ``computeInstanceId``), or NVMLError_Timeout at once when none
+        waits (the double never sleeps; ``waits`` records the timeout asked for)."""
+        if not self.initialized:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+        if not isinstance(eventSet, _EventSet) or eventSet.freed:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        self.waits.append(timeoutms)
+        if not eventSet.queue:
+            raise NVMLError(NVML_ERROR_TIMEOUT)
+        return eventSet.queue.pop(0)
+
+    def nvmlEventSetFree(self, eventSet: _EventSet) -> None:
+        if not isinstance(eventSet, _EventSet) or eventSet.freed:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        eventSet.freed = True
+
+    def emit_xid(self, index: int, xid: int) -> int:
+        """Test control: the driver reports XID ``xid`` on GPU ``index``; every live event set
+        that registered that GPU for ``nvmlEventTypeXidCriticalError`` gets the event (as
+        NVML delivers it: ``eventData`` is the XID). Returns how many sets got it."""
+        n = 0
+        for es in self.event_sets:
+            if not es.freed and es.registered.get(index, 0) & nvmlEventTypeXidCriticalError:
+                es.queue.append(_Struct(device=_Handle(index),
+                                        eventType=nvmlEventTypeXidCriticalError,
+                                        eventData=xid, gpuInstanceId=0xFFFFFFFF,
+                                        computeInstanceId=0xFFFFFFFF))
+                n += 1
+        return n

@@ -166,7 +166,10 @@ def test_double_matches_real_pynvml() -> None:
         assert fake_params == real_params, fn
     for name in dir(nd):
         value = getattr(nd, name)
-        if name.startswith(("NVML_ERROR_", "NVML_TOPOLOGY_", "NVML_FEATURE_", "NVML_SUCCESS")):
+        if name.startswith(("NVML_ERROR_", "NVML_TOPOLOGY_", "NVML_FEATURE_", "NVML_SUCCESS",
+                            "NVML_MEMORY_ERROR_TYPE_", "NVML_VOLATILE_ECC",
+                            "NVML_AGGREGATE_ECC", "NVML_PAGE_RETIREMENT_CAUSE_",
+                            "nvmlEventType")):
             assert getattr(pynvml, name) == value, name
         if name.startswith("NVMLError_"):
             real_cls = getattr(pynvml, name)

@@ -12,19 +12,23 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..backends.base import Backend, Managed, NodeRuntime, backend_class
+from ..inventory.health import GPUHealth, HealthReader, HealthThresholds
 from ..inventory.local import read_local_node
 from ..inventory.topology import load_topology_file
 from ..placement import Ledger, LivePrior, Node, QuotaTable, RestoreReport
+from .drains import DrainRecord, DrainState, DrainStore
 
 log = logging.getLogger("gpuspawner")
 
-__all__ = ["Cluster", "NodeConfigError", "NodeRuntime", "check_node_entries", "check_quotas",
-           "current_clusters", "get_cluster", "parse_node_config", "reset_clusters"]
+__all__ = ["Cluster", "GPUHealthSettings", "NodeConfigError", "NodeRuntime",
+           "check_node_entries", "check_quotas", "current_clusters", "get_cluster",
+           "parse_node_config", "reset_clusters"]
 
 
 class NodeConfigError(ValueError):
@@ -121,6 +125,28 @@ def parse_node_config(entries: Sequence[Mapping[str, Any]]) -> list[NodeRuntime]
     return out
 
 
+#: ``DrainRecord.by`` of the automatic health check's drains
+HEALTH = "health"
+
+
+@dataclass(frozen=True)
+class GPUHealthSettings:
+    """GPU health and drains of a hub (from ``c.GPUSpawner.gpu_*``, see
+    :class:`~gpuspawner.hub.settings.SpawnerSettings`).
+
+    Attributes:
+        drains_file: the JSON file drains are kept in across restarts
+            (:mod:`gpuspawner.hub.drains`); "" = not kept.
+        interval_s: seconds between two health readings of this host's GPUs (nodes with
+            ``topology: auto``); 0 = no automatic check.
+        thresholds: when a GPU is unhealthy.
+    """
+
+    drains_file: str = ""
+    interval_s: float = 60.0
+    thresholds: HealthThresholds = field(default_factory=HealthThresholds)
+
+
 @dataclass
 class Cluster:
     """Nodes, the ledger and the backend of one hub process.
@@ -147,6 +173,19 @@ class Cluster:
     _found: dict[str, Managed] = field(default_factory=dict, repr=False)
     #: event-loop time of the last node health check
     _health_read: float = field(default=float("-inf"), repr=False)
+    #: where drains are kept across restarts (None: in memory only)
+    drain_store: DrainStore | None = None
+    #: reads this host's GPU health (called in a worker thread); None: no automatic check
+    health_reader: Callable[[], list[GPUHealth]] | None = None
+    #: seconds between two GPU health readings (0: none)
+    health_interval_s: float = 60.0
+    #: the latest reading per GPU UUID (this host's GPUs)
+    last_health: dict[str, GPUHealth] = field(default_factory=dict)
+    _drains: DrainState = field(default_factory=DrainState, repr=False)
+    #: seconds a caller of :meth:`refresh_gpu_health` waits for the reading
+    health_wait_s: float = 5.0
+    _gpu_health_read: float = field(default=float("-inf"), repr=False)
+    _gpu_health_task: asyncio.Task[list[GPUHealth]] | None = field(default=None, repr=False)
 
     async def ensure_restored(self, owner_exists: Callable[[str, str], bool] | None = None
                               ) -> RestoreReport:
@@ -207,7 +246,9 @@ class Cluster:
     async def refresh_health(self, max_age: float = 10.0) -> None:
         """Ask the backend for every node's state (at most once per ``max_age`` seconds) and
         set it in the ledger: a down or drained node takes no new placements. A node that comes
-        back up is swept first (:meth:`sweep_if_suspect`)."""
+        back up is swept first (:meth:`sweep_if_suspect`). Also reads this host's GPU health
+        (:meth:`refresh_gpu_health`, at most every ``health_interval_s``)."""
+        await self.refresh_gpu_health()
         loop = asyncio.get_running_loop()
         if loop.time() - self._health_read < max_age:
             return
@@ -254,6 +295,163 @@ class Cluster:
             self._health_read = float("-inf")  # ask again at the next chance
 
 
+    # -- drained GPUs -------------------------------------------------------------------------
+    def gpu_node(self, uuid: str) -> str | None:
+        """The node that has GPU ``uuid``, or None."""
+        for n in self.ledger.nodes:
+            if any(g.uuid == uuid for g in n.gpus):
+                return n.name
+        return None
+
+    def load_drains(self) -> None:
+        """Apply the drains file to the ledger (when the cluster is made, before the restore,
+        which books servers that run on a drained GPU all the same). A drained GPU that no
+        node has any more stays in the file (it may come back) and is logged.
+
+        Raises:
+            DrainFileError: the file does not load.
+        """
+        if self.drain_store is None:
+            return
+        self._drains = self.drain_store.load()
+        for uuid, rec in self._drains.drains.items():
+            try:
+                self.ledger.drain_gpu(uuid, rec.reason)
+            except KeyError:
+                log.warning("drained GPU %s (%s) is in no node's inventory; kept in %s",
+                            uuid, rec.reason, self.drain_store.path)
+        if self._drains.drains:
+            log.info("%d drained GPU(s) from %s", len(self._drains.drains),
+                     self.drain_store.path)
+
+    def _save_drains(self) -> None:
+        if self.drain_store is None:
+            return
+        from .drains import DrainFileError
+
+        try:
+            self.drain_store.save(self._drains)
+        except DrainFileError as e:  # the ledger holds the drain; only persistence failed
+            log.error("drains not saved: %s", e)
+
+    def drain_records(self) -> dict[str, DrainRecord]:
+        """Drained GPUs: UUID -> record (node, reason, by, since)."""
+        return dict(self._drains.drains)
+
+    def drain_gpu(self, uuid: str, reason: str, by: str) -> DrainRecord:
+        """Take GPU ``uuid`` out of placement (:meth:`Ledger.drain_gpu`) and keep the drain in
+        the drains file. ``by``: an admin's name, or ``"health"``. Draining a drained GPU
+        replaces its reason and who.
+
+        Raises:
+            KeyError: no node has that GPU.
+        """
+        node = self.ledger.drain_gpu(uuid, reason)
+        rec = DrainRecord(node, reason, by, time.time())
+        self._drains.drains[uuid] = rec
+        self._save_drains()
+        return rec
+
+    def undrain_gpu(self, uuid: str) -> DrainRecord | None:
+        """Give GPU ``uuid`` back to placement; returns the drain it had (None: not drained).
+        Undraining a GPU the health check drained acknowledges the reasons of its latest
+        reading: the check drains it again only for a new reason (a new XID, a higher ECC
+        count), not for the same pending retirement.
+
+        Raises:
+            KeyError: no node has that GPU.
+        """
+        if self.gpu_node(uuid) is None:
+            raise KeyError(f"no node has GPU {uuid}")
+        self.ledger.undrain_gpu(uuid)
+        rec = self._drains.drains.pop(uuid, None)
+        seen = self.last_health.get(uuid)
+        if rec is not None and rec.by == HEALTH and seen is not None and seen.reasons:
+            self._drains.acknowledged[uuid] = list(seen.reasons)
+        self._save_drains()
+        return rec
+
+    # -- GPU health of this host ---------------------------------------------------------------
+    def health_nodes(self) -> list[str]:
+        """Nodes read from this host (``topology: auto``): their GPUs are the ones NVML here
+        sees, so the automatic health check applies to them."""
+        return [name for name, rt in self.nodes.items()
+                if rt is not None and getattr(rt, "topology", "") == "auto"]
+
+    async def refresh_gpu_health(self, force: bool = False) -> list[GPUHealth]:
+        """Read this host's GPU health in a worker thread (``asyncio.to_thread``: NVML calls
+        never run on the event loop), at most every ``health_interval_s`` seconds (``force``:
+        now), and apply it (:meth:`apply_health`).
+
+        The caller (a spawn, a service request) waits at most ``health_wait_s`` seconds: a
+        reading that takes longer (NVML can hang on a failing GPU) goes on as an asyncio task
+        and is applied when it ends; no second reading starts meanwhile.
+
+        Returns:
+            the reading, or [] when none was due or it did not end in time.
+        """
+        if self.health_reader is None or (self.health_interval_s <= 0 and not force):
+            return []
+        loop = asyncio.get_running_loop()
+        task = self._gpu_health_task
+        if task is not None and not task.done():
+            return []
+        if not force and loop.time() - self._gpu_health_read < self.health_interval_s:
+            return []
+        self._gpu_health_read = loop.time()
+        task = self._gpu_health_task = loop.create_task(self._read_gpu_health())
+        done, _ = await asyncio.wait({task}, timeout=self.health_wait_s)
+        if not done:
+            log.warning("GPU health reading takes longer than %.1f s; applied when it ends",
+                        self.health_wait_s)
+            return []
+        return task.result()
+
+    async def _read_gpu_health(self) -> list[GPUHealth]:
+        assert self.health_reader is not None
+        try:
+            readings = await asyncio.to_thread(self.health_reader)
+        except Exception as e:  # a failing reading must not stop spawns
+            log.warning("GPU health reading failed: %s", e)
+            return []
+        self.apply_health(readings)
+        return readings
+
+    def apply_health(self, readings: list[GPUHealth]) -> list[str]:
+        """Drain the unhealthy GPUs of this host's nodes (``by="health"``, reason: the
+        reading's reasons joined with "; "). A GPU already drained keeps its drain (an
+        admin's reason stays; the check's own reason is updated); a GPU that is healthy again
+        stays drained until an admin undrains it (XIDs are events: the next reading no longer
+        shows them); reasons acknowledged by that undrain do not drain it again.
+
+        Returns:
+            the UUIDs drained now.
+        """
+        local = {g.uuid for n in self.ledger.nodes if n.name in self.health_nodes()
+                 for g in n.gpus}
+        drained: list[str] = []
+        for h in readings:
+            self.last_health[h.uuid] = h
+            if h.uuid not in local:
+                continue
+            if h.healthy:
+                if self._drains.acknowledged.pop(h.uuid, None) is not None:
+                    self._save_drains()
+                continue
+            reason = "; ".join(h.reasons)
+            rec = self._drains.drains.get(h.uuid)
+            if rec is not None:
+                if rec.by == HEALTH and rec.reason != reason:
+                    self.drain_gpu(h.uuid, reason, HEALTH)
+                continue
+            if set(h.reasons) <= set(self._drains.acknowledged.get(h.uuid, ())):
+                continue
+            rec = self.drain_gpu(h.uuid, reason, HEALTH)
+            log.warning("GPU %s on node %s is unhealthy, drained: %s", h.uuid, rec.node, reason)
+            drained.append(h.uuid)
+        return drained
+
+
 _CLUSTER: Cluster | None = None
 _CLUSTER_KEY = ""
 _WARNED: set[str] = set()
@@ -261,7 +459,9 @@ _WARNED: set[str] = set()
 
 def get_cluster(nodes: Sequence[Mapping[str, Any]], policy: str,
                 quotas: Mapping[str, Any], profiles: Any = None, backend: str = "docker",
-                config: Any = None) -> Cluster:
+                config: Any = None,
+                health: GPUHealthSettings | Callable[[], GPUHealthSettings] | None = None
+                ) -> Cluster:
     """The hub process's one cluster: one ledger and one backend, whatever asks for it.
 
     It is made on the first call. A call with another configuration (a config file checked
@@ -273,10 +473,14 @@ def get_cluster(nodes: Sequence[Mapping[str, Any]], policy: str,
     (:class:`~gpuspawner.placement.LivePrior`): fgd places against the mix of what this hub
     granted (decayed over days), with the profiles filling in while the history is short.
     ``backend`` (``GPUSpawner.backend``) is made with ``config`` (the hub's traitlets
-    ``Config``: its ``c.<BackendClass>.*`` section) and bound to the nodes.
+    ``Config``: its ``c.<BackendClass>.*`` section) and bound to the nodes. ``health``
+    (``GPUSpawner.gpu_*``) names the drains file, checked and applied to the new ledger here,
+    and the automatic health check of this host's GPUs (not part of the key: the first
+    caller's settings hold); a callable is called only when a cluster is made.
 
     Raises:
         NodeConfigError, ValueError: bad node, policy, quota or backend configuration.
+        DrainFileError: the drains file's folder is not writable or the file does not load.
     """
     global _CLUSTER, _CLUSTER_KEY
     key = json.dumps([list(nodes), policy, dict(quotas), backend], sort_keys=True, default=str)
@@ -300,7 +504,16 @@ def get_cluster(nodes: Sequence[Mapping[str, Any]], policy: str,
         made.bind(table)
         made.ledger = ledger
         made.check_config()
-        _CLUSTER = Cluster(table, ledger, made)
+        cluster = Cluster(table, ledger, made)
+        settings = (health() if callable(health) else health) or GPUHealthSettings()
+        if settings.drains_file:
+            cluster.drain_store = DrainStore(settings.drains_file)
+            cluster.drain_store.check()
+            cluster.load_drains()
+        cluster.health_interval_s = settings.interval_s
+        if settings.interval_s > 0 and cluster.health_nodes():
+            cluster.health_reader = HealthReader(None, settings.thresholds).read
+        _CLUSTER = cluster
         _CLUSTER_KEY = key
     return _CLUSTER
 

@@ -93,10 +93,24 @@ def check_spawner_settings(settings: Mapping[str, Any], config: Any = None) -> N
         check_trait(name, get(name))
     if not isinstance(get("nodes"), list) or not get("nodes"):
         raise HubConfigError("GPUSpawner.nodes: must be a non-empty list of node entries")
+    from .drains import DrainFileError
+    from .settings import HEALTH_TRAITS, health_settings
+
     try:
-        # builds the hub's cluster: every topology is read here, once, before any spawn
+        db_url = None
+        if config is not None and "JupyterHub" in config and "db_url" in config.JupyterHub:
+            db_url = str(config.JupyterHub.db_url)
+        health = health_settings({n: settings[n] for n in HEALTH_TRAITS if n in settings},
+                                 db_url)
+    except ValueError as e:
+        raise HubConfigError(f"GPUSpawner.{e}") from None
+    try:
+        # builds the hub's cluster: every topology is read here, once, before any spawn; the
+        # drains file is checked and applied to the new ledger
         get_cluster(get("nodes"), policy, get("quotas"), get("profiles"), get("backend"),
-                    config)
+                    config, health=health)
+    except DrainFileError as e:
+        raise HubConfigError(f"GPUSpawner.gpu_drains_file: {e}") from None
     except TraitError as e:  # a backend trait; the validators name it
         raise HubConfigError(str(e)) from None
     except ValueError as e:

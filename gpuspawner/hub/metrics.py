@@ -129,8 +129,10 @@ class ClusterCollector(Collector):
         allocated = GaugeMetricFamily(
             "gpuspawner_gpus_allocated", "GPUs allocated (milli-GPU / 1000; shares count "
             "as fractions)", labels=["node", "model"])
-        free = GaugeMetricFamily("gpuspawner_gpus_free", "GPUs with no allocation at all",
-                                 labels=["node", "model"])
+        free = GaugeMetricFamily("gpuspawner_gpus_free", "GPUs with no allocation at all "
+                                 "(drained GPUs are not free)", labels=["node", "model"])
+        drained = GaugeMetricFamily("gpuspawner_gpus_drained", "GPUs taken out of placement "
+                                    "(unhealthy or an admin's drain)", labels=["node", "model"])
         cores = GaugeMetricFamily("gpuspawner_cores", "Logical CPUs by state",
                                   labels=["node", "state"])
         memory = GaugeMetricFamily("gpuspawner_memory_bytes", "Memory by state, bytes",
@@ -153,14 +155,17 @@ class ClusterCollector(Collector):
             for node in ledger.snapshot():
                 by_model: dict[str, list[float]] = {}
                 for g in node["gpus"]:
-                    row = by_model.setdefault(g["model"] or "unknown", [0, 0.0, 0])
+                    row = by_model.setdefault(g["model"] or "unknown", [0, 0.0, 0, 0])
+                    out = g.get("drained") is not None
                     row[0] += 1
                     row[1] += g["milli_used"] / 1000
-                    row[2] += g["milli_used"] == 0
-                for model, (n, used, untouched) in sorted(by_model.items()):
+                    row[2] += g["milli_used"] == 0 and not out
+                    row[3] += out
+                for model, (n, used, untouched, held) in sorted(by_model.items()):
                     total.add_metric([node["name"], model], n)
                     allocated.add_metric([node["name"], model], used)
                     free.add_metric([node["name"], model], untouched)
+                    drained.add_metric([node["name"], model], held)
                 n_cpu = sum(len(nn["cpus"]) for nn in node["numa_nodes"])
                 n_free = sum(len(nn["cpus_free"]) for nn in node["numa_nodes"])
                 cores.add_metric([node["name"], "total"], n_cpu)
@@ -183,7 +188,8 @@ class ClusterCollector(Collector):
         for group, (n, milli) in sorted(groups.items()):
             g_allocs.add_metric([group], n)
             g_gpus.add_metric([group], milli / 1000)
-        yield from (total, allocated, free, cores, memory, u_allocs, u_gpus, g_allocs, g_gpus)
+        yield from (total, allocated, free, drained, cores, memory, u_allocs, u_gpus, g_allocs,
+                    g_gpus)
 
 
 _COLLECTOR: ClusterCollector | None = None

@@ -5,17 +5,32 @@ and the user's home on the shared file system."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tornado import web
-from traitlets import Callable, Dict, Enum, Int, List, TraitError, Unicode, Union, validate
+from traitlets import (
+    Callable,
+    Dict,
+    Enum,
+    Float,
+    Int,
+    List,
+    TraitError,
+    Unicode,
+    Union,
+    validate,
+)
 from traitlets.config import LoggingConfigurable
 
+from ..inventory.health import DEFAULT_XIDS, HealthThresholds
 from ..placement import DEFAULT_POLICY, POLICIES
 from .config_check import HubConfigError, check_trait
 from .identity import home_path, ids_from_auth_state
 from .profiles import PROFILES_HELP
 from .user_options import check_user_options
+
+if TYPE_CHECKING:
+    from .cluster import GPUHealthSettings
 
 
 class SpawnerSettings(LoggingConfigurable):
@@ -59,6 +74,30 @@ class SpawnerSettings(LoggingConfigurable):
         config=True)
     user_options_max_bytes = Int(4096, help="""Largest user_options (as JSON, bytes) accepted;
         larger ones are refused with HTTP 400 before the hub stores them.""").tag(config=True)
+
+    gpu_drains_file = Unicode("", help="""JSON file that keeps drained GPUs (an admin's
+        drain-gpu and the health check's) across hub restarts. Empty = gpuspawner-drains.json
+        beside the hub's SQLite database (JupyterHub.db_url), else in the hub's working
+        directory. Its folder must exist and be writable; checked when the hub starts.
+        """).tag(config=True)
+    gpu_health_interval = Float(60.0, help="""Seconds between two health readings of this
+        host's GPUs (nodes with topology "auto"): NVML ECC counts, retired pages, remapped
+        rows and XID events (gpuspawner.inventory.health); an unhealthy GPU is drained. Read
+        in a worker thread when a spawn or a service request refreshes node health. 0 = off.
+        """).tag(config=True)
+    gpu_health_xids = List(Int(), default_value=sorted(DEFAULT_XIDS), help="""XIDs that
+        make a GPU unhealthy (NVIDIA's XID catalog; default 48, 63, 64, 74, 79, 92, 94, 95).
+        """).tag(config=True)
+    gpu_health_max_uncorrected_ecc = Int(0, help="""Volatile uncorrected ECC errors a GPU
+        may have and stay healthy.""").tag(config=True)
+    gpu_health_max_retired_pages = Int(59, help="""Pages retired for double-bit ECC errors a
+        GPU may have and stay healthy.""").tag(config=True)
+
+    def gpu_health_settings(self, db_url: str | None = None) -> GPUHealthSettings:
+        """The ``gpu_*`` traits as :class:`~gpuspawner.hub.cluster.GPUHealthSettings`; an
+        empty ``gpu_drains_file`` resolves beside ``db_url`` (the hub's; None: read from the
+        running hub when there is one)."""
+        return health_settings({name: getattr(self, name) for name in HEALTH_TRAITS}, db_url)
 
     @validate("backend", "profiles", "nodes", "quotas")
     def _validate_structured(self, proposal: Any) -> Any:
@@ -109,3 +148,40 @@ class SpawnerSettings(LoggingConfigurable):
         except ValueError as e:
             raise web.HTTPError(500, str(e)) from None
 
+
+
+#: the GPUSpawner traits of GPU health and drains
+HEALTH_TRAITS = ("gpu_drains_file", "gpu_health_interval", "gpu_health_xids",
+                 "gpu_health_max_uncorrected_ecc", "gpu_health_max_retired_pages")
+
+
+def hub_db_url() -> str | None:
+    """The running hub's ``db_url``, or None outside a hub."""
+    try:
+        from jupyterhub.app import JupyterHub
+    except ImportError:  # pragma: no cover
+        return None
+    return str(JupyterHub.instance().db_url) if JupyterHub.initialized() else None
+
+
+def health_settings(values: dict[str, Any], db_url: str | None = None) -> GPUHealthSettings:
+    """:class:`~gpuspawner.hub.cluster.GPUHealthSettings` from ``GPUSpawner`` trait values
+    (missing ones take the traits' defaults). Raises ValueError for a negative interval."""
+    from .cluster import GPUHealthSettings
+    from .drains import default_drains_file
+
+    traits = SpawnerSettings.class_traits()
+
+    def get(name: str) -> Any:
+        return values[name] if name in values else traits[name].default()
+
+    interval = float(get("gpu_health_interval"))
+    if interval < 0:
+        raise ValueError(f"gpu_health_interval: must be >= 0 seconds, got {interval}")
+    path = str(get("gpu_drains_file") or "") or default_drains_file(db_url or hub_db_url())
+    return GPUHealthSettings(
+        drains_file=path, interval_s=interval,
+        thresholds=HealthThresholds(
+            max_uncorrected_ecc=int(get("gpu_health_max_uncorrected_ecc")),
+            max_retired_pages_dbe=int(get("gpu_health_max_retired_pages")),
+            xids=frozenset(int(x) for x in get("gpu_health_xids"))))

@@ -74,7 +74,7 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
     def cluster(self) -> Cluster:
         """This hub process's cluster (nodes, ledger, backend)."""
         return get_cluster(self.nodes, self.placement_policy, self.quotas, self.profiles,
-                           self.backend, self.config)
+                           self.backend, self.config, health=self.gpu_health_settings)
 
     @property
     def backend_obj(self) -> Backend:

@@ -630,6 +630,12 @@ class Ledger:
         if self._node_state:
             detail += "; " + "; ".join(f"node {n} is {s}" + (f" ({r})" if r else "")
                                        for n, (s, r) in sorted(self._node_state.items()))
+        if bundle.total_gpu_milli and self._drained:
+            names = {st.name for st in states}
+            drained = [(d[0], u, d[1]) for u, d in self._drained.items() if d[0] in names]
+            if drained:
+                detail += "; drained: " + "; ".join(f"GPU {u} on {n} ({r})"
+                                                    for n, u, r in sorted(drained))
         left = self.quotas.remaining(owner.user, owner.groups, self.usage(owner.user),
                                      self._group_used)
         if bundle.total_gpu_milli and left["gpu_milli"] is not None:

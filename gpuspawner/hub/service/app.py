@@ -47,6 +47,7 @@ from ..cluster import Cluster, get_cluster
 from .openapi import openapi_document
 from .views import (
     allocation_views,
+    gpu_drain_view,
     map_view,
     node_views,
     schema_list_view,
@@ -81,6 +82,7 @@ def hub_cluster() -> Cluster:
     Raises:
         web.HTTPError(503): the hub does not use GPUSpawner.
     """
+    from ..settings import HEALTH_TRAITS, health_settings
     from ..spawner import GPUSpawner
 
     app = _hub_app()
@@ -88,8 +90,8 @@ def hub_cluster() -> Cluster:
     if not (isinstance(cls, type) and issubclass(cls, GPUSpawner)):
         raise web.HTTPError(503, f"the hub's spawner_class is {cls!r}, not a GPUSpawner")
     traits = cls.class_traits()
-    values: dict[str, Any] = {name: traits[name].default()
-                              for name in ("nodes", "placement_policy", "quotas", "profiles")}
+    names = ("nodes", "placement_policy", "quotas", "profiles", *HEALTH_TRAITS)
+    values: dict[str, Any] = {name: traits[name].default() for name in names}
     for klass in reversed(cls.mro()):
         section = klass.__name__
         if section in app.config:
@@ -97,7 +99,8 @@ def hub_cluster() -> Cluster:
                 if name in app.config[section]:
                     values[name] = app.config[section][name]
     return get_cluster(values["nodes"], values["placement_policy"], values["quotas"],
-                       values["profiles"])
+                       values["profiles"],
+                       health=lambda: health_settings(values, str(app.db_url)))
 
 
 def hub_user(name: str) -> tuple[bool, list[str]] | None:
@@ -177,8 +180,10 @@ class _Base(HubOAuthenticated, web.RequestHandler):
                         f"<p>{escape(message)}</p>")
 
     async def cluster(self) -> Cluster:
+        """The hub's cluster, restored, with node and GPU health refreshed when due."""
         c = self.service.cluster_provider()
         await c.ensure_restored()
+        await c.refresh_health()
         return c
 
 
@@ -190,6 +195,51 @@ class NodesHandler(_Base):
         cluster = await self.cluster()
         viewer = None if self.is_admin(user) else user["name"]
         self.write_json(node_views(cluster, viewer))
+
+
+class GPUDrainHandler(_Base):
+    """``POST api/gpus/{uuid}/drain`` with ``{"reason": "..."}``: take a GPU out of placement
+    (kept across hub restarts in ``GPUSpawner.gpu_drains_file``); ``DELETE``: give it back.
+    Admins only (403 for others), 404 for a UUID no node has, 400 for a body that is not a JSON
+    object with a non-empty string ``reason``. Answers the GPU's drain view
+    (:func:`~gpuspawner.hub.service.views.gpu_drain_view`)."""
+
+    def _admin(self) -> dict[str, Any]:
+        user = self.require_user()
+        if not self.is_admin(user):
+            raise web.HTTPError(403, "draining a GPU is for hub admins")
+        return user
+
+    @staticmethod
+    def _known(cluster: Cluster, uuid: str) -> None:
+        if cluster.gpu_node(uuid) is None:
+            raise web.HTTPError(404, f"no node has GPU {uuid!r}; see api/nodes")
+
+    async def post(self, uuid: str) -> None:
+        user = self._admin()
+        cluster = await self.cluster()
+        self._known(cluster, uuid)
+        try:
+            body = json.loads(self.request.body or b"")
+        except ValueError:
+            body = None
+        reason = body.get("reason") if isinstance(body, dict) else None
+        if not isinstance(reason, str) or not reason.strip():
+            raise web.HTTPError(400, 'the body must be a JSON object with a non-empty string '
+                                     '"reason", e.g. {"reason": "fan noise"}')
+        cluster.drain_gpu(uuid, reason.strip(), by=user["name"])
+        log.warning("GPU %s drained by %s: %s", uuid, user["name"], reason.strip())
+        self.write_json(gpu_drain_view(cluster, uuid, admin=True))
+
+    async def delete(self, uuid: str) -> None:
+        user = self._admin()
+        cluster = await self.cluster()
+        self._known(cluster, uuid)
+        before = cluster.undrain_gpu(uuid)
+        if before is not None:
+            log.warning("GPU %s undrained by %s (was: %s, by %s)", uuid, user["name"],
+                        before.reason, before.by)
+        self.write_json(gpu_drain_view(cluster, uuid, admin=True))
 
 
 class AllocationsHandler(_Base):
@@ -388,6 +438,7 @@ class GPUService:
             (p + "admin", AdminPageHandler, kw),
             (p + "api/nodes", NodesHandler, kw),
             (p + "api/allocations", AllocationsHandler, kw),
+            (p + r"api/gpus/([^/]+)/drain", GPUDrainHandler, kw),
             (p + r"api/users/([^/]+)/usage", UsageHandler, kw),
             (p + "api/openapi.json", OpenAPIHandler, kw),
             (p + "api/schemas", SchemasHandler, kw),

@@ -46,7 +46,33 @@ GPU = {
         "pci_bus_id": _STR, "numa_node": _INT_OR_NULL, "shareable": {"type": "boolean"},
         "milli_used": {"type": "integer", "minimum": 0, "maximum": 1000},
         "holders": {"type": "array", "items": {"$ref": "#/components/schemas/Holder"}},
+        "drained": {"type": "string", "nullable": True,
+                    "description": "why the GPU takes no new servers (an admin's reason or "
+                                   "the health check's, e.g. 'xid 79 (GPU fell off the "
+                                   "bus)'); null when it is not drained. Shown to everyone."},
+        "drained_by": {"type": "string", "nullable": True,
+                       "description": "admins only: the admin who drained it, or 'health'"},
+        "drained_since": {"type": "number", "nullable": True,
+                          "description": "admins only: seconds since the epoch"},
     },
+}
+GPU_DRAIN = {
+    "type": "object",
+    "required": ["uuid", "node", "drained"],
+    "properties": {
+        "uuid": _STR,
+        "node": _STR,
+        "drained": {"type": "string", "nullable": True,
+                    "description": "the reason; null after an undrain"},
+        "drained_by": {"type": "string", "nullable": True},
+        "drained_since": {"type": "number", "nullable": True},
+    },
+}
+DRAIN_REQUEST = {
+    "type": "object",
+    "required": ["reason"],
+    "properties": {"reason": {"type": "string", "minLength": 1, "pattern": "\\S",
+                              "description": "why (shown on the map and in api/nodes)"}},
 }
 NUMA = {
     "type": "object",
@@ -66,6 +92,9 @@ NODE = {
     "required": ["name", "numa_nodes", "gpus", "summary"],
     "properties": {
         "name": _STR,
+        "state": {"type": "string", "enum": ["up", "drain", "down"],
+                  "description": "down or drain: the node takes no new servers"},
+        "state_reason": _STR,
         "labels": {"type": "object", "additionalProperties": _STR},
         "disk_bytes": _INT,
         "disk_free_bytes": _INT,
@@ -146,6 +175,7 @@ def _resp(description: str, schema: dict[str, Any]) -> dict[str, Any]:
 
 
 _ERR = {"$ref": "#/components/schemas/Error"}
+_DRAIN = {"$ref": "#/components/schemas/GPUDrain"}
 _DENIED = {
     "401": _resp("no token or cookie identifies a hub user", _ERR),
     "403": _resp("authenticated, but not allowed", _ERR),
@@ -173,6 +203,7 @@ def openapi_document(prefix: str = "/services/gpuspawner/") -> dict[str, Any]:
             "schemas": {"Usage": USAGE, "Limits": LIMITS, "Holder": HOLDER, "GPU": GPU,
                         "NumaNode": NUMA, "Node": NODE, "Allocation": ALLOCATION,
                         "UserUsage": USER_USAGE, "SchemaInfo": SCHEMA_INFO,
+                        "GPUDrain": GPU_DRAIN, "DrainRequest": DRAIN_REQUEST,
                         "Error": ERROR},
         },
         "security": [{"token": []}],
@@ -194,6 +225,32 @@ def openapi_document(prefix: str = "/services/gpuspawner/") -> dict[str, Any]:
                     "type": "array", "items": {"$ref": "#/components/schemas/Allocation"}}),
                     **_DENIED},
             }},
+            "/api/gpus/{uuid}/drain": {
+                "parameters": [{"name": "uuid", "in": "path", "required": True,
+                                "schema": _STR, "description": "the GPU's UUID (api/nodes)"}],
+                "post": {
+                    "operationId": "drainGPU",
+                    "summary": "Take a GPU out of placement (admins)",
+                    "description": "No new server gets any of the GPU; servers already on it "
+                                   "keep running. Kept across hub restarts. Draining a "
+                                   "drained GPU replaces the reason.",
+                    "requestBody": {"required": True, "content": {"application/json": {
+                        "schema": {"$ref": "#/components/schemas/DrainRequest"}}}},
+                    "responses": {
+                        "200": _resp("the GPU, drained", _DRAIN),
+                        "400": _resp("the body is not {\"reason\": \"...\"}", _ERR),
+                        **_DENIED,
+                        "404": _resp("no node has that GPU", _ERR)},
+                },
+                "delete": {
+                    "operationId": "undrainGPU",
+                    "summary": "Give a drained GPU back to placement (admins)",
+                    "responses": {
+                        "200": _resp("the GPU, not drained", _DRAIN),
+                        **_DENIED,
+                        "404": _resp("no node has that GPU", _ERR)},
+                },
+            },
             "/api/users/{name}/usage": {"get": {
                 "operationId": "getUserUsage",
                 "summary": "What a user holds, their quota and their groups' quotas",

@@ -30,11 +30,21 @@ def node_views(cluster: Cluster, viewer: str | None) -> list[dict[str, Any]]:
         viewer: the requesting user's name, or None for an admin. A non-admin sees who holds
             a device only where it is themself; other holders read :data:`OTHER`, without
             allocation id or server name.
+
+    Every viewer sees each node's ``state``/``state_reason`` and each GPU's ``drained``
+    (the reason, or null): a drained GPU takes no new servers, whoever asks. Admins also see
+    who drained it and since when (``drained_by``: an admin's name or ``"health"``,
+    ``drained_since``: seconds since the epoch).
     """
     out = []
+    records = cluster.drain_records() if viewer is None else {}
     for node in cluster.ledger.snapshot():
         for g in node["gpus"]:
             g["holders"] = [_holder(h, viewer) for h in g["holders"]]
+            if viewer is None:
+                rec = records.get(g["uuid"]) if g.get("drained") is not None else None
+                g["drained_by"] = rec.by if rec else None
+                g["drained_since"] = rec.since if rec else None
         for nn in node["numa_nodes"]:
             nn["cpu_owners"] = {c: (u if viewer is None or u == viewer else OTHER)
                                 for c, u in nn["cpu_owners"].items()}
@@ -49,6 +59,25 @@ def node_views(cluster: Cluster, viewer: str | None) -> list[dict[str, Any]]:
             "memory_free_bytes": sum(nn["memory_free_bytes"] for nn in node["numa_nodes"]),
         }
         out.append(node)
+    return out
+
+
+def gpu_drain_view(cluster: Cluster, uuid: str, admin: bool = False) -> dict[str, Any]:
+    """``POST``/``DELETE api/gpus/{uuid}/drain``: ``{"uuid", "node", "drained"}`` (the reason,
+    or null) and, for admins, ``drained_by`` and ``drained_since`` (null when not drained).
+
+    Raises:
+        KeyError: no node has that GPU.
+    """
+    node = cluster.gpu_node(uuid)
+    if node is None:
+        raise KeyError(f"no node has GPU {uuid}")
+    reason = cluster.ledger.drained_gpus().get(uuid)
+    out: dict[str, Any] = {"uuid": uuid, "node": node, "drained": reason}
+    if admin:
+        rec = cluster.drain_records().get(uuid) if reason is not None else None
+        out["drained_by"] = rec.by if rec else None
+        out["drained_since"] = rec.since if rec else None
     return out
 
 
@@ -131,13 +160,17 @@ def map_view(cluster: Cluster) -> dict[str, Any]:
                 colours.setdefault(u, owner_colour(u))
             frac = g["milli_used"] / GPU_MILLI
             colour = _mix(colours[owners[0]], frac) if owners else "#eeeeee"
+            drained = g.get("drained")
             gpu_cells.append({
                 "uuid": g["uuid"], "index": g["index"], "model": g["model"] or "GPU",
                 "numa_node": g["numa_node"], "milli_used": g["milli_used"],
                 "owners": owners, "colour": colour,
+                "drained": drained, "drained_by": g.get("drained_by"),
                 "title": f"GPU {g['index']} {g['model']} {g['uuid']}: "
                          + (f"{g['milli_used']}/1000 milli, " + ", ".join(owners)
-                            if owners else "free"),
+                            if owners else "free")
+                         + (f"; drained by {g.get('drained_by') or '?'}: {drained}"
+                            if drained is not None else ""),
             })
         numa_cells = []
         for nn in node["numa_nodes"]:
@@ -159,7 +192,8 @@ def map_view(cluster: Cluster) -> dict[str, Any]:
                              for u, n in sorted(by_user.items())],
             })
         rows.append({"name": node["name"], "summary": node["summary"], "gpus": gpu_cells,
-                     "numa": numa_cells})
+                     "numa": numa_cells, "state": node.get("state", "up"),
+                     "state_reason": node.get("state_reason", "")})
     allocs = ledger.allocations()
     users = sorted({a.owner.user for a in allocs} | set(ledger.quotas.users))
     quota_rows = []
@@ -177,6 +211,7 @@ def map_view(cluster: Cluster) -> dict[str, Any]:
         "group_rows": group_rows,
         "default_quota": quota_dict(ledger.quotas.default_user),
         "legend": sorted(colours.items()),
+        "drained": sum(1 for r in rows for g in r["gpus"] if g["drained"] is not None),
         "totals": {
             "gpus": sum(r["summary"]["gpus_total"] for r in rows),
             "gpus_free": sum(r["summary"]["gpus_free"] for r in rows),
