@@ -118,23 +118,23 @@ def bookkeeping_ms(n: int = 2000) -> tuple[float, float]:
     from gpuspawner.backends.spec import launch_spec
     from gpuspawner.hub.cluster import reset_clusters
     from gpuspawner.hub.spawner import GPUSpawner
+    from gpuspawner.placement import Owner
     from tests.test_spawner_docker import FakeUser
 
     reset_clusters()
     sp = GPUSpawner(user=FakeUser("bench"), hub=HubObj(), oauth_client_id="c", api_token="t",
-                    profiles=PROFILES)
+                    profiles=PROFILES, nodes=[{"name": "local", "topology": "auto"}])
     sp.user_options = {"profile": "cpu"}
     samples = []
     for _ in range(n):
         t0 = time.perf_counter()
         profile = sp.chosen_profile()
-        alloc = sp.cluster.ledger.reserve(profile.bundle, sp._owner())
-        sp.allocation = alloc
+        alloc = sp.cluster.ledger.reserve(profile.bundle, Owner("bench"))
         spec = launch_spec(name="jupyter-bench", user="bench", server="", allocation=alloc,
                            image="img", cmd=["jupyterhub-singleuser"], env=sp.get_env(),
                            uid=1000, gid=100, port=8888)
         container_config(spec, network="jupyter-bench-net", fixed_ip="198.18.0.2")
-        sp._release()
+        sp.cluster.ledger.release(alloc.id)
         samples.append((time.perf_counter() - t0) * 1000)
     samples.sort()
     return statistics.median(samples), samples[int(len(samples) * 0.99) - 1]
