@@ -38,11 +38,7 @@ def _cmd_inventory(args: argparse.Namespace) -> int:
         print(f"gpuspawner inventory: cannot read this host: {e}", file=sys.stderr)
         return 1
     text = dump_topology(node)
-    if args.output and args.output != "-":
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(text)
-    else:
-        sys.stdout.write(text)
+    _write(text, args.output)
     return 0
 
 
@@ -98,11 +94,7 @@ def _cmd_slurm_gres(args: argparse.Namespace) -> int:
         print(f"gpuspawner slurm-gres: {e}", file=sys.stderr)
         return 1
     text = "\n".join(lines) + "\n"
-    if args.output and args.output != "-":
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(text)
-    else:
-        sys.stdout.write(text)
+    _write(text, args.output)
     return 0
 
 
@@ -175,3 +167,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
+
+
+def _write(text: str, output: str | None) -> None:
+    """``text`` to the file ``output``, or to stdout for None or "-"."""
+    if output and output != "-":
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
