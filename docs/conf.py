@@ -33,6 +33,8 @@ def _rest_api_page() -> None:
              "`/services/gpuspawner/api/openapi.json`).", ""]
     for path, methods in doc["paths"].items():
         for method, op in methods.items():
+            if method not in ("get", "put", "post", "delete", "patch"):  # path "parameters"
+                continue
             lines += [f"## `{method.upper()} {path}`", "", op.get("summary", ""), ""]
             if op.get("description"):
                 lines += [op["description"], ""]
