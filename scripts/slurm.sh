@@ -98,6 +98,22 @@ if all_up && nodes_ready; then
   exit 0
 fi
 
+# The ports are fixed: a cluster that another checkout of this project started (a scratch clone,
+# a worktree) would keep ours from starting. Stop it with its own script, which stops only what
+# it started; anything else on our ports is an error with its name.
+for pid in $(pgrep -x slurmctld 2>/dev/null || true) $(pgrep -x slurmd 2>/dev/null || true); do
+  other="$(tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | grep -m1 '/var/slurm/etc/slurm.conf$' \
+           || true)"
+  [ -n "$other" ] && [ "$other" != "$CONF" ] || continue
+  root="${other%/var/slurm/etc/slurm.conf}"
+  if [ -x "$root/scripts/slurm.sh" ]; then
+    log "stopping the test cluster of another checkout ($root) that holds our ports"
+    "$root/scripts/slurm.sh" --stop >&2 || die "could not stop the cluster of $root"
+  else
+    die "a Slurm daemon (pid $pid, $other) holds ports $CTLD_PORT-17003; stop it first"
+  fi
+done
+
 # ------------------------------------------------------------------ packages and users
 apt_install slurmctld slurmd slurm-client munge slurmrestd runc
 for b in munged mungekey slurmctld slurmd sbatch sinfo scontrol; do
