@@ -42,6 +42,15 @@ def _cmd_inventory(args: argparse.Namespace) -> int:
     return 0
 
 
+def _write(text: str, output: str | None) -> None:
+    """``text`` to the file ``output``, or to stdout for None or "-"."""
+    if output and output != "-":
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+
+
 def _add_inventory(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inventory", help="print this host as a topology file (YAML)",
                        description="Describe this host (NUMA nodes from sysfs, GPUs from NVML) "
@@ -167,12 +176,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
-
-
-def _write(text: str, output: str | None) -> None:
-    """``text`` to the file ``output``, or to stdout for None or "-"."""
-    if output and output != "-":
-        with open(output, "w", encoding="utf-8") as f:
-            f.write(text)
-    else:
-        sys.stdout.write(text)
