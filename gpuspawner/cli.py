@@ -68,10 +68,16 @@ def _add_inventory(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_slurm_gres(args: argparse.Namespace) -> int:
     from .backends.slurm.gres import GresError, check_types, gres_conf, node_gres
+
+    args.topology = list(args.topology or [])
+    if not args.topology and not args.model_topology:
+        print("gpuspawner slurm-gres: give --topology or --model-topology", file=sys.stderr)
+        return 2  # a usage error, as argparse's
     from .inventory.topology import TopologyError, load_topology_file
 
+    model_files = list(args.model_topology or [])
     try:
-        nodes = [load_topology_file(path) for path in args.topology]
+        nodes = [load_topology_file(path) for path in [*args.topology, *model_files]]
     except TopologyError as e:
         print(f"gpuspawner slurm-gres: {e}", file=sys.stderr)
         return 1
@@ -82,11 +88,15 @@ def _cmd_slurm_gres(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     dev_dir = os.path.abspath(args.dev_dir)
-    lines = [f"# gres.conf made by gpuspawner slurm-gres from {', '.join(args.topology)}",
+    modes = {n.name: ("model" if i >= len(args.topology) else "exact")
+             for i, n in enumerate(nodes)}
+    sources = ", ".join([*args.topology, *model_files])
+    lines = [f"# gres.conf made by gpuspawner slurm-gres from {sources}",
              "# one GRES Type per GPU, derived from its UUID (gpuspawner.backends.slurm.gres)",
              "AutoDetect=off"]
     try:
-        check_types(g.uuid for n in nodes for g in n.gpus)  # types are cluster-wide
+        # per-GPU types are cluster-wide
+        check_types(g.uuid for n in nodes if modes[n.name] == "exact" for g in n.gpus)
         number = 0
         for node in nodes:
             files = {}
@@ -94,9 +104,9 @@ def _cmd_slurm_gres(args: argparse.Namespace) -> int:
                 n = number if args.numbering == "sequential" else g.index
                 files[g.uuid] = os.path.join(dev_dir, f"nvidia{n}")
                 number += 1
-            lines.extend(gres_conf(node, files))
+            lines.extend(gres_conf(node, files, modes[node.name]))
         for node in nodes:
-            gres = node_gres(node)
+            gres = node_gres(node, modes[node.name])
             if gres:
                 lines.append(f"# slurm.conf NodeName={node.name} Gres={gres}")
     except GresError as e:
@@ -112,8 +122,11 @@ def _add_slurm_gres(sub: argparse._SubParsersAction) -> None:
                        description="Print the gres.conf of a Slurm cluster described by topology "
                        "files, one GRES Type per GPU derived from its UUID, and per node the "
                        "Gres= value for slurm.conf as a '# slurm.conf NodeName=N Gres=V' line.")
-    p.add_argument("--topology", action="append", required=True, metavar="FILE",
+    p.add_argument("--topology", action="append", metavar="FILE",
                    help="a node's topology file (docs/topology-files.md); repeat per node")
+    p.add_argument("--model-topology", action="append", metavar="FILE",
+                   help="a node whose GPUs get their model as GRES Type (the Slurm backend's "
+                   "gpu_mode 'model'); repeat per node; numbered after the --topology ones")
     p.add_argument("--dev-dir", required=True, metavar="DIR",
                    help="directory of the GPU device files nvidiaN (/dev on a real node)")
     p.add_argument("--numbering", choices=("sequential", "index"), default="sequential",

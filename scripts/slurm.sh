@@ -3,8 +3,11 @@
 # (docs: /work/shared/ENVIRONMENT.md "Slurm"; Slurm 22.05 from Debian). Everything lives under
 # var/slurm/ (etc/ state/ spool/ log/ run/ dev/ munge/):
 #   munged with its own key and socket (var/slurm/munge/), as user munge;
-#   slurmctld on 127.0.0.1:17001; `slurmd -N node1` (port 17002) and `-N node2` (17003);
-#   fake GPU device files dev/nvidia0..3 (`mknod ... c 195 N`: node1 has 0,1, node2 has 2,3);
+#   slurmctld on 127.0.0.1:17001; `slurmd -N node1` (port 17002), `-N node2` (17003) and
+#   `-N node3` (17005);
+#   fake GPU device files dev/nvidia0..5 (`mknod ... c 195 N`: node1 has 0,1, node2 2,3,
+#   node3 4,5); node1 and node2 type each GPU by its UUID (exact mode), node3 by its model
+#   (model mode);
 #   gres.conf and each node's Gres= from hub_config/slurm/node*.yaml by `gpuspawner slurm-gres`
 #   (one GRES Type per GPU, derived from its UUID);
 #   two unprivileged job users, gpsuser1 (uid 2001) and gpsuser2 (uid 2002).
@@ -18,8 +21,8 @@ set -euo pipefail
 SL="$VAR/slurm"
 ETC="$SL/etc" RUN="$SL/run" LOGDIR="$SL/log" DEV="$SL/dev" MUNGE="$SL/munge"
 CONF="$ETC/slurm.conf"
-NODES=(node1 node2)
-declare -A PORT=([node1]=17002 [node2]=17003)
+NODES=(node1 node2 node3)
+declare -A PORT=([node1]=17002 [node2]=17003 [node3]=17005)
 CTLD_PORT=17001
 WAIT="${SLURM_WAIT:-60}"
 PY="${PYTHON:-$REPO/.venv/bin/python}"
@@ -80,7 +83,8 @@ fi
 
 all_up() {
   pid_alive munged munged >/dev/null && pid_alive slurmctld slurmctld >/dev/null \
-    && pid_alive slurmd-node1 slurmd >/dev/null && pid_alive slurmd-node2 slurmd >/dev/null
+    && pid_alive slurmd-node1 slurmd >/dev/null && pid_alive slurmd-node2 slurmd >/dev/null \
+    && pid_alive slurmd-node3 slurmd >/dev/null
 }
 
 # usable: every node responds (idle, mixed or allocated, no drain/down flag)
@@ -110,7 +114,7 @@ for pid in $(pgrep -x slurmctld 2>/dev/null || true) $(pgrep -x slurmd 2>/dev/nu
     log "stopping the test cluster of another checkout ($root) that holds our ports"
     "$root/scripts/slurm.sh" --stop >&2 || die "could not stop the cluster of $root"
   else
-    die "a Slurm daemon (pid $pid, $other) holds ports $CTLD_PORT-17003; stop it first"
+    die "a Slurm daemon (pid $pid, $other) holds ports $CTLD_PORT-17005; stop it first"
   fi
 done
 
@@ -159,10 +163,12 @@ fi
 "$PY" -c 'import yaml' 2>/dev/null \
   || die "$PY cannot import yaml (PyYAML): run 'make venv' first (gpuspawner slurm-gres needs it)"
 TOPOLOGIES=("$REPO/hub_config/slurm/node1.yaml" "$REPO/hub_config/slurm/node2.yaml")
+MODEL_TOPOLOGY="$REPO/hub_config/slurm/node3.yaml"
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m gpuspawner.cli slurm-gres \
-  --topology "${TOPOLOGIES[0]}" --topology "${TOPOLOGIES[1]}" --dev-dir "$DEV" \
+  --topology "${TOPOLOGIES[0]}" --topology "${TOPOLOGIES[1]}" \
+  --model-topology "$MODEL_TOPOLOGY" --dev-dir "$DEV" \
   -o "$TMP/gres.conf" || die "gpuspawner slurm-gres failed"
 declare -A GRES
 for n in "${NODES[@]}"; do
@@ -228,7 +234,8 @@ for f in slurm.conf cgroup.conf gres.conf; do
   fi
 done
 if [ "$changed" = 1 ] && { pid_alive slurmctld slurmctld >/dev/null \
-    || pid_alive slurmd-node1 slurmd >/dev/null || pid_alive slurmd-node2 slurmd >/dev/null; }; then
+    || pid_alive slurmd-node1 slurmd >/dev/null || pid_alive slurmd-node2 slurmd >/dev/null \
+    || pid_alive slurmd-node3 slurmd >/dev/null; }; then
   die "the configuration changed while daemons run; run scripts/slurm.sh --stop first"
 fi
 
@@ -277,7 +284,7 @@ for n in "${NODES[@]}"; do
   fi
 done
 
-if ! wait_for "$WAIT" "both nodes up in sinfo" nodes_ready; then
+if ! wait_for "$WAIT" "every node up in sinfo" nodes_ready; then
   sinfo -N -o '%N %T %E' >&2 || true
   for n in "${NODES[@]}"; do tail -n 10 "$LOGDIR/slurmd-$n.log" >&2 2>/dev/null || true; done
   die "nodes not up within $WAIT s (logs: $LOGDIR)"

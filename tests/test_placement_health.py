@@ -15,7 +15,7 @@ from gpuspawner.placement import (
     PlacementRefused,
     UnknownAllocation,
 )
-from tests.factories import make_node
+from tests.factories import GiB, make_node
 
 ONE_GPU = Bundle(cores=1, gpus=1, numa_policy="none")
 
@@ -113,3 +113,21 @@ def test_adopt_takes_the_granted_cores_and_gpus_or_changes_nothing():
     assert ledger.get(a.id) == got  # refused: nothing changed
     with pytest.raises(UnknownAllocation):
         ledger.adopt("nope", cpuset=())
+
+
+def test_adopt_moves_the_memory_with_cores_on_another_numa_node():
+    """Slurm granted a GPU and its bound core on the other NUMA node: the memory booking
+    follows, and the planned NUMA node is whole again."""
+    ledger = Ledger([make_node(gpus=2, numa=2, cores=4, memory_gib=8)])
+    a = ledger.reserve(Bundle(cores=1, memory_bytes=GiB, gpus=1), Owner("a"))
+    numa = a.mems[0]
+    st_free = {n["id"]: n["memory_free_bytes"] for n in ledger.snapshot()[0]["numa_nodes"]}
+    other_core = next(c for c in range(4) if (c >= 2) != (a.cpuset[0] >= 2))
+    other_gpu = next(u for u in ("GPU-n1-00", "GPU-n1-01") if u not in a.gpu_uuids)
+    got = ledger.adopt(a.id, cpuset=[other_core], gpus=[other_gpu])
+    assert got.mems == (1 - numa,) and got.memory_by_numa == ((1 - numa, GiB),)
+    after = {n["id"]: n["memory_free_bytes"] for n in ledger.snapshot()[0]["numa_nodes"]}
+    assert after[numa] == st_free[numa] + GiB and after[1 - numa] == st_free[1 - numa] - GiB
+    ledger.release(a.id)
+    assert ledger.snapshot() == Ledger([make_node(gpus=2, numa=2, cores=4,
+                                                  memory_gib=8)]).snapshot()

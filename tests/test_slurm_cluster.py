@@ -63,7 +63,9 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 def test_nodes_carry_the_gres_made_from_the_topology(client: SlurmClient) -> None:
     nodes = {n.name: n for n in run(client.show_nodes())}
-    assert set(nodes) == {"node1", "node2"}
+    assert set(nodes) == {"node1", "node2", "node3"}
+    # node3 types its GPUs by model (the backend's model mode): one count per model
+    assert nodes["node3"].gres == "gpu:FAKE:2(S:0-1)"
     for name, topo in TOPOLOGIES.items():
         node = nodes[name]
         assert (node.cpus, node.real_memory_mb) == (2, 4000)

@@ -199,7 +199,25 @@ def test_cli_slurm_gres_errors(capsys: pytest.CaptureFixture[str], tmp_path: Pat
     assert main(["slurm-gres", "--topology", str(tmp_path / "nope.yaml"),
                  "--dev-dir", str(tmp_path)]) == 1
     assert "file not found" in capsys.readouterr().err
-    assert main(["slurm-gres", "--dev-dir", str(tmp_path)]) == 2  # --topology is required
+    assert main(["slurm-gres", "--dev-dir", str(tmp_path)]) == 2  # no topology at all
+    assert "give --topology or --model-topology" in capsys.readouterr().err
+
+
+def test_cli_slurm_gres_model_topology(capsys: pytest.CaptureFixture[str],
+                                       tmp_path: Path) -> None:
+    """--model-topology: that node's GPUs get their model as Type (one count per model in
+    Gres=), numbered after the per-GPU-typed nodes; a model that is no valid Type is refused."""
+    node3 = NODE1.parent / "node3.yaml"
+    assert main(["slurm-gres", "--topology", str(NODE1), "--model-topology", str(node3),
+                 "--dev-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"NodeName=node3 Name=gpu Type=FAKE File={tmp_path}/nvidia2 Cores=0" in out
+    assert f"NodeName=node3 Name=gpu Type=FAKE File={tmp_path}/nvidia3 Cores=1" in out
+    assert "# slurm.conf NodeName=node3 Gres=gpu:FAKE:2" in out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(node3.read_text().replace("model: FAKE", "model: 9x"))
+    assert main(["slurm-gres", "--model-topology", str(bad), "--dev-dir", str(tmp_path)]) == 1
+    assert "model '9x' is no valid GRES Type" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- syntax helpers

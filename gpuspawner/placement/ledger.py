@@ -420,9 +420,11 @@ class Ledger:
         """Make a booked allocation name the devices an engine actually granted: Slurm cannot
         be told core ids (``sbatch`` asks for a count, the select plugin picks them) and, in
         model mode, picks the GPUs itself. The allocation keeps its id, owner, node, memory
-        and disk; ``cpuset`` replaces its cores (same count, on its memory NUMA nodes ``mems``),
-        ``gpus`` its GPUs (UUIDs, same count and models, each keeping its milli-GPU). Every new
-        device must be free or already this allocation's. Atomic: on refusal nothing changes.
+        and disk; ``cpuset`` replaces its cores (same count; when they sit on other NUMA nodes
+        than its memory, the memory moves to theirs, split by core count), ``gpus`` its GPUs
+        (UUIDs, same count and models, each keeping its milli-GPU). Every new core, GPU share
+        and byte of NUMA memory must be free or already this allocation's. Atomic: on refusal
+        nothing changes.
 
         Returns:
             the allocation as booked now.
@@ -441,10 +443,19 @@ class Ledger:
             if len(new_cpus) != len(old.cpuset):
                 raise PlacementError(f"adopt {old.id}: {len(new_cpus)} cores granted, "
                                      f"{len(old.cpuset)} allocated")
-            off = [c for c in new_cpus if st.cpu_numa.get(c) not in old.mems]
-            if off and old.mems:
-                raise PlacementError(f"adopt {old.id}: cores {off} are not on NUMA nodes "
-                                     f"{list(old.mems)} of its memory")
+            unknown_cpus = [c for c in new_cpus if c not in st.cpu_numa]
+            if unknown_cpus:
+                raise PlacementError(f"adopt {old.id}: cores {unknown_cpus} are not on node "
+                                     f"{old.node}")
+            mems, by_numa = old.mems, old.memory_by_numa
+            numa_of = sorted({st.cpu_numa[c] for c in new_cpus})
+            if new_cpus and old.mems and set(numa_of) != set(old.mems):
+                # the memory follows the cores (split by core count), where it fits
+                total, n = old.memory_bytes, len(new_cpus)
+                share = {m: total * sum(st.cpu_numa[c] == m for c in new_cpus) // n
+                         for m in numa_of}
+                share[numa_of[0]] += total - sum(share.values())
+                mems, by_numa = tuple(numa_of), tuple(sorted(share.items()))
             new_gpus = old.gpus
             if gpus is not None:
                 uuids = list(gpus)
@@ -454,7 +465,8 @@ class Ledger:
                     raise PlacementError(f"adopt {old.id}: GPUs {uuids} are not "
                                          f"{len(old.gpus)} of the models {models_old}")
                 new_gpus = tuple(GPUShare(u, g.milli) for u, g in zip(uuids, old.gpus, strict=True))
-            new = replace(old, cpuset=new_cpus, gpus=new_gpus)
+            new = replace(old, cpuset=new_cpus, gpus=new_gpus, mems=mems,
+                          memory_by_numa=by_numa)
             if new == old:
                 return old
             self.release(old.id)

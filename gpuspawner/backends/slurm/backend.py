@@ -395,7 +395,11 @@ class SlurmBackend(Backend):
         state["started"] = True
         problems = check_readback(job, alloc, node, plan.memory_mb, self.gpu_mode)
         state["picked"] = granted = picked(job, node)
-        if problems and self.ledger is not None:
+        # model mode: Slurm picked the devices, so the allocation must name them even when the
+        # counts agree; exact mode: only the cores can differ (sbatch cannot name core ids)
+        differs = sorted(granted["cpu_ids"]) != sorted(alloc.cpuset) or (
+            self.gpu_mode == "model" and sorted(granted["gpu_uuids"]) != sorted(alloc.gpu_uuids))
+        if (problems or differs) and self.ledger is not None:
             alloc, problems = await self._adopt(job, alloc, node, granted, plan.memory_mb,
                                                 problems)
         if problems:

@@ -25,6 +25,7 @@ Rules for a Type name (Slurm 22.05 ``src/common/gres.c``, gres.conf(5), slurm.co
 
 from __future__ import annotations
 
+import re
 import string
 from collections.abc import Iterable, Mapping
 
@@ -145,7 +146,25 @@ def _sorted_gpus(node: Node) -> tuple[GPU, ...]:
     return tuple(sorted(node.gpus, key=lambda g: g.index))
 
 
-def gres_conf(node: Node, device_files: Mapping[str, str]) -> list[str]:
+#: a GPU model usable as a GRES Type (model mode: ``gpu:<model>:N``)
+_MODEL = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
+
+
+def _types(node: Node, gpus: Iterable[GPU], mode: str) -> dict[str, str]:
+    """GRES Type per GPU UUID: its own (exact) or its model (model)."""
+    gpus = list(gpus)
+    if mode == "exact":
+        return check_types(g.uuid for g in gpus)
+    if mode != "model":
+        raise GresError(f"mode must be exact or model, got {mode!r}")
+    for g in gpus:
+        if not _MODEL.match(g.model or ""):
+            raise GresError(f"node {node.name}: GPU {g.uuid}: model {g.model!r} is no valid "
+                            "GRES Type (a letter, then letters, digits, _ . -)")
+    return {g.uuid: g.model for g in gpus}
+
+
+def gres_conf(node: Node, device_files: Mapping[str, str], mode: str = "exact") -> list[str]:
     """The gres.conf lines of one node: one ``Name=gpu`` line per GPU, each with its own Type.
 
     Line format (gres.conf(5)): ``NodeName=N Name=gpu Type=T File=PATH Cores=LIST``, GPUs in
@@ -164,12 +183,16 @@ def gres_conf(node: Node, device_files: Mapping[str, str]) -> list[str]:
     Returns:
         The lines, without newlines; empty for a node without GPUs.
 
+    ``mode`` "model" writes the GPU's model as its Type instead (the site's own types, e.g.
+    ``a100``: a job asks for a count of a model and Slurm picks the devices; the Slurm backend's
+    ``gpu_mode = "model"``).
+
     Raises:
         GresError: a GPU has no device file, a path is not absolute or holds white space, or
-            the types clash (:func:`check_types`).
+            the types clash (:func:`check_types`), or a model is no valid Type.
     """
     gpus = _sorted_gpus(node)
-    types = check_types(g.uuid for g in gpus)
+    types = _types(node, gpus, mode)
     numa = {n.id: n for n in node.numa_nodes}
     lines = []
     for g in gpus:
@@ -186,7 +209,7 @@ def gres_conf(node: Node, device_files: Mapping[str, str]) -> list[str]:
     return lines
 
 
-def node_gres(node: Node) -> str:
+def node_gres(node: Node, mode: str = "exact") -> str:
     """The ``Gres=`` value of the node's ``NodeName=`` line in slurm.conf: one
     ``gpu:TYPE:1`` per GPU (slurm.conf(5) "Gres": ``name[:type]:count``, comma separated), in
     the order of their ``index``, e.g. ``gpu:gpu-5a0c...:1,gpu:gpu-c4e2...:1``.
@@ -201,5 +224,10 @@ def node_gres(node: Node) -> str:
         GresError: the types clash (:func:`check_types`).
     """
     gpus = _sorted_gpus(node)
+    if mode == "model":  # one count per model, e.g. gpu:a100:4
+        counts: dict[str, int] = {}
+        for t in _types(node, gpus, mode).values():
+            counts[t] = counts.get(t, 0) + 1
+        return ",".join(f"gpu:{t}:{n}" for t, n in counts.items())
     types = check_types(g.uuid for g in gpus)
     return ",".join(f"gpu:{types[g.uuid]}:1" for g in gpus)
