@@ -9,7 +9,7 @@
 #                     download: Debian's chromium from make test-tools)
 #   make images       gpuspawner/singleuser:latest (scripts/build-images.sh)
 #   make up           all of the above, then the hub on http://127.0.0.1:8000
-#   make slurm        a private two-node Slurm cluster on loopback for the Slurm backend's
+#   make slurm        a private three-node Slurm cluster on loopback for the Slurm backend's
 #                     tests (scripts/slurm.sh; `scripts/slurm.sh --stop` stops it)
 #   make test         lint + the whole test suite (docker- and slurm-marked tests included)
 #   make test-unit    tests without an engine, a hub, a browser, slapd, Slurm or slow processes
@@ -82,7 +82,7 @@ docs: venv
 	@echo "docs/_build/html/index.html"
 
 # Debian's Slurm 22.05 + munge, started as a private cluster under var/slurm/ (munged,
-# slurmctld on 127.0.0.1:17001, slurmd node1/node2 with fake GPUs); its gres.conf comes from
+# slurmctld on 127.0.0.1:17001, slurmd node1/node2/node3 with fake GPUs); its gres.conf comes from
 # hub_config/slurm/*.yaml through `gpuspawner slurm-gres` (the venv's python, or python3 with
 # PyYAML). No venv prerequisite: `make test` builds the venv before it.
 slurm:

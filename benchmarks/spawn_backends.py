@@ -3,7 +3,7 @@
 Both hubs run GPUSpawner with the real ``jupyterhub-singleuser`` and the profile "1 core,
 512 MiB" (no GPU: the Docker node of this machine has none; the Slurm nodes' GPUs are fake
 device files). Docker: a new container on its own bridge network (``make engine images``).
-Slurm: a batch job on the private two-node cluster of ``scripts/slurm.sh`` (``make slurm``),
+Slurm: a batch job on the private three-node cluster of ``scripts/slurm.sh`` (``make slurm``),
 running as the job user, which picks its port and reports it through the job's Comment.
 Goal (issue 14): Slurm within 2x of Docker (medians).
 

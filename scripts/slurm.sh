@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A private two-node Slurm cluster on this host, for the Slurm backend's tests
+# A private three-node Slurm cluster on this host, for the Slurm backend's tests
 # (docs: /work/shared/ENVIRONMENT.md "Slurm"; Slurm 22.05 from Debian). Everything lives under
 # var/slurm/ (etc/ state/ spool/ log/ run/ dev/ munge/):
 #   munged with its own key and socket (var/slurm/munge/), as user munge;
@@ -178,7 +178,7 @@ done
 
 {
   cat <<EOF
-# made by scripts/slurm.sh: a private two-node cluster on loopback (see the script's header)
+# made by scripts/slurm.sh: a private three-node cluster on loopback (see the script's header)
 ClusterName=gpuspawner
 SlurmctldHost=$(hostname -s)(127.0.0.1)
 SlurmctldPort=$CTLD_PORT

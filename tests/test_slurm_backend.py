@@ -1,4 +1,4 @@
-"""SlurmBackend against the private two-node cluster of scripts/slurm.sh, driven directly (no
+"""SlurmBackend against the private three-node cluster of scripts/slurm.sh, driven directly (no
 hub): a server reserved by the ledger on node1 runs as a job of gpsuser1 holding exactly the
 allocated GPU's IDX and core, answers HTTP at the address launch returns with the environment
 of its spec (and none of the hub's), is found again by list_managed, and is gone after stop.

@@ -1,4 +1,4 @@
-"""The Slurm backend's pieces against the real private two-node cluster of scripts/slurm.sh.
+"""The Slurm backend's pieces against the real private three-node cluster of scripts/slurm.sh.
 
 One job, submitted through :class:`SlurmClient` as the unprivileged ``gpsuser1`` and asking for
 the second GPU of node2 by its GRES type with ``--gres-flags=enforce-binding``, must run on

@@ -1,5 +1,5 @@
 """GPUSpawner with ``backend = "slurm"`` in a real JupyterHub (with configurable-http-proxy)
-against the private two-node cluster: a spawn through the REST API runs as a Slurm job of the
+against the private three-node cluster: a spawn through the REST API runs as a Slurm job of the
 user pinned to the ledger's GPU and core, is reached through the proxy, survives a hub restart
 (the allocation restored from the job's AdminComment), and is cancelled by a stop. user_options
 that try to reach the job (gres, prologue) are refused.

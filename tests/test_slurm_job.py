@@ -226,9 +226,9 @@ def test_controller_down_is_told_from_a_refusal() -> None:
 
 def test_listen_ip_and_cert_names_follow_the_node() -> None:
     b = SlurmBackend()
-    b.bind({"node1": NodeRuntime("node1", "10.1.2.3", "x", NODE1)})
+    b.bind({"node1": NodeRuntime("node1", "198.18.2.3", "x", NODE1)})
     assert b.listen_ip == "127.0.0.1"
-    assert b.cert_alt_names(alloc_on(), {}) == ["IP:10.1.2.3"]
+    assert b.cert_alt_names(alloc_on(), {}) == ["IP:198.18.2.3"]
     b.bind({"node1": NodeRuntime("node1", "gpu01.example", "x", NODE1)})
     assert b.cert_alt_names(alloc_on(), {}) == ["DNS:gpu01.example"]
 

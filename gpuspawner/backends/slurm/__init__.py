@@ -1,7 +1,7 @@
 """The Slurm engine's pieces (issue 14): GPUs as per-device GRES types (:mod:`.gres`) and an
 async client for the Slurm commands with parsers for their output (:mod:`.commands`).
 
-The private two-node cluster that the tests run against is started by ``scripts/slurm.sh``
+The private three-node cluster that the tests run against is started by ``scripts/slurm.sh``
 (``make slurm``); its gres.conf comes from ``gpuspawner slurm-gres``.
 """
 
