@@ -267,13 +267,6 @@ class Backend(LoggingConfigurable):
         return []
 
 
-def owner_labels(labels: Mapping[str, str]) -> tuple[str, str] | None:
-    """(user, server) from an object's labels, or None when it has no owner labels."""
-    if "gpuspawner.user" not in labels:
-        return None
-    return labels["gpuspawner.user"], labels.get("gpuspawner.server", "")
-
-
 #: ``c.GPUSpawner.backend`` short names -> classes (a dotted path works too)
 BACKENDS: dict[str, str] = {
     "docker": "gpuspawner.backends.docker_backend.DockerBackend",
