@@ -31,6 +31,7 @@ start, e.g. a missing image or a process that exited: HTTP 500). Anything else i
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,12 +40,21 @@ from traitlets.config import LoggingConfigurable
 from ..placement import Allocation, Ledger, Node
 from .spec import LaunchSpec
 
+#: the spawner whose server is being started in this task: what an admin's callable setting
+#: (``DockerBackend.extra_host_config`` and the like, DockerSpawner's convention) receives. A
+#: context variable, not an attribute of the one shared backend: concurrent spawns run in
+#: tasks of their own, each seeing its own spawner.
+current_spawner: ContextVar[Any] = ContextVar("gpuspawner_current_spawner", default=None)
+
 #: a callable the backend reports spawn progress through: ``(percent 0..100, message)``
 Progress = Callable[[int, str], None]
 
 
 class BackendError(Exception):
-    """Base of the errors a backend raises on purpose."""
+    """Base of the errors a backend raises on purpose; ``status_code`` is the HTTP status the
+    hub answers a spawn with (500: the server could not start)."""
+
+    status_code = 500
 
 
 class BackendUnavailable(BackendError):
@@ -53,6 +63,8 @@ class BackendUnavailable(BackendError):
     Attributes:
         node: node name. reason: what the client library said.
     """
+
+    status_code = 503  # may pass: the hub marks the node down and places elsewhere
 
     def __init__(self, node: str, reason: object, what: str = "engine") -> None:
         super().__init__(f"node {node}: {what} unavailable: {reason}")
@@ -63,6 +75,8 @@ class BackendUnavailable(BackendError):
 class LaunchRefused(BackendError):
     """The allocation cannot be honoured on its node as configured (e.g. a disk limit the
     node's storage driver cannot enforce with ``disk_limit_mode = "refuse"``)."""
+
+    status_code = 400
 
 
 class LaunchFailed(BackendError):

@@ -35,6 +35,7 @@ from .base import (
     Managed,
     Progress,
     ServerRef,
+    current_spawner,
 )
 from .docker import (
     CERTS_MOUNT,
@@ -155,8 +156,6 @@ class DockerBackend(Backend):
         self._clients: dict[str, docker.APIClient] = {}
         self._networks: dict[tuple[str, int], NetworkManager] = {}
         self._disk: dict[str, tuple[bool, str]] = {}
-        #: the spawner the admin's callables receive (set per call by the spawner)
-        self.spawner: Any = None
 
     def check_config(self) -> None:
         """Each node's ``network_pool`` parses and is not private.
@@ -229,9 +228,10 @@ class DockerBackend(Backend):
             raise
 
     async def _resolved(self, value: Any) -> dict[str, Any]:
-        """A dict, or a callable(spawner) returning one (or an awaitable of one)."""
+        """A dict, or a callable(spawner) returning one (or an awaitable of one); the spawner
+        is the one starting in this task (:data:`~gpuspawner.backends.base.current_spawner`)."""
         if callable(value):
-            value = value(self.spawner)
+            value = value(current_spawner.get())
         if inspect.isawaitable(value):
             value = await value
         return dict(value or {})

@@ -19,7 +19,7 @@ from jupyterhub.spawner import Spawner
 from tornado import web
 from traitlets import default
 
-from ..backends.base import Backend, BackendError, BackendUnavailable, LaunchRefused, ServerRef
+from ..backends.base import Backend, BackendError, BackendUnavailable, ServerRef, current_spawner
 from ..backends.spec import HomeMount, launch_spec
 from ..placement import Allocation, Owner, PlacementError, QuotaExceeded
 from . import certs
@@ -37,11 +37,8 @@ __all__ = ["GPUSpawner", "safe_name"]
 
 
 def http_error(e: BackendError) -> web.HTTPError:
-    """A backend's error as the hub answers it: 503 (node unavailable), 400 (refused for this
-    node), 500 (the server could not start)."""
-    code = 503 if isinstance(e, BackendUnavailable) else 400 if isinstance(
-        e, LaunchRefused) else 500
-    return web.HTTPError(code, str(e))
+    """A backend's error as the hub answers it (``BackendError.status_code``)."""
+    return web.HTTPError(e.status_code, str(e))
 
 
 class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
@@ -78,10 +75,8 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
 
     @property
     def backend_obj(self) -> Backend:
-        """The hub's backend (the admin's callables receive this spawner)."""
-        backend = self.cluster.backend
-        backend.spawner = self
-        return backend
+        """The hub's one backend."""
+        return self.cluster.backend
 
     @property
     def object_name(self) -> str:
@@ -172,6 +167,7 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
             web.HTTPError: 400 (options, quota, capacity, refused on the node), 503 (the node
                 does not answer), 500 (the server could not start: the backend's report).
         """
+        current_spawner.set(self)  # this task's spawner, for the admin's callable settings
         try:
             profile, alloc = await self._prepare()
             try:

@@ -229,8 +229,6 @@ class SlurmBackend(Backend):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._client: SlurmClient | None = None
-        #: the spawner the admin's callables would receive (set per call by the spawner)
-        self.spawner: Any = None
 
     @property
     def client(self) -> SlurmClient:
