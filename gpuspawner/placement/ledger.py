@@ -122,6 +122,8 @@ class Ledger:
         #: GPU UUID -> (node, reason, milli held): drained GPUs; their free capacity is held
         #: so no new placement gets it, while allocations already there keep theirs
         self._drained: dict[str, list[Any]] = {}
+        #: (node, drained GPU UUIDs) -> that node with nothing booked (capacity checks)
+        self._empty_cache: dict[tuple[str, frozenset[str]], NodeState] = {}
         for n in nodes:
             self.add_node(n)
 
@@ -195,6 +197,78 @@ class Ledger:
         """What the user may still take of each resource; None = unlimited (see QuotaTable)."""
         with self._lock:
             return self.quotas.remaining(user, tuple(groups), self.usage(user), self._group_used)
+
+    def check_quota(self, bundle: Bundle, owner: Owner) -> None:
+        """Raise :class:`QuotaExceeded` if ``bundle`` would take ``owner`` (or one of its
+        groups) over a quota, counting what they hold now; nothing is booked."""
+        with self._lock:
+            self.quotas.check(owner.user, owner.groups, _bundle_usage(bundle),
+                              self.usage(owner.user), self._group_used)
+
+    # -- capacity (what could ever fit: the wait queue's admission) ---------------------------
+    def usable_nodes(self) -> set[str]:
+        """Names of the nodes that take new placements (not down, not drained)."""
+        with self._lock:
+            return set(self._by_name) - set(self._node_state)
+
+    def capacity(self) -> Usage:
+        """What the usable nodes have in all, booked or not (drained GPUs left out):
+        milli-GPU, cores, memory bytes, disk bytes. The denominators of DRF shares."""
+        with self._lock:
+            gpu = cores = mem = disk = 0
+            for name in self.usable_nodes():
+                n = self._by_name[name].node
+                gpu += sum(GPU_MILLI for g in n.gpus if g.uuid not in self._drained)
+                cores += sum(len(nn.cpus) for nn in n.numa_nodes)
+                mem += sum(nn.memory_bytes for nn in n.numa_nodes)
+                disk += n.disk_bytes
+            return Usage(gpu, cores, mem, disk, 0)
+
+    def _empty_state(self, name: str) -> NodeState:
+        """Node ``name`` with nothing booked but its drained GPUs (cached per drain set)."""
+        st = self._by_name[name]
+        drained = frozenset(u for u in st.gpu_used if u in self._drained)
+        key = (name, drained)
+        cache = self._empty_cache
+        if key not in cache:
+            fresh = NodeState(st.node, order=st.order)
+            for u in drained:
+                fresh.gpu_used[u] = GPU_MILLI
+            fresh.refresh_signature()
+            cache[key] = fresh
+        return cache[key]
+
+    def nodes_that_could_take(self, bundle: Bundle, nodes: Iterable[str] | None = None
+                              ) -> set[str]:
+        """Usable nodes (within ``nodes``, when given) whose capacity could hold ``bundle``
+        if nothing else ran there, under its NUMA policy. O(nodes) plans of an empty node."""
+        spill = bundle.numa_policy != "strict"
+        with self._lock:
+            names = self.usable_nodes()
+            if nodes:
+                names &= set(nodes)
+            return {n for n in names if plan(self._empty_state(n), bundle, spill) is not None}
+
+    def capacity_refusal(self, bundle: Bundle, nodes: Iterable[str] | None = None
+                         ) -> PlacementRefused | None:
+        """None when some usable node could hold ``bundle`` once enough of it is free; else
+        the refusal saying why not even an empty cluster could (reason keys as
+        :class:`PlacementRefused`, ``never`` when only the combination does not fit)."""
+        with self._lock:
+            if self.nodes_that_could_take(bundle, nodes):
+                return None
+            names = self.usable_nodes() & set(nodes) if nodes else self.usable_nodes()
+            states = [self._empty_state(n) for n in sorted(
+                names, key=lambda n: self._by_name[n].order)]
+            detail, reason, _ = _explain(states, bundle)
+            if reason in ("gpus", "gpu_share", "numa", "cores", "memory", "disk"):
+                detail = detail.replace(" free", "").replace("; best:", "; largest:")
+                reason = "never"
+            text = f"no usable node could ever hold {bundle.describe()}: {detail}"
+            if self._node_state:
+                text += "; " + "; ".join(f"node {n} is {s}" + (f" ({r})" if r else "")
+                                         for n, (s, r) in sorted(self._node_state.items()))
+            return PlacementRefused(reason, text)
 
     def gpu_milli_capacity(self) -> int:
         """Milli-GPU of all nodes."""
