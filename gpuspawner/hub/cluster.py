@@ -23,6 +23,7 @@ from ..inventory.local import read_local_node
 from ..inventory.topology import load_topology_file
 from ..placement import Ledger, LivePrior, Node, QuotaTable, RestoreReport
 from .drains import DrainRecord, DrainState, DrainStore
+from .spawn_queue import QueueSettings, SpawnQueue
 
 log = logging.getLogger("gpuspawner")
 
@@ -186,6 +187,25 @@ class Cluster:
     health_wait_s: float = 5.0
     _gpu_health_read: float = field(default=float("-inf"), repr=False)
     _gpu_health_task: asyncio.Task[list[GPUHealth]] | None = field(default=None, repr=False)
+    #: the wait queue of spawns that fit the capacity but not what is free now
+    queue: SpawnQueue | None = None
+
+    def make_queue(self, settings: QueueSettings) -> SpawnQueue:
+        """Make :attr:`queue` over this ledger and restore what the queue file kept (bad
+        records are logged and skipped).
+
+        Raises:
+            QueueFileError: the file's folder is missing or not writable.
+        """
+        from ..placement.queue import WaitQueue
+
+        q = SpawnQueue(WaitQueue(self.ledger, group_weights=settings.group_weights,
+                                 max_bypass=settings.max_bypass), settings)
+        q.check_file()
+        for problem in q.load():
+            log.error("wait queue: %s", problem)
+        self.queue = q
+        return q
 
     async def ensure_restored(self, owner_exists: Callable[[str, str], bool] | None = None
                               ) -> RestoreReport:
@@ -460,7 +480,8 @@ _WARNED: set[str] = set()
 def get_cluster(nodes: Sequence[Mapping[str, Any]], policy: str,
                 quotas: Mapping[str, Any], profiles: Any = None, backend: str = "docker",
                 config: Any = None,
-                health: GPUHealthSettings | Callable[[], GPUHealthSettings] | None = None
+                health: GPUHealthSettings | Callable[[], GPUHealthSettings] | None = None,
+                queue: QueueSettings | Callable[[], QueueSettings] | None = None
                 ) -> Cluster:
     """The hub process's one cluster: one ledger and one backend, whatever asks for it.
 
@@ -476,11 +497,14 @@ def get_cluster(nodes: Sequence[Mapping[str, Any]], policy: str,
     ``Config``: its ``c.<BackendClass>.*`` section) and bound to the nodes. ``health``
     (``GPUSpawner.gpu_*``) names the drains file, checked and applied to the new ledger here,
     and the automatic health check of this host's GPUs (not part of the key: the first
-    caller's settings hold); a callable is called only when a cluster is made.
+    caller's settings hold); a callable is called only when a cluster is made. ``queue``
+    (``GPUSpawner.queue_*``) makes the wait queue (:class:`~gpuspawner.hub.spawn_queue.SpawnQueue`)
+    and restores its file, likewise only with a new cluster; None = a queue in memory.
 
     Raises:
         NodeConfigError, ValueError: bad node, policy, quota or backend configuration.
         DrainFileError: the drains file's folder is not writable or the file does not load.
+        QueueFileError: the queue file's folder is missing or not writable.
     """
     global _CLUSTER, _CLUSTER_KEY
     key = json.dumps([list(nodes), policy, dict(quotas), backend], sort_keys=True, default=str)
@@ -513,6 +537,7 @@ def get_cluster(nodes: Sequence[Mapping[str, Any]], policy: str,
         cluster.health_interval_s = settings.interval_s
         if settings.interval_s > 0 and cluster.health_nodes():
             cluster.health_reader = HealthReader(None, settings.thresholds).read
+        cluster.make_queue((queue() if callable(queue) else queue) or QueueSettings())
         _CLUSTER = cluster
         _CLUSTER_KEY = key
     return _CLUSTER

@@ -94,7 +94,8 @@ def check_spawner_settings(settings: Mapping[str, Any], config: Any = None) -> N
     if not isinstance(get("nodes"), list) or not get("nodes"):
         raise HubConfigError("GPUSpawner.nodes: must be a non-empty list of node entries")
     from .drains import DrainFileError
-    from .settings import HEALTH_TRAITS, health_settings
+    from .settings import HEALTH_TRAITS, QUEUE_TRAITS, health_settings, queue_settings
+    from .spawn_queue import QueueFileError
 
     try:
         db_url = None
@@ -102,15 +103,18 @@ def check_spawner_settings(settings: Mapping[str, Any], config: Any = None) -> N
             db_url = str(config.JupyterHub.db_url)
         health = health_settings({n: settings[n] for n in HEALTH_TRAITS if n in settings},
                                  db_url)
+        queue = queue_settings({n: settings[n] for n in QUEUE_TRAITS if n in settings}, db_url)
     except ValueError as e:
         raise HubConfigError(f"GPUSpawner.{e}") from None
     try:
         # builds the hub's cluster: every topology is read here, once, before any spawn; the
         # drains file is checked and applied to the new ledger
         get_cluster(get("nodes"), policy, get("quotas"), get("profiles"), get("backend"),
-                    config, health=health)
+                    config, health=health, queue=queue)
     except DrainFileError as e:
         raise HubConfigError(f"GPUSpawner.gpu_drains_file: {e}") from None
+    except QueueFileError as e:
+        raise HubConfigError(f"GPUSpawner.queue_file: {e}") from None
     except TraitError as e:  # a backend trait; the validators name it
         raise HubConfigError(str(e)) from None
     except ValueError as e:

@@ -33,7 +33,7 @@ names it may run on; empty = any), default.
 """
 
 #: keys a client may send in ``user_options``
-USER_OPTION_KEYS = frozenset({"profile"})
+USER_OPTION_KEYS = frozenset({"profile", "queue"})
 
 
 class ProfileConfigError(ValueError):
@@ -62,6 +62,8 @@ class Profile:
     groups: tuple[str, ...] = ()
     nodes: tuple[str, ...] = ()
     default: bool = False
+    #: wait in the queue when the bundle fits the capacity but not what is free now
+    queue: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def allowed_for(self, groups: Iterable[str]) -> bool:
@@ -157,15 +159,17 @@ def load_profiles(config: Sequence[Mapping[str, Any]] | str | os.PathLike[str]
         if slug in seen:
             raise ProfileConfigError(f"{where}.slug: duplicate slug")
         seen.add(slug)
+        bundle = _bundle_from(entry, where)
         out.append(Profile(
             slug=slug,
             display_name=entry.get("display_name") or slug,
             description=entry.get("description") or "",
-            bundle=_bundle_from(entry, where),
+            bundle=bundle,
             image=entry.get("image", ""),
             groups=_names(entry.get("groups")),
             nodes=_names(entry.get("nodes")),
             default=entry.get("default", False),
+            queue=bool(entry.get("queue", bundle.total_gpu_milli > 0)),
         ))
     if sum(p.default for p in out) > 1:
         raise ProfileConfigError(f"{source}: more than one profile has default: true")
@@ -180,8 +184,8 @@ def choose_profile(user_options: Any, profiles: Sequence[Profile],
     user may use).
 
     Raises:
-        OptionsError: options not an object, an unknown key, a null, non-string or unknown
-            profile, or a profile the user's groups may not use.
+        OptionsError: options not an object, an unknown key, a non-boolean ``queue``, a
+            null, non-string or unknown profile, or a profile the user's groups may not use.
     """
     groups = set(groups)
     if user_options is None:
@@ -193,6 +197,9 @@ def choose_profile(user_options: Any, profiles: Sequence[Profile],
     if unknown:
         raise OptionsError(sorted(unknown)[0], f"unknown option; allowed: "
                                                f"{', '.join(sorted(USER_OPTION_KEYS))}")
+    if "queue" in user_options and not isinstance(user_options["queue"], bool):
+        raise OptionsError("queue", f"must be true (wait when the GPUs are busy) or false "
+                                    f"(fail now), got {user_options['queue']!r}")
     if not profiles:
         raise OptionsError("profile", "no profiles are configured")
     visible = [p for p in profiles if p.allowed_for(groups)]

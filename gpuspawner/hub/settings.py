@@ -31,6 +31,7 @@ from .user_options import check_user_options
 
 if TYPE_CHECKING:
     from .cluster import GPUHealthSettings
+    from .spawn_queue import QueueSettings
 
 
 class SpawnerSettings(LoggingConfigurable):
@@ -93,11 +94,40 @@ class SpawnerSettings(LoggingConfigurable):
     gpu_health_max_retired_pages = Int(59, help="""Pages retired for double-bit ECC errors a
         GPU may have and stay healthy.""").tag(config=True)
 
+    queue_file = Unicode("", help="""JSON file that keeps the wait queue across hub restarts
+        (the order, the waiting spawns' user_options). Empty = gpuspawner-queue.json beside the
+        hub's SQLite database (JupyterHub.db_url), else in the hub's working directory. Its
+        folder must exist and be writable; checked when the hub starts.""").tag(config=True)
+    queue_timeout = Float(4 * 3600.0, help="""Seconds a spawn may wait in the queue for its
+        bundle (profiles with queue: true); then it fails with the reason. This wait is not
+        counted in Spawner.start_timeout.""").tag(config=True)
+    queue_max_bypass = Int(3, help="""How many later, smaller spawns may start ahead of a
+        blocked spawn at the head of the queue on the nodes that could take it, before those
+        nodes are reserved for it (bounded backfill; 0 = strict order).""").tag(config=True)
+    queue_group_weights = Dict(help="""Fair-share weights of JupyterHub groups in the queue's
+        dominant-resource-fairness order, {group: weight > 0}; a user's weight is the largest
+        of the user's groups, else 1.""").tag(config=True)
+    queue_restore_grace = Float(300.0, help="""Seconds an entry restored after a hub restart
+        keeps its place while its server is spawned again.""").tag(config=True)
+
+    def queue_settings(self, db_url: str | None = None) -> QueueSettings:
+        """The ``queue_*`` traits as :class:`~gpuspawner.hub.spawn_queue.QueueSettings`."""
+        return queue_settings({name: getattr(self, name) for name in QUEUE_TRAITS}, db_url)
+
     def gpu_health_settings(self, db_url: str | None = None) -> GPUHealthSettings:
         """The ``gpu_*`` traits as :class:`~gpuspawner.hub.cluster.GPUHealthSettings`; an
         empty ``gpu_drains_file`` resolves beside ``db_url`` (the hub's; None: read from the
         running hub when there is one)."""
         return health_settings({name: getattr(self, name) for name in HEALTH_TRAITS}, db_url)
+
+    @validate("queue_timeout", "queue_max_bypass", "queue_group_weights",
+              "queue_restore_grace")
+    def _validate_queue(self, proposal: Any) -> Any:
+        try:
+            queue_settings({proposal.trait.name: proposal.value})
+        except ValueError as e:
+            raise TraitError(f"GPUSpawner.{e}") from None
+        return proposal.value
 
     @validate("backend", "profiles", "nodes", "quotas")
     def _validate_structured(self, proposal: Any) -> Any:
@@ -185,3 +215,40 @@ def health_settings(values: dict[str, Any], db_url: str | None = None) -> GPUHea
             max_uncorrected_ecc=int(get("gpu_health_max_uncorrected_ecc")),
             max_retired_pages_dbe=int(get("gpu_health_max_retired_pages")),
             xids=frozenset(int(x) for x in get("gpu_health_xids"))))
+
+
+#: the GPUSpawner traits of the wait queue
+QUEUE_TRAITS = ("queue_file", "queue_timeout", "queue_max_bypass", "queue_group_weights",
+                "queue_restore_grace")
+
+
+def queue_settings(values: dict[str, Any], db_url: str | None = None) -> QueueSettings:
+    """:class:`~gpuspawner.hub.spawn_queue.QueueSettings` from ``GPUSpawner`` trait values
+    (missing ones take the traits' defaults; an empty file resolves beside ``db_url``).
+
+    Raises:
+        ValueError: a timeout or grace <= 0, a negative bypass, a weight that is not a
+            number > 0; the message starts with the trait, e.g.
+            ``queue_group_weights.students: must be a number > 0, got 0``.
+    """
+    from .spawn_queue import QueueSettings, default_queue_file
+
+    traits = SpawnerSettings.class_traits()
+
+    def get(name: str) -> Any:
+        return values[name] if name in values else traits[name].default()
+
+    for name in ("queue_timeout", "queue_restore_grace"):
+        if not float(get(name)) > 0:
+            raise ValueError(f"{name}: must be > 0 seconds, got {get(name)}")
+    if int(get("queue_max_bypass")) < 0:
+        raise ValueError(f"queue_max_bypass: must be >= 0, got {get('queue_max_bypass')}")
+    weights = dict(get("queue_group_weights") or {})
+    for group, w in weights.items():
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not w > 0:
+            raise ValueError(f"queue_group_weights.{group}: must be a number > 0, got {w!r}")
+    path = str(get("queue_file") or "") or default_queue_file(db_url or hub_db_url())
+    return QueueSettings(file=path, timeout_s=float(get("queue_timeout")),
+                         max_bypass=int(get("queue_max_bypass")),
+                         group_weights={g: float(w) for g, w in weights.items()},
+                         restore_grace_s=float(get("queue_restore_grace")))

@@ -13,6 +13,7 @@ The spawner holds no engine code: see :mod:`gpuspawner.backends.base`.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from typing import Any
 
 from jupyterhub.spawner import Spawner
@@ -22,6 +23,7 @@ from traitlets import default
 from ..backends.base import Backend, BackendError, BackendUnavailable, ServerRef, current_spawner
 from ..backends.spec import HomeMount, launch_spec
 from ..placement import Allocation, Owner, PlacementError, QuotaExceeded
+from ..placement.queue import QueueEntry
 from . import certs
 from .cluster import Cluster, get_cluster
 from .form import OptionsFormMixin
@@ -31,6 +33,7 @@ from .profiles import Profile
 from .progress import ProgressEvents
 from .readiness import wait_for_own_server
 from .settings import SpawnerSettings
+from .spawn_queue import QueueTimeout
 from .user_options import install_user_options_guard
 
 __all__ = ["GPUSpawner", "safe_name"]
@@ -71,7 +74,8 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
     def cluster(self) -> Cluster:
         """This hub process's cluster (nodes, ledger, backend)."""
         return get_cluster(self.nodes, self.placement_policy, self.quotas, self.profiles,
-                           self.backend, self.config, health=self.gpu_health_settings)
+                           self.backend, self.config, health=self.gpu_health_settings,
+                           queue=self.queue_settings)
 
     @property
     def backend_obj(self) -> Backend:
@@ -103,10 +107,15 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
         await cluster.ensure_restored(self._owner_exists)
         await cluster.refresh_health()
         await self._release_stale()
+        owner = Owner(self.user.name, self.name or "", tuple(self.group_names))
+        wait = profile.queue and self.user_options.get("queue", True) is not False
         try:
-            alloc = cluster.ledger.reserve(profile.bundle, Owner(
-                self.user.name, self.name or "", tuple(self.group_names)),
-                nodes=profile.nodes or None)
+            alloc = await cluster.queue.acquire(
+                owner, profile.bundle, profile=profile.slug, nodes=profile.nodes,
+                options=dict(self.user_options or {}), wait=wait, on_wait=self._queue_progress)
+        except QueueTimeout as e:
+            placement_refused(e)
+            raise web.HTTPError(503, f"profile {profile.slug!r}: {e}") from None
         except PlacementError as e:
             placement_refused(e)
             where = "profile" if isinstance(e, QuotaExceeded) else f"profile {profile.slug!r}"
@@ -125,6 +134,28 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
             raise self._backend_failure(e) from None
         self._prepared = (profile, alloc)
         return self._prepared
+
+    def _queue_progress(self, entry: QueueEntry, position: int, length: int) -> None:
+        """Progress while waiting: "waiting: position 2 of 3 for 1 x A100; 0 of 4 A100 free
+        now" (emitted when it changes)."""
+        wants = self.cluster.queue.wq.gpus_wanted(entry) or entry.bundle.describe()
+        text = f"waiting: position {position} of {length} for {wants}"
+        b = entry.bundle
+        if b.total_gpu_milli:
+            free, total = self.cluster.ledger.free_gpus(b.gpu_models)
+            models = "/".join(b.gpu_models) if b.gpu_models else "GPUs"
+            text += f"; {free} of {total} {models} free now"
+        text += "; you keep your place until a server stops (the stop button cancels)"
+        if not self._events or self._events[-1]["message"] != text:
+            self._emit(10, text)
+
+    async def run_pre_spawn_hook(self) -> None:
+        """The admin's pre_spawn_hook, then placement (:meth:`_prepare`): a spawn that waits
+        in the queue waits here, before JupyterHub starts ``start_timeout`` for ``start``."""
+        result = super().run_pre_spawn_hook()
+        if inspect.isawaitable(result):
+            await result
+        await self._prepare()
 
     def _backend_failure(self, e: BaseException) -> BaseException:
         """What to raise for ``e`` from the backend: an HTTP error for a BackendError (a node
@@ -227,10 +258,12 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
         if alloc is not None:
             self.cluster.ledger.release(alloc.id, missing_ok=True)
             self.log.info("released allocation %s of %s", alloc.id, self._log_name)
+            self.cluster.queue.kick()  # what was released may start a waiting spawn
 
     async def stop(self, now: bool = False) -> None:
         """Stop the server, remove its objects, release the allocation (always, also when
-        the node does not answer)."""
+        the node does not answer); a wait in the queue that was cancelled is dropped."""
+        self.cluster.queue.forget(self.user.name, self.name or "")
         try:
             await self.backend_obj.stop(self.backend_state, now=now)
         except BackendUnavailable as e:
@@ -244,6 +277,8 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
         gives an exit status and releases the allocation. After a hub restart a running server
         adopts the allocation restored from the backend, or books the one in its state."""
         await self.cluster.ensure_restored(self._owner_exists)
+        if not getattr(self, "_spawn_pending", False):  # the user cancelled its wait
+            self.cluster.queue.forget(self.user.name, self.name or "")
         try:
             status = await self.backend_obj.poll(self.backend_state)
         except BackendUnavailable as e:

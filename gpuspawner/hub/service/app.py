@@ -82,7 +82,7 @@ def hub_cluster() -> Cluster:
     Raises:
         web.HTTPError(503): the hub does not use GPUSpawner.
     """
-    from ..settings import HEALTH_TRAITS, health_settings
+    from ..settings import HEALTH_TRAITS, QUEUE_TRAITS, health_settings, queue_settings
     from ..spawner import GPUSpawner
 
     app = _hub_app()
@@ -90,7 +90,7 @@ def hub_cluster() -> Cluster:
     if not (isinstance(cls, type) and issubclass(cls, GPUSpawner)):
         raise web.HTTPError(503, f"the hub's spawner_class is {cls!r}, not a GPUSpawner")
     traits = cls.class_traits()
-    names = ("nodes", "placement_policy", "quotas", "profiles", *HEALTH_TRAITS)
+    names = ("nodes", "placement_policy", "quotas", "profiles", *HEALTH_TRAITS, *QUEUE_TRAITS)
     values: dict[str, Any] = {name: traits[name].default() for name in names}
     for klass in reversed(cls.mro()):
         section = klass.__name__
@@ -100,7 +100,8 @@ def hub_cluster() -> Cluster:
                     values[name] = app.config[section][name]
     return get_cluster(values["nodes"], values["placement_policy"], values["quotas"],
                        values["profiles"],
-                       health=lambda: health_settings(values, str(app.db_url)))
+                       health=lambda: health_settings(values, str(app.db_url)),
+                       queue=lambda: queue_settings(values, str(app.db_url)))
 
 
 def hub_user(name: str) -> tuple[bool, list[str]] | None:
