@@ -4,7 +4,7 @@ rendered with Jinja2 (``templates/profiles.html.j2``, overridable through
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from jinja2 import ChoiceLoader, Environment, FileSystemLoader, PackageLoader, select_autoescape
@@ -18,13 +18,21 @@ from .user_options import pending_refusal
 
 
 def profile_cards(profiles: Sequence[Profile], ledger: Ledger, user: str,
-                  groups: Iterable[str]) -> list[dict[str, Any]]:
-    """What the form shows per profile: availability now, quota and group permission.
+                  groups: Iterable[str], queued: Mapping[str, int] | None = None
+                  ) -> list[dict[str, Any]]:
+    """What the form shows per profile: availability now, quota, group permission and the
+    queue.
+
+    Args:
+        queued: profile slug -> spawns waiting for it in the queue.
 
     Returns:
         one dict per profile: slug, display_name, description, bundle (text), default,
-        available (bool), reason (why not), availability ("3 of 8 A100 free now" or "").
+        available (bool), reason (why not), availability ("3 of 8 A100 free now" or ""),
+        queue (bool: a spawn of it waits when its GPUs are busy), queued (int: spawns
+        waiting for it), waits (bool: a spawn now would wait in the queue).
     """
+    queued = queued or {}
     groups = list(groups)
     left = ledger.quota_remaining(user, groups)
     cards = []
@@ -33,7 +41,8 @@ def profile_cards(profiles: Sequence[Profile], ledger: Ledger, user: str,
         card: dict[str, Any] = {"slug": p.slug, "display_name": p.display_name,
                                 "description": p.description, "bundle": b.describe(),
                                 "default": p.default, "available": True, "reason": "",
-                                "availability": ""}
+                                "availability": "", "queue": p.queue,
+                                "queued": int(queued.get(p.slug, 0)), "waits": False}
         if b.total_gpu_milli:
             free, total = ledger.free_gpus(b.gpu_models)
             models = "/".join(b.gpu_models) or "GPU"
@@ -41,6 +50,9 @@ def profile_cards(profiles: Sequence[Profile], ledger: Ledger, user: str,
             need = b.gpus or 1
             if total == 0:
                 card.update(available=False, reason=f"no {models} on this hub")
+            elif b.gpus and free < need and p.queue:
+                card.update(waits=True, reason=f"all {models} busy now: you will wait in the "
+                                                "queue")
             elif b.gpus and free < need:
                 card.update(available=False, reason=f"only {free} {models} free now")
         if not p.allowed_for(groups):
@@ -108,7 +120,10 @@ class OptionsFormMixin(LoggingConfigurable):
     def _default_options_from_form(self) -> Any:
         def options_from_form(formdata: dict[str, list[str]]) -> dict[str, Any]:
             values = formdata.get("profile") or []
-            return {"profile": values[0]} if values else {}
+            out: dict[str, Any] = {"profile": values[0]} if values else {}
+            if (formdata.get("fail_now") or [""])[0] in ("on", "true", "1"):
+                out["queue"] = False
+            return out
         return options_from_form
 
     @property
@@ -140,8 +155,11 @@ class OptionsFormMixin(LoggingConfigurable):
 
     def profile_cards(self) -> list[dict[str, Any]]:
         """The form's cards for this user (:func:`profile_cards`)."""
-        return profile_cards(self.load_profile_list(), self.cluster.ledger,  # type: ignore
-                             self.user.name, self.group_names)  # type: ignore[attr-defined]
+        cluster = self.cluster  # type: ignore[attr-defined]
+        queued = cluster.queue.wq.count_by_profile() if cluster.queue is not None else {}
+        return profile_cards(self.load_profile_list(), cluster.ledger,
+                             self.user.name, self.group_names,  # type: ignore[attr-defined]
+                             queued)
 
     async def get_options_form(self) -> str:
         """The spawn form: profile cards with live availability (Jinja2 template), unless the

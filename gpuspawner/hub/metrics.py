@@ -49,6 +49,24 @@ SPAWN_READY = Histogram(
     ["gpus"], buckets=SPAWN_BUCKETS, registry=REGISTRY)
 
 
+#: buckets in seconds for waits in the queue: seconds to hours
+QUEUE_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, 28800)
+
+QUEUE_WAIT = Histogram(
+    "gpuspawner_queue_wait_seconds",
+    "Seconds a spawn waited in the queue before its bundle was booked (spawns that did not "
+    "wait count 0), by profile",
+    ["profile"], buckets=QUEUE_BUCKETS, registry=REGISTRY)
+
+
+def queue_waited(profile: str, seconds: float) -> None:
+    """Observe one wait in :data:`QUEUE_WAIT`. Never raises."""
+    try:
+        QUEUE_WAIT.labels(profile=profile or "-").observe(seconds)
+    except Exception as e:  # pragma: no cover - defensive
+        log.warning("metrics: cannot observe queue wait: %s", e)
+
+
 def refusal_reason(error: BaseException) -> str:
     """The ``reason`` label of a placement error: ``quota_<resource>`` (e.g.
     ``quota_gpu_milli``) for a QuotaExceeded, else the error's ``reason`` attribute."""
@@ -148,10 +166,24 @@ class ClusterCollector(Collector):
             labels=["group"])
         g_gpus = GaugeMetricFamily("gpuspawner_group_gpus", "GPUs held by members of a group",
                                    labels=["group"])
+        q_len = GaugeMetricFamily("gpuspawner_queue_length",
+                                  "Spawns waiting in the queue, by profile", labels=["profile"])
+        q_oldest = GaugeMetricFamily(
+            "gpuspawner_queue_oldest_wait_seconds",
+            "Seconds the longest-waiting spawn of a profile has waited so far",
+            labels=["profile"])
         users: dict[str, list[int]] = {}
         groups: dict[str, list[int]] = {}
+        t = time.time()
         for cluster in self._clusters():
             ledger = cluster.ledger
+            if cluster.queue is not None:
+                oldest: dict[str, float] = {}
+                for e in cluster.queue.wq.order():
+                    oldest[e.profile] = max(oldest.get(e.profile, 0.0), t - e.enqueued)
+                for prof, n in sorted(cluster.queue.wq.count_by_profile().items()):
+                    q_len.add_metric([prof or "-"], n)
+                    q_oldest.add_metric([prof or "-"], oldest[prof])
             for node in ledger.snapshot():
                 by_model: dict[str, list[float]] = {}
                 for g in node["gpus"]:
@@ -189,7 +221,7 @@ class ClusterCollector(Collector):
             g_allocs.add_metric([group], n)
             g_gpus.add_metric([group], milli / 1000)
         yield from (total, allocated, free, drained, cores, memory, u_allocs, u_gpus, g_allocs,
-                    g_gpus)
+                    g_gpus, q_len, q_oldest)
 
 
 _COLLECTOR: ClusterCollector | None = None

@@ -38,6 +38,7 @@ from typing import Any
 
 from ..placement import Allocation, Bundle, Owner, PlacementError, PlacementRefused
 from ..placement.queue import QueueEntry, QueueOutcome, WaitQueue
+from .metrics import queue_waited
 
 log = logging.getLogger("gpuspawner")
 
@@ -108,9 +109,6 @@ class SpawnQueue:
         self._tick_task: asyncio.Task[None] | None = None
         #: entry ids whose wait was cancelled (see the module's docstring)
         self._cancelled: set[str] = set()
-        #: seconds waited by entries that started, per profile (for metrics), since the last
-        #: read of :meth:`take_waits`
-        self._waits: list[tuple[str, float]] = []
 
     @property
     def ledger(self) -> Any:
@@ -246,8 +244,7 @@ class SpawnQueue:
         if outcome.error is not None:
             raise outcome.error
         assert outcome.allocation is not None
-        waited = max(0.0, self._clock() - outcome.entry.enqueued)
-        self._waits.append((outcome.entry.profile, waited))
+        queue_waited(outcome.entry.profile, max(0.0, self._clock() - outcome.entry.enqueued))
         return outcome.allocation
 
     def _abandon(self, entry: QueueEntry, fut: asyncio.Future[QueueOutcome],
@@ -351,11 +348,6 @@ class SpawnQueue:
         self._ensure_ticking()
 
     # -- views ----------------------------------------------------------------------------
-    def take_waits(self) -> list[tuple[str, float]]:
-        """(profile, seconds waited) of spawns that started since the last call."""
-        out, self._waits = self._waits, []
-        return out
-
     def restored_entries(self) -> list[QueueEntry]:
         """Entries that wait for a spawn to claim them (restored, not cancelled)."""
         return [e for e in self.wq.order() if not e.claimed and e.id not in self._cancelled]

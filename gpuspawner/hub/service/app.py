@@ -50,6 +50,7 @@ from .views import (
     gpu_drain_view,
     map_view,
     node_views,
+    queue_view,
     schema_list_view,
     schema_view,
     usage_view,
@@ -258,6 +259,22 @@ class AllocationsHandler(_Base):
         self.write_json(allocation_views(cluster, user["name"]))
 
 
+#: token scopes (unfiltered) that read every entry of the queue (the idle culler's)
+QUEUE_READ_SCOPES = frozenset({"read:servers", "admin:servers"})
+
+
+class QueueHandler(_Base):
+    """``GET api/queue``: the wait queue in fair order (:func:`views.queue_view`): counts for
+    everyone, all entries for admins and tokens with ``read:servers``/``admin:servers``,
+    else the caller's own."""
+    async def get(self) -> None:
+        user = self.require_user()
+        cluster = await self.cluster()
+        everything = self.is_admin(user) or bool(QUEUE_READ_SCOPES & set(
+            user.get("scopes") or []))
+        self.write_json(queue_view(cluster, None if everything else user["name"]))
+
+
 class UsageHandler(_Base):
     """``GET api/users/{name}/usage``: what a user holds and their quota (self or admin)."""
     async def get(self, name: str) -> None:
@@ -401,6 +418,8 @@ class GPUService:
                                      autoescape=select_autoescape(["html", "j2"]))
         self.server: HTTPServer | None = None
         self.port: int | None = None
+        #: the task of :func:`resume_queue` (started by :func:`configure_service`)
+        self.resume_task: asyncio.Future[list[str]] | None = None
 
     @property
     def hub_auth(self) -> HubOAuth:
@@ -441,6 +460,7 @@ class GPUService:
             (p + "api/allocations", AllocationsHandler, kw),
             (p + r"api/gpus/([^/]+)/drain", GPUDrainHandler, kw),
             (p + r"api/users/([^/]+)/usage", UsageHandler, kw),
+            (p + "api/queue", QueueHandler, kw),
             (p + "api/openapi.json", OpenAPIHandler, kw),
             (p + "api/schemas", SchemasHandler, kw),
             (p + r"api/schemas/([^/]+)", SchemaHandler, kw),
@@ -464,6 +484,64 @@ class GPUService:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+
+async def resume_queue(service: GPUService, *, deadline_s: float = 300.0,
+                       cluster: Callable[[], Cluster] | None = None) -> list[str]:
+    """After a hub restart: spawn again, through the hub's REST API with the service's token
+    and each entry's ``user_options``, the servers whose entries the queue file kept, so each
+    spawn claims its old place (:mod:`gpuspawner.hub.spawn_queue`). Also starts the queue's
+    tick. Waits up to ``deadline_s`` seconds for the hub API to answer.
+
+    Returns:
+        ``"user/server"`` of each spawn requested (a refused request is logged).
+    """
+    from jupyterhub.utils import make_ssl_context
+    from tornado.escape import url_escape
+    from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    client = AsyncHTTPClient()
+    while True:  # the hub's API answers once JupyterHub.start has run
+        try:
+            app = _hub_app()
+            api = app.hub.api_url.rstrip("/") + "/"
+            ssl = make_ssl_context(app.internal_ssl_key, app.internal_ssl_cert,
+                                   cafile=app.internal_ssl_ca) if app.internal_ssl else None
+            await client.fetch(api, ssl_options=ssl, request_timeout=5)
+            break
+        except (web.HTTPError, OSError, HTTPClientError) as e:
+            if loop.time() > end:
+                log.error("wait queue: the hub API did not answer in %g s (%s); queued "
+                          "servers are not spawned again", deadline_s, e)
+                return []
+            await asyncio.sleep(1.0)
+    c = (cluster or hub_cluster)()
+    if c.queue is None:
+        return []
+    c.queue.start()
+    done = []
+    for e in c.queue.restored_entries():
+        who = f"{e.owner.user}/{e.owner.server}"
+        path = f"users/{url_escape(e.owner.user, plus=False)}/" + (
+            f"servers/{url_escape(e.owner.server, plus=False)}" if e.owner.server else "server")
+        req = HTTPRequest(api + path, method="POST", body=json.dumps(e.options),
+                          headers={"Authorization": f"token {service.api_token}",
+                                   "Content-Type": "application/json"},
+                          ssl_options=ssl, request_timeout=30)
+        try:
+            resp = await client.fetch(req, raise_error=False)
+        except OSError as err:
+            log.error("wait queue: spawning %s again failed: %s", who, err)
+            continue
+        if resp.code >= 400:
+            log.error("wait queue: spawning %s again refused: %s %s", who, resp.code,
+                      resp.body[:300] if resp.body else b"")
+            continue
+        log.info("wait queue: %s spawned again to claim its place (%s)", who, resp.code)
+        done.append(who)
+    return done
 
 
 def _log_request(handler: web.RequestHandler) -> None:
@@ -524,6 +602,12 @@ def configure_service(c: Any, name: str = "gpuspawner", host: str = "127.0.0.1",
                           "description": "admin view of the gpuspawner service",
                           "scopes": [ADMIN_SCOPE, access],
                           "users": admins, "groups": sorted(admin_groups)})
+
+    # spawns queued before a hub restart are spawned again by the service (resume_queue)
+    jh.load_roles.append({"name": f"{name}-service-queue",
+                          "description": "spawn queued servers again after a hub restart",
+                          "scopes": ["servers", "read:users:name"], "services": [name]})
+    service.resume_task = asyncio.ensure_future(resume_queue(service))
 
     metrics.register_cluster_collector()
     if track_spawn_time:

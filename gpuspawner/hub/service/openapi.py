@@ -182,6 +182,39 @@ _DENIED = {
 }
 
 
+QUEUE_ENTRY: dict[str, Any] = {
+    "type": "object",
+    "required": ["id", "user", "server", "profile", "position", "enqueued", "waited_s",
+                 "wants"],
+    "properties": {
+        "id": _STR, "user": _STR, "server": _STR, "profile": _STR,
+        "position": {"type": "integer", "minimum": 1, "description": "1-based, fair order"},
+        "enqueued": {"type": "string", "description": "ISO 8601, UTC"},
+        "waited_s": {"type": "number", "description": "seconds waited so far"},
+        "wants": {"type": "string", "description": "e.g. 1 x A100"},
+        "gpus": {"type": "integer"}, "gpu_milli": {"type": "integer"},
+        "gpu_models": {"type": "array", "items": _STR},
+        "cores": {"type": "integer"}, "memory_bytes": {"type": "integer"},
+        "bypassed": {"type": "integer",
+                     "description": "later spawns that started ahead of it while it was first"},
+        "restored": {"type": "boolean",
+                     "description": "kept across a hub restart, waiting for its re-spawn"},
+    },
+}
+
+QUEUE: dict[str, Any] = {
+    "type": "object",
+    "required": ["length", "by_profile", "waiting_gpus", "entries"],
+    "properties": {
+        "length": {"type": "integer", "description": "entries in all"},
+        "by_profile": {"type": "object", "additionalProperties": {"type": "integer"}},
+        "waiting_gpus": {"type": "object", "additionalProperties": {"type": "integer"},
+                         "description": "GPU model (GPU = any) -> entries that want it"},
+        "entries": {"type": "array", "items": {"$ref": "#/components/schemas/QueueEntry"}},
+    },
+}
+
+
 def openapi_document(prefix: str = "/services/gpuspawner/") -> dict[str, Any]:
     """The OpenAPI 3.0.3 document; ``servers`` is the service's URL prefix on the hub."""
     return {
@@ -204,6 +237,7 @@ def openapi_document(prefix: str = "/services/gpuspawner/") -> dict[str, Any]:
                         "NumaNode": NUMA, "Node": NODE, "Allocation": ALLOCATION,
                         "UserUsage": USER_USAGE, "SchemaInfo": SCHEMA_INFO,
                         "GPUDrain": GPU_DRAIN, "DrainRequest": DRAIN_REQUEST,
+                        "Queue": QUEUE, "QueueEntry": QUEUE_ENTRY,
                         "Error": ERROR},
         },
         "security": [{"token": []}],
@@ -251,6 +285,13 @@ def openapi_document(prefix: str = "/services/gpuspawner/") -> dict[str, Any]:
                         "404": _resp("no node has that GPU", _ERR)},
                 },
             },
+            "/api/queue": {"get": {
+                "operationId": "getQueue",
+                "summary": "The wait queue in its fair order: counts for everyone, entries "
+                           "for admins (and read:servers tokens), else the caller's own",
+                "responses": {"200": _resp("the queue", {
+                    "$ref": "#/components/schemas/Queue"}), **_DENIED},
+            }},
             "/api/users/{name}/usage": {"get": {
                 "operationId": "getUserUsage",
                 "summary": "What a user holds, their quota and their groups' quotas",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import colorsys
 import hashlib
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import fields
 from typing import Any
@@ -239,3 +240,45 @@ def schema_view(name: str) -> dict[str, Any] | None:
     """``GET api/schemas/{name}``: the JSON Schema (draft 2020-12) ``name``, or None when
     there is none of that name."""
     return load_schema(name) if name in SCHEMA_NAMES else None
+
+
+def queue_view(cluster: Cluster, viewer: str | None, now: float | None = None
+               ) -> dict[str, Any]:
+    """``GET api/queue``: the wait queue in its fair order.
+
+    ``length``, ``by_profile`` (slug -> entries) and ``waiting_gpus`` (GPU model, or "GPU"
+    for any model -> entries that want GPUs of it) count every entry for everyone; ``entries``
+    lists all of them for admins (``viewer`` None), else only the viewer's. An entry:
+    ``id, user, server, profile, position`` (1-based), ``enqueued`` (ISO 8601 UTC),
+    ``waited_s`` (seconds), ``wants`` (words), ``gpus``, ``gpu_milli``, ``gpu_models``,
+    ``cores``, ``memory_bytes``, ``bypassed`` and ``restored`` (waiting for its re-spawn after
+    a hub restart).
+    """
+    import datetime
+
+    t = time.time() if now is None else now
+    q = cluster.queue
+    order = q.wq.order() if q is not None else []
+    waiting_gpus: dict[str, int] = {}
+    entries = []
+    for i, e in enumerate(order, 1):
+        b = e.bundle
+        if b.total_gpu_milli:
+            for m in b.gpu_models or ("GPU",):
+                waiting_gpus[m] = waiting_gpus.get(m, 0) + 1
+        if viewer is not None and e.owner.user != viewer:
+            continue
+        entries.append({
+            "id": e.id, "user": e.owner.user, "server": e.owner.server, "profile": e.profile,
+            "position": i,
+            "enqueued": datetime.datetime.fromtimestamp(e.enqueued, datetime.timezone.utc)
+            .strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "waited_s": round(max(0.0, t - e.enqueued), 1),
+            "wants": q.wq.gpus_wanted(e) or b.describe(),  # type: ignore[union-attr]
+            "gpus": b.gpus, "gpu_milli": b.gpu_milli, "gpu_models": list(b.gpu_models),
+            "cores": b.cores, "memory_bytes": b.memory_bytes, "bypassed": e.bypassed,
+            "restored": not e.claimed,
+        })
+    return {"length": len(order),
+            "by_profile": q.wq.count_by_profile() if q is not None else {},
+            "waiting_gpus": waiting_gpus, "entries": entries}
