@@ -363,3 +363,22 @@ async def test_passes_cull_early_only_while_the_queue_waits(stand: Stand,
     assert record["message"].startswith("culled early: 2 users waiting for A100")
     assert record["policy"]["pressure_idle_timeout"] == 600
     assert stand.calls["queue"] == 3 and stand.calls["users"] == 3  # once per pass
+
+
+async def test_service_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--gpuspawner-url`` reaches the culler; its default comes from the hub's public URL
+    when the hub sets ``JUPYTERHUB_PUBLIC_HUB_URL`` (JupyterHub's ``public_url``), else none."""
+    from idle_culler.app import IdleCuller
+
+    monkeypatch.setenv("JUPYTERHUB_PUBLIC_HUB_URL", "https://hub.example.org/base/hub/")
+    assert IdleCuller().gpuspawner_url == "https://hub.example.org/base/services/gpuspawner/"
+    monkeypatch.delenv("JUPYTERHUB_PUBLIC_HUB_URL")
+    app = IdleCuller()
+    assert app.gpuspawner_url == "" and app.build().gpuspawner_url is None
+    app = IdleCuller()
+    app.parse_command_line(["--gpuspawner-url", "http://127.0.0.1:9/services/gpuspawner",
+                            "--queue-timeout", "2.5"])
+    c = app.build()
+    assert (c.gpuspawner_url, c.queue_timeout) == ("http://127.0.0.1:9/services/gpuspawner/",
+                                                   2.5)
+    c.hub.close()
