@@ -170,7 +170,7 @@ if api_token:
 # (docs/service.md). GPUSPAWNER_SERVICE_PORT fixes its port (default: a free one).
 from gpuspawner.hub.service import configure_service  # noqa: E402
 
-configure_service(c, port=int(os.environ.get("GPUSPAWNER_SERVICE_PORT", "0")))
+GPUSPAWNER_SERVICE = configure_service(c, port=int(os.environ.get("GPUSPAWNER_SERVICE_PORT", "0")))
 
 # -- idle culler (idle_culler/) -------------------------------------------------------------
 # A hub-managed service: culls idle servers by activity, GPU utilisation and age under the
@@ -202,6 +202,9 @@ if os.environ.get("GPUSPAWNER_CULLER", "on") != "off":
             "--cull-every", os.environ.get("GPUSPAWNER_CULLER_EVERY", "60"),
             "--timeout", "3600",
             "--concurrency", "10",
+            # the wait queue (pressure_idle_timeout), read on the service's own loopback port
+            *(["--gpuspawner-url", GPUSPAWNER_SERVICE.url + GPUSPAWNER_SERVICE.prefix]
+              if GPUSPAWNER_SERVICE is not None else []),
             # on a GPU node: "--nvml"; with dcgm-exporter: "--dcgm-url", "http://node-1:9400/metrics"
         ],
         "cwd": str(REPO),
@@ -211,7 +214,9 @@ if os.environ.get("GPUSPAWNER_CULLER", "on") != "off":
         "name": "idle-culler",
         "description": "Cull idle servers (idle_culler/README.md)",
         "scopes": ["list:users", "read:users:activity", "read:users:groups", "read:servers",
-                   "delete:servers", "admin:server_state"],
+                   "delete:servers", "admin:server_state",
+                   # gpuspawner's wait queue and GPU models (culling under pressure)
+                   "access:services!service=gpuspawner"],
         "services": ["idle-culler"],
     })
     # users may open the culler's page (their own servers' status) through hub OAuth

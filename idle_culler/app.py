@@ -43,6 +43,8 @@ class IdleCuller(Application):
         "api-page-size": "IdleCuller.api_page_size",
         "url": "IdleCuller.url",
         "policies": "IdleCuller.policies_file",
+        "gpuspawner-url": "IdleCuller.gpuspawner_url",
+        "queue-timeout": "IdleCuller.queue_timeout",
         "cull-log": "IdleCuller.cull_log",
         "dcgm-url": "IdleCuller.dcgm_urls",
         "dcgm-interval": "IdleCuller.dcgm_interval",
@@ -83,6 +85,14 @@ class IdleCuller(Application):
     policies_file = Unicode("", help="YAML policy file (see idle_culler/README.md); admins' "
                             "changes through the web API are written back to it."
                             ).tag(config=True)
+    gpuspawner_url = Unicode(help=dedent("""
+        URL of the gpuspawner service, e.g. http://127.0.0.1:8000/services/gpuspawner/ (through
+        the proxy) or its own loopback URL and prefix: its wait queue (api/queue) and GPU
+        models (api/nodes) drive pressure_idle_timeout. Default: from
+        $JUPYTERHUB_PUBLIC_HUB_URL when the hub sets it, else none (never culled early).
+        The culler's token needs access:services!service=gpuspawner.""")).tag(config=True)
+    queue_timeout = Float(10.0, help="Seconds to wait for the queue (one try; a failure "
+                          "means no pressure this pass).").tag(config=True)
     cull_log = Unicode("", help="JSON-lines file, one line per cull.").tag(config=True)
     dry_run = Bool(False, help="Decide and report, cull nothing.").tag(config=True)
     once = Bool(False, help="One pass, then exit.").tag(config=True)
@@ -110,6 +120,13 @@ class IdleCuller(Application):
     def _url(self) -> str:
         return os.environ.get("JUPYTERHUB_API_URL", "http://127.0.0.1:8081/hub/api")
 
+    @default("gpuspawner_url")
+    def _gpuspawner_url(self) -> str:
+        hub = os.environ.get("JUPYTERHUB_PUBLIC_HUB_URL", "")  # https://host/base/hub/
+        if not hub:
+            return ""
+        return hub.rstrip("/").removesuffix("/hub") + "/services/gpuspawner/"
+
     @default("api_token")
     def _token(self) -> str:
         return os.environ.get("JUPYTERHUB_API_TOKEN", "")
@@ -127,7 +144,9 @@ class IdleCuller(Application):
                              dry_run=self.dry_run, cull_users=self.cull_users,
                              remove_named_servers=self.remove_named_servers,
                              page_size=self.api_page_size, cull_log=self.cull_log or None,
-                             metrics=self.metrics)
+                             metrics=self.metrics,
+                             gpuspawner_url=self.gpuspawner_url or None,
+                             queue_timeout=self.queue_timeout)
         return self.culler
 
     async def run(self) -> None:

@@ -13,12 +13,18 @@ Per server (``user/server``), with ``now`` in epoch seconds and the user's effec
   ``gpu_window`` (seconds) is below ``gpu_idle_threshold``; ``now + warning`` when it is already
   below over the last ``gpu_window - warning`` seconds (so that the warning can come first).
 
-``idle`` and ``gpu_idle`` are never due before ``started + grace_period``. The earliest due
-reason wins. Without a warning lead time a server is culled when due <= now. With one, the
-server is first marked "will be culled at T, because ..." as soon as due <= now + warning, and
-culled at ``max(due, warned_since + warning)``; if activity resumes (due moves past
-now + warning) the mark is withdrawn. Pending, starting or not-ready servers are never culled;
-exempt users are never culled.
+- ``pressure_idle``: ``last + pressure_idle_timeout`` while gpuspawner's wait queue holds a
+  spawn that wants GPUs of a model the server's allocation holds, or any GPU
+  (:mod:`idle_culler.pressure`); only for GPU servers, only where ``idle_timeout`` is on and
+  longer (it is the shorter idle timeout "under pressure"); the queue is read once per pass
+  and any failure to read it means no pressure (never cull early on a guess).
+
+``idle``, ``pressure_idle`` and ``gpu_idle`` are never due before ``started + grace_period``.
+The earliest due reason wins. Without a warning lead time a server is culled when due <= now.
+With one, the server is first marked "will be culled at T, because ..." as soon as due <= now +
+warning, and culled at ``max(due, warned_since + warning)``; if activity resumes (due moves
+past now + warning) the mark is withdrawn. Pending, starting or not-ready servers are never
+culled; exempt users are never culled.
 """
 
 from __future__ import annotations
@@ -37,11 +43,12 @@ from .gpu import GPUHistory
 from .hub import HubAPIError, HubClient
 from .netstats import NetworkMeter
 from .policies import PolicySet
+from .pressure import Demand, Pressure
 
 log = logging.getLogger("idle_culler")
 
 #: the reasons a server is culled, as used in the cull log and the Prometheus label
-REASONS = ("idle", "gpu_idle", "max_age")
+REASONS = ("idle", "pressure_idle", "gpu_idle", "max_age")
 
 
 def parse_ts(value: str | None) -> float | None:
@@ -115,7 +122,8 @@ class Culler:
                  network: NetworkMeter | None = None, dry_run: bool = False,
                  cull_users: bool = False, remove_named_servers: bool = False,
                  page_size: int = 0, cull_log: str | Path | None = None,
-                 metrics: Any = None, clock: Callable[[], float] = time.time) -> None:
+                 metrics: Any = None, clock: Callable[[], float] = time.time,
+                 gpuspawner_url: str | None = None, queue_timeout: float = 10.0) -> None:
         self.hub = hub
         self.policies = policies
         self.history = history or GPUHistory()
@@ -136,6 +144,17 @@ class Culler:
         self.recent: list[dict[str, Any]] = []
         self.last_pass: dict[str, Any] = {}
         self.seen_gpus: set[str] = set()
+        #: where gpuspawner's service is (``http://127.0.0.1:8000/services/gpuspawner/``);
+        #: None: no queue, never culled early
+        self.gpuspawner_url = gpuspawner_url.rstrip("/") + "/" if gpuspawner_url else None
+        self.queue_timeout = queue_timeout
+        #: the queue's GPU demand read at the start of this pass (None: no pressure)
+        self.demand: Demand | None = None
+        #: GPU UUID -> model, from gpuspawner's inventory (kept across passes)
+        self.gpu_model: dict[str, str] = {}
+        #: what the last queue read gave, for the status (``ok``, ``length``, ``error``)
+        self.queue_status: dict[str, Any] = {}
+        self._no_service_logged = False
         self._lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ decision
@@ -198,6 +217,11 @@ class Culler:
             if key in self._gpu_active:
                 last = max(last, self._gpu_active[key])
         fig["inactive_s"] = round(now - last, 1)
+        pressure = self.pressure_on(uuids) if (
+            pol.pressure_idle_timeout > 0 and pol.idle_timeout > pol.pressure_idle_timeout
+        ) else None
+        if pressure is not None:
+            fig["pressure"] = pressure.to_json()
 
         dues: list[tuple[float, str, str]] = []
         grace_end = started + pol.grace_period
@@ -208,6 +232,12 @@ class Culler:
             dues.append((max(last + pol.idle_timeout, grace_end), "idle",
                          f"no activity for {_fmt_s(now - last)}, "
                          f"idle timeout {_fmt_s(pol.idle_timeout)}"))
+        if pressure is not None:
+            dues.append((max(last + pol.pressure_idle_timeout, grace_end), "pressure_idle",
+                         f"culled early: {pressure.text} (no activity for "
+                         f"{_fmt_s(now - last)}, idle timeout under pressure "
+                         f"{_fmt_s(pol.pressure_idle_timeout)} instead of "
+                         f"{_fmt_s(pol.idle_timeout)})"))
         if due_gpu is not None:
             mean = fig.get("gpu_mean_percent")
             dues.append((max(due_gpu, grace_end), "gpu_idle",
@@ -239,6 +269,56 @@ class Culler:
                         f"will be culled at {iso(warn.cull_at)}, because {why}",
                         due, warn.cull_at, fig, pj)
 
+    def pressure_on(self, uuids: list[str]) -> Pressure | None:
+        """Who waits in the queue (read this pass) for GPUs a server holding ``uuids`` could
+        free; None for a CPU-only server, without a queue, or when nobody waits for its
+        models. A GPU whose model is unknown (inventory not readable) matches only entries
+        that accept any model."""
+        if not uuids or not self.demand:
+            return None
+        models = {self.gpu_model[u] for u in uuids if self.gpu_model.get(u)}
+        return self.demand.match(models)
+
+    async def read_queue(self) -> Demand | None:
+        """Read gpuspawner's wait queue (once per pass) and, when entries wait for named
+        models, its inventory (GPU UUID -> model). Never raises: no URL, a 404 (no gpuspawner
+        service: logged once), or any error (logged) give None, i.e. no pressure this pass;
+        an inventory that cannot be read leaves the last one read (models only match "any
+        GPU" entries for GPUs it never listed)."""
+        if self.gpuspawner_url is None or not self.policies.sets("pressure_idle_timeout"):
+            self.queue_status = {"ok": False, "error": "not read (no gpuspawner URL or no "
+                                 "pressure_idle_timeout in the policies)"}
+            return None
+        url = self.gpuspawner_url + "api/queue"
+        try:
+            doc = await self.hub.gpu_queue(url, self.queue_timeout)
+            if doc is None:
+                if not self._no_service_logged:
+                    log.warning("no gpuspawner service at %s (404): no culling under pressure "
+                                "until it answers", url)
+                    self._no_service_logged = True
+                self.queue_status = {"ok": False, "error": f"{url}: 404"}
+                return None
+            demand = Demand.from_json(doc)
+        except (HubAPIError, ValueError) as e:
+            log.warning("reading the queue failed, no culling under pressure this pass: %s", e)
+            if self.metrics:
+                self.metrics.errors.inc()
+            self.queue_status = {"ok": False, "error": str(e)[:300]}
+            return None
+        self._no_service_logged = False
+        if demand.specific_models():
+            try:
+                self.gpu_model.update(await self.hub.gpu_models(
+                    self.gpuspawner_url + "api/nodes", self.queue_timeout))
+            except (HubAPIError, ValueError) as e:
+                log.warning("reading gpuspawner's GPU models failed (only 'any GPU' entries "
+                            "count for GPUs not seen before): %s", e)
+        self.queue_status = {"ok": True, "length": demand.length,
+                             "waiting_gpus": {demand.names[k]: n
+                                              for k, n in sorted(demand.spawns.items())}}
+        return demand
+
     # ------------------------------------------------------------------ pass
     async def run_pass(self) -> list[Decision]:
         """One pass over all ready servers; returns every decision. Listing errors (after the
@@ -250,6 +330,7 @@ class Culler:
 
     async def _run_pass(self) -> list[Decision]:
         t0 = time.perf_counter()
+        self.demand = await self.read_queue()
         now = self.clock()
         decisions: list[Decision] = []
         tasks: list[asyncio.Task[None]] = []
@@ -320,7 +401,7 @@ class Culler:
             counts[d.action] = counts.get(d.action, 0) + 1
         self.last_pass = {"time": iso(now), "duration_s": round(dt, 4), "complete": ok,
                           "servers": len(decisions), "actions": counts, "errors": errors,
-                          "dry_run": self.dry_run}
+                          "dry_run": self.dry_run, "queue": self.queue_status}
         if self.metrics:
             self.metrics.passes.labels("complete" if ok else "aborted").inc()
             self.metrics.pass_seconds.observe(dt)

@@ -72,9 +72,17 @@ class HubClient:
 
     async def request(self, method: str, path: str, body: Any = None,
                       headers: dict[str, str] | None = None,
-                      ok: tuple[int, ...] = ()) -> tuple[int, Any]:
+                      ok: tuple[int, ...] = (), retries: int | None = None,
+                      timeout: float | None = None) -> tuple[int, Any]:
         """``(status, decoded JSON or None)``; statuses in ``ok`` (besides 2xx) are returned,
-        not raised (e.g. 404 for a server already gone)."""
+        not raised (e.g. 404 for a server already gone). ``retries`` and ``timeout``
+        (seconds, for the whole request) override the client's for this call.
+
+        Raises:
+            HubAPIError: another status after the retries (599: no HTTP answer, a timeout).
+            ValueError: a 2xx answer whose body is not JSON.
+        """
+        retries = self.retries if retries is None else retries
         url = path if path.startswith("http") else f"{self.url}{path}"
         hdrs = {"Authorization": f"token {self.token}", **(headers or {})}
         data = None if body is None else json.dumps(body)
@@ -82,7 +90,7 @@ class HubClient:
             data = ""
         req = HTTPRequest(url, method=method, headers=hdrs, body=data,
                           allow_nonstandard_methods=True,
-                          request_timeout=self.request_timeout,
+                          request_timeout=self.request_timeout if timeout is None else timeout,
                           ssl_options=self.ssl_context)
         attempt = 0
         while True:
@@ -94,16 +102,21 @@ class HubClient:
                 status, text = r.code, (r.body or b"").decode(errors="replace")
             except (OSError, HTTPClientError, asyncio.TimeoutError) as e:
                 status, text = 599, str(e)
-            if 200 <= status < 300 or status in ok:
+            if 200 <= status < 300:
                 return status, (json.loads(text) if text.strip() else None)
-            if status not in RETRY_STATUS or attempt >= self.retries:
+            if status in ok:  # e.g. a 404 page from a proxy: the body need not be JSON
+                try:
+                    return status, (json.loads(text) if text.strip() else None)
+                except ValueError:
+                    return status, None
+            if status not in RETRY_STATUS or attempt >= retries:
                 raise HubAPIError(method, url, status, text)
             delay = min(self.max_backoff, self.backoff * 2**attempt)
             delay *= random.uniform(0.75, 1.25)
             attempt += 1
             self.retried += 1
             log.warning("%s %s: HTTP %s, retry %d/%d in %.2fs", method, url, status, attempt,
-                        self.retries, delay)
+                        retries, delay)
             await asyncio.sleep(delay)
 
     async def paginate(self, path: str, params: dict[str, Any]) -> AsyncIterator[dict]:
@@ -143,3 +156,45 @@ class HubClient:
     async def delete_user(self, user: str) -> int:
         status, _ = await self.request("DELETE", f"/users/{quote(user, safe='')}", ok=(404,))
         return status
+
+    async def gpu_queue(self, url: str, timeout: float = 10.0) -> dict[str, Any] | None:
+        """gpuspawner's wait queue: ``GET url`` (``.../services/gpuspawner/api/queue``), one
+        try, at most ``timeout`` seconds, with this client's token. The document (issue 15)::
+
+            {"length": 2, "by_profile": {"a100-1": 2}, "waiting_gpus": {"A100": 2},
+             "entries": [{"id": "q1-...", "user": "bob", "server": "", "profile": "a100-1",
+                          "position": 1, "waited_s": 12.5, "gpu_models": ["A100"],
+                          "gpus": 1, "gpu_milli": 0, ...}]}
+
+        (``entries``: all of them for a token with ``read:servers`` or ``admin:servers``, else
+        only the token owner's; ``waiting_gpus``: model, or ``"GPU"`` for any model, ->
+        entries waiting for whole or shared GPUs).
+
+        Returns:
+            the document, or None when the answer is 404 (no gpuspawner service there).
+
+        Raises:
+            HubAPIError: any other failure (5xx, 403, 599 = no answer within ``timeout``).
+            ValueError: the answer is not a JSON object.
+        """
+        status, doc = await self.request("GET", url, ok=(404,), retries=0, timeout=timeout)
+        if status == 404:
+            return None
+        if not isinstance(doc, dict):
+            raise ValueError(f"GET {url}: not a JSON object: {str(doc)[:100]}")
+        return doc
+
+    async def gpu_models(self, url: str, timeout: float = 10.0) -> dict[str, str]:
+        """``{GPU UUID: model}`` from gpuspawner's inventory, ``GET url``
+        (``.../services/gpuspawner/api/nodes``: a list of nodes, each with ``gpus: [{"uuid",
+        "model", ...}]``; any user may read it), one try, at most ``timeout`` seconds.
+
+        Raises:
+            HubAPIError: the request failed (404 included).
+            ValueError: the answer is not a list of nodes.
+        """
+        _, nodes = await self.request("GET", url, retries=0, timeout=timeout)
+        if not isinstance(nodes, list):
+            raise ValueError(f"GET {url}: not a list of nodes: {str(nodes)[:100]}")
+        return {str(g["uuid"]): str(g.get("model") or "") for n in nodes
+                for g in (n.get("gpus") or []) if isinstance(g, dict) and g.get("uuid")}

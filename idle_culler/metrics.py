@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 class Metrics:
     """``idle_culler_culls_total{reason, dry_run}``: servers culled (or, in a dry run, that
-    would have been) by reason (``idle``, ``gpu_idle``, ``max_age``);
+    would have been) by reason (``idle``, ``pressure_idle``, ``gpu_idle``, ``max_age``);
     ``idle_culler_passes_total{result}``: passes, ``complete`` or ``aborted``;
     ``idle_culler_pass_seconds``: pass duration (seconds);
     ``idle_culler_errors_total``: hub API failures after retries;

@@ -4,6 +4,8 @@ File format (every key optional; durations in seconds, or strings such as ``"10m
 
     global:
       idle_timeout: 3600        # s without activity (hub last_activity, network, GPU) -> "idle"
+      pressure_idle_timeout: 900  # s: the shorter idle timeout of a GPU server while spawns
+                                # wait in gpuspawner's queue for its GPU model -> "pressure_idle"
       gpu_idle_threshold: 5     # percent; mean GPU use below it over gpu_window -> "gpu_idle"
       gpu_window: 600           # s over which GPU utilisation is averaged
       network_floor: 1024       # bytes/s (rx + tx); container traffic above it counts as activity
@@ -16,14 +18,16 @@ File format (every key optional; durations in seconds, or strings such as ``"10m
     users:
       alice: {exempt: true}
 
-``0`` switches a limit off (``idle_timeout``, ``gpu_idle_threshold``, ``max_age``).
+``0`` switches a limit off (``idle_timeout``, ``pressure_idle_timeout``, ``gpu_idle_threshold``,
+``max_age``).
 
 Precedence, per field: the user's entry if it sets the field; else the **most lenient** value
 among the entries of the user's groups that set it (longer timeouts, ``0`` = off beats any
-limit, lower thresholds and floors, longer grace and warning, ``exempt: true``); else the
-global entry; else the command line (``--timeout``, ``--max-age``); else the built-in default
-(:data:`DEFAULTS`). :meth:`PolicySet.resolve` records where each value came from
-(``user:alice``, ``group:long-jobs``, ``global``, ``cli``, ``default``).
+limit, also for ``pressure_idle_timeout``; lower thresholds and floors, longer grace and
+warning, ``exempt: true``); else the global entry; else the command line (``--timeout``,
+``--max-age``); else the built-in default (:data:`DEFAULTS`). :meth:`PolicySet.resolve` records
+where each value came from (``user:alice``, ``group:long-jobs``, ``global``, ``cli``,
+``default``).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from gpuspawner.schemas import ConfigSchemaError, validate
 #: built-in defaults, used where neither the file's global entry nor any other sets a field
 DEFAULTS: dict[str, Any] = {
     "idle_timeout": 3600.0,
+    "pressure_idle_timeout": 0.0,
     "gpu_idle_threshold": 0.0,
     "gpu_window": 600.0,
     "network_floor": 0.0,
@@ -54,10 +59,12 @@ DEFAULTS: dict[str, Any] = {
 }
 
 #: fields whose 0 means "no limit" (the most lenient value)
-_ZERO_IS_OFF = {"idle_timeout", "max_age", "gpu_idle_threshold"}
+_ZERO_IS_OFF = {"idle_timeout", "pressure_idle_timeout", "max_age", "gpu_idle_threshold"}
 #: fields where a larger value is more lenient (others: smaller is more lenient)
-_LARGER_IS_LENIENT = {"idle_timeout", "max_age", "gpu_window", "grace_period", "warning"}
-_DURATIONS = {"idle_timeout", "max_age", "gpu_window", "grace_period", "warning"}
+_LARGER_IS_LENIENT = {"idle_timeout", "pressure_idle_timeout", "max_age", "gpu_window",
+                      "grace_period", "warning"}
+_DURATIONS = {"idle_timeout", "pressure_idle_timeout", "max_age", "gpu_window", "grace_period",
+              "warning"}
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -201,6 +208,14 @@ class PolicySet:
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, self.path)
+
+    def sets(self, field: str) -> bool:
+        """True when any entry (global, a group's, a user's, the command line) sets ``field``
+        to a value other than 0 / false; e.g. ``sets("pressure_idle_timeout")``: whether the
+        culler needs to read gpuspawner's wait queue at all."""
+        with self._lock:
+            entries = [self.base, self.global_, *self.groups.values(), *self.users.values()]
+        return bool(DEFAULTS.get(field)) or any(e.get(field) for e in entries)
 
     def resolve(self, user: str, groups: Iterable[str] = ()) -> EffectivePolicy:
         """The effective policy of ``user`` in ``groups`` (see the module docstring)."""

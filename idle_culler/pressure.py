@@ -1,0 +1,128 @@
+"""GPU pressure: who waits in gpuspawner's queue for which GPU model (issue 15, point 5).
+
+gpuspawner keeps a spawn that fits the cluster but not what is free now in a wait queue and
+serves it at ``GET /services/gpuspawner/api/queue`` (:meth:`idle_culler.hub.HubClient.gpu_queue`
+gives the document's shape). While an entry waits for GPUs of a model that an idle GPU server
+holds, or for any GPU, the culler applies the user's shorter ``pressure_idle_timeout`` to that
+server (:mod:`idle_culler.core`). This module turns the queue document into :class:`Demand`
+and answers, for the GPU models a server holds, who is waiting (:meth:`Demand.match`).
+
+Models are compared case-insensitively, as gpuspawner's placement does
+(``gpuspawner.placement.devices.model_allowed``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+#: the ``waiting_gpus`` key (and our label) for entries that accept any GPU model
+ANY_MODEL = "GPU"
+
+
+@dataclass(frozen=True)
+class Pressure:
+    """Who waits for the GPUs of one server: ``users`` (distinct user names, when the token
+    may read every entry; else empty), ``spawns`` (waiting entries), ``models`` (the waited-for
+    models the server holds, :data:`ANY_MODEL` for "any GPU")."""
+
+    users: frozenset[str]
+    spawns: int
+    models: tuple[str, ...]
+
+    @property
+    def text(self) -> str:
+        """``"2 users waiting for A100"``, ``"1 user waiting for A100 or any GPU"``; counts
+        spawns (``"3 spawns waiting for ..."``) when the entries were not readable."""
+        what = " or ".join("any GPU" if m == ANY_MODEL else m for m in self.models)
+        if self.users:
+            n, noun = len(self.users), "user"
+        else:
+            n, noun = self.spawns, "spawn"
+        return f"{n} {noun}{'' if n == 1 else 's'} waiting for {what}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"waiting_users": len(self.users) if self.users else None,
+                "waiting_spawns": self.spawns, "models": list(self.models)}
+
+
+@dataclass
+class Demand:
+    """The queue's GPU demand: ``spawns`` (model or :data:`ANY_MODEL`, lower-cased -> entries
+    waiting), ``users`` (same keys -> user names; complete only when ``complete``), ``names``
+    (lower-cased key -> the queue's spelling), ``length`` (all entries, GPU or not)."""
+
+    length: int = 0
+    spawns: dict[str, int] = field(default_factory=dict)
+    users: dict[str, set[str]] = field(default_factory=dict)
+    names: dict[str, str] = field(default_factory=dict)
+    complete: bool = False
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Demand:
+        """Read the queue document (:meth:`idle_culler.hub.HubClient.gpu_queue`).
+
+        ``waiting_gpus`` says which models are waited for (authoritative: it counts every
+        entry whoever asks); the entries, where the token sees all of them
+        (``len(entries) == length``), give the distinct users. An entry wants GPUs when
+        ``gpus`` or ``gpu_milli`` is above 0; its ``gpu_models`` (empty = any model) name what
+        it accepts.
+
+        Raises:
+            ValueError: a field has the wrong type (the message names it).
+        """
+        try:
+            length = int(doc.get("length") or 0)
+            waiting = doc.get("waiting_gpus") or {}
+            entries = doc.get("entries") or []
+            if not isinstance(waiting, dict) or not isinstance(entries, list):
+                raise TypeError("waiting_gpus must be an object and entries a list")
+            d = cls(length=length)
+            for model, n in waiting.items():
+                if int(n) > 0:
+                    d._name(str(model))
+                    d.spawns[str(model).lower()] = int(n)
+            d.complete = len(entries) >= length
+            for e in entries:
+                if not (int(e.get("gpus") or 0) > 0 or int(e.get("gpu_milli") or 0) > 0):
+                    continue
+                for model in e.get("gpu_models") or [ANY_MODEL]:
+                    key = d._name(str(model))
+                    d.users.setdefault(key, set()).add(str(e["user"]))
+                    if not waiting:  # an older document: count from the entries
+                        d.spawns[key] = d.spawns.get(key, 0) + 1
+        except (TypeError, ValueError, KeyError, AttributeError) as err:
+            raise ValueError(f"queue document: {err!r}") from None
+        return d
+
+    def _name(self, model: str) -> str:
+        key = model.lower()
+        self.names.setdefault(key, model)
+        return key
+
+    def __bool__(self) -> bool:
+        return bool(self.spawns)
+
+    def specific_models(self) -> bool:
+        """True when some entry waits for a named model (then the culler needs each server's
+        GPU models, from gpuspawner's inventory)."""
+        return any(k != ANY_MODEL.lower() for k in self.spawns)
+
+    def match(self, models: set[str]) -> Pressure | None:
+        """Who waits for GPUs that a server holding GPUs of ``models`` could free (entries for
+        one of ``models``, and entries for any model); None when nobody does. ``models`` may be
+        empty (a GPU server whose models are unknown): then only "any GPU" entries count."""
+        held = {m.lower() for m in models}
+        keys = sorted(k for k in self.spawns if k in held)
+        if ANY_MODEL.lower() in self.spawns:
+            keys.append(ANY_MODEL.lower())
+        if not keys:
+            return None
+        users: set[str] = set()
+        if self.complete:
+            for k in keys:
+                users |= self.users.get(k, set())
+        # an entry accepting several of the matched models is counted once per model in
+        # waiting_gpus: the largest count is the lower bound we can state
+        spawns = max(self.spawns[k] for k in keys)
+        return Pressure(frozenset(users), spawns, tuple(self.names[k] for k in keys))
