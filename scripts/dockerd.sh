@@ -25,8 +25,16 @@ fi
 if pgrep -x dockerd >/dev/null 2>&1 && [ -f /var/run/docker.pid ]; then
   log "a dockerd is running but not answering yet; waiting for it"
 else
+  engine_path="$PATH"
+  if ! command -v nvidia-container-runtime-hook >/dev/null 2>&1; then
+    # no NVIDIA container toolkit: a test double of its hook (tests/doubles/) lets containers
+    # with GPU device requests start, with no GPU inside; the real hook, when installed, wins
+    engine_path="$REPO/tests/doubles:$PATH"
+    log "no nvidia-container-runtime-hook: GPU device requests go to the test double" \
+        "tests/doubles/nvidia-container-runtime-hook (containers start without GPUs)"
+  fi
   log "starting dockerd (--bridge=none --iptables=false), log: var/log/dockerd.log"
-  setsid dockerd --bridge=none --iptables=false \
+  PATH="$engine_path" setsid dockerd --bridge=none --iptables=false \
     --default-address-pool base=198.18.0.0/16,size=24 \
     >"$VAR/log/dockerd.log" 2>&1 < /dev/null &
 fi

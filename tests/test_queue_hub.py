@@ -1,34 +1,51 @@
 """The wait queue in a real hub (JupyterHub + configurable-http-proxy + GPUSpawner on the real
 Docker engine; marked ``hub`` and ``docker``).
 
-The node has room for exactly one bundle of the profile (memory is the scarce resource: no
-GPU container can start on this machine without the NVIDIA container toolkit, so the bundle
-that runs out is memory; the queue treats every dimension alike and GPU bundles are covered
-by tests/test_queue.py). Three users ask: the first starts, the second and third wait with
-positions 1 and 2 and see their position in the spawn progress; a fourth waits and cancels
-(nothing of it is left held); the hub restarts in the middle and the order survives; then the
-waiting servers start in order as the one before them stops.
+The node (a topology file: this host's CPUs and one A100 that this machine does not have) has
+room for exactly one bundle of the 1-GPU profile, whose ``queue`` is on by default. The
+containers ask Docker for that GPU; without GPUs, the engine's NVIDIA hook is the test double
+of scripts/dockerd.sh (tests/doubles/nvidia-container-runtime-hook), so they start with no GPU
+inside. Three users ask: the first starts, the second and third wait with positions 1 and 2
+and see their position in the spawn progress; a fourth waits and cancels (nothing of it is
+left held); the hub restarts in the middle and the order survives; then the waiting servers
+start in order as the one before them stops.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import requests
+import yaml
 
 docker = pytest.importorskip("docker")
 
+from gpuspawner.inventory.local import read_local_node  # noqa: E402
+from gpuspawner.inventory.topology import node_to_dict  # noqa: E402
 from tests.hubrunner import Hub  # noqa: E402
-from tests.test_hub_e2e import _engine, remove_managed, topology  # noqa: E402
+from tests.test_hub_e2e import _cpus, _engine, remove_managed  # noqa: E402
 from tests.test_service_hub import EXTRA_ADMIN_SCOPES  # noqa: E402
 from tests.waiting import wait_until  # noqa: E402
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
-MiB = 2**20
 SVC = "/services/gpuspawner/"
-PROFILES = [{"slug": "one", "display_name": "the only slot", "cpu": 1, "memory": "300M",
-             "numa_policy": "none", "queue": True, "default": True}]
+PROFILES = [{"slug": "one", "display_name": "1 x A100", "cpu": 1, "memory": "256M", "gpus": 1,
+             "gpu_models": ["A100"], "default": True}]
+
+
+def one_gpu_topology(tmp: Path, name: str, uuid: str) -> str:
+    """This host's CPUs in one NUMA node with 2 GiB and one A100 (``uuid``)."""
+    d = node_to_dict(read_local_node(name))
+    cpus = [c for n in d["numa_nodes"] for c in _cpus(n["cpus"])]
+    d["numa_nodes"] = [{"id": 0, "cpus": cpus, "memory": 2 * 2**30}]
+    d["gpus"] = [{"uuid": uuid, "index": 0, "model": "A100", "memory": "80G",
+                  "pci_bus_id": "00000000:07:00.0", "numa_node": 0}]
+    d.pop("links", None)
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(d))
+    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +56,8 @@ def engine():
 @pytest.fixture(scope="module")
 def hub(engine, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("queuehub")
-    nodes = [{"name": "slot", "topology": topology(tmp, "slot", 500 * MiB)}]
+    nodes = [{"name": "gq", "topology": one_gpu_topology(
+        tmp, "gq", "GPU-0a0b0c0d-1111-2222-3333-444455556666")}]
     h = Hub(tmp, nodes, PROFILES, extra_config=EXTRA_ADMIN_SCOPES)
     h.env["GPUSPAWNER_CULLER"] = "off"
     h.start()
@@ -89,7 +107,8 @@ def test_three_users_one_slot_wait_in_order_survive_a_restart_and_cancel_release
     wait_until(lambda: waiting(hub) == [("qb", 1), ("qc", 2)], 30, 0.3,
                lambda: str(queue(hub)))
     msgs = progress_messages(hub, "qc", "waiting: position 2 of 2")
-    assert any("waiting: position 2 of 2" in m for m in msgs), msgs
+    assert any("waiting: position 2 of 2 for 1 x A100; 0 of 1 A100 free now" in m
+               for m in msgs), msgs
     assert hub.server("qb")["pending"] == "spawn" and not hub.server("qb")["ready"]
 
     # a fourth waits, then cancels with the stop button's call: nothing of it stays
@@ -126,6 +145,11 @@ def test_three_users_one_slot_wait_in_order_survive_a_restart_and_cancel_release
     assert hub.api("DELETE", "/users/qb/server").status_code in (202, 204)
     hub.wait_ready("qc", timeout=90)
     assert queue(hub) == {"length": 0, "by_profile": {}, "waiting_gpus": {}, "entries": []}
+    # what ran is what the ledger booked: qc holds the one GPU
+    allocs = requests.get(f"{hub.url}{SVC}api/allocations", timeout=30,
+                          headers={"Authorization": f"token {hub.token}"}).json()
+    assert [(a["owner"]["user"], [g["uuid"] for g in a["gpus"]]) for a in allocs] == [
+        ("qc", ["GPU-0a0b0c0d-1111-2222-3333-444455556666"])]
 
 
 def test_fail_now_and_never_fits_are_refused_at_once(hub):

@@ -268,6 +268,10 @@ class Ledger:
             if self._node_state:
                 text += "; " + "; ".join(f"node {n} is {s}" + (f" ({r})" if r else "")
                                          for n, (s, r) in sorted(self._node_state.items()))
+            if bundle.total_gpu_milli and self._drained:
+                text += "; drained: " + "; ".join(
+                    f"GPU {u} on {d[0]} ({d[1]})" for u, d in sorted(self._drained.items())
+                    if not nodes or d[0] in set(nodes))
             return PlacementRefused(reason, text)
 
     def gpu_milli_capacity(self) -> int:
