@@ -31,6 +31,8 @@ from tests.waiting import wait_until  # noqa: E402
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 SVC = "/services/gpuspawner/"
+#: JupyterHub's limit for Spawner.start; a wait in the queue is not counted in it
+START_TIMEOUT = 15
 PROFILES = [{"slug": "one", "display_name": "1 x A100", "cpu": 1, "memory": "256M", "gpus": 1,
              "gpu_models": ["A100"], "default": True}]
 
@@ -58,7 +60,8 @@ def hub(engine, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("queuehub")
     nodes = [{"name": "gq", "topology": one_gpu_topology(
         tmp, "gq", "GPU-0a0b0c0d-1111-2222-3333-444455556666")}]
-    h = Hub(tmp, nodes, PROFILES, extra_config=EXTRA_ADMIN_SCOPES)
+    h = Hub(tmp, nodes, PROFILES, extra_config=EXTRA_ADMIN_SCOPES +
+            f"c.GPUSpawner.start_timeout = {START_TIMEOUT}\n")
     h.env["GPUSPAWNER_CULLER"] = "off"
     h.start()
     yield h
@@ -110,6 +113,11 @@ def test_three_users_one_slot_wait_in_order_survive_a_restart_and_cancel_release
     assert any("waiting: position 2 of 2 for 1 x A100; 0 of 1 A100 free now" in m
                for m in msgs), msgs
     assert hub.server("qb")["pending"] == "spawn" and not hub.server("qb")["ready"]
+    # waiting longer than start_timeout does not end the spawn: the wait has its own limit
+    wait_until(lambda: queue(hub)["entries"][0]["waited_s"] > START_TIMEOUT + 3, 60, 0.5,
+               lambda: str(queue(hub)))
+    assert waiting(hub) == [("qb", 1), ("qc", 2)]
+    assert hub.server("qb")["pending"] == "spawn"
 
     # a fourth waits, then cancels with the stop button's call: nothing of it stays
     spawn(hub, "qd")
