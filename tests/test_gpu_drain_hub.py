@@ -17,14 +17,12 @@ from pathlib import Path
 
 import pytest
 import requests
-import yaml
 
 docker = pytest.importorskip("docker")
 
-from gpuspawner.inventory.local import read_local_node  # noqa: E402
-from gpuspawner.inventory.topology import node_to_dict  # noqa: E402
 from tests.hubrunner import Hub  # noqa: E402
-from tests.test_hub_e2e import _cpus, _engine, remove_managed  # noqa: E402
+from tests.test_hub_e2e import _engine, remove_managed  # noqa: E402
+from tests.test_hub_e2e import one_gpu_topology as gpu_node_topology  # noqa: E402
 from tests.test_service_hub import EXTRA_ADMIN_SCOPES  # noqa: E402
 from tests.waiting import wait_until  # noqa: E402
 
@@ -35,15 +33,7 @@ UUID = "GPU-6513270e-269e-0d37-f2a7-4de452e6b438"
 
 def one_gpu_topology(tmp: Path) -> str:
     """This host's CPUs in one NUMA node with 2 GiB and one A100 (UUID :data:`UUID`)."""
-    d = node_to_dict(read_local_node("g1"))
-    cpus = [c for n in d["numa_nodes"] for c in _cpus(n["cpus"])]
-    d["numa_nodes"] = [{"id": 0, "cpus": cpus, "memory": 2 * 2**30}]
-    d["gpus"] = [{"uuid": UUID, "index": 0, "model": "A100", "memory": "80G",
-                  "pci_bus_id": "00000000:07:00.0", "numa_node": 0}]
-    d.pop("links", None)
-    path = tmp / "g1.yaml"
-    path.write_text(yaml.safe_dump(d))
-    return str(path)
+    return gpu_node_topology(tmp, "g1", UUID)
 
 
 @pytest.fixture(scope="module")

@@ -50,6 +50,20 @@ def topology(tmp: Path, name: str, memory: int) -> str:
     return str(path)
 
 
+def one_gpu_topology(tmp: Path, name: str, uuid: str) -> str:
+    """This host's CPUs in one NUMA node with 2 GiB and one A100 (``uuid``; no such GPU here:
+    its containers start through the engine's NVIDIA hook test double, scripts/dockerd.sh)."""
+    d = node_to_dict(read_local_node(name))
+    cpus = [c for n in d["numa_nodes"] for c in _cpus(n["cpus"])]
+    d["numa_nodes"] = [{"id": 0, "cpus": cpus, "memory": 2 * 2**30}]
+    d["gpus"] = [{"uuid": uuid, "index": 0, "model": "A100", "memory": "80G",
+                  "pci_bus_id": "00000000:07:00.0", "numa_node": 0}]
+    d.pop("links", None)
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(d))
+    return str(path)
+
+
 def _cpus(value) -> list[int]:
     from gpuspawner.placement import parse_cpu_list
 

@@ -20,8 +20,8 @@ import yaml
 docker = pytest.importorskip("docker")
 
 from tests.hubrunner import Hub  # noqa: E402
-from tests.test_hub_e2e import _engine, remove_managed  # noqa: E402
-from tests.test_queue_hub import PROFILES, one_gpu_topology  # noqa: E402
+from tests.test_hub_e2e import _engine, one_gpu_topology, remove_managed  # noqa: E402
+from tests.test_queue_hub import PROFILES  # noqa: E402
 from tests.test_service_hub import EXTRA_ADMIN_SCOPES  # noqa: E402
 from tests.waiting import wait_until  # noqa: E402
 

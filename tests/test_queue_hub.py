@@ -14,18 +14,14 @@ start in order as the one before them stops.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import requests
-import yaml
 
 docker = pytest.importorskip("docker")
 
-from gpuspawner.inventory.local import read_local_node  # noqa: E402
-from gpuspawner.inventory.topology import node_to_dict  # noqa: E402
 from tests.hubrunner import Hub  # noqa: E402
-from tests.test_hub_e2e import _cpus, _engine, remove_managed  # noqa: E402
+from tests.test_hub_e2e import _engine, one_gpu_topology, remove_managed  # noqa: E402
 from tests.test_service_hub import EXTRA_ADMIN_SCOPES  # noqa: E402
 from tests.waiting import wait_until  # noqa: E402
 
@@ -36,18 +32,6 @@ START_TIMEOUT = 15
 PROFILES = [{"slug": "one", "display_name": "1 x A100", "cpu": 1, "memory": "256M", "gpus": 1,
              "gpu_models": ["A100"], "default": True}]
 
-
-def one_gpu_topology(tmp: Path, name: str, uuid: str) -> str:
-    """This host's CPUs in one NUMA node with 2 GiB and one A100 (``uuid``)."""
-    d = node_to_dict(read_local_node(name))
-    cpus = [c for n in d["numa_nodes"] for c in _cpus(n["cpus"])]
-    d["numa_nodes"] = [{"id": 0, "cpus": cpus, "memory": 2 * 2**30}]
-    d["gpus"] = [{"uuid": uuid, "index": 0, "model": "A100", "memory": "80G",
-                  "pci_bus_id": "00000000:07:00.0", "numa_node": 0}]
-    d.pop("links", None)
-    path = tmp / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(d))
-    return str(path)
 
 
 @pytest.fixture(scope="module")

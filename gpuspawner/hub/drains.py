@@ -56,15 +56,21 @@ class DrainState:
     acknowledged: dict[str, list[str]] = field(default_factory=dict)
 
 
-def default_drains_file(db_url: str | None) -> str:
-    """Where the drains go when ``GPUSpawner.gpu_drains_file`` is empty: beside the hub's
+def file_beside_db(db_url: str | None, name: str) -> str:
+    """Where a state file ``name`` of the hub goes when its setting is empty: beside the hub's
     SQLite database (``JupyterHub.db_url`` ``sqlite:///PATH``), else in the hub's working
     directory (where JupyterHub keeps ``jupyterhub.sqlite`` by default). An absolute path."""
     prefix = "sqlite:///"
     if db_url and db_url.startswith(prefix) and ":memory:" not in db_url:
         path = db_url[len(prefix):].split("?", 1)[0]
-        return os.path.abspath(os.path.join(os.path.dirname(path) or ".", DRAINS_FILE_NAME))
-    return os.path.abspath(DRAINS_FILE_NAME)
+        return os.path.abspath(os.path.join(os.path.dirname(path) or ".", name))
+    return os.path.abspath(name)
+
+
+def default_drains_file(db_url: str | None) -> str:
+    """Where the drains go when ``GPUSpawner.gpu_drains_file`` is empty
+    (:func:`file_beside_db`)."""
+    return file_beside_db(db_url, DRAINS_FILE_NAME)
 
 
 class DrainStore:

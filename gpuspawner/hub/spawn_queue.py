@@ -38,6 +38,7 @@ from typing import Any
 
 from ..placement import Allocation, Bundle, Owner, PlacementError, PlacementRefused
 from ..placement.queue import QueueEntry, QueueOutcome, WaitQueue
+from .drains import file_beside_db
 from .metrics import queue_waited
 
 log = logging.getLogger("gpuspawner")
@@ -82,12 +83,8 @@ class QueueSettings:
 
 def default_queue_file(db_url: str | None) -> str:
     """``gpuspawner-queue.json`` beside the hub's SQLite database, else in the hub's working
-    directory (as :func:`~gpuspawner.hub.drains.default_drains_file`). An absolute path."""
-    prefix = "sqlite:///"
-    if db_url and db_url.startswith(prefix) and ":memory:" not in db_url:
-        path = db_url[len(prefix):].split("?", 1)[0]
-        return os.path.abspath(os.path.join(os.path.dirname(path) or ".", QUEUE_FILE_NAME))
-    return os.path.abspath(QUEUE_FILE_NAME)
+    directory (:func:`~gpuspawner.hub.drains.file_beside_db`). An absolute path."""
+    return file_beside_db(db_url, QUEUE_FILE_NAME)
 
 
 class SpawnQueue:
