@@ -166,6 +166,10 @@ class Cluster:
 
     def __post_init__(self) -> None:
         self.backend.ledger = self.ledger
+        if self.queue is None:  # a queue in memory until make_queue sets the hub's
+            from ..placement.queue import WaitQueue
+
+            self.queue = SpawnQueue(WaitQueue(self.ledger), QueueSettings())
     restored: RestoreReport | None = None
     _restore_lock: asyncio.Lock | None = field(default=None, repr=False)
     #: restored allocations whose owner was not yet checked against the hub's database
@@ -187,7 +191,8 @@ class Cluster:
     health_wait_s: float = 5.0
     _gpu_health_read: float = field(default=float("-inf"), repr=False)
     _gpu_health_task: asyncio.Task[list[GPUHealth]] | None = field(default=None, repr=False)
-    #: the wait queue of spawns that fit the capacity but not what is free now
+    #: the wait queue of spawns that fit the capacity but not what is free now (never None
+    #: after construction)
     queue: SpawnQueue | None = None
 
     def make_queue(self, settings: QueueSettings) -> SpawnQueue:
