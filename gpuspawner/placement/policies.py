@@ -25,7 +25,7 @@ filter, and returns ``(node state, device plan)`` or None.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
 from .devices import min_numa_count, plan, quick_fit
@@ -35,7 +35,6 @@ from .paper import (
     PaperNode,
     PodType,
     ScoreFn,
-    fgd_score_from_delta,
     score_best_fit,
     score_dot_product,
     score_gpu_clustering,
@@ -184,7 +183,9 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> 
         no_fit = {}
     versions = c.versions
     scored: dict[float, list[tuple[int, int, int]]] = {}
-    table = frag.deltas(d, cpu)
+    quantize = c.quantize
+    ranks = frag.keys(d, cpu, quantize)  # bucket key -> rank, cached until the workload changes
+    rank_of = frag.ranker(d, cpu, quantize)
     miss = _MISS
     for key in c.buckets:
         sid, free_cores, mem_class = key
@@ -192,22 +193,21 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> 
             continue
         if no_fit and no_fit.get(key, -1) == versions[key]:
             continue
-        delta = table.get((sid, free_cores * 1000), miss)
-        if delta is miss:
-            delta = frag.delta(sid, free_cores * 1000, d, cpu)
-        if delta is not None:
-            scored.setdefault(-fgd_score_from_delta(delta) if c.quantize else round(delta, 6),
-                              []).append(key)
+        rank = ranks.get(key, miss)
+        if rank is miss:
+            rank = ranks[key] = rank_of(sid, free_cores * 1000)
+        if rank is not None:
+            group = scored.get(rank)
+            if group is None:
+                scored[rank] = [key]
+            else:
+                group.append(key)
     if not scored:
         return None
     first = min(scored)  # usually the best group has room: sort the rest only when not
     for delta in _min_first(scored, first):
         keys = scored[delta]
-        if len(keys) == 1:
-            states = sorted(c.buckets[keys[0]].values(), key=_name)
-        else:
-            states = sorted((st for k in keys for st in c.buckets[k].values()), key=_name)
-        got = _try(states, bundle, spill, ok)
+        got = _try(_by_name(c.buckets, keys), bundle, spill, ok)
         if got is not None:
             return got
         if ok is None:
@@ -216,14 +216,26 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> 
     return None
 
 
+def _by_name(buckets: dict[tuple[int, int, int], dict[str, NodeState]],
+             keys: list[tuple[int, int, int]]) -> Iterator[NodeState]:
+    """The nodes of these buckets by name: the smallest first (one pass over the names,
+    usually all that is needed), the rest sorted only when asked for."""
+    first, at = min((min(buckets[k]), k) for k in keys)
+    yield buckets[at][first]
+    merged: dict[str, NodeState] = {}
+    for k in keys:
+        merged.update(buckets[k])
+    del merged[first]
+    for name in sorted(merged):
+        yield merged[name]
+
+
 def _min_first(scored: dict[float, list], first: float):
     """``first``, then (only if asked for) the other keys in increasing order."""
     yield first
     yield from sorted(x for x in scored if x != first)
 
 
-def _name(st: NodeState) -> str:
-    return st.name
 
 
 # -- the FGD paper's baselines on the ledger: the same scores as .paper, on whole cores ------
