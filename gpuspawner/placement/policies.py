@@ -182,31 +182,49 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> 
     else:
         no_fit = {}
     versions = c.versions
-    scored: dict[float, list[tuple[int, int, int]]] = {}
     quantize = c.quantize
     ranks = frag.keys(d, cpu, quantize)  # bucket key -> rank, cached until the workload changes
     rank_of = frag.ranker(d, cpu, quantize)
     miss = _MISS
-    for key in c.buckets:
-        sid, free_cores, mem_class = key
-        if cores > free_cores or mib >> mem_class:
-            continue
-        if no_fit and no_fit.get(key, -1) == versions[key]:
-            continue
-        rank = ranks.get(key, miss)
-        if rank is miss:
-            rank = ranks[key] = rank_of(sid, free_cores * 1000)
-        if rank is not None:
-            group = scored.get(rank)
-            if group is None:
-                scored[rank] = [key]
-            else:
-                group.append(key)
-    if not scored:
+
+    def ranked():
+        """(bucket key, rank) of every bucket that may take the bundle."""
+        for key in c.buckets:
+            sid, free_cores, mem_class = key
+            if cores > free_cores or mib >> mem_class:
+                continue
+            if no_fit and no_fit.get(key, -1) == versions[key]:
+                continue
+            rank = ranks.get(key, miss)
+            if rank is miss:
+                rank = ranks[key] = rank_of(sid, free_cores * 1000)
+            if rank is not None:
+                yield key, rank
+
+    # one pass keeps only the best group; it usually has room, so the others are ranked
+    # (in order) only when it has not
+    best = None
+    best_keys: list[tuple[int, int, int]] = []
+    for key, rank in ranked():
+        if best is None or rank < best:
+            best = rank
+            best_keys = [key]
+        elif rank == best:
+            best_keys.append(key)
+    if best is None:
         return None
-    first = min(scored)  # usually the best group has room: sort the rest only when not
-    for delta in _min_first(scored, first):
-        keys = scored[delta]
+    got = _try(_by_name(c.buckets, best_keys), bundle, spill, ok)
+    if got is not None:
+        return got
+    if ok is None:
+        for k in best_keys:
+            no_fit[k] = versions[k]
+    scored: dict[float, list[tuple[int, int, int]]] = {}
+    for key, rank in ranked():
+        if rank != best:
+            scored.setdefault(rank, []).append(key)
+    for rank in sorted(scored):
+        keys = scored[rank]
         got = _try(_by_name(c.buckets, keys), bundle, spill, ok)
         if got is not None:
             return got
@@ -228,12 +246,6 @@ def _by_name(buckets: dict[tuple[int, int, int], dict[str, NodeState]],
     del merged[first]
     for name in sorted(merged):
         yield merged[name]
-
-
-def _min_first(scored: dict[float, list], first: float):
-    """``first``, then (only if asked for) the other keys in increasing order."""
-    yield first
-    yield from sorted(x for x in scored if x != first)
 
 
 
