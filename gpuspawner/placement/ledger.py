@@ -69,6 +69,8 @@ class _Cluster:
     affinity: dict[str, dict[str, int]] = field(default_factory=dict)
     #: ``fgd`` compares the FGD plugin's integer score (True) or the exact growth (False)
     quantize: bool = True
+    #: bundle shape -> (node count, whether some node can hold it on one NUMA node)
+    one_numa: dict[tuple, tuple[int, bool]] = field(default_factory=dict)
 
 
 #: what :meth:`Ledger.set_node_state` accepts

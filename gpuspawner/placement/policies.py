@@ -59,6 +59,7 @@ class ClusterView(Protocol):
     rng: random.Random
     affinity: dict[str, dict[str, int]]
     quantize: bool
+    one_numa: dict[tuple, tuple[int, bool]]
 
 
 def demand_of(bundle: Bundle, aligned: bool) -> Demand:
@@ -155,7 +156,7 @@ def fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> C
     NUMA (ours): an aligned bundle of >= 2 whole GPUs first considers only nodes where the
     whole bundle (GPUs, cores, memory) fits one NUMA node, and the others only when none of
     those has room, so its GPUs share one NUMA node whenever any node allows it."""
-    if not spill and bundle.gpus >= 2:
+    if not spill and bundle.gpus >= 2 and _one_numa_possible(c, bundle):
         def one_numa(st: NodeState) -> bool:
             return (ok is None or ok(st)) and min_numa_count(st, bundle) == 1
 
@@ -163,6 +164,21 @@ def fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> C
         if got is not None:
             return got
     return _fgd(c, bundle, spill, ok)
+
+
+def _one_numa_possible(c: ClusterView, bundle: Bundle) -> bool:
+    """True when some node could hold the bundle on one NUMA node if it were empty
+    (:func:`~.devices.min_numa_count` is 1); otherwise ``fgd``'s one-NUMA-node pass cannot
+    find anything and is skipped. Cached per bundle shape while the node count stays."""
+    key = (bundle.gpus, bundle.gpu_milli > 0, bundle.gpu_models, bundle.cores,
+           bundle.memory_bytes)
+    n = len(c.states)
+    got = c.one_numa.get(key)
+    if got is None or got[0] != n:
+        if len(c.one_numa) > 10_000:
+            c.one_numa.clear()
+        got = c.one_numa[key] = (n, any(min_numa_count(st, bundle) == 1 for st in c.states))
+    return got[1]
 
 
 def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> Choice | None:
