@@ -50,6 +50,14 @@ def _affinity_tag(a: Allocation) -> str:
     return f"{len(a.gpus)}-gpu"
 
 
+def _profile(st: NodeState) -> tuple:
+    """What :func:`~.devices.min_numa_count` reads of a node: per NUMA node its cores,
+    memory and the (model, shareable) of its GPUs."""
+    return tuple((len(n.cpus), n.memory_bytes,
+                  tuple(sorted((g.model, g.shareable) for g in st.gpus_by_numa[n.id])))
+                 for n in st.node.numa_nodes)
+
+
 def _bundle_usage(b: Bundle) -> Usage:
     return Usage(b.total_gpu_milli, b.cores, b.memory_bytes, b.disk_bytes, 1)
 
@@ -69,8 +77,11 @@ class _Cluster:
     affinity: dict[str, dict[str, int]] = field(default_factory=dict)
     #: ``fgd`` compares the FGD plugin's integer score (True) or the exact growth (False)
     quantize: bool = True
-    #: bundle shape -> (node count, whether some node can hold it on one NUMA node)
+    #: bundle shape -> (profile count, whether some node can hold it on one NUMA node)
     one_numa: dict[tuple, tuple[int, bool]] = field(default_factory=dict)
+    #: hardware profile (per NUMA node: cores, memory, GPU models and shareability) -> the
+    #: first node of it
+    profiles: dict[tuple, NodeState] = field(default_factory=dict)
 
 
 #: what :meth:`Ledger.set_node_state` accepts
@@ -139,6 +150,7 @@ class Ledger:
                 raise ValueError(f"duplicate node name {node.name!r}")
             st = NodeState(node, order=len(self._c.states))
             self._c.states.append(st)
+            self._c.profiles.setdefault(_profile(st), st)
             self._by_name[node.name] = st
             self._rebucket(st)
 

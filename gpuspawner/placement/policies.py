@@ -60,6 +60,7 @@ class ClusterView(Protocol):
     affinity: dict[str, dict[str, int]]
     quantize: bool
     one_numa: dict[tuple, tuple[int, bool]]
+    profiles: dict[tuple, NodeState]
 
 
 def demand_of(bundle: Bundle, aligned: bool) -> Demand:
@@ -169,15 +170,18 @@ def fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> C
 def _one_numa_possible(c: ClusterView, bundle: Bundle) -> bool:
     """True when some node could hold the bundle on one NUMA node if it were empty
     (:func:`~.devices.min_numa_count` is 1); otherwise ``fgd``'s one-NUMA-node pass cannot
-    find anything and is skipped. Cached per bundle shape while the node count stays."""
+    find anything and is skipped. It depends on the hardware only, so one node of each
+    hardware profile (``ClusterView.profiles``) is asked; cached per bundle shape while the
+    profiles stay the same."""
     key = (bundle.gpus, bundle.gpu_milli > 0, bundle.gpu_models, bundle.cores,
            bundle.memory_bytes)
-    n = len(c.states)
+    n = len(c.profiles)
     got = c.one_numa.get(key)
     if got is None or got[0] != n:
         if len(c.one_numa) > 10_000:
             c.one_numa.clear()
-        got = c.one_numa[key] = (n, any(min_numa_count(st, bundle) == 1 for st in c.states))
+        got = c.one_numa[key] = (n, any(min_numa_count(st, bundle) == 1
+                                        for st in c.profiles.values()))
     return got[1]
 
 
