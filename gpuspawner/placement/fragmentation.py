@@ -107,40 +107,52 @@ def type_fragmentation(sig: Signature, cpu_left: int, t: PodType, numa_aware: bo
 def apply(sig: Signature, d: Demand) -> Signature | None:
     """The signature after placing ``d`` the way :mod:`.devices` would (a NUMA node with enough
     free GPUs and the fewest of them for whole GPUs; the fullest GPU with room for a share), or
-    None when it does not fit."""
-    numas = [list(n) for n in sig]
+    None when it does not fit. ``sig``'s NUMA tuples are sorted (as
+    :meth:`~.state.NodeState.refresh_signature` makes them); only the changed ones are
+    sorted again."""
     if d.gpus:
+        numas = [list(n) for n in sig]
         cands = []
         for i, numa in enumerate(numas):
             full = [j for j, (m, f, _s) in enumerate(numa) if f == GPU_MILLI and d.allows(m)]
             cands.append((i, full))
         single = [(len(full), i, full) for i, full in cands if len(full) >= d.gpus]
+        changed = set()
         if single:
             _, i, full = min(single)
             for j in full[: d.gpus]:
                 m, _f, s = numas[i][j]
                 numas[i][j] = (m, 0, s)
+            changed.add(i)
         else:
             left = d.gpus
             for i, full in sorted(cands, key=lambda c: -len(c[1])):
                 for j in full[:left]:
                     m, _f, s = numas[i][j]
                     numas[i][j] = (m, 0, s)
+                    changed.add(i)
                 left -= min(left, len(full))
             if left:
                 return None
-    elif d.milli:
+        return tuple(tuple(sorted(n)) if i in changed else sig[i]
+                     for i, n in enumerate(numas))
+    if d.milli:
+        milli = d.milli
         best = None
-        for i, numa in enumerate(numas):
+        for i, numa in enumerate(sig):
             for j, (m, f, s) in enumerate(numa):
-                if s and f >= d.milli and d.allows(m) and (best is None or f < best[0]):
+                if s and f >= milli and (best is None or f < best[0]) and d.allows(m):
                     best = (f, i, j)
         if best is None:
             return None
         f, i, j = best
-        m, _f, s = numas[i][j]
-        numas[i][j] = (m, f - d.milli, s)
-    return tuple(tuple(sorted(n)) for n in numas)
+        numa = list(sig[i])
+        m, _f, s = numa[j]
+        numa[j] = (m, f - milli, s)
+        out = list(sig)
+        out[i] = tuple(sorted(numa))
+        return tuple(out)
+    return sig
 
 
 class FragmentationModel:
