@@ -180,11 +180,15 @@ class FragmentationModel:
         self._ids: dict[Signature, int] = {}
         self._sigs: list[Signature] = []
         self.free: list[int] = []  #: free milli-GPU of each interned signature
-        self._score: dict[tuple[int, int], float] = {}
+        #: signature id * _lvmul + CPU level -> F; integer keys, not tuples: ints are not
+        #: tracked by the garbage collector, so filling the caches triggers no collections
+        self._score: dict[int, float] = {}
+        self._lvmul = 1
         #: (demand, milli-CPU, quantize) -> {(signature id, free cores): policy sort key}
         self._keys: dict[tuple, dict[tuple, float | int | None]] = {}
-        #: (demand, quantize) -> {(signature id, CPU level after, CPU level before): rank}
-        self._ranks: dict[tuple, dict[tuple[int, int, int], float | int | None]] = {}
+        #: (demand, quantize) -> {(signature id, CPU level after, CPU level before), packed
+        #: in one int: rank}
+        self._ranks: dict[tuple, dict[int, float | int | None]] = {}
         #: demand -> {signature id: signature id after placing it (None: does not fit)}
         self._after: dict[Demand, dict[int, int | None]] = {}
         self._delta: dict[tuple, dict[tuple[int, int], float | None]] = {}
@@ -220,6 +224,7 @@ class FragmentationModel:
                                                   if x)) for t, p in self.workload]
             self._parsed_for = self.workload
             self._cpu_levels = sorted({t.milli_cpu for t, _ in self.workload})
+            self._lvmul = len(self._cpu_levels) + 1  # CPU levels are 0..len
             # the distinct GPU demands ("kinds") of the workload, grouped by allowed models
             # (sorted, so that a new workload with the same kinds keeps their values)
             kinds = {k: i for i, k in enumerate(sorted(
@@ -279,7 +284,7 @@ class FragmentationModel:
         """F(n) in milli-GPU for signature id ``sid`` and ``cpu_left`` free milli-CPU."""
         # F depends on cpu_left only through which types' milli-CPU it reaches: key by that
         self._parsed()
-        key = (sid, bisect_right(self._cpu_levels, cpu_left))
+        key = sid * self._lvmul + bisect_right(self._cpu_levels, cpu_left)
         s = self._score.get(key)
         if s is None:
             if len(self._score) > 1_000_000:
@@ -386,11 +391,12 @@ class FragmentationModel:
         score = self.score
         after_of = self.after
         miss = _MISS
+        mul = self._lvmul
 
         def rank(sid: int, cpu_left: int) -> int | float | None:
             la = bisect_right(lv, cpu_left - cpu)
             lb = bisect_right(lv, cpu_left)
-            k = (sid, la, lb)
+            k = (sid * mul + la) * mul + lb  # an int key (see _score)
             r = table.get(k, miss)
             if r is not miss:
                 return r  # type: ignore[return-value]
@@ -400,10 +406,10 @@ class FragmentationModel:
             if after is None:
                 table[k] = None
                 return None
-            a = scores.get((after, la))
+            a = scores.get(after * mul + la)
             if a is None:
                 a = score(after, cpu_left - cpu)
-            b = scores.get((sid, lb))
+            b = scores.get(sid * mul + lb)
             if b is None:
                 b = score(sid, cpu_left)
             delta = a - b
