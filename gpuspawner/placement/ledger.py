@@ -79,6 +79,10 @@ class _Cluster:
     quantize: bool = True
     #: bundle shape -> (profile count, whether some node can hold it on one NUMA node)
     one_numa: dict[tuple, tuple[int, bool]] = field(default_factory=dict)
+    #: node name -> state (the ledger's own index)
+    by_name: dict[str, NodeState] = field(default_factory=dict)
+    #: bucket key -> the smallest node name in it (kept where known; see _rebucket)
+    first_name: dict[tuple[int, int, int], str] = field(default_factory=dict)
     #: hardware profile (per NUMA node: cores, memory, GPU models and shareability) -> the
     #: first node of it
     profiles: dict[tuple, NodeState] = field(default_factory=dict)
@@ -125,7 +129,7 @@ class Ledger:
         self.prior = prior if workload is None else None
         self._prior_refresh_s = prior_refresh_s
         self._prior_read: float | None = None
-        self._by_name: dict[str, NodeState] = {}
+        self._by_name: dict[str, NodeState] = self._c.by_name
         self._allocs: dict[str, Allocation] = {}
         self._by_owner: dict[tuple[str, str], str] = {}
         self._user_used: dict[str, Usage] = {}
@@ -384,7 +388,12 @@ class Ledger:
                     bucket.pop(st.name, None)
                     if not bucket:
                         del c.buckets[old]
+                    if c.first_name.get(old) == st.name:
+                        del c.first_name[old]  # recomputed when next asked for
             c.buckets.setdefault(key, {})[st.name] = st
+            first = c.first_name.get(key)
+            if first is not None and st.name < first:
+                c.first_name[key] = st.name
             c.versions[key] = c.versions.get(key, 0) + 1
         elif grew:
             c.versions[key] = c.versions.get(key, 0) + 1

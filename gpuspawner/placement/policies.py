@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable, Iterator
+from heapq import heapify, heappop
 from typing import Protocol
 
 from .devices import min_numa_count, plan, quick_fit
@@ -60,6 +61,8 @@ class ClusterView(Protocol):
     affinity: dict[str, dict[str, int]]
     quantize: bool
     one_numa: dict[tuple, tuple[int, bool]]
+    first_name: dict[tuple[int, int, int], str]
+    by_name: dict[str, NodeState]
     profiles: dict[tuple, NodeState]
 
 
@@ -233,7 +236,7 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> 
             best_keys.append(key)
     if best is None:
         return None
-    got = _try(_by_name(c.buckets, best_keys), bundle, spill, ok)
+    got = _try(_by_name(c, best_keys), bundle, spill, ok)
     if got is not None:
         return got
     if ok is None:
@@ -245,7 +248,7 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> 
             scored.setdefault(rank, []).append(key)
     for rank in sorted(scored):
         keys = scored[rank]
-        got = _try(_by_name(c.buckets, keys), bundle, spill, ok)
+        got = _try(_by_name(c, keys), bundle, spill, ok)
         if got is not None:
             return got
         if ok is None:
@@ -254,20 +257,29 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> 
     return None
 
 
-def _by_name(buckets: dict[tuple[int, int, int], dict[str, NodeState]],
-             keys: list[tuple[int, int, int]]) -> Iterator[NodeState]:
-    """The nodes of these buckets by name: the smallest first (one pass over the names,
-    usually all that is needed), the rest sorted only when asked for."""
-    first, at = min((min(buckets[k]), k) for k in keys)
-    yield buckets[at][first]
-    merged: dict[str, NodeState] = {}
+def _by_name(c: ClusterView, keys: list[tuple[int, int, int]]) -> Iterator[NodeState]:
+    """The nodes of these buckets by name: the smallest first (from each bucket's smallest
+    name, ``ClusterView.first_name``, kept across decisions), usually all that is needed; the
+    rest in order only when asked for."""
+    buckets = c.buckets
+    firsts = c.first_name
+    first = None
+    at = keys[0]
     for k in keys:
-        merged.update(buckets[k])
-    del merged[first]
-    for name in sorted(merged):
-        yield merged[name]
-
-
+        name = firsts.get(k)
+        if name is None:
+            name = firsts[k] = min(buckets[k])
+        if first is None or name < first:
+            first, at = name, k
+    yield buckets[at][first]  # type: ignore[index]
+    names: list[str] = []
+    for k in keys:
+        names.extend(buckets[k])
+    names.remove(first)  # type: ignore[arg-type]
+    heapify(names)  # a heap, not a sort: usually only a few more are asked for
+    where = c.by_name
+    while names:
+        yield where[heappop(names)]
 
 
 # -- the FGD paper's baselines on the ledger: the same scores as .paper, on whole cores ------
