@@ -344,14 +344,20 @@ class FragmentationModel:
                         out[ki] = total - usable * GPU_MILLI
         return out
 
-    def after(self, sid: int, d: Demand) -> int | None:
-        """The signature id after placing ``d`` on signature ``sid`` (:func:`apply`), or None
-        when its GPUs do not fit; cached."""
+    def after_table(self, d: Demand) -> dict[int, int | None]:
+        """The cache of :meth:`after` for ``d``: signature id -> id after placing ``d`` (None:
+        does not fit). A caller looks there first and calls :meth:`after` on a miss."""
         table = self._after.get(d)
         if table is None:
             if len(self._after) > 10_000:
                 self._after.clear()
             table = self._after[d] = {}
+        return table
+
+    def after(self, sid: int, d: Demand) -> int | None:
+        """The signature id after placing ``d`` on signature ``sid`` (:func:`apply`), or None
+        when its GPUs do not fit; cached."""
+        table = self.after_table(d)
         try:
             return table[sid]
         except KeyError:
@@ -382,11 +388,7 @@ class FragmentationModel:
             table = self._ranks[(d, quantize)] = {}
         elif len(table) > 200_000:
             table.clear()
-        afters = self._after.get(d)
-        if afters is None:
-            if len(self._after) > 10_000:
-                self._after.clear()
-            afters = self._after[d] = {}
+        afters = self.after_table(d)
         scores = self._score
         score = self.score
         after_of = self.after

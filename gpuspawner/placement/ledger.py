@@ -79,6 +79,8 @@ class _Cluster:
     quantize: bool = True
     #: bundle shape -> (profile count, whether some node can hold it on one NUMA node)
     one_numa: dict[tuple, tuple[int, bool]] = field(default_factory=dict)
+    #: signature id -> the keys of its buckets (an ordered set)
+    by_sid: dict[int, dict[tuple[int, int, int], None]] = field(default_factory=dict)
     #: node name -> state (the ledger's own index)
     by_name: dict[str, NodeState] = field(default_factory=dict)
     #: bucket key -> the smallest node name in it (kept where known; see _rebucket)
@@ -388,9 +390,17 @@ class Ledger:
                     bucket.pop(st.name, None)
                     if not bucket:
                         del c.buckets[old]
+                        same_sig = c.by_sid[old[0]]
+                        del same_sig[old]
+                        if not same_sig:
+                            del c.by_sid[old[0]]
                     if c.first_name.get(old) == st.name:
                         del c.first_name[old]  # recomputed when next asked for
-            c.buckets.setdefault(key, {})[st.name] = st
+            bucket = c.buckets.get(key)
+            if bucket is None:
+                bucket = c.buckets[key] = {}
+                c.by_sid.setdefault(key[0], {})[key] = None
+            bucket[st.name] = st
             first = c.first_name.get(key)
             if first is not None and st.name < first:
                 c.first_name[key] = st.name

@@ -62,6 +62,7 @@ class ClusterView(Protocol):
     quantize: bool
     one_numa: dict[tuple, tuple[int, bool]]
     first_name: dict[tuple[int, int, int], str]
+    by_sid: dict[int, dict[tuple[int, int, int], None]]
     by_name: dict[str, NodeState]
     profiles: dict[tuple, NodeState]
 
@@ -210,19 +211,28 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> 
     rank_of = frag.ranker(d, cpu, quantize)
     miss = _MISS
 
+    afters = frag.after_table(d)
+
     def ranked():
-        """(bucket key, rank) of every bucket that may take the bundle."""
-        for key in c.buckets:
-            sid, free_cores, mem_class = key
-            if cores > free_cores or mib >> mem_class:
+        """(bucket key, rank) of every bucket that may take the bundle; signatures whose
+        GPUs cannot take it are skipped with all their buckets."""
+        for sid, keys in c.by_sid.items():
+            after = afters.get(sid, miss)
+            if after is miss:
+                after = frag.after(sid, d)
+            if after is None:
                 continue
-            if no_fit and no_fit.get(key, -1) == versions[key]:
-                continue
-            rank = ranks.get(key, miss)
-            if rank is miss:
-                rank = ranks[key] = rank_of(sid, free_cores * 1000)
-            if rank is not None:
-                yield key, rank
+            for key in keys:
+                _sid, free_cores, mem_class = key
+                if cores > free_cores or mib >> mem_class:
+                    continue
+                if no_fit and no_fit.get(key, -1) == versions[key]:
+                    continue
+                rank = ranks.get(key, miss)
+                if rank is miss:
+                    rank = ranks[key] = rank_of(sid, free_cores * 1000)
+                if rank is not None:
+                    yield key, rank
 
     # one pass keeps only the best group; it usually has room, so the others are ranked
     # (in order) only when it has not
