@@ -31,12 +31,15 @@ TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "alibaba-gpu-v
 
 MODELS = ("T4", "V100M16", "V100M32", "P100", "G2", "G3")
 
-#: name -> (seed, nodes, steps, numa_policy, static workload, departure probability, explain)
-SCENARIOS: dict[str, tuple[int, int, int, str, bool, float, bool]] = {
-    "strict-learned-churn": (1, 160, 2500, "strict", False, 0.35, False),
-    "prefer-static-churn": (2, 160, 2500, "prefer", True, 0.35, True),
-    "none-learned-fill": (3, 120, 1500, "none", False, 0.0, False),
-    "strict-static-fill": (4, 200, 2000, "strict", True, 0.1, True),
+#: name -> (seed, nodes, steps, numa_policy, static workload, departure probability, explain,
+#: health: requests restricted to some nodes, GPUs drained and nodes drained or down now and
+#: then)
+SCENARIOS: dict[str, tuple[int, int, int, str, bool, float, bool, bool]] = {
+    "strict-learned-churn": (1, 160, 2500, "strict", False, 0.35, False, False),
+    "prefer-static-churn": (2, 160, 2500, "prefer", True, 0.35, True, False),
+    "none-learned-fill": (3, 120, 1500, "none", False, 0.0, False, False),
+    "strict-static-fill": (4, 200, 2000, "strict", True, 0.1, True, False),
+    "strict-learned-health": (5, 150, 2500, "strict", False, 0.3, True, True),
 }
 
 
@@ -75,13 +78,15 @@ def bundles(rng: random.Random, count: int, numa_policy: str) -> list[Bundle]:
 def record(name: str) -> list[str]:
     """The decisions of one scenario, one line each: ``+ node gpus cpus mems`` for a grant,
     ``! reason closest-node sentence`` for a refusal, ``- index`` for a departure (by
-    arrival index)."""
-    seed, n_nodes, steps, numa_policy, static, depart, explain = SCENARIOS[name]
+    arrival index), ``~ ...`` for a GPU drained or undrained or a node state set."""
+    seed, n_nodes, steps, numa_policy, static, depart, explain, health = SCENARIOS[name]
     rng = random.Random(seed)
     nodes = cluster(rng, n_nodes)
     mix = bundles(rng, 300, numa_policy)
     workload = typical_pods(pod_type_of(b) for b in mix) if static else None
     ledger = Ledger(nodes, "fgd", seed=seed, workload=workload, clock=lambda: 0.0)
+    names = [n.name for n in nodes]
+    uuids = [g.uuid for n in nodes for g in n.gpus]
     held: list[tuple[int, str]] = []
     out: list[str] = []
     for i in range(steps):
@@ -90,9 +95,28 @@ def record(name: str) -> list[str]:
             ledger.release(aid)
             out.append(f"- {j}")
             continue
+        allowed = None
+        if health:
+            x = rng.random()
+            if x < 0.03:
+                uuid = rng.choice(uuids)
+                if rng.random() < 0.5:
+                    ledger.drain_gpu(uuid, "test")
+                else:
+                    ledger.undrain_gpu(uuid)
+                out.append(f"~ gpu {uuid}")
+                continue
+            if x < 0.05:
+                node = rng.choice(names)
+                state = rng.choice(("up", "up", "drain", "down"))
+                ledger.set_node_state(node, state)
+                out.append(f"~ node {node} {state}")
+                continue
+            if x < 0.3:
+                allowed = rng.sample(names, rng.randint(1, len(names) // 3))
         b = mix[rng.randrange(len(mix))]
         try:
-            a = ledger.reserve(b, Owner(f"u{i}", "s"), explain=explain)
+            a = ledger.reserve(b, Owner(f"u{i}", "s"), allowed, explain=explain)
         except PlacementRefused as e:
             out.append(f"! {e.reason} {e.best_node or '-'} {e.detail}")
             continue

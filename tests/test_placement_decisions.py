@@ -1,6 +1,7 @@
 """The ledger's default policy decides exactly as recorded: every grant (node, GPUs, cores,
-NUMA memory) and refusal of fixed scenarios (tests/placement_decisions.py) matches the fixture
-written by the code before the decision-latency work, so speed-ups cannot change decisions."""
+NUMA memory) and refusal of fixed scenarios (tests/placement_decisions.py), with departures,
+node restrictions, drained GPUs and node states among them, matches the fixture written by the
+code before the decision-latency work (50b89f7), so speed-ups cannot change decisions."""
 
 from __future__ import annotations
 
@@ -28,12 +29,15 @@ def test_fgd_decides_as_recorded(name):
 
 
 def test_scenarios_exercise_grants_refusals_and_departures():
-    """The fixture is not trivial: each kind of step occurs, refusals with their reasons."""
+    """The fixture is not trivial: each kind of step occurs, refusals with their reasons,
+    drains and node states."""
     lines = [x for v in EXPECTED.values() for x in v]
     kinds = {x[0] for x in lines}
-    assert kinds == {"+", "-", "!"}
+    assert kinds == {"+", "-", "!", "~"}
     reasons = {x.split()[1] for x in lines if x.startswith("!")}
-    assert {"unplaced", "numa", "gpus", "cores"} <= reasons
+    assert {"unplaced", "numa", "gpus", "cores", "no_gpu_model"} <= reasons
+    health = {x.split()[1] for x in lines if x.startswith("~")}
+    assert health == {"gpu", "node"}
 
 
 @pytest.mark.skipif(not pd.TRACE.is_dir(), reason=f"{pd.TRACE} not present")
