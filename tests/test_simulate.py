@@ -164,6 +164,7 @@ def test_fill_stops_when_demand_reaches_capacity(policy: str) -> None:
     assert 0.0 < m["gpu_allocation_ratio"] <= 1.0
     assert m["unallocated_gpus"] == pytest.approx(6 * (1 - m["gpu_allocation_ratio"]))
     assert m["decision_us_p50"] <= m["decision_us_p99"]
+    assert 0 < m["decision_cpu_us_p99"]
     assert m["mode"] == "fill" and m["policy"] == policy and m["numa_policy"] == "strict"
 
 
@@ -180,7 +181,8 @@ def test_fill_with_only_whole_gpu_pods_requests_exactly_capacity(tmp_path: Path)
 
 
 def test_fill_seed_determinism() -> None:
-    timing = {"decision_us_p50", "decision_us_p99", "decisions_per_s", "setup_s", "wall_s"}
+    timing = {"decision_us_p50", "decision_us_p99", "decision_cpu_us_p99", "decisions_per_s",
+              "setup_s", "wall_s"}
 
     def strip(m: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in m.items() if k not in timing}

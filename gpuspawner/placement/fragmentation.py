@@ -27,12 +27,16 @@ scored once. Units: milli-GPU, milli-CPU.
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from .paper import PodType, typical_pods
+from .paper import PodType, fgd_score_from_delta, typical_pods
 from .units import GPU_MILLI
 
 Signature = tuple  # tuple over NUMA nodes of sorted tuples (model, free_milli, shareable)
+
+_MISS = object()
+
 
 
 @dataclass(frozen=True)
@@ -103,40 +107,52 @@ def type_fragmentation(sig: Signature, cpu_left: int, t: PodType, numa_aware: bo
 def apply(sig: Signature, d: Demand) -> Signature | None:
     """The signature after placing ``d`` the way :mod:`.devices` would (a NUMA node with enough
     free GPUs and the fewest of them for whole GPUs; the fullest GPU with room for a share), or
-    None when it does not fit."""
-    numas = [list(n) for n in sig]
+    None when it does not fit. ``sig``'s NUMA tuples are sorted (as
+    :meth:`~.state.NodeState.refresh_signature` makes them); only the changed ones are
+    sorted again."""
     if d.gpus:
+        numas = [list(n) for n in sig]
         cands = []
         for i, numa in enumerate(numas):
             full = [j for j, (m, f, _s) in enumerate(numa) if f == GPU_MILLI and d.allows(m)]
             cands.append((i, full))
         single = [(len(full), i, full) for i, full in cands if len(full) >= d.gpus]
+        changed = set()
         if single:
             _, i, full = min(single)
             for j in full[: d.gpus]:
                 m, _f, s = numas[i][j]
                 numas[i][j] = (m, 0, s)
+            changed.add(i)
         else:
             left = d.gpus
             for i, full in sorted(cands, key=lambda c: -len(c[1])):
                 for j in full[:left]:
                     m, _f, s = numas[i][j]
                     numas[i][j] = (m, 0, s)
+                    changed.add(i)
                 left -= min(left, len(full))
             if left:
                 return None
-    elif d.milli:
+        return tuple(tuple(sorted(n)) if i in changed else sig[i]
+                     for i, n in enumerate(numas))
+    if d.milli:
+        milli = d.milli
         best = None
-        for i, numa in enumerate(numas):
+        for i, numa in enumerate(sig):
             for j, (m, f, s) in enumerate(numa):
-                if s and f >= d.milli and d.allows(m) and (best is None or f < best[0]):
+                if s and f >= milli and (best is None or f < best[0]) and d.allows(m):
                     best = (f, i, j)
         if best is None:
             return None
         f, i, j = best
-        m, _f, s = numas[i][j]
-        numas[i][j] = (m, f - d.milli, s)
-    return tuple(tuple(sorted(n)) for n in numas)
+        numa = list(sig[i])
+        m, _f, s = numa[j]
+        numa[j] = (m, f - milli, s)
+        out = list(sig)
+        out[i] = tuple(sorted(numa))
+        return tuple(out)
+    return sig
 
 
 class FragmentationModel:
@@ -164,12 +180,31 @@ class FragmentationModel:
         self._ids: dict[Signature, int] = {}
         self._sigs: list[Signature] = []
         self.free: list[int] = []  #: free milli-GPU of each interned signature
-        self._score: dict[tuple[int, int], float] = {}
-        self._after: dict[tuple[int, Demand], int | None] = {}
+        #: signature id * _lvmul + CPU level -> F; integer keys, not tuples: ints are not
+        #: tracked by the garbage collector, so filling the caches triggers no collections
+        self._score: dict[int, float] = {}
+        self._lvmul = 1
+        #: (demand, milli-CPU, quantize) -> {(signature id, free cores): policy sort key}
+        self._keys: dict[tuple, dict[tuple, float | int | None]] = {}
+        #: (demand, quantize) -> {(signature id, CPU level after, CPU level before), packed
+        #: in one int: rank}
+        self._ranks: dict[tuple, dict[int, float | int | None]] = {}
+        #: demand -> {signature id: signature id after placing it (None: does not fit)}
+        self._after: dict[Demand, dict[int, int | None]] = {}
         self._delta: dict[tuple, dict[tuple[int, int], float | None]] = {}
         self._parsed_for: object = None
         self._parsed_list: list[tuple[PodType, float, frozenset[str]]] = []
         self._cpu_levels: list[int] = []
+        #: per workload type: (frequency, GPU kind index or -1 for no GPU, milli-CPU)
+        self._template: list[tuple[float, int, int]] = []
+        #: per allowed-models set: (models, [(kind, share milli)], [(kind, whole GPUs)])
+        self._kind_groups: list[tuple[frozenset[str], list, list]] = []
+        self._kind_count = 0
+        self._kinds_key: tuple = ()
+        #: signature id -> F(n, kind) per GPU kind of the workload's kinds (kept per set of
+        #: kinds, so a workload refresh that keeps or restores its kinds keeps the values)
+        self._kvals: dict[int, list[int]] = {}
+        self._kvals_by: dict[tuple, dict[int, list[int]]] = {}
 
     def set_workload(self, workload: list[tuple[PodType, float]] | None) -> None:
         """Use a static workload (None: go back to learning it online)."""
@@ -179,6 +214,8 @@ class FragmentationModel:
             self.workload = typical_pods(self.counts)
         self._score.clear()
         self._delta.clear()
+        self._keys.clear()
+        self._ranks.clear()
 
     def _parsed(self) -> list[tuple[PodType, float, frozenset[str]]]:
         """The workload with each type's allowed models parsed (cached per workload)."""
@@ -187,7 +224,30 @@ class FragmentationModel:
                                                   if x)) for t, p in self.workload]
             self._parsed_for = self.workload
             self._cpu_levels = sorted({t.milli_cpu for t, _ in self.workload})
+            self._lvmul = len(self._cpu_levels) + 1  # CPU levels are 0..len
+            # the distinct GPU demands ("kinds") of the workload, grouped by allowed models
+            # (sorted, so that a new workload with the same kinds keeps their values)
+            kinds = {k: i for i, k in enumerate(sorted(
+                {(models, t.is_share, t.milli_gpu, t.gpu_number)
+                 for t, _p, models in self._parsed_list if t.milli_gpu},
+                key=lambda k: (sorted(k[0]), *k[1:])))}
+            self._template = [
+                (p, kinds[(models, t.is_share, t.milli_gpu, t.gpu_number)] if t.milli_gpu
+                 else -1, t.milli_cpu) for t, p, models in self._parsed_list]
+            if tuple(kinds) != self._kinds_key:
+                self._kinds_key = tuple(kinds)
+                if len(self._kvals_by) > 8:
+                    self._kvals_by.clear()
+                self._kvals = self._kvals_by.setdefault(self._kinds_key, {})
+                groups: dict[frozenset[str], tuple[list, list]] = {}
+                for (models, share, milli, number), ki in kinds.items():
+                    shares, wholes = groups.setdefault(models, ([], []))
+                    (shares if share else wholes).append((ki, milli if share else number))
+                self._kind_groups = [(m, sh, wh) for m, (sh, wh) in groups.items()]
+                self._kind_count = len(kinds)
             self._score.clear()
+            self._keys.clear()
+            self._ranks.clear()
         return self._parsed_list
 
     def intern(self, sig: Signature) -> int:
@@ -217,27 +277,148 @@ class FragmentationModel:
                 self.workload = new
                 self._score.clear()
                 self._delta.clear()
+                self._keys.clear()
+                self._ranks.clear()
 
     def score(self, sid: int, cpu_left: int) -> float:
         """F(n) in milli-GPU for signature id ``sid`` and ``cpu_left`` free milli-CPU."""
         # F depends on cpu_left only through which types' milli-CPU it reaches: key by that
         self._parsed()
-        key = (sid, bisect_right(self._cpu_levels, cpu_left))
+        key = sid * self._lvmul + bisect_right(self._cpu_levels, cpu_left)
         s = self._score.get(key)
         if s is None:
             if len(self._score) > 1_000_000:
                 self._score.clear()
-            sig = self._sigs[sid]
             total = self.free[sid]
             if total == 0:
                 s = self._score[key] = 0.0
                 return s
-            na = self.numa_aware
-            s = self._score[key] = sum(
-                p * (total if t.milli_gpu == 0 else
-                     type_fragmentation(sig, cpu_left, t, na, models, total))
-                for t, p, models in self._parsed())
+            # F(n, m) is the type's GPU-only value when the type's CPU fits, else all free
+            # milli-GPU (type_fragmentation): the GPU-only values are computed once per
+            # signature and GPU kind (_kind_values); the sum keeps the workload's order, so
+            # it is the same float as summing type_fragmentation
+            vals = self._kvals.get(sid)
+            if vals is None:
+                if len(self._kvals) > 200_000:
+                    self._kvals.clear()
+                vals = self._kvals[sid] = self._kind_values(self._sigs[sid], total)
+            s = self._score[key] = sum([p * (total if ki < 0 or cpu_left < c else vals[ki])
+                                        for p, ki, c in self._template])
         return s
+
+    def _kind_values(self, sig: Signature, total: int) -> list[int]:
+        """F(n, m) for each GPU kind of the workload when m's CPU fits, for a node of
+        signature ``sig`` with ``total`` free milli-GPU: :func:`type_fragmentation`'s value
+        (tests/test_fragmentation_kinds.py checks they agree), computed from one pass over
+        the GPUs per allowed-models set instead of one per type."""
+        out = [total] * self._kind_count
+        na = self.numa_aware
+        for models, shares, wholes in self._kind_groups:
+            if shares:
+                frees = [f for numa in sig for m, f, sh in numa
+                         if sh and f and (not models or m.lower() in models)]
+                for ki, milli in shares:
+                    usable = 0
+                    for f in frees:
+                        if f >= milli:
+                            usable += f
+                    if usable:
+                        out[ki] = total - usable
+            if wholes:
+                per = []
+                cap = 0
+                for numa in sig:
+                    n_full = n_allowed = 0
+                    for m, f, _sh in numa:
+                        if not models or m.lower() in models:
+                            n_allowed += 1
+                            if f == GPU_MILLI:
+                                n_full += 1
+                    per.append(n_full)
+                    if n_allowed > cap:
+                        cap = n_allowed
+                every = sum(per)
+                for ki, k in wholes:
+                    usable = sum(n for n in per if n >= k) if na and cap >= k else every
+                    if usable >= k:
+                        out[ki] = total - usable * GPU_MILLI
+        return out
+
+    def after_table(self, d: Demand) -> dict[int, int | None]:
+        """The cache of :meth:`after` for ``d``: signature id -> id after placing ``d`` (None:
+        does not fit). A caller looks there first and calls :meth:`after` on a miss."""
+        table = self._after.get(d)
+        if table is None:
+            if len(self._after) > 10_000:
+                self._after.clear()
+            table = self._after[d] = {}
+        return table
+
+    def after(self, sid: int, d: Demand) -> int | None:
+        """The signature id after placing ``d`` on signature ``sid`` (:func:`apply`), or None
+        when its GPUs do not fit; cached."""
+        table = self.after_table(d)
+        try:
+            return table[sid]
+        except KeyError:
+            pass
+        if len(table) > 200_000:
+            table.clear()
+        sig = apply(self._sigs[sid], d)
+        after = table[sid] = None if sig is None else self.intern(sig)
+        return after
+
+    def ranker(self, d: Demand, cpu: int, quantize: bool
+               ) -> Callable[[int, int], int | float | None]:
+        """``rank(sid, cpu_left)``: ``fgd``'s rank of a node (lower is better) for a task of
+        GPU demand ``d`` and ``cpu`` milli-CPU on a node of signature ``sid`` with
+        ``cpu_left`` free milli-CPU: minus the FGD plugin's integer score of the growth
+        :meth:`delta` (:func:`~.paper.fgd_score_from_delta`, ``fgd_score.go``) when
+        ``quantize``, else the growth rounded to 1e-6; None when the GPUs do not fit.
+
+        Ranks are cached by the CPU levels of ``cpu_left`` and ``cpu_left - cpu`` (F depends
+        on free CPU only through them), so requests that differ only in CPU share entries.
+        The function is valid until the workload changes (get a new one per decision)."""
+        self._parsed()
+        lv = self._cpu_levels
+        table = self._ranks.get((d, quantize))
+        if table is None:
+            if len(self._ranks) > 10_000:
+                self._ranks.clear()
+            table = self._ranks[(d, quantize)] = {}
+        elif len(table) > 200_000:
+            table.clear()
+        afters = self.after_table(d)
+        scores = self._score
+        score = self.score
+        after_of = self.after
+        miss = _MISS
+        mul = self._lvmul
+
+        def rank(sid: int, cpu_left: int) -> int | float | None:
+            la = bisect_right(lv, cpu_left - cpu)
+            lb = bisect_right(lv, cpu_left)
+            k = (sid * mul + la) * mul + lb  # an int key (see _score)
+            r = table.get(k, miss)
+            if r is not miss:
+                return r  # type: ignore[return-value]
+            after = afters.get(sid, miss)
+            if after is miss:
+                after = after_of(sid, d)
+            if after is None:
+                table[k] = None
+                return None
+            a = scores.get(after * mul + la)
+            if a is None:
+                a = score(after, cpu_left - cpu)
+            b = scores.get(sid * mul + lb)
+            if b is None:
+                b = score(sid, cpu_left)
+            delta = a - b
+            out = table[k] = -fgd_score_from_delta(delta) if quantize else round(delta, 6)
+            return out
+
+        return rank
 
     def delta(self, sid: int, cpu_left: int, d: Demand, cpu: int) -> float | None:
         """Growth of F when a task of GPU demand ``d`` and ``cpu`` milli-CPU is placed on a node
@@ -249,14 +430,7 @@ class FragmentationModel:
             return table[key]
         except KeyError:
             pass
-        akey = (sid, d)
-        if akey in self._after:
-            after = self._after[akey]
-        else:
-            if len(self._after) > 500_000:
-                self._after.clear()
-            sig = apply(self._sigs[sid], d)
-            after = self._after[akey] = None if sig is None else self.intern(sig)
+        after = self.after(sid, d)
         if len(table) > 200_000:
             table.clear()
         out = None if after is None else (self.score(after, cpu_left - cpu)
@@ -272,4 +446,18 @@ class FragmentationModel:
             if len(self._delta) > 10_000:
                 self._delta.clear()
             table = self._delta[(d, cpu)] = {}
+        return table
+
+    def keys(self, d: Demand, cpu: int, quantize: bool) -> dict[tuple, float | int | None]:
+        """A cache for a policy that ranks nodes by a function of :meth:`delta` (``fgd``'s
+        integer plugin score, or the rounded growth): ``bucket key -> rank key`` for one
+        request, cleared whenever the deltas are (a new workload)."""
+        k = (d, cpu, quantize)
+        table = self._keys.get(k)
+        if table is None:
+            if len(self._keys) > 10_000:
+                self._keys.clear()
+            table = self._keys[k] = {}
+        elif len(table) > 200_000:
+            table.clear()
         return table

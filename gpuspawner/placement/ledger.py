@@ -50,6 +50,14 @@ def _affinity_tag(a: Allocation) -> str:
     return f"{len(a.gpus)}-gpu"
 
 
+def _profile(st: NodeState) -> tuple:
+    """What :func:`~.devices.min_numa_count` reads of a node: per NUMA node its cores,
+    memory and the (model, shareable) of its GPUs."""
+    return tuple((len(n.cpus), n.memory_bytes,
+                  tuple(sorted((g.model, g.shareable) for g in st.gpus_by_numa[n.id])))
+                 for n in st.node.numa_nodes)
+
+
 def _bundle_usage(b: Bundle) -> Usage:
     return Usage(b.total_gpu_milli, b.cores, b.memory_bytes, b.disk_bytes, 1)
 
@@ -69,6 +77,17 @@ class _Cluster:
     affinity: dict[str, dict[str, int]] = field(default_factory=dict)
     #: ``fgd`` compares the FGD plugin's integer score (True) or the exact growth (False)
     quantize: bool = True
+    #: bundle shape -> (profile count, whether some node can hold it on one NUMA node)
+    one_numa: dict[tuple, tuple[int, bool]] = field(default_factory=dict)
+    #: signature id -> the keys of its buckets (an ordered set)
+    by_sid: dict[int, dict[tuple[int, int, int], None]] = field(default_factory=dict)
+    #: node name -> state (the ledger's own index)
+    by_name: dict[str, NodeState] = field(default_factory=dict)
+    #: bucket key -> the smallest node name in it (kept where known; see _rebucket)
+    first_name: dict[tuple[int, int, int], str] = field(default_factory=dict)
+    #: hardware profile (per NUMA node: cores, memory, GPU models and shareability) -> the
+    #: first node of it
+    profiles: dict[tuple, NodeState] = field(default_factory=dict)
 
 
 #: what :meth:`Ledger.set_node_state` accepts
@@ -112,7 +131,7 @@ class Ledger:
         self.prior = prior if workload is None else None
         self._prior_refresh_s = prior_refresh_s
         self._prior_read: float | None = None
-        self._by_name: dict[str, NodeState] = {}
+        self._by_name: dict[str, NodeState] = self._c.by_name
         self._allocs: dict[str, Allocation] = {}
         self._by_owner: dict[tuple[str, str], str] = {}
         self._user_used: dict[str, Usage] = {}
@@ -139,6 +158,7 @@ class Ledger:
                 raise ValueError(f"duplicate node name {node.name!r}")
             st = NodeState(node, order=len(self._c.states))
             self._c.states.append(st)
+            self._c.profiles.setdefault(_profile(st), st)
             self._by_name[node.name] = st
             self._rebucket(st)
 
@@ -448,7 +468,20 @@ class Ledger:
                     bucket.pop(st.name, None)
                     if not bucket:
                         del c.buckets[old]
-            c.buckets.setdefault(key, {})[st.name] = st
+                        same_sig = c.by_sid[old[0]]
+                        del same_sig[old]
+                        if not same_sig:
+                            del c.by_sid[old[0]]
+                    if c.first_name.get(old) == st.name:
+                        del c.first_name[old]  # recomputed when next asked for
+            bucket = c.buckets.get(key)
+            if bucket is None:
+                bucket = c.buckets[key] = {}
+                c.by_sid.setdefault(key[0], {})[key] = None
+            bucket[st.name] = st
+            first = c.first_name.get(key)
+            if first is not None and st.name < first:
+                c.first_name[key] = st.name
             c.versions[key] = c.versions.get(key, 0) + 1
         elif grew:
             c.versions[key] = c.versions.get(key, 0) + 1

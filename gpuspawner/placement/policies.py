@@ -25,7 +25,8 @@ filter, and returns ``(node state, device plan)`` or None.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from heapq import heapify, heappop
 from typing import Protocol
 
 from .devices import min_numa_count, plan, quick_fit
@@ -35,7 +36,6 @@ from .paper import (
     PaperNode,
     PodType,
     ScoreFn,
-    fgd_score_from_delta,
     score_best_fit,
     score_dot_product,
     score_gpu_clustering,
@@ -60,6 +60,11 @@ class ClusterView(Protocol):
     rng: random.Random
     affinity: dict[str, dict[str, int]]
     quantize: bool
+    one_numa: dict[tuple, tuple[int, bool]]
+    first_name: dict[tuple[int, int, int], str]
+    by_sid: dict[int, dict[tuple[int, int, int], None]]
+    by_name: dict[str, NodeState]
+    profiles: dict[tuple, NodeState]
 
 
 def demand_of(bundle: Bundle, aligned: bool) -> Demand:
@@ -156,7 +161,7 @@ def fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> C
     NUMA (ours): an aligned bundle of >= 2 whole GPUs first considers only nodes where the
     whole bundle (GPUs, cores, memory) fits one NUMA node, and the others only when none of
     those has room, so its GPUs share one NUMA node whenever any node allows it."""
-    if not spill and bundle.gpus >= 2:
+    if not spill and bundle.gpus >= 2 and _one_numa_possible(c, bundle):
         def one_numa(st: NodeState) -> bool:
             return (ok is None or ok(st)) and min_numa_count(st, bundle) == 1
 
@@ -164,6 +169,24 @@ def fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> C
         if got is not None:
             return got
     return _fgd(c, bundle, spill, ok)
+
+
+def _one_numa_possible(c: ClusterView, bundle: Bundle) -> bool:
+    """True when some node could hold the bundle on one NUMA node if it were empty
+    (:func:`~.devices.min_numa_count` is 1); otherwise ``fgd``'s one-NUMA-node pass cannot
+    find anything and is skipped. It depends on the hardware only, so one node of each
+    hardware profile (``ClusterView.profiles``) is asked; cached per bundle shape while the
+    profiles stay the same."""
+    key = (bundle.gpus, bundle.gpu_milli > 0, bundle.gpu_models, bundle.cores,
+           bundle.memory_bytes)
+    n = len(c.profiles)
+    got = c.one_numa.get(key)
+    if got is None or got[0] != n:
+        if len(c.one_numa) > 10_000:
+            c.one_numa.clear()
+        got = c.one_numa[key] = (n, any(min_numa_count(st, bundle) == 1
+                                        for st in c.profiles.values()))
+    return got[1]
 
 
 def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> Choice | None:
@@ -183,31 +206,59 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> 
     else:
         no_fit = {}
     versions = c.versions
-    scored: dict[float, list[tuple[int, int, int]]] = {}
-    table = frag.deltas(d, cpu)
+    quantize = c.quantize
+    ranks = frag.keys(d, cpu, quantize)  # bucket key -> rank, cached until the workload changes
+    rank_of = frag.ranker(d, cpu, quantize)
     miss = _MISS
-    for key in c.buckets:
-        sid, free_cores, mem_class = key
-        if cores > free_cores or mib >> mem_class:
-            continue
-        if no_fit and no_fit.get(key, -1) == versions[key]:
-            continue
-        delta = table.get((sid, free_cores * 1000), miss)
-        if delta is miss:
-            delta = frag.delta(sid, free_cores * 1000, d, cpu)
-        if delta is not None:
-            scored.setdefault(-fgd_score_from_delta(delta) if c.quantize else round(delta, 6),
-                              []).append(key)
-    if not scored:
+
+    afters = frag.after_table(d)
+
+    def ranked():
+        """(bucket key, rank) of every bucket that may take the bundle; signatures whose
+        GPUs cannot take it are skipped with all their buckets."""
+        for sid, keys in c.by_sid.items():
+            after = afters.get(sid, miss)
+            if after is miss:
+                after = frag.after(sid, d)
+            if after is None:
+                continue
+            for key in keys:
+                _sid, free_cores, mem_class = key
+                if cores > free_cores or mib >> mem_class:
+                    continue
+                if no_fit and no_fit.get(key, -1) == versions[key]:
+                    continue
+                rank = ranks.get(key, miss)
+                if rank is miss:
+                    rank = ranks[key] = rank_of(sid, free_cores * 1000)
+                if rank is not None:
+                    yield key, rank
+
+    # one pass keeps only the best group; it usually has room, so the others are ranked
+    # (in order) only when it has not
+    best = None
+    best_keys: list[tuple[int, int, int]] = []
+    for key, rank in ranked():
+        if best is None or rank < best:
+            best = rank
+            best_keys = [key]
+        elif rank == best:
+            best_keys.append(key)
+    if best is None:
         return None
-    first = min(scored)  # usually the best group has room: sort the rest only when not
-    for delta in _min_first(scored, first):
-        keys = scored[delta]
-        if len(keys) == 1:
-            states = sorted(c.buckets[keys[0]].values(), key=_name)
-        else:
-            states = sorted((st for k in keys for st in c.buckets[k].values()), key=_name)
-        got = _try(states, bundle, spill, ok)
+    got = _try(_by_name(c, best_keys), bundle, spill, ok)
+    if got is not None:
+        return got
+    if ok is None:
+        for k in best_keys:
+            no_fit[k] = versions[k]
+    scored: dict[float, list[tuple[int, int, int]]] = {}
+    for key, rank in ranked():
+        if rank != best:
+            scored.setdefault(rank, []).append(key)
+    for rank in sorted(scored):
+        keys = scored[rank]
+        got = _try(_by_name(c, keys), bundle, spill, ok)
         if got is not None:
             return got
         if ok is None:
@@ -216,14 +267,29 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> 
     return None
 
 
-def _min_first(scored: dict[float, list], first: float):
-    """``first``, then (only if asked for) the other keys in increasing order."""
-    yield first
-    yield from sorted(x for x in scored if x != first)
-
-
-def _name(st: NodeState) -> str:
-    return st.name
+def _by_name(c: ClusterView, keys: list[tuple[int, int, int]]) -> Iterator[NodeState]:
+    """The nodes of these buckets by name: the smallest first (from each bucket's smallest
+    name, ``ClusterView.first_name``, kept across decisions), usually all that is needed; the
+    rest in order only when asked for."""
+    buckets = c.buckets
+    firsts = c.first_name
+    first = None
+    at = keys[0]
+    for k in keys:
+        name = firsts.get(k)
+        if name is None:
+            name = firsts[k] = min(buckets[k])
+        if first is None or name < first:
+            first, at = name, k
+    yield buckets[at][first]  # type: ignore[index]
+    names: list[str] = []
+    for k in keys:
+        names.extend(buckets[k])
+    names.remove(first)  # type: ignore[arg-type]
+    heapify(names)  # a heap, not a sort: usually only a few more are asked for
+    where = c.by_name
+    while names:
+        yield where[heappop(names)]
 
 
 # -- the FGD paper's baselines on the ledger: the same scores as .paper, on whole cores ------
