@@ -85,9 +85,10 @@ def test_idle_gpu_server_is_culled_early_only_while_someone_waits(hub):
 
     # someone waits for the A100: warned, then culled early, and the waiter starts
     hub.ensure_user("waiter")
+    before = len(hub.log_path.read_bytes())
+    # (the POST itself may take JupyterHub's slow_spawn_timeout, 10 s: the cull comes first)
     r = hub.api("POST", "/users/waiter/server", {"profile": "one"})
     assert r.status_code in (201, 202), r.text
-    before = len(hub.log_path.read_bytes())
     hub.wait_stopped("holder", timeout=30)
     hub.wait_ready("waiter", timeout=90)
     culls = [json.loads(line) for line in

@@ -127,3 +127,35 @@ def test_restart_restores_the_order_and_a_bad_file_is_kept_aside(tmp_path):
         assert len(problems) == 1 and "kept as" in problems[0] and len(q3.wq) == 0
         assert (tmp_path / "q.json.bad").read_text() == "{not json"
     asyncio.run(main())
+
+
+def test_many_waiters_cost_one_order_per_change():
+    # a flood of waiting spawns must not make every change O(waiters^2): positions come from
+    # one WaitQueue.order() per change, shared by every waiter
+    async def main():
+        q = make()
+        held = await q.acquire(Owner("a"), ONE)
+        calls = [0]
+        real = q.wq.order
+
+        def counting():
+            calls[0] += 1
+            return real()
+
+        q.wq.order = counting  # type: ignore[method-assign]
+        seen: dict[str, tuple[int, int]] = {}
+        tasks = [asyncio.ensure_future(q.acquire(
+            Owner(f"u{i}"), ONE, on_wait=lambda e, p, n: seen.__setitem__(e.owner.user, (p, n))))
+            for i in range(200)]
+        await wait_for(lambda: len(seen) == 200)
+        assert sorted(p for p, _ in seen.values()) == list(range(1, 201))
+        calls[0] = 0
+        q.ledger.release(held.id)
+        q.kick()  # u0 starts; 199 waiters wake and re-read their positions
+        await wait_for(lambda: tasks[0].done() and all(
+            seen[f"u{i}"] == (i, 199) for i in range(1, 200)))
+        assert calls[0] <= 5, calls[0]  # schedule's passes plus one shared order, not 199
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    asyncio.run(main())

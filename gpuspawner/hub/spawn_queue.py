@@ -106,6 +106,9 @@ class SpawnQueue:
         self._tick_task: asyncio.Task[None] | None = None
         #: entry ids whose wait was cancelled (see the module's docstring)
         self._cancelled: set[str] = set()
+        #: bumped by every change (:meth:`_notify`); positions are computed once per value
+        self._generation = 0
+        self._positions: tuple[int, dict[str, int], int] | None = None
 
     @property
     def ledger(self) -> Any:
@@ -220,7 +223,7 @@ class SpawnQueue:
         try:
             while not fut.done():
                 if on_wait is not None:
-                    pos, total = self.wq.position(entry.id)
+                    pos, total = self.position(entry.id)
                     on_wait(entry, pos, total)
                 left = deadline - asyncio.get_running_loop().time()
                 if left <= 0:
@@ -275,7 +278,7 @@ class SpawnQueue:
     def refusal_now(self, entry: QueueEntry) -> PlacementRefused:
         """Why ``entry`` cannot start now (for "fail now" spawns): the ledger's refusal, or
         the entries ahead of it when only the queue's order holds it back."""
-        ahead = max(0, self.wq.position(entry.id)[0] - 1)
+        ahead = max(0, self.wq.position(entry.id)[0] - 1)  # not yet notified: compute
         try:
             alloc = self.ledger.reserve(entry.bundle, entry.owner, entry.nodes or None)
         except PlacementRefused as e:
@@ -314,7 +317,18 @@ class SpawnQueue:
             self._changed = asyncio.Event()
         return self._changed
 
+    def position(self, entry_id: str) -> tuple[int, int]:
+        """(1-based position, length) of an entry, from one :meth:`WaitQueue.order` per
+        change of the queue, however many spawns wait and ask (0 when not queued)."""
+        if self._positions is None or self._positions[0] != self._generation:
+            order = self.wq.order()
+            self._positions = (self._generation, {e.id: i for i, e in enumerate(order, 1)},
+                               len(order))
+        _, where, n = self._positions
+        return where.get(entry_id, 0), n
+
     def _notify(self) -> None:
+        self._generation += 1
         if self._changed is not None:
             self._changed.set()
             self._changed = asyncio.Event()

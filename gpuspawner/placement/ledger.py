@@ -218,6 +218,12 @@ class Ledger:
         with self._lock:
             return self.quotas.remaining(user, tuple(groups), self.usage(user), self._group_used)
 
+    def observe(self, bundle: Bundle) -> None:
+        """Count ``bundle`` as one arriving request of ``fgd``'s online workload model (what
+        :meth:`reserve` does unless ``observe=False``)."""
+        with self._lock:
+            self._c.frag.observe(pod_type_of(bundle))
+
     def check_quota(self, bundle: Bundle, owner: Owner) -> None:
         """Raise :class:`QuotaExceeded` if ``bundle`` would take ``owner`` (or one of its
         groups) over a quota, counting what they hold now; nothing is booked."""
@@ -364,7 +370,7 @@ class Ledger:
 
     # -- reserve / release ---------------------------------------------------------------------
     def reserve(self, bundle: Bundle, owner: Owner, nodes: Iterable[str] | None = None, *,
-                explain: bool = True) -> Allocation:
+                explain: bool = True, observe: bool = True) -> Allocation:
         """Book every resource of ``bundle`` for ``owner`` on one node, or nothing.
 
         Args:
@@ -373,6 +379,9 @@ class Ledger:
             nodes: restrict the choice to these node names (a profile's node selector).
             explain: build the refusal's sentence (an O(nodes) pass over the cluster); False
                 gives the reason key ``unplaced`` and a short sentence, for simulations.
+            observe: count the bundle as an arriving request of the online workload model
+                (False for the wait queue's retries: it counts an arrival once, in
+                :meth:`observe`).
 
         Returns:
             The allocation (already booked).
@@ -397,7 +406,8 @@ class Ledger:
                     f"{self._by_owner[key]}; release it first")
             self.quotas.check(owner.user, owner.groups, _bundle_usage(bundle),
                               self.usage(owner.user), self._group_used)
-            self._c.frag.observe(pod_type_of(bundle))
+            if observe:
+                self._c.frag.observe(pod_type_of(bundle))
             if self.prior is not None:
                 t = self._clock()
                 if self._prior_read is None or t - self._prior_read >= self._prior_refresh_s:

@@ -183,6 +183,7 @@ class WaitQueue:
             old.claimed, old.owner, old.bundle = True, owner, bundle
             old.profile, old.nodes, old.options = profile, tuple(nodes), dict(options or {})
             return old
+        self.ledger.observe(bundle)  # one arrival, however often schedule() retries it
         e = QueueEntry(id=f"q{next(self._ids)}-{int(self._clock() * 1000) % 10**9}",
                        owner=owner, bundle=bundle, profile=profile, nodes=tuple(nodes),
                        options=dict(options or {}), enqueued=self._clock(),
@@ -322,7 +323,8 @@ class WaitQueue:
         if not allowed:
             return None
         try:
-            alloc = self.ledger.reserve(e.bundle, e.owner, nodes=allowed, explain=False)
+            alloc = self.ledger.reserve(e.bundle, e.owner, nodes=allowed, explain=False,
+                                        observe=False)
         except PlacementRefused:
             return None
         except PlacementError as err:  # the quota no longer allows it, or already holds one
