@@ -143,6 +143,11 @@ class Ledger:
         self._drained: dict[str, list[Any]] = {}
         #: (node, drained GPU UUIDs) -> that node with nothing booked (capacity checks)
         self._empty_cache: dict[tuple[str, frozenset[str]], NodeState] = {}
+        #: (nodes added, node states, drained GPUs) -> capacity(): the wait queue asks for it
+        #: at every order() and it is O(GPUs) to add up; nodes are never removed
+        self._capacity_cache: tuple[tuple[int, frozenset[str], frozenset[str]], Usage] | None
+        self._capacity_cache = None
+        self._grown = 0
         for n in nodes:
             self.add_node(n)
 
@@ -161,6 +166,15 @@ class Ledger:
             self._c.profiles.setdefault(_profile(st), st)
             self._by_name[node.name] = st
             self._rebucket(st)
+
+    @property
+    def grown(self) -> int:
+        """A counter bumped whenever a node may fit more than before: added, something
+        released on it (``release``, ``adopt``, ``restore(replace=True)``), back up, a GPU
+        undrained. Bookings, drains and nodes going down never bump it, so a bundle that did
+        not fit (on some nodes) while it had one value does not fit there while it keeps it
+        (what the wait queue uses to skip tries that cannot succeed)."""
+        return self._grown
 
     def node(self, name: str) -> Node:
         """The node of that name. Raises KeyError."""
@@ -239,8 +253,12 @@ class Ledger:
 
     def capacity(self) -> Usage:
         """What the usable nodes have in all, booked or not (drained GPUs left out):
-        milli-GPU, cores, memory bytes, disk bytes. The denominators of DRF shares."""
+        milli-GPU, cores, memory bytes, disk bytes. The denominators of DRF shares.
+        Cached until a node is added, a node's state or the set of drained GPUs changes."""
         with self._lock:
+            key = (len(self._by_name), frozenset(self._node_state), frozenset(self._drained))
+            if self._capacity_cache is not None and self._capacity_cache[0] == key:
+                return self._capacity_cache[1]
             gpu = cores = mem = disk = 0
             for name in self.usable_nodes():
                 n = self._by_name[name].node
@@ -248,7 +266,9 @@ class Ledger:
                 cores += sum(len(nn.cpus) for nn in n.numa_nodes)
                 mem += sum(nn.memory_bytes for nn in n.numa_nodes)
                 disk += n.disk_bytes
-            return Usage(gpu, cores, mem, disk, 0)
+            cap = Usage(gpu, cores, mem, disk, 0)
+            self._capacity_cache = (key, cap)
+            return cap
 
     def _empty_state(self, name: str) -> NodeState:
         """Node ``name`` with nothing booked but its drained GPUs (cached per drain set)."""
@@ -280,10 +300,12 @@ class Ledger:
         """None when some usable node could hold ``bundle`` once enough of it is free; else
         the refusal saying why not even an empty cluster could (reason keys as
         :class:`PlacementRefused`, ``never`` when only the combination does not fit)."""
+        spill = bundle.numa_policy != "strict"
         with self._lock:
-            if self.nodes_that_could_take(bundle, nodes):
-                return None
             names = self.usable_nodes() & set(nodes) if nodes else self.usable_nodes()
+            # any() stops at the first node that could: O(1) plans on a roomy cluster
+            if any(plan(self._empty_state(n), bundle, spill) is not None for n in names):
+                return None
             states = [self._empty_state(n) for n in sorted(
                 names, key=lambda n: self._by_name[n].order)]
             detail, reason, _ = _explain(states, bundle)
@@ -471,6 +493,8 @@ class Ledger:
         no-fit results; bookings only shrink a node, so they keep them."""
         key = self._bucket_key(st)
         c = self._c
+        if grew:
+            self._grown += 1
         if key != old:
             if old is not None:
                 bucket = c.buckets.get(old)

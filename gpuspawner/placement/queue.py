@@ -149,6 +149,9 @@ class WaitQueue:
         self._entries: dict[str, QueueEntry] = {}
         self._seq = itertools.count(1)
         self._ids = itertools.count(1)
+        #: (bundle, nodes tried) -> ``ledger.grown`` when the ledger refused it there: until
+        #: something grows, the same try is refused again and is not made (see _try)
+        self._refused: dict[tuple[Bundle, frozenset[str]], int] = {}
 
     # -- admission ----------------------------------------------------------------------------
     def check_admissible(self, bundle: Bundle, owner: Owner,
@@ -277,9 +280,12 @@ class WaitQueue:
         head (see the module's docstring). Started and failed entries leave the queue; their
         allocations are booked in the ledger.
 
-        Bounded: at most one pass over the entries per entry that leaves.
+        Bounded: at most one pass over the entries per entry that leaves; an empty queue
+        returns at once (no pass, no look at the ledger).
         """
         outcomes: list[QueueOutcome] = []
+        if not self._entries:
+            return outcomes
         for _ in range(len(self._entries) + 1):
             moved = self._one_pass(outcomes)
             if not moved:
@@ -322,10 +328,24 @@ class WaitQueue:
         """Reserve ``e`` on ``allowed``; the outcome if it left the queue, None if it waits."""
         if not allowed:
             return None
+        key = (e.bundle, frozenset(allowed))
+        grown = self.ledger.grown
         try:
+            if self._refused.get(key) == grown:
+                # refused on these nodes since nothing grew: bookings only shrink nodes, so
+                # the ledger would refuse again; only the checks it makes before placing
+                # (one allocation per server, quotas) can answer otherwise
+                if self.ledger.find(e.owner.user, e.owner.server) is not None:
+                    raise PlacementError(f"server {e.owner.user}/{e.owner.server} already "
+                                         "holds an allocation")
+                self.ledger.check_quota(e.bundle, e.owner)
+                return None
             alloc = self.ledger.reserve(e.bundle, e.owner, nodes=allowed, explain=False,
                                         observe=False)
         except PlacementRefused:
+            if len(self._refused) > 100_000:
+                self._refused.clear()
+            self._refused[key] = grown
             return None
         except PlacementError as err:  # the quota no longer allows it, or already holds one
             out = QueueOutcome(e, error=err)

@@ -5,8 +5,10 @@ arguments (``gpuspawner simulate``, :mod:`gpuspawner.cli`, uses both); :func:`ma
 ``python -m gpuspawner.simulate`` (:mod:`gpuspawner.simulate.__main__`). ``--method ledger``
 (the default) reads the trace (:mod:`~gpuspawner.simulate.traces`) and runs
 :mod:`~gpuspawner.simulate.engine`; ``--method paper`` and ``--compare`` run
-:mod:`~gpuspawner.simulate.paper_method`. Output: :mod:`~gpuspawner.simulate.report`. An input
-file that is missing or malformed is a message on stderr and exit status 2.
+:mod:`~gpuspawner.simulate.paper_method`; ``--mode replay --queue`` replays the trace without
+and with the wait queue (:func:`~gpuspawner.simulate.engine.compare_queue`). Output:
+:mod:`~gpuspawner.simulate.report`. An input file that is missing or malformed is a message
+on stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ from gpuspawner.placement import POLICIES
 from gpuspawner.placement.model import NUMA_POLICIES
 from gpuspawner.placement.paper import PAPER_POLICIES
 from gpuspawner.simulate import paper_method
-from gpuspawner.simulate.engine import MODES, simulate
-from gpuspawner.simulate.report import format_compare, format_json, format_table
+from gpuspawner.simulate.engine import MODES, compare_queue, simulate
+from gpuspawner.simulate.report import format_compare, format_json, format_queue, format_table
 from gpuspawner.simulate.traces import (
     load_nodes,
     load_pods,
     read_node_rows,
+    sample_nodes,
     trace_name,
     trace_path,
 )
@@ -38,6 +41,14 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
 
 
@@ -68,6 +79,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--explain-refusals", action="store_true",
                         help="have the ledger explain each refusal (slower, O(nodes) per "
                              "refusal, as in the spawner) and count refusals by reason")
+    parser.add_argument("--queue", action="store_true",
+                        help="replay mode: replay twice, without and with the hub's wait queue "
+                             "(a pod that fits the capacity but not what is free waits, and "
+                             "keeps its duration), and print both side by side")
+    parser.add_argument("--queue-users", type=_positive_int, default=50, metavar="N",
+                        help="--queue: spread the anonymous trace pods over N users "
+                             "(crc32 of the pod name) for the queue's fairness (default: 50)")
+    parser.add_argument("--max-bypass", type=_non_negative_int, default=3, metavar="N",
+                        help="--queue: how often later pods may start ahead of a blocked "
+                             "head on its nodes before they are reserved for it (default: 3)")
+    parser.add_argument("--sample-nodes", type=_positive_int, default=None, metavar="N",
+                        help="use N nodes spread evenly over the node list (a smaller cluster, "
+                             "so that the trace contends) (default: all)")
     parser.add_argument("--json", action="store_true",
                         help="print JSON (an object, or a list with --policy all)")
     paper = parser.add_argument_group(
@@ -122,8 +146,12 @@ def run(args: argparse.Namespace) -> int:
     if args.policy not in POLICIES and args.policy != "all":
         print(f"error: policy {args.policy!r} exists only in --method paper", file=sys.stderr)
         return 2
+    if getattr(args, "queue", False):
+        return _run_queue(args)
     try:
         nodes = load_nodes(args.nodes, numa_split=args.numa_split)
+        if args.sample_nodes is not None:
+            nodes = sample_nodes(nodes, args.sample_nodes)
         pods = load_pods(args.pods)
         policies = list(POLICIES) if args.policy == "all" else [args.policy]
         results = [simulate(nodes, pods, policy, args.mode, numa_policy=args.numa_policy,
@@ -137,6 +165,38 @@ def run(args: argparse.Namespace) -> int:
         print(format_json(payload))
     else:
         print(format_table(results))
+    return 0
+
+
+def _run_queue(args: argparse.Namespace) -> int:
+    """``--mode replay --queue``: the trace without and with the wait queue, side by side
+    (:func:`~gpuspawner.simulate.engine.compare_queue`)."""
+    if args.mode != "replay":
+        print("error: --queue needs --mode replay", file=sys.stderr)
+        return 2
+    if args.policy == "all":
+        print("error: --queue compares one policy; name it with --policy", file=sys.stderr)
+        return 2
+    try:
+        nodes = load_nodes(args.nodes, numa_split=args.numa_split)
+        if args.sample_nodes is not None:
+            nodes = sample_nodes(nodes, args.sample_nodes)
+        pods = load_pods(args.pods)
+        results = compare_queue(nodes, pods, args.policy, numa_policy=args.numa_policy,
+                                seed=args.seed, max_pods=args.max_pods,
+                                explain=args.explain_refusals, users=args.queue_users,
+                                max_bypass=args.max_bypass)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(format_json(results))
+    else:
+        gpus = sum(len(n.gpus) for n in nodes)
+        print(f"# replay {Path(args.pods).name} on {len(nodes)} nodes ({gpus} GPUs), policy "
+              f"{args.policy}, numa {args.numa_policy}; queue: {args.queue_users} users, "
+              f"max_bypass {args.max_bypass}")
+        print(format_queue(results))
     return 0
 
 

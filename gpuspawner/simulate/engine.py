@@ -18,6 +18,9 @@ Modes:
   ``creation_time`` and released at ``deletion_time`` (never, when that is empty). There is no
   queue: a pod that does not fit when it arrives is counted as rejected and dropped. Ratios are
   time-weighted means over the span from the first to the last event.
+* ``replay`` with the wait queue (:func:`simulate_replay_queue`, ``--queue``): a pod that fits
+  the capacity but not what is free waits in :class:`~gpuspawner.placement.queue.WaitQueue`
+  and keeps its duration once started; :func:`compare_queue` runs both replays.
 
 Metrics (one dict per run; ``--json`` prints them as they are):
 
@@ -37,18 +40,25 @@ Metrics (one dict per run; ``--json`` prints them as they are):
   ``decisions_per_s``: calls / summed call time; ``setup_s``: ledger construction, seconds;
   ``wall_s``: the whole run, seconds; ``stop``: why arrivals ended (``capacity``, ``end``,
   ``max_pods``, ``time_limit``).
+* replay only: ``gpu_hours``, GPU time served (the integral of allocated GPUs, hours);
+  ``span_s``, first to last event (seconds). With the queue, the wait metrics of
+  :func:`simulate_replay_queue`.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 import random
 import time
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
-from gpuspawner.placement import POLICIES, Ledger, PlacementRefused
+from gpuspawner.placement import POLICIES, Ledger, PlacementError, PlacementRefused
 from gpuspawner.placement.model import GPU_MILLI, NUMA_POLICIES, Allocation, Bundle, Node, Owner
+from gpuspawner.placement.queue import WaitQueue
 from gpuspawner.simulate.traces import Pod
 
 MODES: tuple[str, ...] = ("fill", "replay")
@@ -110,9 +120,7 @@ class _Run:
         Raises:
             RuntimeError: the ledger granted a different GPU amount than asked for.
         """
-        bundle = self._bundles.get(pod)
-        if bundle is None:
-            bundle = self._bundles[pod] = pod.bundle(self.numa_policy)
+        bundle = self.bundle_of(pod)
         # the ledger holds one allocation per (user, server): a pod drawn again in fill mode is
         # a new server, named by its arrival number
         owner = Owner(pod.name, str(self.arrived))
@@ -130,6 +138,22 @@ class _Run:
             return None
         self.latencies_ns.append(time.perf_counter_ns() - t0)
         self.cpu_ns.append(time.thread_time_ns() - c0)
+        self.book(pod, bundle, alloc)
+        return alloc
+
+    def bundle_of(self, pod: Pod) -> Bundle:
+        """The pod's bundle under this run's NUMA policy (cached per pod)."""
+        bundle = self._bundles.get(pod)
+        if bundle is None:
+            bundle = self._bundles[pod] = pod.bundle(self.numa_policy)
+        return bundle
+
+    def book(self, pod: Pod, bundle: Bundle, alloc: Allocation) -> None:
+        """Count a granted allocation: placed pods, allocated milli-GPU, NUMA alignment.
+
+        Raises:
+            RuntimeError: the ledger granted a different GPU amount than asked for.
+        """
         if alloc.total_gpu_milli != bundle.total_gpu_milli:
             raise RuntimeError(f"ledger granted {alloc.total_gpu_milli} milli-GPU for "
                                f"{pod.name}, which asked for {bundle.total_gpu_milli}")
@@ -141,7 +165,6 @@ class _Run:
                 self.aligned_eligible += 1
                 if len({numa_of[u] for u in alloc.gpu_uuids}) == 1:
                     self.aligned += 1
-        return alloc
 
     def release(self, alloc: Allocation) -> None:
         """Release an allocation made by :meth:`offer`."""
@@ -302,8 +325,9 @@ def simulate_replay(nodes: Sequence[Node], pods: Sequence[Pod], policy: str = "f
     if allocated != run.allocated_milli:
         raise RuntimeError(f"ledger reports {allocated} milli-GPU allocated, its allocations "
                            f"add up to {run.allocated_milli}")
-    return run.metrics(policy, "replay", seed, mean_allocated, time.perf_counter() - start,
-                       stop)
+    m = run.metrics(policy, "replay", seed, mean_allocated, time.perf_counter() - start, stop)
+    m.update(gpu_hours=area / GPU_MILLI / 3600, span_s=span)
+    return m
 
 
 def simulate(nodes: Sequence[Node], pods: Sequence[Pod], policy: str = "fgd",
@@ -329,3 +353,191 @@ def simulate(nodes: Sequence[Node], pods: Sequence[Pod], policy: str = "fgd",
     return fn(nodes, pods, policy, numa_policy=numa_policy, seed=seed, max_pods=max_pods,
               time_limit_s=time_limit_s, explain=explain)
 
+
+
+# --------------------------------------------------------------------------------------------
+# replay with the wait queue (``--mode replay --queue``)
+
+#: the keys :func:`simulate_replay_queue` adds, and :func:`compare_queue` prints side by side
+QUEUE_KEYS: tuple[str, ...] = (
+    "pods_total", "pods_placed", "pods_rejected", "pods_waited", "pods_still_waiting",
+    "wait_mean_s", "wait_p95_s", "wait_max_s", "gpu_allocation_ratio", "gpu_hours",
+    "span_s", "wall_s",
+)
+
+
+def user_of(pod_name: str, users: int) -> str:
+    """The simulated user of an anonymous trace pod: ``u<k>`` with ``k = crc32(name) % users``
+    (:func:`zlib.crc32`, deterministic across runs and machines, unlike ``hash()``)."""
+    return f"u{zlib.crc32(pod_name.encode()) % users}"
+
+
+def _wait_metrics(waits: Sequence[float]) -> dict[str, Any]:
+    """Mean, nearest-rank p95 and max of the started pods' waits (seconds; zeros included)."""
+    ordered = sorted(waits)
+    rank = max(1, math.ceil(0.95 * len(ordered))) if ordered else 0
+    return {
+        "pods_waited": sum(1 for w in ordered if w > 0),
+        "wait_mean_s": (sum(ordered) / len(ordered)) if ordered else None,
+        "wait_p95_s": ordered[rank - 1] if ordered else None,
+        "wait_max_s": ordered[-1] if ordered else None,
+    }
+
+
+def simulate_replay_queue(nodes: Sequence[Node], pods: Sequence[Pod], policy: str = "fgd", *,
+                          numa_policy: str = "strict", seed: int = 0,
+                          max_pods: int | None = None, time_limit_s: float | None = None,
+                          explain: bool = False, users: int = 50,
+                          max_bypass: int = 3) -> dict[str, Any]:
+    """Replay mode with the hub's wait queue (:class:`~gpuspawner.placement.queue.WaitQueue`,
+    issue 15): a pod that fits the cluster's capacity but not what is free now waits instead
+    of being dropped.
+
+    Rules (stated here once; ``docs/placement.md``, "Queue replay"):
+
+    * The queue's clock is the trace's time. Each arriving pod is checked with
+      :meth:`WaitQueue.check_admissible`: what no node could ever hold is refused, as in the
+      hub (``pods_rejected``); everything else joins the queue, and ``schedule()`` runs at
+      once, so a pod that may start now starts at its ``creation_time``.
+    * ``schedule()`` runs after every event: each arrival and each release.
+    * A pod keeps its requested duration: one that started after waiting ``w`` seconds runs
+      ``deletion_time - creation_time`` seconds from its start, i.e. its release is shifted
+      by ``w`` (a pod that did not wait is released at exactly ``deletion_time``). A pod
+      with no ``deletion_time`` never leaves; one whose deletion is not after its creation
+      leaves right after it starts.
+    * Events at equal times: releases first, then arrivals in trace order. The run goes on
+      past the trace's last event until the queue is empty (or ``time_limit_s``).
+    * The trace's pods are anonymous: pod ``i`` is server ``str(i)`` of user
+      :func:`user_of` (``users`` users), so that the queue's dominant-resource fairness has
+      users to be fair between; every user has weight 1, no quotas.
+
+    Metrics: those of :func:`simulate_replay` (``pods_placed`` = started pods; the
+    ``decision_us_*`` figures time whole ``schedule()`` calls, arrivals' and releases') plus
+    ``pods_waited`` (started after a wait > 0), ``pods_still_waiting`` (queued when the run
+    stopped: 0 unless ``time_limit_s``), ``wait_mean_s``, ``wait_p95_s`` (nearest rank),
+    ``wait_max_s`` over the started pods (zeros included), ``gpu_hours`` (GPU time served,
+    the integral of allocated GPUs) and ``span_s`` (first to last event, over which
+    ``gpu_allocation_ratio`` is the time-weighted mean).
+
+    Args:
+        users: how many simulated users the pods are spread over (>= 1).
+        max_bypass: the queue's backfill bound (:class:`WaitQueue`).
+        max_pods, time_limit_s, explain: as for :func:`simulate_replay` (``explain`` only
+            changes the admission refusals' reason keys here).
+
+    Raises:
+        ValueError: a pod has no ``creation_time``, ``users < 1`` or ``max_bypass < 0``.
+    """
+    if users < 1:
+        raise ValueError(f"users must be >= 1, got {users}")
+    missing = next((p for p in pods if p.creation_time is None), None)
+    if missing is not None:
+        raise ValueError(f"replay mode needs creation_time; pod {missing.name} has none "
+                         "(use --mode fill for pod lists without times)")
+    start = time.perf_counter()
+    order = sorted(range(len(pods)), key=lambda i: (pods[i].creation_time, i))
+    if max_pods is not None:
+        order = order[:max_pods]
+    run = _Run(nodes, policy, numa_policy, seed, explain)
+    clock = [0.0]
+    queue = WaitQueue(run.ledger, max_bypass=max_bypass, clock=lambda: clock[0])
+    # (time, kind, tie, index): kind 0 = release, 1 = arrival; ties by trace order, then by
+    # the order releases were booked
+    events: list[tuple[float, int, int, int]] = [
+        (float(pods[i].creation_time), 1, n, i)  # type: ignore[arg-type]
+        for n, i in enumerate(order)]
+    heapq.heapify(events)
+    tie = itertools.count(len(order))
+    deadline = None if time_limit_s is None else start + time_limit_s
+    live: dict[int, Allocation] = {}
+    waiting: dict[str, int] = {}  # queue entry id -> pod index
+    waits: list[float] = []
+    admission: dict[Bundle, str | None] = {}  # bundle -> refusal reason, None = may wait
+    area = 0.0  # integral of allocated milli-GPU over time
+    t_first = events[0][0] if events else 0.0
+    t_last = t_first
+    stop = "end"
+    while events:
+        if deadline is not None and time.perf_counter() >= deadline:
+            stop = "time_limit"
+            break
+        t, kind, _, i = heapq.heappop(events)
+        area += run.allocated_milli * (t - t_last)
+        t_last = clock[0] = t
+        pod = pods[i]
+        if kind == 0:
+            run.release(live.pop(i))
+        else:
+            bundle = run.bundle_of(pod)
+            owner = Owner(user_of(pod.name, users), str(i))
+            run.arrived += 1
+            run.requested_milli += bundle.total_gpu_milli
+            if bundle not in admission:
+                # the simulated cluster's capacity never changes and it has no quotas, so
+                # admission depends on the bundle alone (check_admissible is O(nodes) plans)
+                try:
+                    queue.check_admissible(bundle, owner)
+                    admission[bundle] = None
+                except PlacementError as e:
+                    admission[bundle] = getattr(e, "reason", "quota")
+            reason = admission[bundle]
+            if reason is not None:
+                run.rejected += 1
+                run.reasons[reason] = run.reasons.get(reason, 0) + 1
+            else:
+                waiting[queue.add(owner, bundle).id] = i
+        t0 = time.perf_counter_ns()
+        outcomes = queue.schedule()
+        run.latencies_ns.append(time.perf_counter_ns() - t0)
+        for out in outcomes:
+            j = waiting.pop(out.entry.id)
+            p = pods[j]
+            if out.allocation is None:  # e.g. a quota: not in the simulator, but counted
+                run.rejected += 1
+                key = getattr(out.error, "reason", "error")
+                run.reasons[key] = run.reasons.get(key, 0) + 1
+                continue
+            run.book(p, out.entry.bundle, out.allocation)
+            live[j] = out.allocation
+            created = float(p.creation_time)  # type: ignore[arg-type]
+            waits.append(t - created)
+            if p.deletion_time is None:
+                continue
+            if t == created:
+                end = max(p.deletion_time, t)
+            else:
+                end = t + max(0.0, p.deletion_time - created)
+            heapq.heappush(events, (end, 0, next(tie), j))
+    span = t_last - t_first
+    mean_allocated = area / span if span > 0 else float(run.allocated_milli)
+    allocated = run.ledger.gpu_milli_allocated()
+    if allocated != run.allocated_milli:
+        raise RuntimeError(f"ledger reports {allocated} milli-GPU allocated, its allocations "
+                           f"add up to {run.allocated_milli}")
+    m = run.metrics(policy, "replay", seed, mean_allocated, time.perf_counter() - start, stop)
+    m.update(queue=True, queue_users=users, max_bypass=max_bypass,
+             pods_still_waiting=len(queue), gpu_hours=area / GPU_MILLI / 3600, span_s=span,
+             **_wait_metrics(waits))
+    return m
+
+
+def compare_queue(nodes: Sequence[Node], pods: Sequence[Pod], policy: str = "fgd", *,
+                  numa_policy: str = "strict", seed: int = 0, max_pods: int | None = None,
+                  time_limit_s: float | None = None, explain: bool = False, users: int = 50,
+                  max_bypass: int = 3) -> list[dict[str, Any]]:
+    """The same trace replayed without the queue (:func:`simulate_replay`; a refused pod is
+    dropped) and with it (:func:`simulate_replay_queue`): two metrics dicts, in that order,
+    both with the keys of :data:`QUEUE_KEYS` (without the queue nobody waits: waits are 0).
+
+    Raises:
+        ValueError: as the two functions.
+    """
+    plain = simulate_replay(nodes, pods, policy, numa_policy=numa_policy, seed=seed,
+                            max_pods=max_pods, time_limit_s=time_limit_s, explain=explain)
+    placed = plain["pods_placed"]
+    plain.update(queue=False, queue_users=None, max_bypass=None, pods_still_waiting=0,
+                 **_wait_metrics([0.0] * placed))
+    queued = simulate_replay_queue(nodes, pods, policy, numa_policy=numa_policy, seed=seed,
+                                   max_pods=max_pods, time_limit_s=time_limit_s,
+                                   explain=explain, users=users, max_bypass=max_bypass)
+    return [plain, queued]

@@ -70,3 +70,37 @@ def format_compare(summary: Sequence[dict[str, Any]]) -> str:
 def format_json(payload: Any) -> str:
     """The ``--json`` output: ``payload`` as JSON indented by 2."""
     return json.dumps(payload, indent=2)
+
+
+#: the rows of :func:`format_queue`: (label, metric key)
+QUEUE_ROWS: tuple[tuple[str, str], ...] = (
+    ("pods arrived", "pods_total"), ("pods started", "pods_placed"),
+    ("pods refused", "pods_rejected"), ("pods that waited", "pods_waited"),
+    ("pods still waiting at the end", "pods_still_waiting"), ("mean wait (s)", "wait_mean_s"),
+    ("p95 wait (s)", "wait_p95_s"), ("max wait (s)", "wait_max_s"),
+    ("GPU allocation ratio (time-weighted)", "gpu_allocation_ratio"),
+    ("GPU hours served", "gpu_hours"), ("span (s)", "span_s"), ("wall (s)", "wall_s"),
+)
+
+
+def format_queue(results: Sequence[dict[str, Any]]) -> str:
+    """``--mode replay --queue``: the two runs of
+    :func:`~gpuspawner.simulate.engine.compare_queue` (without, with the queue) as one row per
+    metric of :data:`~gpuspawner.simulate.engine.QUEUE_KEYS`."""
+    rows = [["", "no queue", "queue"]]
+    for label, key in QUEUE_ROWS:
+        cells = [label]
+        for r in results:
+            v = r.get(key)
+            if v is None:
+                cells.append("-")
+            elif key == "gpu_allocation_ratio":
+                cells.append(f"{v:.4f}")
+            elif key == "wall_s":
+                cells.append(f"{v:.2f}")
+            elif isinstance(v, float):
+                cells.append(f"{v:,.1f}")
+            else:
+                cells.append(f"{v:,}")
+        rows.append(cells)
+    return _align(rows, left=1)

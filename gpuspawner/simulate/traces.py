@@ -220,6 +220,21 @@ def load_nodes(path: str | Path, numa_split: int = 2) -> list[Node]:
     return nodes
 
 
+def sample_nodes(nodes: Sequence[Node], count: int) -> list[Node]:
+    """``count`` nodes spread evenly over the list (those at ``floor(k * len / count)`` for
+    ``k = 0..count-1``), so a small cluster keeps the list's mix of models and sizes; all of
+    them when ``count >= len(nodes)``. Used to make a trace contend (``--sample-nodes``).
+
+    Raises:
+        ValueError: ``count < 1``.
+    """
+    if count < 1:
+        raise ValueError(f"the node sample must be >= 1 node, got {count}")
+    if count >= len(nodes):
+        return list(nodes)
+    return [nodes[k * len(nodes) // count] for k in range(count)]
+
+
 # --------------------------------------------------------------------------------------------
 # pods
 
