@@ -215,3 +215,68 @@ def test_queue_never_over_allocates_and_every_grant_fits(ops):
         order = q.order()
         if order:
             assert ledger.nodes_that_could_take(order[0].bundle)
+
+
+# -- tries the ledger would refuse again are not made ---------------------------------------
+def counting(ledger: Ledger) -> list[int]:
+    """Count the ledger's reserve calls (an instance attribute wrapping the method)."""
+    calls = [0]
+    real = ledger.reserve
+
+    def reserve(*args, **kw):
+        calls[0] += 1
+        return real(*args, **kw)
+
+    ledger.reserve = reserve  # type: ignore[method-assign]
+    return calls
+
+
+def test_a_refused_try_is_not_made_again_until_something_grows():
+    ledger = Ledger([make_node("n1", gpus=2)], policy="first-fit")
+    held = ledger.reserve(gpus(2), Owner("x"))
+    q = WaitQueue(ledger)
+    q.add(Owner("a"), gpus(1))
+    q.add(Owner("b"), gpus(1))
+    calls = counting(ledger)
+    assert q.schedule() == [] and calls[0] == 1  # b's try is a's: same bundle, same nodes
+    grown = ledger.grown
+    ledger.reserve(Bundle(cores=1, memory_bytes=GiB), Owner("cpu"))  # a booking: no growth
+    ledger.drain_gpu("GPU-n1-00", "xid 79")  # a drain: no growth
+    assert ledger.grown == grown
+    calls[0] = 0
+    assert q.schedule() == [] and calls[0] == 0
+    ledger.release(held.id)
+    assert ledger.grown > grown
+    assert started(q.schedule()) == ["a"]  # GPU 00 is drained: one GPU for a, b waits
+    ledger.undrain_gpu("GPU-n1-00")
+    assert started(q.schedule()) == ["b"]
+
+
+def test_a_skipped_try_still_fails_on_a_quota_reached_meanwhile():
+    # the ledger checks quotas before placing: a try skipped because nothing grew must
+    # still end the entry when the user's quota no longer allows it
+    ledger = Ledger([make_node("n1", gpus=2), make_node("n2", gpus=2)], policy="first-fit",
+                    quotas=QuotaTable.from_config(default_user={"gpus": 2}))
+    ledger.reserve(gpus(2), Owner("x"), nodes=["n1"])
+    q = WaitQueue(ledger)
+    e = q.add(Owner("a", "1"), gpus(2), nodes=["n1"])
+    assert q.schedule() == []
+    ledger.reserve(gpus(1), Owner("a", "2"), nodes=["n2"])  # a booking: nothing grew
+    out = q.schedule()
+    assert [o.entry.id for o in out] == [e.id] and isinstance(out[0].error, QuotaExceeded)
+    assert len(q) == 0
+
+
+def test_ledger_capacity_follows_drains_node_states_and_new_nodes():
+    ledger = Ledger([make_node("n1", gpus=2, cores=8)])
+    assert (ledger.capacity().gpu_milli, ledger.capacity().cores) == (2000, 8)
+    ledger.drain_gpu("GPU-n1-00", "ecc")
+    assert ledger.capacity().gpu_milli == 1000
+    grown = ledger.grown
+    ledger.add_node(make_node("n2", gpus=4, cores=8))
+    assert ledger.capacity().gpu_milli == 5000 and ledger.grown > grown
+    ledger.set_node_state("n2", "down", "gone")
+    assert ledger.capacity().gpu_milli == 1000
+    grown = ledger.grown
+    ledger.set_node_state("n2", "up")
+    assert ledger.capacity().gpu_milli == 5000 and ledger.grown > grown
