@@ -280,3 +280,44 @@ def test_ledger_capacity_follows_drains_node_states_and_new_nodes():
     grown = ledger.grown
     ledger.set_node_state("n2", "up")
     assert ledger.capacity().gpu_milli == 5000 and ledger.grown > grown
+
+
+class _NeverRefused(dict):
+    """A refusal memo that never remembers: every try goes to the ledger."""
+
+    def get(self, key, default=None):
+        return None
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add", "add", "release", "cancel", "drain"]),
+                          st.integers(0, 5), st.integers(1, 4)), max_size=40))
+def test_skipping_refused_tries_changes_no_outcome(ops):
+    # two queues over two ledgers driven alike, one making every try: same starts, same
+    # allocations (first-fit: the policy does not learn from the tries it is asked)
+    def world():
+        ledger = Ledger([make_node("n1", gpus=4), make_node("n2", gpus=2, cores=4)],
+                        policy="first-fit")
+        return ledger, WaitQueue(ledger, max_bypass=1)
+
+    (la, qa), (lb, qb) = world(), world()
+    qb._refused = _NeverRefused()
+    for i, (op, user, n) in enumerate(ops):
+        for ledger, q in ((la, qa), (lb, qb)):
+            if op == "add":
+                q.add(Owner(f"u{user}", str(i)), Bundle(cores=n, gpus=1 + n % 2,
+                                                         memory_bytes=GiB, numa_policy="none"))
+            elif op == "release" and ledger.allocations():
+                ledger.release(ledger.allocations()[user % len(ledger.allocations())].id)
+            elif op == "cancel" and len(q):
+                q.remove(q.order()[user % len(q)].id)
+            elif op == "drain":
+                uuid = f"GPU-n1-{user % 4:02d}"
+                if uuid in ledger.drained_gpus():
+                    ledger.undrain_gpu(uuid)
+                else:
+                    ledger.drain_gpu(uuid, "test")
+        outs = [[(o.entry.owner, o.allocation and (o.allocation.node, o.allocation.gpu_uuids))
+                 for o in q.schedule()] for q in (qa, qb)]
+        assert outs[0] == outs[1]
+        assert [e.owner for e in qa.order()] == [e.owner for e in qb.order()]
