@@ -412,7 +412,7 @@ def simulate_replay_queue(nodes: Sequence[Node], pods: Sequence[Pod], policy: st
       users to be fair between; every user has weight 1, no quotas.
 
     Metrics: those of :func:`simulate_replay` (``pods_placed`` = started pods; the
-    ``decision_us_*`` figures time whole ``schedule()`` calls, arrivals' and releases') plus
+    ``decision_*us_*`` figures time whole ``schedule()`` calls, arrivals' and releases') plus
     ``pods_waited`` (started after a wait > 0), ``pods_still_waiting`` (queued when the run
     stopped: 0 unless ``time_limit_s``), ``wait_mean_s``, ``wait_p95_s`` (nearest rank),
     ``wait_max_s`` over the started pods (zeros included), ``gpu_hours`` (GPU time served,
@@ -486,9 +486,11 @@ def simulate_replay_queue(nodes: Sequence[Node], pods: Sequence[Pod], policy: st
                 run.reasons[reason] = run.reasons.get(reason, 0) + 1
             else:
                 waiting[queue.add(owner, bundle).id] = i
+        c0 = time.thread_time_ns()
         t0 = time.perf_counter_ns()
         outcomes = queue.schedule()
         run.latencies_ns.append(time.perf_counter_ns() - t0)
+        run.cpu_ns.append(time.thread_time_ns() - c0)
         for out in outcomes:
             j = waiting.pop(out.entry.id)
             p = pods[j]
