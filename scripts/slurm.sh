@@ -268,7 +268,14 @@ fi
 start() {  # NAME LOGFILE COMMAND...
   local name="$1" logf="$2"
   shift 2
-  setsid "$@" >"$logf" 2>&1 </dev/null &
+  # every descriptor above 2 is closed first: munged and slurmrestd keep what they inherit,
+  # and under `flock /tmp/gpuspawner-e2e.lock make slurm` that would hold the shared lock for
+  # as long as the cluster runs
+  ( for fd in /proc/"$BASHPID"/fd/*; do
+      fd="${fd##*/}"
+      [ "$fd" -gt 2 ] && eval "exec $fd>&-"
+    done
+    exec setsid "$@" ) >"$logf" 2>&1 </dev/null &
   echo $! >"$RUN/$name.pid"
   log "started $name (pid $!): $*"
 }

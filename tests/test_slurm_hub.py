@@ -54,7 +54,7 @@ class SlurmHub(HubProcess):
 
     def __init__(self, state_dir: Path, conf: str, cmd: list[str] | None = None,
                  environment: dict[str, str] | None = None, internal_ssl: bool = False,
-                 profiles: list[dict] | None = None) -> None:
+                 profiles: list[dict] | None = None, extra: str = "") -> None:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         super().__init__(state_dir, url, f"{url}/hub/api", secrets.token_hex(16))
@@ -107,7 +107,7 @@ c.Authenticator.allow_all = True
 c.JupyterHub.services = [{{"name": "admin", "api_token": {self.token!r}}}]
 c.JupyterHub.load_roles = [{{"name": "admin-svc", "services": ["admin"], "scopes": [
     "admin:users", "admin:servers", "list:users", "read:users", "access:servers"]}}]
-""")
+""" + extra)
         self.home = home
 
 
