@@ -355,8 +355,11 @@ class SlurmBackend(Backend):
         if pw.pw_gid != spec.gid:
             raise LaunchRefused(f"gid {spec.gid} is not the primary group of {pw.pw_name} "
                                 f"({pw.pw_gid}); slurmrestd v0.0.38 cannot set a job's group")
-        return await self.rest.submit(script, self._rest_job(plan, spec.allocation),
-                                      pw.pw_name)
+        job_id = await self.rest.submit(script, self._rest_job(plan, spec.allocation),
+                                        pw.pw_name)
+        self.log.info("node %s: Slurm job %s submitted through slurmrestd as %s",
+                      spec.allocation.node, job_id, pw.pw_name)
+        return job_id
 
     # -- configuration ----------------------------------------------------------------------
     def check_config(self) -> None:
