@@ -284,7 +284,7 @@ class SlurmBackend(Backend):
         self._rest: SlurmRestClient | None = None
         self._token: tuple[str, float] = ("", 0.0)  # (made token, renew after: monotonic s)
         self._nodes_cache: tuple[float, dict[str, Any]] | None = None
-        self._nodes_lock = asyncio.Lock()
+        self._nodes_lock: tuple[Any, asyncio.Lock] | None = None  # (its event loop, lock)
 
     @property
     def client(self) -> SlurmClient:
@@ -700,7 +700,10 @@ class SlurmBackend(Backend):
         Raises:
             BackendUnavailable: the controller does not answer (for ``node``).
         """
-        async with self._nodes_lock:
+        loop = asyncio.get_running_loop()
+        if self._nodes_lock is None or self._nodes_lock[0] is not loop:
+            self._nodes_lock = (loop, asyncio.Lock())
+        async with self._nodes_lock[1]:
             now = time.monotonic()
             if self._nodes_cache is None or now - self._nodes_cache[0] > self.node_state_max_age:
                 infos = await self._ask(node, self.client.show_nodes())
