@@ -7,10 +7,14 @@
 #   `-N node3` (17005);
 #   fake GPU device files dev/nvidia0..5 (`mknod ... c 195 N`: node1 has 0,1, node2 2,3,
 #   node3 4,5); node1 and node2 type each GPU by its UUID (exact mode), node3 by its model
-#   (model mode);
+#   (model mode); each node has a feature of its own name (Features=node1: what pins a job
+#   submitted through slurmrestd v0.0.38 when no per-device GRES type does);
 #   gres.conf and each node's Gres= from hub_config/slurm/node*.yaml by `gpuspawner slurm-gres`
 #   (one GRES Type per GPU, derived from its UUID);
-#   two unprivileged job users, gpsuser1 (uid 2001) and gpsuser2 (uid 2002).
+#   two unprivileged job users, gpsuser1 (uid 2001) and gpsuser2 (uid 2002);
+#   Slurm's JWT authentication beside munge (AuthAltTypes=auth/jwt, key var/slurm/jwt/) and
+#   slurmrestd (OpenAPI v0.0.38, rest_auth/jwt) on 127.0.0.1:17004, run as its own system user
+#   slurmrest (it refuses root): `c.SlurmBackend.submit_via = "rest"` submits through it.
 # Idempotent: a cluster that is already running is left alone. Waits until sinfo shows both
 # nodes up (SLURM_WAIT seconds, default 60) and prints the line to export SLURM_CONF on stdout.
 # `--stop` cancels the cluster's jobs and stops, by the PIDs recorded in var/slurm/run/, the
@@ -24,6 +28,8 @@ CONF="$ETC/slurm.conf"
 NODES=(node1 node2 node3)
 declare -A PORT=([node1]=17002 [node2]=17003 [node3]=17005)
 CTLD_PORT=17001
+REST_PORT=17004
+JWT="$SL/jwt"
 WAIT="${SLURM_WAIT:-60}"
 PY="${PYTHON:-$REPO/.venv/bin/python}"
 [ -x "$PY" ] || PY=python3
@@ -74,6 +80,7 @@ if [ "${1:-}" = "--stop" ]; then
       sleep 0.2
     done
   fi
+  stop_one slurmrestd slurmrestd
   for n in "${NODES[@]}"; do stop_one "slurmd-$n" slurmd; done
   stop_one slurmctld slurmctld
   stop_one munged munged
@@ -84,7 +91,7 @@ fi
 all_up() {
   pid_alive munged munged >/dev/null && pid_alive slurmctld slurmctld >/dev/null \
     && pid_alive slurmd-node1 slurmd >/dev/null && pid_alive slurmd-node2 slurmd >/dev/null \
-    && pid_alive slurmd-node3 slurmd >/dev/null
+    && pid_alive slurmd-node3 slurmd >/dev/null && pid_alive slurmrestd slurmrestd >/dev/null
 }
 
 # usable: every node responds (idle, mixed or allocated, no drain/down flag)
@@ -105,7 +112,8 @@ fi
 # The ports are fixed: a cluster that another checkout of this project started (a scratch clone,
 # a worktree) would keep ours from starting. Stop it with its own script, which stops only what
 # it started; anything else on our ports is an error with its name.
-for pid in $(pgrep -x slurmctld 2>/dev/null || true) $(pgrep -x slurmd 2>/dev/null || true); do
+for pid in $(pgrep -x slurmctld 2>/dev/null || true) $(pgrep -x slurmd 2>/dev/null || true) \
+           $(pgrep -x slurmrestd 2>/dev/null || true); do
   other="$(tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | grep -m1 '/var/slurm/etc/slurm.conf$' \
            || true)"
   [ -n "$other" ] && [ "$other" != "$CONF" ] || continue
@@ -123,6 +131,12 @@ apt_install slurmctld slurmd slurm-client munge slurmrestd runc
 for b in munged mungekey slurmctld slurmd sbatch sinfo scontrol; do
   command -v "$b" >/dev/null || die "$b missing after installing the Slurm packages"
 done
+
+command -v slurmrestd >/dev/null || die "slurmrestd missing after installing the Slurm packages"
+if ! id -u slurmrest >/dev/null 2>&1; then
+  useradd --system --user-group --no-create-home --shell /usr/sbin/nologin slurmrest
+  log "created system user slurmrest (slurmrestd refuses to run as root)"
+fi
 
 for spec in gpsuser1:2001 gpsuser2:2002; do
   u="${spec%%:*}" uid="${spec##*:}"
@@ -153,6 +167,15 @@ for n in "${NODES[@]}"; do
     minor=$((minor + 1))
   done
 done
+
+# Slurm's JWT key (jwt.html: 0600, readable by SlurmUser only; slurmrestd needs no key, it
+# passes each request's token on to slurmctld)
+mkdir -p "$JWT"
+chmod 0700 "$JWT"
+if [ ! -s "$JWT/jwt_hs256.key" ]; then
+  ( umask 077; dd if=/dev/urandom of="$JWT/jwt_hs256.key" bs=32 count=1 status=none )
+  log "made JWT key $JWT/jwt_hs256.key"
+fi
 
 if [ ! -s "$MUNGE/munge.key" ]; then
   setpriv --reuid=munge --regid=munge --init-groups mungekey --create --keyfile="$MUNGE/munge.key"
@@ -186,6 +209,8 @@ CommunicationParameters=NoInAddrAny
 AuthType=auth/munge
 CryptoType=crypto/munge
 AuthInfo=socket=$MUNGE/munged.sock
+AuthAltTypes=auth/jwt
+AuthAltParameters=jwt_key=$JWT/jwt_hs256.key
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation=$SL/state
@@ -211,7 +236,7 @@ ReturnToService=2
 SlurmdParameters=config_overrides
 EOF
   for n in "${NODES[@]}"; do
-    echo "NodeName=$n NodeHostname=localhost NodeAddr=127.0.0.1 Port=${PORT[$n]} CPUs=2 Boards=1 SocketsPerBoard=2 CoresPerSocket=1 ThreadsPerCore=1 RealMemory=4000 Gres=${GRES[$n]} State=UNKNOWN"
+    echo "NodeName=$n NodeHostname=localhost NodeAddr=127.0.0.1 Port=${PORT[$n]} CPUs=2 Boards=1 SocketsPerBoard=2 CoresPerSocket=1 ThreadsPerCore=1 RealMemory=4000 Gres=${GRES[$n]} Features=$n State=UNKNOWN"
   done
   echo "PartitionName=debug Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP"
 } >"$TMP/slurm.conf"
@@ -235,7 +260,7 @@ for f in slurm.conf cgroup.conf gres.conf; do
 done
 if [ "$changed" = 1 ] && { pid_alive slurmctld slurmctld >/dev/null \
     || pid_alive slurmd-node1 slurmd >/dev/null || pid_alive slurmd-node2 slurmd >/dev/null \
-    || pid_alive slurmd-node3 slurmd >/dev/null; }; then
+    || pid_alive slurmd-node3 slurmd >/dev/null || pid_alive slurmrestd slurmrestd >/dev/null; }; then
   die "the configuration changed while daemons run; run scripts/slurm.sh --stop first"
 fi
 
@@ -243,7 +268,14 @@ fi
 start() {  # NAME LOGFILE COMMAND...
   local name="$1" logf="$2"
   shift 2
-  setsid "$@" >"$logf" 2>&1 </dev/null &
+  # every descriptor above 2 is closed first: munged and slurmrestd keep what they inherit,
+  # and under `flock /tmp/gpuspawner-e2e.lock make slurm` that would hold the shared lock for
+  # as long as the cluster runs
+  ( for fd in /proc/"$BASHPID"/fd/*; do
+      fd="${fd##*/}"
+      [ "$fd" -gt 2 ] && eval "exec $fd>&-"
+    done
+    exec setsid "$@" ) >"$logf" 2>&1 </dev/null &
   echo $! >"$RUN/$name.pid"
   log "started $name (pid $!): $*"
 }
@@ -283,6 +315,18 @@ for n in "${NODES[@]}"; do
     start "slurmd-$n" "$LOGDIR/slurmd-$n.out" slurmd -D -N "$n" -f "$CONF"
   fi
 done
+
+# slurmrestd(8): as its own user, JWT only, the OpenAPI plugin Debian's 22.05 ships newest
+rest_up() { curl -s -o /dev/null "http://127.0.0.1:$REST_PORT/openapi/v3"; }
+if ! pid_alive slurmrestd slurmrestd >/dev/null; then
+  start slurmrestd "$LOGDIR/slurmrestd.out" env SLURM_JWT=daemon SLURM_CONF="$CONF" \
+    setpriv --reuid=slurmrest --regid=slurmrest --init-groups \
+    slurmrestd -f "$CONF" -a rest_auth/jwt -s openapi/v0.0.38 "127.0.0.1:$REST_PORT"
+  wait_for 20 "slurmrestd on 127.0.0.1:$REST_PORT" rest_up || {
+    tail -n 20 "$LOGDIR/slurmrestd.out" >&2 2>/dev/null || true
+    die "slurmrestd did not answer on 127.0.0.1:$REST_PORT within 20 s"
+  }
+fi
 
 if ! wait_for "$WAIT" "every node up in sinfo" nodes_ready; then
   sinfo -N -o '%N %T %E' >&2 || true

@@ -54,7 +54,7 @@ class SlurmHub(HubProcess):
 
     def __init__(self, state_dir: Path, conf: str, cmd: list[str] | None = None,
                  environment: dict[str, str] | None = None, internal_ssl: bool = False,
-                 profiles: list[dict] | None = None) -> None:
+                 profiles: list[dict] | None = None, extra: str = "") -> None:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         super().__init__(state_dir, url, f"{url}/hub/api", secrets.token_hex(16))
@@ -107,7 +107,7 @@ c.Authenticator.allow_all = True
 c.JupyterHub.services = [{{"name": "admin", "api_token": {self.token!r}}}]
 c.JupyterHub.load_roles = [{{"name": "admin-svc", "services": ["admin"], "scopes": [
     "admin:users", "admin:servers", "list:users", "read:users", "access:servers"]}}]
-""")
+""" + extra)
         self.home = home
 
 
@@ -247,3 +247,42 @@ def test_real_singleuser_picks_its_reported_port(slurm_conf: str, tmp_path: Path
         finally:
             hub.stop()
             shutil.rmtree(hub.home, ignore_errors=True)
+
+
+def test_spawn_through_the_hub_submitted_via_slurmrestd(slurm_conf: str,  # noqa: F811
+                                                        tmp_path: Path) -> None:
+    """``c.SlurmBackend.submit_via = "rest"`` in a real hub: a 1-GPU spawn through the hub's
+    REST API is submitted to slurmrestd (127.0.0.1:17004, the hub makes a root token with
+    ``scontrol token``), runs as the user on node1 with the allocated GPU's per-device type
+    and IDX, answers through the proxy, and the stop empties the queue."""
+    if chp() is None:
+        pytest.skip("configurable-http-proxy is not installed (make venv installs it)")
+    client = SlurmClient(conf=slurm_conf, timeout=30)
+    hub = SlurmHub(tmp_path, slurm_conf, extra="""
+c.SlurmBackend.submit_via = "rest"
+c.SlurmBackend.rest_url = "http://127.0.0.1:17004"
+c.SlurmBackend.rest_token = ""
+""")
+    hub.start()
+    try:
+        hub.ensure_user(USER)
+        r = hub.api("POST", f"/users/{USER}/server", {"profile": "gpu1"})
+        assert r.status_code in (201, 202), r.text
+        hub.wait_ready(USER, timeout=90)
+        assert f"submitted through slurmrestd as {USER}" in hub.tail(400)
+        (job,) = jobs_of(client, f"jupyter-{USER}")
+        assert job.user == USER and job.node_list == ("node1",)
+        alloc = Allocation.from_json(job.fields["AdminComment"][len(ADMIN_MARKER):])
+        pos = gpu_positions(topology_nodes()["node1"].node)
+        (uuid_,) = alloc.gpu_uuids
+        assert job.gres_indices("node1") == {gres_type(uuid_): (pos[uuid_],)}
+        assert job.node_detail("node1").cpu_ids == alloc.cpuset
+        r = hub.session.get(f"{hub.url}/user/{USER}/api", timeout=10)
+        assert r.status_code == 200 and r.json()["uid"] == pwd.getpwnam(USER).pw_uid
+        assert hub.api("DELETE", f"/users/{USER}/server").status_code in (202, 204)
+        hub.wait_stopped(USER)
+        wait_until(lambda: job.job_id not in asyncio.run(client.squeue([job.job_id])),
+                   timeout=30, interval=0.3, message=f"job {job.job_id} gone after stop")
+    finally:
+        hub.stop()
+        shutil.rmtree(hub.home, ignore_errors=True)

@@ -288,6 +288,27 @@ def test_poll_raises_unavailable_for_a_job_on_a_dead_node(node_state: str) -> No
     assert e.value.node == "node1"
 
 
+def test_polls_share_one_node_state_call_per_period() -> None:
+    """Ten polls of running servers make ten ``scontrol show job -d`` and one ``scontrol
+    show node``; once ``node_state_max_age`` is over, a dead node is seen by the next poll."""
+    client = FakeClient(job_text(), node_state="MIXED")
+    b = fake_backend(client, node_state_max_age=60)
+    state = {"node": "node1", "job_id": 7, "started": True}
+
+    async def polls() -> list[int | None]:
+        return list(await asyncio.gather(*(b.poll(state) for _ in range(10))))
+
+    assert run(polls()) == [None] * 10
+    kinds = [c[:3] for c in client.calls]
+    assert kinds.count(("scontrol", "show", "job")) == 10
+    assert kinds.count(("scontrol", "show", "node")) == 1
+    client.node_state = "DOWN*+NOT_RESPONDING"
+    assert run(b.poll(state)) is None  # the cached answer, still fresh
+    b.node_state_max_age = 0.0  # the period is over
+    with pytest.raises(BackendUnavailable):
+        run(b.poll(state))
+
+
 @pytest.mark.parametrize("job, status", [
     (job_text(), None),
     (state_job("FAILED", "2:0"), 2),

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pwd
 import subprocess
 import sys
 import time
@@ -34,7 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from traitlets import Bool, Enum, Float, List, TraitError, Unicode, default, validate
+from traitlets import Bool, Enum, Float, Int, List, TraitError, Unicode, default, validate
 
 from ...placement import Allocation, Node, PlacementError
 from ..base import (
@@ -61,6 +62,7 @@ from .job import (
     plan_job,
     reported_port,
 )
+from .rest import REST_EXTRA_KEYS, SlurmRestClient, job_properties
 
 #: words in a Slurm command's stderr that mean the controller did not answer
 _DOWN = ("Unable to contact slurm controller", "Socket timed out", "Connection refused",
@@ -211,6 +213,56 @@ class SlurmBackend(Backend):
         30.0, help="Seconds one Slurm command may take (then the controller counts as down).",
     ).tag(config=True)
 
+    node_state_max_age = Float(
+        3.0,
+        help="""Seconds one ``scontrol show node`` answer serves ``poll`` for every server:
+        polling many servers asks Slurm for its node states at most once per this period
+        (``scontrol show job -d`` stays one call per server).""",
+    ).tag(config=True)
+
+    submit_via = Enum(
+        ["cli", "rest"], default_value="cli",
+        help="""How a server's job is submitted. "cli" (the default): ``sbatch --uid/--gid``
+        on the hub host, which must then run as root (sbatch(1): --uid is for root only).
+        "rest": ``POST /slurm/v0.0.38/job/submit`` to slurmrestd (``rest_url``) with a JWT of
+        root or SlurmUser that names the user in ``X-SLURM-USER-NAME`` (Slurm 22.05's
+        openapi/v0.0.38; docs/slurm-backend.md "Submitting through slurmrestd" says what
+        v0.0.38 cannot express). Either way the backend marks, releases, reads back and
+        cancels the job with scontrol and scancel.""",
+    ).tag(config=True)
+
+    rest_url = Unicode(
+        "", help='slurmrestd\'s base URL for submit_via = "rest", e.g. "http://127.0.0.1:6820".',
+    ).tag(config=True)
+
+    rest_token = Unicode(
+        help="""A JWT of root or SlurmUser for slurmrestd (``scontrol token
+        username=slurm lifespan=...``). Default: the hub's SLURM_JWT environment variable;
+        "" makes the hub ask ``scontrol token username=<rest_token_user>
+        lifespan=<rest_token_lifespan>`` itself and renew it at half its life.""",
+    ).tag(config=True)
+
+    @default("rest_token")
+    def _default_rest_token(self) -> str:
+        return os.environ.get("SLURM_JWT", "")
+
+    rest_token_user = Unicode(
+        "root", help="Whose token the hub makes when rest_token is empty (root or SlurmUser: "
+        "only their tokens may submit for another user).",
+    ).tag(config=True)
+
+    rest_token_lifespan = Int(
+        3600, help="Seconds a token the hub makes lives (scontrol token lifespan=).",
+    ).tag(config=True)
+
+    rest_node_constraint = Unicode(
+        "",
+        help="""A node feature template that pins a REST job to its node ("{node}" is the
+        node's name), e.g. "{node}" with slurm.conf ``Features=node1`` on node1. slurmrestd
+        v0.0.38 has no node list: without this, only a per-device GRES type (exact mode with
+        GPUs) pins the node, and other jobs are refused.""",
+    ).tag(config=True)
+
     @validate("extra_sbatch_options")
     def _validate_extra(self, proposal: Any) -> list[str]:
         try:
@@ -229,6 +281,10 @@ class SlurmBackend(Backend):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._client: SlurmClient | None = None
+        self._rest: SlurmRestClient | None = None
+        self._token: tuple[str, float] = ("", 0.0)  # (made token, renew after: monotonic s)
+        self._nodes_cache: tuple[float, dict[str, Any]] | None = None
+        self._nodes_lock: tuple[Any, asyncio.Lock] | None = None  # (its event loop, lock)
 
     @property
     def client(self) -> SlurmClient:
@@ -240,6 +296,70 @@ class SlurmBackend(Backend):
 
     def _cmd(self, name: str) -> str:
         return os.path.join(self.bin_dir, name) if self.bin_dir else name
+
+    @property
+    def rest(self) -> SlurmRestClient:
+        """The slurmrestd client (made on first use from the traits)."""
+        if self._rest is None:
+            self._rest = SlurmRestClient(self.rest_url, self._rest_jwt,
+                                         timeout=self.command_timeout)
+        return self._rest
+
+    async def _rest_jwt(self, renew: bool = False) -> str:
+        """``rest_token``, or one made by ``scontrol token`` and kept until half its life
+        (``renew``: make a new one; a given ``rest_token`` is returned as it is).
+
+        Raises:
+            SlurmError: scontrol token failed or printed no ``SLURM_JWT=``.
+        """
+        if self.rest_token:
+            return self.rest_token
+        token, renew_at = self._token
+        if token and not renew and time.monotonic() < renew_at:
+            return token
+        out = await self.client.run("scontrol", "token", f"username={self.rest_token_user}",
+                                    f"lifespan={self.rest_token_lifespan}")
+        token = out.strip().partition("SLURM_JWT=")[2].split()[0] if "SLURM_JWT=" in out else ""
+        if not token:
+            raise SlurmError(["scontrol", "token"], 0, "printed no SLURM_JWT=")
+        self._token = (token, time.monotonic() + self.rest_token_lifespan / 2)
+        return token
+
+    def _rest_job(self, plan: Any, alloc: Allocation) -> dict[str, Any]:
+        """The v0.0.38 job properties of ``plan`` (:func:`~.rest.job_properties`).
+
+        Raises:
+            ValueError: the job cannot be expressed (see job_properties).
+        """
+        constraint = (self.rest_node_constraint.format(node=alloc.node)
+                      if self.rest_node_constraint else "")
+        return job_properties(plan.options, self.client._env(), node=alloc.node,
+                              node_constraint=constraint)
+
+    async def _submit(self, script: str, plan: Any, spec: LaunchSpec) -> int:
+        """Submit the job by ``submit_via``; its id.
+
+        Raises:
+            SlurmError: sbatch or slurmrestd refused it or could not be reached.
+            LaunchRefused: REST: the uid has no name on the hub host, or its primary group is
+                not the spec's gid (v0.0.38 has no --gid).
+        """
+        if self.submit_via == "cli":
+            return await self.client.sbatch(script, plan.options, user=str(spec.uid),
+                                            group=str(spec.gid))
+        try:
+            pw = pwd.getpwuid(spec.uid)
+        except KeyError:
+            raise LaunchRefused(f"uid {spec.uid} has no user name on the hub host "
+                                "(slurmrestd takes a name)") from None
+        if pw.pw_gid != spec.gid:
+            raise LaunchRefused(f"gid {spec.gid} is not the primary group of {pw.pw_name} "
+                                f"({pw.pw_gid}); slurmrestd v0.0.38 cannot set a job's group")
+        job_id = await self.rest.submit(script, self._rest_job(plan, spec.allocation),
+                                        pw.pw_name)
+        self.log.info("node %s: Slurm job %s submitted through slurmrestd as %s",
+                      spec.allocation.node, job_id, pw.pw_name)
+        return job_id
 
     # -- configuration ----------------------------------------------------------------------
     def check_config(self) -> None:
@@ -259,6 +379,23 @@ class SlurmBackend(Backend):
             if not getattr(self, trait).startswith("/"):
                 raise SlurmConfigError(f"SlurmBackend.{trait}: must be an absolute path, got "
                                        f"{getattr(self, trait)!r}")
+        if self.submit_via == "rest":
+            if not self.rest_url.startswith(("http://", "https://")):
+                raise SlurmConfigError("SlurmBackend.rest_url: submit_via is \"rest\": give "
+                                       f"slurmrestd's http(s) URL, got {self.rest_url!r}")
+            for opt in self.extra_sbatch_options:
+                key = opt.partition("=")[0].lstrip("-").replace("-", "_")
+                if key not in REST_EXTRA_KEYS:
+                    raise SlurmConfigError(
+                        f"SlurmBackend.extra_sbatch_options: {opt!r} has no slurmrestd "
+                        f"v0.0.38 job property (submit_via = \"rest\" passes on "
+                        f"{', '.join(sorted(REST_EXTRA_KEYS))})")
+            if self.rest_node_constraint:
+                try:
+                    self.rest_node_constraint.format(node="x")
+                except (KeyError, IndexError, ValueError) as e:
+                    raise SlurmConfigError(f"SlurmBackend.rest_node_constraint: "
+                                           f"{self.rest_node_constraint!r}: {e!r}") from None
         if not self.nodes:
             return
         try:
@@ -361,6 +498,8 @@ class SlurmBackend(Backend):
                             extra=self.extra_sbatch_options)
             script = job_script(spec, python=self.python, scontrol=self._cmd("scontrol"),
                                 prologue=self.job_prologue, listen=self.listen_address)
+            if self.submit_via == "rest":
+                self._rest_job(plan, alloc)  # refuse what v0.0.38 cannot express, up front
         except ValueError as e:
             raise LaunchRefused(f"node {alloc.node}: {e}") from None
         if spec.home is not None:
@@ -376,13 +515,13 @@ class SlurmBackend(Backend):
                     + (f" ({info.reason})" if info.reason else ""), "slurmd")
         state.update(node=alloc.node, output=self.output, submitted=time.time(), started=False)
         try:
-            job_id = await self.client.sbatch(script, plan.options, user=str(spec.uid),
-                                              group=str(spec.gid))
+            job_id = await self._submit(script, plan, spec)
         except SlurmError as e:
             if controller_down(e):
                 raise BackendUnavailable(alloc.node, e, "Slurm controller") from None
             cls = LaunchRefused if any(w in e.stderr for w in _REFUSED) else LaunchFailed
-            raise cls(f"node {alloc.node}: sbatch refused the job: {e.stderr}") from None
+            how = "sbatch" if self.submit_via == "cli" else "slurmrestd"
+            raise cls(f"node {alloc.node}: {how} refused the job: {e.stderr}") from None
         state["job_id"] = job_id
         progress(35, f"submitted Slurm job {job_id} ({plan.gres or 'no GPU'}, "
                  f"{len(alloc.cpuset)} CPUs, {plan.memory_mb} MiB)")
@@ -539,18 +678,37 @@ class SlurmBackend(Backend):
         if job is None:
             return 0
         if job.state == "RUNNING":
+            infos = await self._cached_nodes(node)
             for n in job.node_list or (node,):
-                for info in await self._ask(n, self.client.show_nodes(n)):
-                    if not info.responding or info.state == "DOWN":
-                        raise BackendUnavailable(
-                            n, f"node state {'+'.join([info.state, *sorted(info.flags)])}",
-                            "slurmd")
+                info = infos.get(n)
+                if info is not None and (not info.responding or info.state == "DOWN"):
+                    raise BackendUnavailable(
+                        n, f"node state {'+'.join([info.state, *sorted(info.flags)])}",
+                        "slurmd")
             return None
         if job.state in _HOLDING:
             return None if self._fresh(state) else 1
         code = job.fields.get("ExitCode", "0:0").split(":")[0]
         status = int(code) if code.isdigit() else 1
         return status if job.state == "COMPLETED" else max(status, 1)
+
+    async def _cached_nodes(self, node: str) -> dict[str, Any]:
+        """Every node's :class:`~.commands.NodeInfo` by name, from one ``scontrol show
+        node`` shared by all polls for ``node_state_max_age`` seconds (concurrent polls wait
+        for the same call).
+
+        Raises:
+            BackendUnavailable: the controller does not answer (for ``node``).
+        """
+        loop = asyncio.get_running_loop()
+        if self._nodes_lock is None or self._nodes_lock[0] is not loop:
+            self._nodes_lock = (loop, asyncio.Lock())
+        async with self._nodes_lock[1]:
+            now = time.monotonic()
+            if self._nodes_cache is None or now - self._nodes_cache[0] > self.node_state_max_age:
+                infos = await self._ask(node, self.client.show_nodes())
+                self._nodes_cache = (time.monotonic(), {i.name: i for i in infos})
+            return self._nodes_cache[1]
 
     async def stop(self, state: Mapping[str, Any], now: bool = False) -> None:
         """scancel the job (``now``: SIGKILL at once) and wait, at most ``stop_timeout``
