@@ -176,7 +176,8 @@ def test_spawn_restart_stop_through_the_hub(hub: SlurmHub, slurm_conf: str) -> N
     assert model["servers"][""]["ready"] is True
     r = hub.session.get(f"{hub.url}/user/{USER}/api", timeout=10)
     assert r.status_code == 200 and r.json()["uid"] == seen["uid"]
-    r = hub.api("POST", f"/users/{OTHER}/server", {"profile": "gpu1"})
+    # (asking to fail now: with the default, the spawn would wait in the hub's queue)
+    r = hub.api("POST", f"/users/{OTHER}/server", {"profile": "gpu1", "queue": False})
     assert r.status_code == 400, r.text
     assert "no node has 1 free GPU" in r.json()["message"]
     assert not jobs_of(client, f"jupyter-{OTHER}")

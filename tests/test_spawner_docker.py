@@ -200,9 +200,23 @@ async def test_gpu_container_has_exactly_the_allocated_uuids(make_spawner, clien
 
 
 async def test_gpu_start_fails_without_nvidia_runtime_and_releases(make_spawner, client):
+    # This engine has the NVIDIA hook's test double (scripts/dockerd.sh), so the refusal an
+    # engine without the toolkit gives at start is replayed: dockerd 20.10's own error
     sp = make_spawner("gpuuser", {"profile": "gpu1"})
-    with pytest.raises(web.HTTPError, match="could not start the container.*nvidia") as e:
-        await asyncio.wait_for(sp.start(), 60)  # no such device driver
+    engine = sp.backend_obj.client("gpunode")
+    real_start = engine.start
+
+    def start_without_toolkit(cid, *a, **k):
+        raise docker.errors.APIError(
+            "500 Server Error", explanation='could not select device driver "nvidia" with '
+            "capabilities: [[gpu compute utility]]")
+
+    engine.start = start_without_toolkit
+    try:
+        with pytest.raises(web.HTTPError, match="could not start the container.*nvidia") as e:
+            await asyncio.wait_for(sp.start(), 60)
+    finally:
+        engine.start = real_start
     assert e.value.status_code == 500
     assert sp.allocation is None and server_network(sp) is None
     assert sp.cluster.ledger.allocations() == []
