@@ -43,3 +43,23 @@ def test_refusal_links_back_with_the_profile():
     assert e.status_code == 400 and e.jupyterhub_message == "profile 'a100': only 0 <A100> free"
     assert "&lt;A100&gt;" in e.jupyterhub_html_message
     assert 'href="/hub/spawn/ann/#profile=a100%20x"' in e.jupyterhub_html_message
+
+
+def test_spawn_form_url():
+    from types import SimpleNamespace
+
+    from gpuspawner.hub.progress import ProgressEvents
+
+    class S(ProgressEvents):
+        pass
+
+    s = S()
+    s.hub = SimpleNamespace(base_url="/base/hub/")
+    s.user = SimpleNamespace(name="a b", escaped_name="a%20b")
+    s.name = "gpu 1"
+    assert s.spawn_form_url() == "/base/hub/spawn/a%20b/gpu%201"
+    e = s.refused(503, "node down", "cpu")
+    assert e.status_code == 503 and 'href="/base/hub/spawn/a%20b/gpu%201#profile=cpu"' in \
+        e.jupyterhub_html_message
+    s.hub, s.user, s.name = None, SimpleNamespace(name="ann"), ""
+    assert s.spawn_form_url() == "/hub/spawn/ann"

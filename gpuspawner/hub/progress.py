@@ -106,8 +106,9 @@ class ProgressEvents(LoggingConfigurable):
         from jupyterhub.utils import url_path_join
 
         s: Any = self
-        return url_path_join(s.hub.base_url, "spawn", s.user.escaped_name,
-                             quote(s.name or "", safe=""))
+        base = getattr(getattr(s, "hub", None), "base_url", None) or "/hub/"
+        user = getattr(s.user, "escaped_name", None) or quote(s.user.name, safe="")
+        return url_path_join(base, "spawn", user, quote(s.name or "", safe=""))
 
     def refused(self, code: int, message: str, slug: str) -> web.HTTPError:
         """:func:`refusal` for this server's form."""
