@@ -40,7 +40,8 @@ def test_two_gpus_share_and_cpu_only():
 
 def test_refusal_links_back_with_the_profile():
     e = refusal(400, "profile 'a100': only 0 <A100> free", "/hub/spawn/ann/", "a100 x")
-    assert e.status_code == 400 and e.jupyterhub_message == "profile 'a100': only 0 <A100> free"
+    assert e.status_code == 400 and e.log_message == "profile 'a100': only 0 <A100> free"
+    assert not hasattr(e, "jupyterhub_message")  # the API's message stays the reason
     assert "&lt;A100&gt;" in e.jupyterhub_html_message
     assert 'href="/hub/spawn/ann/#profile=a100%20x"' in e.jupyterhub_html_message
 

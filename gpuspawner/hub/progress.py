@@ -73,13 +73,15 @@ def placement_message(alloc: Allocation, node: Node | None = None, *,
 
 
 def refusal(code: int, message: str, form_url: str, slug: str) -> web.HTTPError:
-    """The HTTP error a refused spawn raises: ``message`` is the reason JupyterHub shows (form,
-    progress and "not running" pages); its HTML form (``jupyterhub_html_message``, see
-    ``jupyterhub.utils.format_exception``) adds a link back to the spawn form at ``form_url``
-    with the same profile checked (``#profile=<slug>``, honoured by the form's script)."""
+    """The HTTP error a refused spawn raises: ``message`` is the reason (the REST API's
+    ``message`` and the form's error, as before); its HTML form (``jupyterhub_html_message``,
+    see ``jupyterhub.utils.format_exception``), which the progress page and the "not running"
+    page show instead, adds a link back to the spawn form at ``form_url`` with the same profile
+    checked (``#profile=<slug>``, honoured by the form's script; the form itself also checks
+    the last choice). No ``jupyterhub_message``: JupyterHub's form page prefers a text message
+    to the HTML one, and its API would answer that instead of the reason."""
     e = web.HTTPError(code, message)
     href = f"{form_url}#profile={quote(slug, safe='')}"
-    e.jupyterhub_message = message  # type: ignore[attr-defined]
     e.jupyterhub_html_message = (  # type: ignore[attr-defined]
         f'{html.escape(message)} <a href="{html.escape(href)}" class="gpus-back">'
         "Back to the form (same profile selected)</a>")
