@@ -189,7 +189,7 @@ class IndexHandler(BaseHandler):
             hub_prefix=url_path_join(base, "hub") + "/", prefix=prefix, refresh_s=REFRESH_S,
             user={"name": self.current_user["name"], "admin": self.is_admin},
             links=service_links(url_path_join(base, "services") + "/", "Idle culler"),
-            api_links=api)
+            api_links=api, xsrf=self.xsrf_token.decode())
         self.set_header("Content-Type", "text/html; charset=UTF-8")
         self.set_header("Cache-Control", "no-store")
         self.finish(html)

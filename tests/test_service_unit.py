@@ -320,7 +320,7 @@ def test_culler_page_shell(admin):
         links=service_links("/services/", "Idle culler"),
         api_links=[("status", "/services/idle-culler/api/status")])
     assert 'href="/services/idle-culler/" aria-current="page">Idle culler' in html
-    assert 'href="/services/gpuspawner/admin">GPU map' in html
+    assert ('href="/services/gpuspawner/admin">GPU map' in html) is admin
     assert ('id="policies"' in html) is admin
     assert ('href="/hub/admin">Admin' in html) is admin
     assert ("Every user's servers" in html) is admin

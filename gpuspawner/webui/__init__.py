@@ -27,14 +27,17 @@ class PageLink:
     label: str
     href: str
     current: bool = False
+    #: shown to hub admins only (the page answers 403 to others)
+    admin_only: bool = False
 
 
 def service_links(services_prefix: str, current: str) -> list[PageLink]:
-    """The service pages' links: the GPU map and the idle culler page under
+    """The service pages' links: the GPU map (admins only) and the idle culler page under
     ``services_prefix`` (``/services/``); ``current`` is the label of the page shown."""
-    pages = [("GPU map", f"{services_prefix}gpuspawner/admin"),
-             ("Idle culler", f"{services_prefix}idle-culler/")]
-    return [PageLink(label, href, label == current) for label, href in pages]
+    pages = [("GPU map", f"{services_prefix}gpuspawner/admin", True),
+             ("Idle culler", f"{services_prefix}idle-culler/", False)]
+    return [PageLink(label, href, label == current, admin_only)
+            for label, href, admin_only in pages]
 
 
 def environment(*loaders: BaseLoader) -> Environment:

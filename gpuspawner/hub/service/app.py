@@ -336,6 +336,7 @@ class AdminPageHandler(_Base):
         html = self.service.templates.get_template("admin.html.j2").render(
             view=view, user={"name": user["name"], "admin": True}, prefix=self.service.prefix,
             hub_prefix=self.service.hub_prefix, refresh_s=REFRESH_S,
+            xsrf=self.xsrf_token.decode(),
             links=service_links(self.service.services_prefix, "GPU map"),
             api_links=[("REST API (OpenAPI)", f"{self.service.prefix}api/openapi.json"),
                        ("nodes", f"{self.service.prefix}api/nodes"),
