@@ -2,7 +2,8 @@
 
 - the local Docker engine, the local inventory (sysfs + NVML; no GPU = zero GPUs),
 - SQLite and the cookie secret under ``var/hub/``,
-- a CPU profile and GPU profiles (shown as unavailable where there is no GPU),
+- a CPU profile and GPU profiles (hidden where there is no GPU: the form offers only
+  what can start, c.GPUSpawner.show_unavailable_profiles shows the rest with the reason),
 - a **demo** authenticator: any user name, the password ``gpuspawner``. Replace it before
   anyone else can reach the hub (see the LDAP example at the end).
 
@@ -82,14 +83,14 @@ if profiles_file:
     c.GPUSpawner.profiles = profiles_file
 else:
     c.GPUSpawner.profiles = [
-        {"slug": "cpu", "display_name": "CPU: 1 core, 1 GiB", "cpu": 1, "memory": "1G",
+        {"slug": "cpu", "display_name": "CPU, small", "cpu": 1, "memory": "1G",
          "description": "For editing and small computations.", "default": True},
-        {"slug": "cpu-2", "display_name": "CPU: 2 cores, 2 GiB", "cpu": 2, "memory": "2G"},
-        {"slug": "gpu-share", "display_name": "A quarter of a shared GPU", "cpu": 1,
+        {"slug": "cpu-2", "display_name": "CPU, medium", "cpu": 2, "memory": "2G"},
+        {"slug": "gpu-share", "display_name": "Shared GPU", "cpu": 1,
          "memory": "4G", "gpus": 0.25},
-        {"slug": "a100-1", "display_name": "1 x A100, 8 cores, 64 GiB, 50 GiB disk",
+        {"slug": "a100-1", "display_name": "One A100",
          "cpu": 8, "memory": "64G", "gpus": 1, "gpu_models": ["A100"], "disk": "50G"},
-        {"slug": "a100-2", "display_name": "2 x A100 (NVLink), 16 cores, 128 GiB",
+        {"slug": "a100-2", "display_name": "Two A100 with NVLink",
          "cpu": 16, "memory": "128G", "gpus": 2, "gpu_models": ["A100"],
          "groups": ["gpu-users"]},
     ]

@@ -13,6 +13,8 @@ path (below the service prefix)       method   who / what
 ``api/policies/global``               PUT      admin: replace the global entry
 ``api/policies/(users|groups)/NAME``  PUT/DEL  admin: set or remove one entry
 ``metrics``                           GET      admin: Prometheus text format
+(the prefix itself)                   GET      the page for people (HTML): servers, next
+                                               cull, reason, signals, policy, recent culls
 ``oauth_callback``                    GET      hub OAuth
 ====================================  =======  ==========================================
 
@@ -22,6 +24,7 @@ Admins are hub admins (``admin: true`` in the user model the hub returns for the
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler, HubOAuthenticated
@@ -166,9 +169,30 @@ class CallbackHandler(HubOAuthCallbackHandler):
 
 
 class IndexHandler(BaseHandler):
+    """``GET /services/idle-culler/``: the page for people (HTML, in the hub's look): each
+    server's decision, next cull time, reason, signals and policy, the recent culls and, for
+    admins, the policies in force; it reads ``api/status`` (and ``api/policies``) itself."""
+
     @web.authenticated
     def get(self) -> None:
-        self.redirect(url_path_join(self.request.path, "api/status"))
+        from jinja2 import PackageLoader
+
+        from gpuspawner.webui import REFRESH_S, environment, service_links
+
+        base = os.environ.get("JUPYTERHUB_BASE_URL", "/")
+        prefix = self.settings["service_prefix"]
+        api = [("status", f"{prefix}api/status"), ("your policy", f"{prefix}api/policy")]
+        if self.is_admin:
+            api += [("policies", f"{prefix}api/policies"), ("metrics", f"{prefix}metrics")]
+        html = environment(PackageLoader("idle_culler", "templates")).get_template(
+            "index.html.j2").render(
+            hub_prefix=url_path_join(base, "hub") + "/", prefix=prefix, refresh_s=REFRESH_S,
+            user={"name": self.current_user["name"], "admin": self.is_admin},
+            links=service_links(url_path_join(base, "services") + "/", "Idle culler"),
+            api_links=api, xsrf=self.xsrf_token.decode())
+        self.set_header("Content-Type", "text/html; charset=UTF-8")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(html)
 
 
 def make_app(culler: Culler, prefix: str, metrics: Metrics | None = None,
@@ -176,8 +200,6 @@ def make_app(culler: Culler, prefix: str, metrics: Metrics | None = None,
              ) -> web.Application:
     """The tornado application; ``prefix`` is ``JUPYTERHUB_SERVICE_PREFIX``
     (``/services/idle-culler/``)."""
-    import os
-
     hub_auth = hub_auth or HubOAuth(cache_max_age=10)
     kw = {"culler": culler, "hub_auth": hub_auth, "metrics": metrics}
     p = prefix.rstrip("/")
@@ -190,4 +212,5 @@ def make_app(culler: Culler, prefix: str, metrics: Metrics | None = None,
         (p + r"/api/policies/(users|groups)/([^/]+)", PolicyEntryHandler, kw),
         (p + "/metrics", MetricsHandler, kw),
         (p + "/oauth_callback", CallbackHandler, kw),
-    ], cookie_secret=cookie_secret or os.urandom(32), xsrf_cookies=False)
+    ], cookie_secret=cookie_secret or os.urandom(32), xsrf_cookies=False,
+        service_prefix=p + "/")

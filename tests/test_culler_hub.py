@@ -412,7 +412,12 @@ def test_service_page_through_hub_oauth(hub: CullerHub) -> None:
                                                "_xsrf": xsrf}, timeout=10)
     assert r.status_code == 200, r.text
     r = s.get(f"{hub.url}/services/idle-culler/", timeout=10)
-    assert r.status_code == 200 and r.url.endswith("/services/idle-culler/api/status"), r.url
+    # the page for people (HTML in the hub's look), which reads the JSON API with the cookie
+    assert r.status_code == 200 and r.url.endswith("/services/idle-culler/"), r.url
+    assert r.headers["Content-Type"].startswith("text/html")
+    assert 'data-prefix="/services/idle-culler/"' in r.text and "Your servers." in r.text
+    assert '<link rel="stylesheet" href="/hub/static/css/style.min.css">' in r.text
+    r = s.get(f"{hub.url}/services/idle-culler/api/status", timeout=10)
     assert all(x["user"] == "xavier" for x in r.json()["servers"])
 
 

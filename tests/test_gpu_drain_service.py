@@ -171,17 +171,13 @@ async def test_a_body_without_a_string_reason_is_400(url, cluster, raw):
 
 
 def test_the_admin_map_shows_drained_gpus_and_node_state(cluster):
-    from jinja2 import Environment, PackageLoader, select_autoescape
-
-    from gpuspawner.hub.service.views import map_view
+    from gpuspawner.hub.service.views import map_view, page_templates
 
     uuid = gpu0(cluster)
     cluster.drain_gpu(uuid, "xid 79 (GPU fell off the bus)", by="health")
     cluster.ledger.set_node_state(cluster.ledger.nodes[0].name, "drain", "maintenance")
-    env = Environment(loader=PackageLoader("gpuspawner.hub", "service/templates"),
-                      autoescape=select_autoescape(["html", "j2"]))
     view = map_view(cluster)
-    html = env.get_template("admin.html.j2").render(
+    html = page_templates().get_template("admin.html.j2").render(
         view=view, user={"name": "root"}, prefix="/services/gpuspawner/", hub_prefix="/hub/")
     assert html.count('class="gpu drained"') == 1
     assert (f'data-gpu="{uuid}" data-milli-used="0" data-owners="" '

@@ -259,8 +259,9 @@ def test_spawn_form_shows_availability(hub):
     assert 'data-profile="cpu" data-available="true"' in html
     assert 'data-profile="staff" data-available="false"' in html
     assert "not available to your group" in html
-    assert 'data-profile="a100" data-available="false"' in html
-    assert "0 of 0 A100 free now" in html
+    # no A100 on this hub: the card is not offered at all (show_unavailable_profiles is off)
+    assert 'data-profile="a100"' not in html and "A100" not in html
+    assert "1 core · 256 MiB memory" in r.content.decode()
     # the form posts back and spawns
     xsrf = s.cookies.get("_xsrf")
     r = s.post(f"{hub.url}/hub/spawn/formuser", data={"profile": "cpu", "_xsrf": xsrf},

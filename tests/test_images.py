@@ -239,3 +239,16 @@ def test_image_has_the_gpu_views_enabled(image):
     assert re.search(r"gpuspawner\.singleuser\.gpuviews\s+\S*enabled", out), out
     assert re.search(r"gpuspawner-labextension v[\d.]+\s+\S*enabled", out), out
     assert "imports-ok" in out
+
+
+def test_image_turns_the_news_pop_up_off(image):
+    """JupyterLab's overrides.json in the image's app settings folder (JupyterLab docs,
+    "Overriding default settings"): no news pop-up, no update check (issue 16). The folder is
+    the one JupyterLab itself reports, not a path assumed here."""
+    out = run(image, "python", "-c",
+              "import json, pathlib; from jupyterlab.commands import get_app_dir; "
+              "p = pathlib.Path(get_app_dir()) / 'settings' / 'overrides.json'; "
+              "print(json.dumps(json.loads(p.read_text())))",
+              opts=("--user", UID_GID, "-e", "HOME=/tmp")).stdout
+    notes = json.loads(out.strip().splitlines()[-1])["@jupyterlab/apputils-extension:notification"]
+    assert notes == {"fetchNews": "false", "checkForUpdates": False}

@@ -137,17 +137,35 @@ def test_map_view_cells_match_the_ledger(cluster):
 
 
 def test_admin_template_renders_every_cell(cluster):
-    from jinja2 import Environment, PackageLoader, select_autoescape
+    from gpuspawner.hub.service.views import page_templates
+    from gpuspawner.webui import service_links
 
-    env = Environment(loader=PackageLoader("gpuspawner.hub", "service/templates"),
-                      autoescape=select_autoescape(["html", "j2"]))
-    html = env.get_template("admin.html.j2").render(
-        view=map_view(cluster), user={"name": "admin"}, prefix="/services/gpuspawner/",
-        hub_prefix="/hub/")
+    html = page_templates().get_template("admin.html.j2").render(
+        view=map_view(cluster), user={"name": "admin", "admin": True},
+        prefix="/services/gpuspawner/", hub_prefix="/hub/", refresh_s=5,
+        links=service_links("/services/", "GPU map"), api_links=[("API", "/x")])
     assert html.count('class="gpu"') == 5
     assert html.count('class="gpu busy"') == 3
     assert html.count('class="numa"') == 4  # 2 NUMA nodes on each node
     assert 'data-quota-user="alice" data-gpu-milli="2000" data-gpu-milli-limit="2000"' in html
+    # in the hub's look: its stylesheet and theme script, its navigation, both service pages
+    assert '<link rel="stylesheet" href="/hub/static/css/style.min.css">' in html
+    assert 'src="/hub/static/js/darkmode.js"' in html and 'id="dark-theme-toggle"' in html
+    assert 'href="/services/gpuspawner/admin" aria-current="page">GPU map' in html
+    assert 'href="/services/idle-culler/">Idle culler' in html
+    # the allocations' cores column: a count, the CPU ids in its title
+    for a in map_view(cluster)["allocations"]:
+        assert (f'<td data-cores="{len(a["cpuset"])}"><span title="CPU ids '
+                f'{a["cpuset_text"]}">{len(a["cpuset"])}</span>') in html
+
+
+def test_gpu_cell_text_reads_on_its_colour():
+    from gpuspawner.hub.service.views import text_colour
+
+    assert text_colour("#eeeeee") == "#000000"
+    assert text_colour("#202020") == "#ffffff"
+    assert text_colour("hsl(200, 65%, 45%)") in ("#000000", "#ffffff")
+    assert text_colour("hsl(60, 65%, 90%)") == "#000000"
 
 
 def test_openapi_document_is_valid_openapi_3():
@@ -285,3 +303,25 @@ async def test_schemas_are_public_while_the_state_is_not(service_url):
     assert code == 200
     code, _ = await _get(service_url + "api/nodes")
     assert code == 401, code
+
+
+@pytest.mark.parametrize("admin", [True, False])
+def test_culler_page_shell(admin):
+    """The idle culler's page (idle_culler/templates/index.html.j2) in the hub's look; its
+    script reads the JSON API; admins also get the policies table and the admin API links."""
+    from jinja2 import PackageLoader
+
+    from gpuspawner.webui import environment, service_links
+
+    html = environment(PackageLoader("idle_culler", "templates")).get_template(
+        "index.html.j2").render(
+        hub_prefix="/hub/", prefix="/services/idle-culler/", refresh_s=5,
+        user={"name": "ann", "admin": admin},
+        links=service_links("/services/", "Idle culler"),
+        api_links=[("status", "/services/idle-culler/api/status")])
+    assert 'href="/services/idle-culler/" aria-current="page">Idle culler' in html
+    assert ('href="/services/gpuspawner/admin">GPU map' in html) is admin
+    assert ('id="policies"' in html) is admin
+    assert ('href="/hub/admin">Admin' in html) is admin
+    assert ("Every user's servers" in html) is admin
+    assert "get('api/status')" in html and "innerHTML" not in html

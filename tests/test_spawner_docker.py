@@ -284,7 +284,8 @@ async def test_run_pins_cpuset_and_home_owned_by_uid(make_spawner, client, tmp_p
         assert (st.st_uid, st.st_gid) == (4321, 4322)
         home_st = (tmp_path / "home" / "homeuser").stat()
         assert (home_st.st_uid, oct(home_st.st_mode & 0o777)) == (4321, "0o700")
-        assert "placed on gpunode" in sp._events[0]["message"]
+        assert sp._events[0]["message"].startswith("Placed: ")
+        assert "256 MiB memory" in sp._events[0]["message"]
     finally:
         await sp.stop()
     assert sp.cluster.ledger.allocations() == []

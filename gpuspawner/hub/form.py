@@ -4,78 +4,194 @@ rendered with Jinja2 (``templates/profiles.html.j2``, overridable through
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from jinja2 import ChoiceLoader, Environment, FileSystemLoader, PackageLoader, select_autoescape
 from tornado import web
-from traitlets import List, Unicode, default
+from traitlets import Bool, List, Unicode, default
 from traitlets.config import LoggingConfigurable
 
-from ..placement import GPU_MILLI, Ledger
+from ..placement import GPU, GPU_MILLI, Bundle, Ledger, Node, format_bytes
+from ..placement.devices import model_allowed
 from .profiles import OptionsError, Profile, ProfileConfigError, choose_profile, load_profiles
 from .user_options import pending_refusal
 
 
-def profile_cards(profiles: Sequence[Profile], ledger: Ledger, user: str,
-                  groups: Iterable[str], queued: Mapping[str, int] | None = None
-                  ) -> list[dict[str, Any]]:
-    """What the form shows per profile: availability now, quota, group permission and the
-    queue.
+def plural(n: float, word: str, words: str | None = None) -> str:
+    """``"1 core"``, ``"2 cores"``, ``"0.5 cores"`` (English plural: only exactly 1 is
+    singular)."""
+    return f"{n:g} {word if n == 1 else (words or word + 's')}"
 
-    Args:
-        queued: profile slug -> spawns waiting for it in the queue.
+
+def size_text(n: int) -> str:
+    """Memory or disk in binary units without a needless ``.0``: ``"64 GiB"``, ``"1.5 GiB"``,
+    ``"512 MiB"`` (same units as :func:`~gpuspawner.placement.format_bytes`)."""
+    return format_bytes(n).replace(".0 ", " ")
+
+
+def gpu_memory_text(n: int) -> str:
+    """GPU memory as vendors name it: whole GB of 2**30 bytes (NVML's 81920 MiB of an
+    "A100 80GB" -> ``"80 GB"``)."""
+    return f"{round(n / 2**30)} GB" if n else ""
+
+
+def _matching_gpus(nodes: Iterable[Node], bundle: Bundle) -> list[GPU]:
+    return [g for n in nodes for g in n.gpus if model_allowed(g, bundle)]
+
+
+def resources_line(bundle: Bundle, nodes: Sequence[Node] = ()) -> str:
+    """One line for a card: GPU count and model with its memory, cores, memory, disk, e.g.
+    ``"1 x A100 80 GB · 8 cores · 64 GiB memory · 50 GiB disk"``; a share reads
+    ``"¼ of a shared GPU · 1 core · 4 GiB memory"``. GPU memory comes from ``nodes``' GPUs of
+    the allowed models (several sizes: ``"40/80 GB"``; none known: left out)."""
+    parts = []
+    if bundle.total_gpu_milli:
+        matching = _matching_gpus(nodes, bundle)
+        model = "/".join(bundle.gpu_models)
+        sizes = sorted({g.memory_bytes for g in matching if g.memory_bytes})
+        mem = "/".join(gpu_memory_text(m).removesuffix(" GB") for m in sizes)
+        what = " ".join(x for x in (model, f"{mem} GB" if mem else "") if x)
+        if bundle.gpus:
+            parts.append(f"{bundle.gpus} x {what}" if what else plural(bundle.gpus, "GPU"))
+        else:
+            share = _SHARES.get(bundle.gpu_milli, f"{bundle.gpu_milli / GPU_MILLI:g}")
+            parts.append(f"{share} of a shared {what or 'GPU'}")
+    parts.append(plural(bundle.cores, "core"))
+    if bundle.memory_bytes:
+        parts.append(f"{size_text(bundle.memory_bytes)} memory")
+    if bundle.disk_bytes:
+        parts.append(f"{size_text(bundle.disk_bytes)} disk")
+    return " · ".join(parts)
+
+
+_SHARES = {500: "½", 250: "¼", 750: "¾"}
+
+
+def never_reason(profile: Profile, nodes: Sequence[Node]) -> str:
+    """Why the profile can never start on this hub, even with every node empty ("" when it
+    can): no GPU of its models, no shareable one for a share, or no node large enough
+    (cores, memory, GPUs) among the nodes it may use. Disk is not judged (a node may not
+    know its disk size)."""
+    b = profile.bundle
+    usable = [n for n in nodes if not profile.nodes or n.name in profile.nodes]
+    models = "/".join(b.gpu_models) or "GPU"
+    if b.total_gpu_milli:
+        matching = _matching_gpus(usable, b)
+        if not matching:
+            return f"no {models} on this hub"
+        if b.gpu_milli and not any(g.shareable for g in matching):
+            return f"no shared {models} on this hub"
+    for n in usable:
+        gpus = _matching_gpus([n], b)
+        if b.gpu_milli:
+            gpus = [g for g in gpus if g.shareable][:1]
+        if (n.cpu_count >= b.cores and n.memory_bytes >= b.memory_bytes
+                and len(gpus) >= (b.gpus or (1 if b.gpu_milli else 0))):
+            return ""
+    return "larger than any node of this hub"
+
+
+def _room_now(bundle: Bundle, snapshot: list[dict[str, Any]], nodes: Sequence[str]) -> bool:
+    """Whether some node that is up has, in all, the cores, memory and GPUs the bundle needs
+    free now: necessary for a placement (NUMA rules may still refuse), so False means a
+    spawn would certainly be refused."""
+    probe = Bundle(cores=0, gpu_models=bundle.gpu_models)
+    for n in snapshot:
+        if n["state"] != "up" or (nodes and n["name"] not in nodes):
+            continue
+        cores = sum(len(nn["cpus_free"]) for nn in n["numa_nodes"])
+        memory = sum(nn["memory_free_bytes"] for nn in n["numa_nodes"])
+        gpus = [g for g in n["gpus"] if g["drained"] is None
+                and model_allowed(GPU(uuid=g["uuid"], model=g["model"]), probe)]
+        if bundle.gpus:
+            ok_gpus = sum(g["milli_used"] == 0 for g in gpus) >= bundle.gpus
+        elif bundle.gpu_milli:
+            ok_gpus = any(g["shareable"] and g["milli_used"] + bundle.gpu_milli <= GPU_MILLI
+                          for g in gpus)
+        else:
+            ok_gpus = True
+        if cores >= bundle.cores and memory >= bundle.memory_bytes and ok_gpus:
+            return True
+    return False
+
+
+def profile_cards(profiles: Sequence[Profile], ledger: Ledger, user: str,
+                  groups: Iterable[str]) -> list[dict[str, Any]]:
+    """What the form shows per profile: its resources in one line, availability now, quota and
+    group permission.
 
     Returns:
-        one dict per profile: slug, display_name, description, bundle (text), default,
-        available (bool), reason (why not), availability ("3 of 8 A100 free now" or ""),
-        queue (bool: a spawn of it waits when its GPUs are busy), queued (int: spawns
-        waiting for it), waits (bool: a spawn now would wait in the queue).
+        one dict per profile: slug, display_name, description, bundle (the one-line summary of
+        :func:`resources_line`), default, available (bool: may be picked now), free (bool:
+        free capacity exists now; the card is green only then), reason (why not available,
+        else ""), never (bool: cannot start on this hub even when idle; the form hides such
+        cards unless ``show_unavailable_profiles``), availability ("3 of 8 A100 free now" for
+        GPU profiles, else ""), queued (int: servers waiting for this profile; 0 here),
+        queue (bool: a spawn of it waits in the queue when it cannot start now), waits
+        (bool: a spawn now would wait in the queue; the card stays selectable).
     """
-    queued = queued or {}
     groups = list(groups)
     left = ledger.quota_remaining(user, groups)
+    nodes = ledger.nodes
+    snapshot = ledger.snapshot()
     cards = []
     for p in profiles:
         b = p.bundle
         card: dict[str, Any] = {"slug": p.slug, "display_name": p.display_name,
-                                "description": p.description, "bundle": b.describe(),
-                                "default": p.default, "available": True, "reason": "",
-                                "availability": "", "queue": p.queue,
-                                "queued": int(queued.get(p.slug, 0)), "waits": False}
+                                "description": p.description,
+                                "bundle": resources_line(b, nodes), "default": p.default,
+                                "available": True, "free": False, "reason": "",
+                                "never": False, "availability": "", "queued": 0,
+                                "queue": p.queue, "waits": False}
+        never = never_reason(p, nodes)
         if b.total_gpu_milli:
             free, total = ledger.free_gpus(b.gpu_models)
             models = "/".join(b.gpu_models) or "GPU"
-            card["availability"] = f"{free} of {total} {models} free now"
-            need = b.gpus or 1
-            if total == 0:
-                card.update(available=False, reason=f"no {models} on this hub")
-            elif b.gpus and free < need and p.queue:
-                card.update(waits=True, reason=f"all {models} busy now: you will wait in the "
-                                                "queue")
-            elif b.gpus and free < need:
-                card.update(available=False, reason=f"only {free} {models} free now")
-        if not p.allowed_for(groups):
+            if total:
+                card["availability"] = f"{free} of {plural(total, models, models)} free now"
+        if never:
+            card.update(available=False, never=True, reason=never, availability="")
+        elif not p.allowed_for(groups):
             card.update(available=False, reason="not available to your group")
         else:
             for key, need in (("gpu_milli", b.total_gpu_milli), ("cores", b.cores),
                               ("memory_bytes", b.memory_bytes), ("disk_bytes", b.disk_bytes),
                               ("servers", 1)):
                 if left.get(key) is not None and need > left[key]:
-                    card.update(available=False, reason=f"over your quota ({key})")
+                    card.update(available=False, reason=f"over your quota ({_QUOTA_WORDS[key]})")
                     break
+            else:
+                if _room_now(b, snapshot, p.nodes):
+                    card["free"] = True
+                elif p.queue:  # fits the capacity (not "never"): it waits for its turn
+                    busy = f"all {models} busy now" if b.total_gpu_milli else "no room now"
+                    card.update(waits=True, reason=f"{busy}: you will wait in the queue")
+                elif b.gpus and ledger.free_gpus(b.gpu_models)[0] < b.gpus:
+                    free = ledger.free_gpus(b.gpu_models)[0]
+                    card.update(available=False, reason=f"only {free} {models} free now")
+                else:
+                    card.update(available=False, reason="no room on the hub now")
         cards.append(card)
     return cards
 
 
+_QUOTA_WORDS = {"gpu_milli": "GPUs", "cores": "cores", "memory_bytes": "memory",
+                "disk_bytes": "disk", "servers": "servers"}
+
+
 def quota_line(ledger: Ledger, user: str, groups: Iterable[str]) -> str:
-    """"you use 1 of your 2 GPUs" when the user has a GPU quota, else ""."""
+    """"you use 1 of your 2 GPUs" when the user has a GPU quota on a hub that has GPUs, else ""
+    (a GPU quota means nothing on a hub without GPUs)."""
+    groups = list(groups)
+    if not ledger.gpu_milli_capacity():
+        return ""
     usage = ledger.usage(user)
     left = ledger.quota_remaining(user, groups)
     if left.get("gpu_milli") is None:
         return ""
     total = (usage.gpu_milli + left["gpu_milli"]) / GPU_MILLI
-    return f"you use {usage.gpu_milli / GPU_MILLI:g} of your {total:g} GPUs"
+    return f"you use {usage.gpu_milli / GPU_MILLI:g} of your {plural(total, 'GPU')}"
 
 
 def render_form(template_name: str, extra_paths: Sequence[str], **context: Any) -> str:
@@ -102,6 +218,13 @@ class OptionsFormMixin(LoggingConfigurable):
         help="Directories searched before the built-in templates (override the form).",
     ).tag(config=True)
 
+    show_unavailable_profiles = Bool(
+        False,
+        help="""Show the profiles that can never start on this hub (no GPU of their model, no
+        node large enough) as greyed-out cards with the reason; by default the form hides them
+        so users see only what can start.""",
+    ).tag(config=True)
+
     @default("options_form")
     def _default_options_form(self) -> str:
         return ""  # get_options_form renders the profile cards
@@ -122,7 +245,7 @@ class OptionsFormMixin(LoggingConfigurable):
             values = formdata.get("profile") or []
             out: dict[str, Any] = {"profile": values[0]} if values else {}
             if (formdata.get("fail_now") or [""])[0] in ("on", "true", "1"):
-                out["queue"] = False
+                out["queue"] = False  # "Do not wait": fail at once when busy
             return out
         return options_from_form
 
@@ -155,20 +278,39 @@ class OptionsFormMixin(LoggingConfigurable):
 
     def profile_cards(self) -> list[dict[str, Any]]:
         """The form's cards for this user (:func:`profile_cards`)."""
-        cluster = self.cluster  # type: ignore[attr-defined]
-        queued = cluster.queue.wq.count_by_profile() if cluster.queue is not None else {}
-        return profile_cards(self.load_profile_list(), cluster.ledger,
-                             self.user.name, self.group_names,  # type: ignore[attr-defined]
-                             queued)
+        return profile_cards(self.load_profile_list(), self.cluster.ledger,  # type: ignore
+                             self.user.name, self.group_names)  # type: ignore[attr-defined]
+
+    def preselected_profile(self) -> str:
+        """The slug the form checks first: the profile of this server's last ``user_options``
+        (a refused spawn comes back to the form with the same choice), "" for none. A URL
+        fragment ``#profile=<slug>`` overrides it in the browser (the template's script); a
+        query argument cannot, as JupyterHub spawns at once for any query argument of
+        ``/hub/spawn`` (``SpawnHandler.get``)."""
+        options = getattr(self, "user_options", None) or {}
+        slug = options.get("profile") if isinstance(options, dict) else None
+        return slug if isinstance(slug, str) else ""
+
+    def queued_counts(self) -> dict[str, int]:
+        """Servers waiting per profile slug in the wait queue, shown on each card as "N
+        waiting"."""
+        queue = self.cluster.queue  # type: ignore[attr-defined]
+        return queue.wq.count_by_profile() if queue is not None else {}
 
     async def get_options_form(self) -> str:
         """The spawn form: profile cards with live availability (Jinja2 template), unless the
-        admin configured ``options_form`` themselves."""
+        admin configured ``options_form`` themselves. Cards that can never start here are
+        left out unless ``show_unavailable_profiles``."""
         if self.options_form:  # type: ignore[attr-defined]
             return await super().get_options_form()  # type: ignore[misc]
         s: Any = self
         await s.cluster.ensure_restored(s._owner_exists)
+        cards = [c for c in self.profile_cards()
+                 if self.show_unavailable_profiles or not c["never"]]
+        queued = self.queued_counts()
+        for c in cards:
+            c["queued"] = queued.get(c["slug"], c["queued"])
         return render_form(self.profile_form_template, self.additional_template_paths,
-                           cards=self.profile_cards(), spawner=self,
+                           cards=cards, spawner=self, selected=self.preselected_profile(),
                            quota_text=quota_line(s.cluster.ledger, s.user.name,
                                                  s.group_names))

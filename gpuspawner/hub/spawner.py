@@ -30,7 +30,7 @@ from .form import OptionsFormMixin
 from .identity import object_name, safe_name
 from .metrics import placement_refused
 from .profiles import Profile
-from .progress import ProgressEvents
+from .progress import ProgressEvents, placement_message
 from .readiness import wait_for_own_server
 from .settings import SpawnerSettings
 from .spawn_queue import QueueTimeout
@@ -115,7 +115,7 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
                 options=dict(self.user_options or {}), wait=wait, on_wait=self._queue_progress)
         except QueueTimeout as e:
             placement_refused(e)
-            raise web.HTTPError(503, f"profile {profile.slug!r}: {e}") from None
+            raise self.refused(503, f"profile {profile.slug!r}: {e}", profile.slug) from None
         except PlacementError as e:
             placement_refused(e)
             where = "profile" if isinstance(e, QuotaExceeded) else f"profile {profile.slug!r}"
@@ -123,9 +123,11 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
             code = 400 if isinstance(e, QuotaExceeded) or not any(
                 cluster.ledger.node_state(n)[0] != "up" for n in profile.nodes or cluster.nodes
             ) else 503
-            raise web.HTTPError(code, f"{where}: {e}") from None
+            raise self.refused(code, f"{where}: {e}", profile.slug) from None
         self.allocation = alloc
-        self._emit(20, f"placed on {alloc.summary()}")
+        self.log.info("%s: placed on %s", self._log_name, alloc.summary())  # for admins
+        self._emit(20, "Placed: " + placement_message(
+            alloc, cluster.ledger.node(alloc.node), show_node=len(cluster.nodes) > 1))
         try:
             await cluster.sweep_if_suspect(alloc.node)
             self.backend_state = await self.backend_obj.prepare(self._ref(), alloc, {})
@@ -214,7 +216,8 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
                     certs_dir=self.certs_dir)
                 ip, port = await self.backend_obj.launch(spec, self.backend_state, self._emit)
                 self.allocation = self.cluster.ledger.get(alloc.id) or alloc  # adopted?
-                self._emit(60, f"{self.object_name} started at {ip}:{port}, waiting for it")
+                self._emit(60, f"Server started ({self.object_name} at {ip}:{port}), "
+                           "waiting for Jupyter to answer")
                 await wait_for_own_server(
                     ip, port, self.server.base_url if self.server else "/",
                     exited=lambda: self.backend_obj.exit_report(self.backend_state),

@@ -3,7 +3,8 @@ import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 
-import { parseSettings } from './model';
+import { parseSettings, statusItemVisible } from './model';
+import { CullNotifier } from './notify';
 import { GpuPanel } from './panel';
 import { GpuDataSource } from './source';
 import { GpuStatusItem } from './status';
@@ -79,9 +80,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
       statusBar.registerStatusItem('gpuspawner-labextension:status', {
         item,
         align: 'left',
-        rank: 50
+        rank: 50,
+        // hidden in a session without a GPU when the showWithoutGpu setting is off; a hidden
+        // item stays attached, so the data (and the culler's warnings) keep coming
+        isActive: () => statusItemVisible(source.gpus, source.error, source.settings),
+        activeStateChanged: source.changed
       });
     }
+    new CullNotifier(app.commands, source);
     console.log('gpuspawner-labextension is activated');
   }
 };

@@ -131,13 +131,19 @@ export interface ViewSettings {
   gpus: string[];
   /** memory units */
   units: MemoryUnits;
+  /** show the status bar item in a session without a GPU ("GPU: no GPU"); false hides it */
+  showWithoutGpu: boolean;
+  /** show the idle culler's warnings as JupyterLab notifications */
+  cullNotifications: boolean;
 }
 
 export const DEFAULT_SETTINGS: ViewSettings = {
   pollInterval: 2000,
   statusPollInterval: 5000,
   gpus: [],
-  units: 'auto'
+  units: 'auto',
+  showWithoutGpu: true,
+  cullNotifications: true
 };
 
 function interval(v: unknown, fallback: number): number {
@@ -169,7 +175,13 @@ export function parseSettings(raw: unknown): ViewSettings {
     gpus,
     units: MEMORY_UNITS.includes(o.units as MemoryUnits)
       ? (o.units as MemoryUnits)
-      : DEFAULT_SETTINGS.units
+      : DEFAULT_SETTINGS.units,
+    showWithoutGpu:
+      typeof o.showWithoutGpu === 'boolean' ? o.showWithoutGpu : DEFAULT_SETTINGS.showWithoutGpu,
+    cullNotifications:
+      typeof o.cullNotifications === 'boolean'
+        ? o.cullNotifications
+        : DEFAULT_SETTINGS.cullNotifications
   };
 }
 
@@ -536,6 +548,53 @@ export function deriveStatus(
     text,
     title: [...lines, ...warnings].join('\n'),
     level: warnings.length ? 'warn' : 'ok'
+  };
+}
+
+/**
+ * Whether the status bar item is shown: always, except in a session without a GPU (placed
+ * without one, or a server that has none) when the `showWithoutGpu` setting is off. While the
+ * data is loading or the server extension fails, the item stays (it says so).
+ */
+export function statusItemVisible(
+  gpus: GpusResponse | null,
+  error: string | null,
+  settings: ViewSettings = DEFAULT_SETTINGS
+): boolean {
+  if (settings.showWithoutGpu || error !== null || gpus === null) {
+    return true;
+  }
+  return !(sessionWithoutGpu(gpus) || (gpus.state === 'no_gpu' && gpus.gpus.length === 0));
+}
+
+/** A culler warning as a JupyterLab notification. */
+export interface CullNotice {
+  /** the same key means the same warning (status and due time): update it, do not repeat */
+  key: string;
+  /** the text: what will happen, the time left, the reason */
+  message: string;
+  /** the notification type */
+  type: 'warning' | 'error';
+}
+
+/**
+ * The notification for the culler's status of this server (cullWarning's text), or null when
+ * nothing is scheduled. "culling" and "culled" are errors (the server stops), a scheduled cull
+ * a warning.
+ */
+export function cullNotice(
+  culler: CullerStatus | null,
+  now: number = Date.now()
+): CullNotice | null {
+  const message = cullWarning(culler, now);
+  if (message === null || culler === null) {
+    return null;
+  }
+  const status = culler.status.toLowerCase();
+  return {
+    key: `${status}|${culler.cull_at ?? ''}|${culler.reason ?? ''}`,
+    message,
+    type: status === 'culling' || status === 'culled' ? 'error' : 'warning'
   };
 }
 

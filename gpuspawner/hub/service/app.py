@@ -29,7 +29,6 @@ import secrets
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from jinja2 import Environment, PackageLoader, select_autoescape
 from jupyterhub.services.auth import (
     HubOAuth,
     HubOAuthCallbackHandler,
@@ -42,6 +41,7 @@ from tornado import web
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
+from ...webui import REFRESH_S, service_links
 from .. import metrics
 from ..cluster import Cluster, get_cluster
 from .openapi import openapi_document
@@ -50,6 +50,7 @@ from .views import (
     gpu_drain_view,
     map_view,
     node_views,
+    page_templates,
     queue_view,
     schema_list_view,
     schema_view,
@@ -351,7 +352,14 @@ class AdminPageHandler(_Base):
         cluster = await self.cluster()
         view = map_view(cluster)
         html = self.service.templates.get_template("admin.html.j2").render(
-            view=view, user=user, prefix=self.service.prefix, hub_prefix="/hub/")
+            view=view, user={"name": user["name"], "admin": True}, prefix=self.service.prefix,
+            hub_prefix=self.service.hub_prefix, refresh_s=REFRESH_S,
+            xsrf=self.xsrf_token.decode(),
+            links=service_links(self.service.services_prefix, "GPU map"),
+            api_links=[("REST API (OpenAPI)", f"{self.service.prefix}api/openapi.json"),
+                       ("nodes", f"{self.service.prefix}api/nodes"),
+                       ("allocations", f"{self.service.prefix}api/allocations"),
+                       ("metrics", f"{self.service.prefix}metrics")])
         self.set_header("Content-Type", "text/html; charset=UTF-8")
         self.set_header("Cache-Control", "no-store")
         self.finish(html)
@@ -410,12 +418,12 @@ class GPUService:
         self.base_url = base_url
         self.prefix = url_path_join(base_url, "services", name) + "/"
         self.hub_prefix = url_path_join(base_url, "hub") + "/"
+        self.services_prefix = url_path_join(base_url, "services") + "/"
         self._hub_api_url = hub_api_url
         self.cluster_provider = cluster_provider
         self.user_lookup = user_lookup
         self._hub_auth: HubOAuth | None = None
-        self.templates = Environment(loader=PackageLoader("gpuspawner.hub", "service/templates"),
-                                     autoescape=select_autoescape(["html", "j2"]))
+        self.templates = page_templates()
         self.server: HTTPServer | None = None
         self.port: int | None = None
         #: the task of :func:`resume_queue` (started by :func:`configure_service`)

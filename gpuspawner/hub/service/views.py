@@ -15,8 +15,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import fields
 from typing import Any
 
+from jinja2 import Environment, PackageLoader
+
 from ...placement import GPU_MILLI, Allocation, Quota, format_bytes, format_cpu_list
 from ...schemas import SCHEMA_NAMES, load_schema
+from ...webui import environment
 from ..cluster import Cluster
 
 #: what a non-admin sees instead of another user's name
@@ -146,6 +149,39 @@ def _mix(hue_css: str, fraction: float) -> str:
     return f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}"
 
 
+def page_templates() -> Environment:
+    """The service's page templates (``service/templates``), which extend the hub-look layout
+    of :mod:`gpuspawner.webui`."""
+    return environment(PackageLoader("gpuspawner.hub", "service/templates"))
+
+
+def text_colour(background: str) -> str:
+    """Black or white, whichever reads better on ``background`` (``#rrggbb`` or ``hsl(h, s%,
+    l%)``): the WCAG 2 contrast ratio against each (relative luminance, WCAG 2.1 §1.4.3)."""
+    if background.startswith("hsl("):
+        h, sat, light = (float(x.strip(" %")) for x in background[4:-1].split(","))
+        rgb = colorsys.hls_to_rgb(h / 360, light / 100, sat / 100)
+    else:
+        rgb = tuple(int(background[i:i + 2], 16) / 255 for i in (1, 3, 5))
+
+    def lin(c: float) -> float:
+        return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+
+    lum = 0.2126 * lin(rgb[0]) + 0.7152 * lin(rgb[1]) + 0.0722 * lin(rgb[2])
+    return "#000000" if (lum + 0.05) / 0.05 >= 1.05 / (lum + 0.05) else "#ffffff"
+
+
+def _health_text(cluster: Cluster, uuid: str) -> tuple[str, str]:
+    """(``ok`` | ``unhealthy`` | ``unknown``, text) of a GPU's latest health reading (this
+    host's GPUs only: :meth:`Cluster.health_nodes`)."""
+    h = getattr(cluster, "last_health", {}).get(uuid)
+    if h is None:
+        return "unknown", "health not read"
+    if h.healthy:
+        return "ok", "healthy"
+    return "unhealthy", "; ".join(h.reasons) or "unhealthy"
+
+
 def map_view(cluster: Cluster) -> dict[str, Any]:
     """Everything the admin page renders: per node, one cell per GPU and one per NUMA node's
     cores (coloured by owner and utilisation), the allocations table and quota use."""
@@ -162,16 +198,20 @@ def map_view(cluster: Cluster) -> dict[str, Any]:
             frac = g["milli_used"] / GPU_MILLI
             colour = _mix(colours[owners[0]], frac) if owners else "#eeeeee"
             drained = g.get("drained")
+            health, health_text = _health_text(cluster, g["uuid"])
             gpu_cells.append({
                 "uuid": g["uuid"], "index": g["index"], "model": g["model"] or "GPU",
+                "memory": format_bytes(g["memory_bytes"]) if g.get("memory_bytes") else "",
                 "numa_node": g["numa_node"], "milli_used": g["milli_used"],
-                "owners": owners, "colour": colour,
+                "owners": owners, "colour": colour, "text_colour": text_colour(colour),
+                "health": health, "health_text": health_text,
                 "drained": drained, "drained_by": g.get("drained_by"),
                 "title": f"GPU {g['index']} {g['model']} {g['uuid']}: "
                          + (f"{g['milli_used']}/1000 milli, " + ", ".join(owners)
                             if owners else "free")
                          + (f"; drained by {g.get('drained_by') or '?'}: {drained}"
-                            if drained is not None else ""),
+                            if drained is not None else "")
+                         + f"; {health_text}",
             })
         numa_cells = []
         for nn in node["numa_nodes"]:
@@ -182,15 +222,15 @@ def map_view(cluster: Cluster) -> dict[str, Any]:
                 by_user[u] = by_user.get(u, 0) + 1
             for u in by_user:
                 colours.setdefault(u, owner_colour(u))
+            segments = [{"user": u, "cores": n, "colour": colours[u],
+                         "percent": 100 * n / total} for u, n in sorted(by_user.items())]
             numa_cells.append({
                 "id": nn["id"], "cores_total": total, "cores_used": used,
                 "cpus": format_cpu_list(nn["cpus"]),
                 "memory": format_bytes(nn["memory_bytes"]),
                 "memory_used": format_bytes(nn["memory_bytes"] - nn["memory_free_bytes"]),
                 "utilisation": used / total if total else 0.0,
-                "segments": [{"user": u, "cores": n, "colour": colours[u],
-                              "percent": 100 * n / total}
-                             for u, n in sorted(by_user.items())],
+                "segments": segments,
             })
         rows.append({"name": node["name"], "summary": node["summary"], "gpus": gpu_cells,
                      "numa": numa_cells, "state": node.get("state", "up"),

@@ -1,0 +1,131 @@
+// The idle culler's warning as a JupyterLab notification (src/notify.ts) and the status item's
+// visibility in sessions without a GPU (statusItemVisible), against a fake command registry
+// and a fake data source: what is emitted, updated and dismissed.
+import { strict as assert } from 'node:assert';
+import { describe, it } from 'node:test';
+
+import {
+  cullNotice,
+  CullerStatus,
+  DEFAULT_SETTINGS,
+  GpusResponse,
+  parseGpus,
+  statusItemVisible,
+  ViewSettings
+} from '../src/model';
+import { CullNotifier, DISMISS, NOTIFY, UPDATE } from '../src/notify';
+
+type Call = [string, Record<string, unknown>];
+
+class FakeCommands {
+  calls: Call[] = [];
+  present = true;
+  hasCommand(id: string): boolean {
+    return this.present && [NOTIFY, UPDATE, DISMISS].includes(id);
+  }
+  async execute(id: string, args: Record<string, unknown>): Promise<unknown> {
+    this.calls.push([id, args]);
+    return id === NOTIFY ? `n${this.calls.length}` : true;
+  }
+}
+
+class FakeSource {
+  culler: CullerStatus | null = null;
+  settings: ViewSettings = DEFAULT_SETTINGS;
+  private _slots: (() => void)[] = [];
+  get gpus(): GpusResponse {
+    return { ...parseGpus({ state: 'ok', gpus: [] }), culler: this.culler };
+  }
+  changed = { connect: (f: () => void) => this._slots.push(f) };
+}
+
+function inMinutes(m: number): string {
+  return new Date(Date.now() + m * 60000 + 10000).toISOString();
+}
+
+describe('cull notifications', () => {
+  it('notifies once per scheduled cull, updates the time left, dismisses when cancelled', async () => {
+    const commands = new FakeCommands();
+    const source = new FakeSource();
+
+    const n = new CullNotifier(commands as any, source);
+    await n.update();
+    assert.equal(commands.calls.length, 0);
+    const at = inMinutes(15);
+    source.culler = { status: 'warned', cull_at: at, reason: 'idle for 45 min' };
+    await n.update();
+    assert.equal(commands.calls.length, 1);
+    const [id, args] = commands.calls[0];
+    assert.equal(id, NOTIFY);
+    assert.equal(args.type, 'warning');
+    assert.match(String(args.message), /stopped by the idle culler in 15 min .*: idle for 45 min/);
+    assert.deepEqual(args.options, { autoClose: false });
+    await n.update(); // same warning, same text: nothing new
+    assert.equal(commands.calls.length, 1);
+    // the culler now stops it: the warning is replaced by an error
+    source.culler = { status: 'culling', cull_at: at, reason: 'idle for 60 min' };
+    await n.update();
+    assert.deepEqual(commands.calls[1], [DISMISS, { id: 'n1' }]);
+    assert.equal(commands.calls[2][0], NOTIFY);
+    assert.equal(commands.calls[2][1].type, 'error');
+    // activity came back: dismissed
+    source.culler = { status: 'active', cull_at: null, reason: null };
+    await n.update();
+    assert.deepEqual(commands.calls[3], [DISMISS, { id: 'n3' }]);
+    assert.equal(commands.calls.length, 4);
+  });
+
+  it('updates the text when only the time left changes', async () => {
+    const commands = new FakeCommands();
+    const source = new FakeSource();
+
+    const n = new CullNotifier(commands as any, source);
+    source.culler = { status: 'warned', cull_at: inMinutes(15), reason: 'idle' };
+    await n.update();
+
+    (n as any)._message = 'an older text';
+    await n.update();
+    assert.equal(commands.calls[1][0], UPDATE);
+    assert.equal(commands.calls[1][1].id, 'n1');
+  });
+
+  it('does nothing when the setting is off or JupyterLab has no notifications', async () => {
+    const commands = new FakeCommands();
+    const source = new FakeSource();
+    source.culler = { status: 'warned', cull_at: inMinutes(5), reason: 'idle' };
+    source.settings = { ...DEFAULT_SETTINGS, cullNotifications: false };
+
+    await new CullNotifier(commands as any, source).update();
+    source.settings = DEFAULT_SETTINGS;
+    commands.present = false;
+
+    await new CullNotifier(commands as any, source).update();
+    assert.equal(commands.calls.length, 0);
+    assert.equal(cullNotice({ status: 'exempt', cull_at: null, reason: null }), null);
+  });
+});
+
+describe('status item without a GPU', () => {
+  const cpu = parseGpus({
+    state: 'no_nvml',
+    message: 'NVML Shared Library Not Found',
+    gpus: [],
+    allocation: { id: 'a1', gpus: [], cpuset: [1] }
+  });
+  const hide = { ...DEFAULT_SETTINGS, showWithoutGpu: false };
+  it('shows by default and hides by the setting', () => {
+    assert.equal(statusItemVisible(cpu, null), true);
+    assert.equal(statusItemVisible(cpu, null, hide), false);
+    assert.equal(statusItemVisible(parseGpus({ state: 'no_gpu', gpus: [] }), null, hide), false);
+  });
+  it('stays for GPU sessions, errors and while loading', () => {
+    const gpu = parseGpus({
+      state: 'no_nvml',
+      gpus: [],
+      allocation: { id: 'a2', gpus: [{ uuid: 'GPU-1', milli: 1000 }] }
+    });
+    assert.equal(statusItemVisible(gpu, null, hide), true);
+    assert.equal(statusItemVisible(null, null, hide), true);
+    assert.equal(statusItemVisible(cpu, 'the server extension did not answer', hide), true);
+  });
+});
