@@ -199,7 +199,9 @@ async def test_options_form_hides_or_shows_what_cannot_start(show):
 
 
 def test_form_data_do_not_wait_becomes_queue_false():
-    sp = _form_spawner(Ledger([make_node(gpus=1)]))
-    assert sp.options_from_form({"profile": ["a100"]}) == {"profile": "a100"}
-    assert sp.options_from_form({"profile": ["a100"], "fail_now": ["on"]}) == {
+    from gpuspawner.hub.form import OptionsFormMixin
+
+    from_form = OptionsFormMixin._default_options_from_form(None)
+    assert from_form({"profile": ["a100"]}) == {"profile": "a100"}
+    assert from_form({"profile": ["a100"], "fail_now": ["on"]}) == {
         "profile": "a100", "queue": False}
