@@ -44,7 +44,7 @@ def profile_cards(profiles: Sequence[Profile], ledger: Ledger, user: str,
                                 "availability": "", "queue": p.queue,
                                 "queued": int(queued.get(p.slug, 0)), "waits": False}
         if b.total_gpu_milli:
-            free, total = ledger.free_gpus(b.gpu_models)
+            free, total = ledger.free_gpus(b.gpu_models, p.nodes)
             models = "/".join(b.gpu_models) or "GPU"
             card["availability"] = f"{free} of {total} {models} free now"
             need = b.gpus or 1
