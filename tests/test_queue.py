@@ -321,3 +321,22 @@ def test_skipping_refused_tries_changes_no_outcome(ops):
                  for o in q.schedule()] for q in (qa, qb)]
         assert outs[0] == outs[1]
         assert [e.owner for e in qa.order()] == [e.owner for e in qb.order()]
+
+
+def test_free_gpus_and_the_form_count_only_a_profiles_nodes():
+    """A profile restricted to a full node: its waiting spawn's progress and its form card say
+    "0 of 2 ... free now" (and the card "you will wait"), not the free GPUs of nodes it may not
+    use (seen on the Slurm test cluster: "2 of 4 GPUs free now" while it waited)."""
+    from gpuspawner.hub.form import profile_cards
+    from gpuspawner.hub.profiles import load_profiles
+
+    ledger = Ledger([make_node("n1", gpus=2), make_node("n2", gpus=2)], policy="first-fit")
+    ledger.reserve(gpus(2), Owner("a", "x"), ["n1"])
+    assert ledger.free_gpus() == (2, 4)
+    assert ledger.free_gpus((), ["n1"]) == (0, 2)
+    assert ledger.free_gpus(("A100",), ["n2"]) == (2, 2)
+    (card,) = profile_cards(load_profiles([
+        {"slug": "p", "display_name": "1 GPU on n1", "cpu": 1, "memory": "1G", "gpus": 1,
+         "nodes": ["n1"]}]), ledger, "b", ())
+    assert card["availability"] == "0 of 2 GPU free now"
+    assert card["waits"] and card["available"]

@@ -13,6 +13,7 @@ which the job user cannot enter).
 from __future__ import annotations
 
 import asyncio
+import json
 import pwd
 import secrets
 import shutil
@@ -29,6 +30,7 @@ import pytest
 from gpuspawner.backends.slurm.commands import JobInfo, SlurmClient, parse_jobs
 from gpuspawner.backends.slurm.gres import gres_type
 from gpuspawner.backends.slurm.job import ADMIN_MARKER, gpu_positions
+from gpuspawner.hub.identity import object_name
 from gpuspawner.placement import Allocation
 from tests.hubrunner import HubProcess, free_port
 from tests.test_slurm_backend import SERVER, slurm_conf, topology_nodes  # noqa: F401
@@ -137,8 +139,9 @@ def jobs_of(client: SlurmClient, name: str) -> list[JobInfo]:
 
 def test_spawn_restart_stop_through_the_hub(hub: SlurmHub, slurm_conf: str) -> None:  # noqa: F811
     """gpsuser1 takes both GPUs of node1 (profile gpu2: no enforce-binding across NUMA
-    nodes, the readback still checks the cores); after a hub restart gpsuser2 is refused by
-    the restored ledger at once, not left to wait in Slurm's queue."""
+    nodes, the readback still checks the cores); after a hub restart gpsuser2's "fail now"
+    spawn (``queue: false``) is refused by the restored ledger at once, not left to wait in
+    Slurm's queue."""
     client = SlurmClient(conf=slurm_conf, timeout=30)
     hub.ensure_user(USER)
     hub.ensure_user(OTHER)
@@ -176,7 +179,7 @@ def test_spawn_restart_stop_through_the_hub(hub: SlurmHub, slurm_conf: str) -> N
     assert model["servers"][""]["ready"] is True
     r = hub.session.get(f"{hub.url}/user/{USER}/api", timeout=10)
     assert r.status_code == 200 and r.json()["uid"] == seen["uid"]
-    # (asking to fail now: with the default, the spawn would wait in the hub's queue)
+    # "fail now": refused by the restored ledger (a spawn that waits: the queue test below)
     r = hub.api("POST", f"/users/{OTHER}/server", {"profile": "gpu1", "queue": False})
     assert r.status_code == 400, r.text
     assert "no node has 1 free GPU" in r.json()["message"]
@@ -287,3 +290,88 @@ c.SlurmBackend.rest_token = ""
     finally:
         hub.stop()
         shutil.rmtree(hub.home, ignore_errors=True)
+
+
+def progress_until(hub: SlurmHub, user: str, server: str, until: str,
+                   timeout: float = 30) -> list[str]:
+    """The messages of a spawn's progress event stream, read until one contains ``until``."""
+    out: list[str] = []
+    with hub.session.get(f"{hub.api_url}/users/{user}/servers/{server}/progress", stream=True,
+                         headers={"Authorization": f"token {hub.token}"},
+                         timeout=timeout) as r:
+        assert r.status_code == 200, r.text
+        for line in r.iter_lines(decode_unicode=True):
+            if line and line.startswith("data:"):
+                out.append(json.loads(line[5:]).get("message", ""))
+                if until in out[-1]:
+                    break
+    return out
+
+
+def test_spawn_waits_in_the_queue_and_starts_on_the_freed_gpu(slurm_conf: str,  # noqa: F811
+                                                              tmp_path: Path) -> None:
+    """The wait queue on the Slurm backend (docs/queue.md): gpsuser1's two named servers of
+    the 1-GPU profile (restricted to node1, queue on by default) take node1's two GPUs; a third
+    spawn waits in the hub (pending, no Slurm job; progress "waiting: position 1 of 1", counting
+    node1's GPUs only) instead of a 400 or a job pending in Slurm's queue; when one of the two
+    stops, the waiting spawn starts as a Slurm job on node1 with the GRES of the GPU that was
+    freed."""
+    if chp() is None:
+        pytest.skip("configurable-http-proxy is not installed (make venv installs it)")
+    client = SlurmClient(conf=slurm_conf, timeout=30)
+    hub = SlurmHub(tmp_path, slurm_conf, extra="""
+c.JupyterHub.allow_named_servers = True
+c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 0}
+""")
+    hub.start()
+    servers = ("a", "b", "w")
+    pos = gpu_positions(topology_nodes()["node1"].node)
+
+    def job_of(server: str) -> JobInfo:
+        name = object_name(USER, server)
+        (job,) = wait_until(lambda: jobs_of(client, name), timeout=10, message=f"job {name}")
+        return job
+
+    try:
+        hub.ensure_user(USER)
+        for s in servers[:2]:
+            r = hub.api("POST", f"/users/{USER}/servers/{s}", {"profile": "gpu1"})
+            assert r.status_code in (201, 202), r.text
+        held = {}
+        for s in servers[:2]:
+            hub.wait_ready(USER, s, timeout=90)
+            job = job_of(s)
+            assert job.node_list == ("node1",)
+            held[s] = job.gres_indices("node1")
+        assert sorted(held.values(), key=str) == sorted(
+            ({gres_type(u): (i,)} for u, i in pos.items()), key=str)
+
+        r = hub.api("POST", f"/users/{USER}/servers/w", {"profile": "gpu1"})
+        assert r.status_code == 202, r.text
+        msgs = progress_until(hub, USER, "w", "waiting: position 1 of 1")
+        assert any("waiting: position 1 of 1 for " in m and "0 of 2 GPUs free now" in m
+                   for m in msgs), msgs
+        assert hub.server(USER, "w")["pending"] == "spawn"
+        assert not jobs_of(client, object_name(USER, "w"))  # it waits in the hub, not Slurm
+
+        stopped = job_of("a")
+        assert hub.api("DELETE", f"/users/{USER}/servers/a").status_code in (202, 204)
+        hub.wait_ready(USER, "w", timeout=90)
+        assert stopped.job_id not in asyncio.run(client.squeue([stopped.job_id]))
+        job = job_of("w")
+        assert job.user == USER and job.node_list == ("node1",)
+        assert job.gres_indices("node1") == held["a"]  # the GPU that was freed
+        alloc = Allocation.from_json(job.fields["AdminComment"][len(ADMIN_MARKER):])
+        (uuid_,) = alloc.gpu_uuids
+        assert held["a"] == {gres_type(uuid_): (pos[uuid_],)}
+        assert "wait queue: tick failed" not in hub.tail(400)
+    finally:
+        try:
+            for s in servers:
+                if hub.server(USER, s) is not None:
+                    hub.api("DELETE", f"/users/{USER}/servers/{s}")
+            for s in servers:
+                hub.wait_stopped(USER, s)
+        finally:
+            hub.stop()
+            shutil.rmtree(hub.home, ignore_errors=True)

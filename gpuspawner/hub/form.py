@@ -146,7 +146,7 @@ def profile_cards(profiles: Sequence[Profile], ledger: Ledger, user: str,
                                 "queue": p.queue, "waits": False}
         never = never_reason(p, nodes)
         if b.total_gpu_milli:
-            free, total = ledger.free_gpus(b.gpu_models)
+            free, total = ledger.free_gpus(b.gpu_models, p.nodes)
             models = "/".join(b.gpu_models) or "GPU"
             if total:
                 card["availability"] = f"{free} of {plural(total, models, models)} free now"
@@ -167,8 +167,8 @@ def profile_cards(profiles: Sequence[Profile], ledger: Ledger, user: str,
                 elif p.queue:  # fits the capacity (not "never"): it waits for its turn
                     busy = f"all {models} busy now" if b.total_gpu_milli else "no room now"
                     card.update(waits=True, reason=f"{busy}: you will wait in the queue")
-                elif b.gpus and ledger.free_gpus(b.gpu_models)[0] < b.gpus:
-                    free = ledger.free_gpus(b.gpu_models)[0]
+                elif b.gpus and ledger.free_gpus(b.gpu_models, p.nodes)[0] < b.gpus:
+                    free = ledger.free_gpus(b.gpu_models, p.nodes)[0]
                     card.update(available=False, reason=f"only {free} {models} free now")
                 else:
                     card.update(available=False, reason="no room on the hub now")

@@ -332,13 +332,18 @@ class Ledger:
             held = sum(d[2] for d in self._drained.values())
             return sum(sum(st.gpu_used.values()) for st in self._c.states) - held
 
-    def free_gpus(self, models: Iterable[str] = ()) -> tuple[int, int]:
-        """(untouched GPUs, all GPUs) of the given models (empty = any), over all nodes; what
-        the spawn form shows as "3 of 8 A100 free now"."""
+    def free_gpus(self, models: Iterable[str] = (),
+                  nodes: Iterable[str] = ()) -> tuple[int, int]:
+        """(untouched GPUs, all GPUs) of the given models (empty = any) on the given nodes
+        (a profile's node selector; empty = all nodes); what the spawn form and a waiting
+        spawn's progress show as "3 of 8 A100 free now"."""
         probe = Bundle(cores=0, gpus=1, gpu_models=tuple(models))
+        only = set(nodes)
         free = total = 0
         with self._lock:
             for st in self._c.states:
+                if only and st.node.name not in only:
+                    continue
                 for g in st.node.gpus:
                     if model_allowed(g, probe):
                         total += 1
