@@ -93,6 +93,23 @@ class HubProcess:
         return self.session.request(method, f"{self.api_url}{path}", data=data,
                                     headers=headers, timeout=timeout)
 
+    def progress(self, user: str, server: str = "", until: str = "",
+                 timeout: float = 30) -> list[str]:
+        """The messages of a spawn's progress event stream (JupyterHub's progress API), read
+        until one contains ``until``."""
+        path = f"/users/{user}/servers/{server}/progress" if server else \
+            f"/users/{user}/server/progress"
+        out: list[str] = []
+        with self.session.get(f"{self.api_url}{path}", stream=True, timeout=timeout,
+                              headers={"Authorization": f"token {self.token}"}) as r:
+            assert r.status_code == 200, r.text
+            for line in r.iter_lines(decode_unicode=True):
+                if line and line.startswith("data:"):
+                    out.append(json.loads(line[5:]).get("message", ""))
+                    if until in out[-1]:
+                        break
+        return out
+
     def ensure_user(self, name: str, groups: tuple[str, ...] = ()) -> None:
         r = self.api("POST", f"/users/{name}")
         assert r.status_code in (201, 409), r.text

@@ -70,21 +70,6 @@ def spawn(hub: Hub, user: str) -> None:
     assert r.status_code in (201, 202), r.text
 
 
-def progress_messages(hub: Hub, user: str, until: str, timeout: float = 30) -> list[str]:
-    """Read the spawn's progress event stream until a message contains ``until``."""
-    out = []
-    with hub.session.get(f"{hub.api_url}/users/{user}/server/progress", stream=True,
-                         headers={"Authorization": f"token {hub.token}"},
-                         timeout=timeout) as r:
-        assert r.status_code == 200, r.text
-        for line in r.iter_lines(decode_unicode=True):
-            if line and line.startswith("data:"):
-                out.append(json.loads(line[5:]).get("message", ""))
-                if until in out[-1]:
-                    break
-    return out
-
-
 def test_three_users_one_slot_wait_in_order_survive_a_restart_and_cancel_releases(hub):
     spawn(hub, "qa")
     hub.wait_ready("qa")
@@ -93,7 +78,7 @@ def test_three_users_one_slot_wait_in_order_survive_a_restart_and_cancel_release
     spawn(hub, "qc")
     wait_until(lambda: waiting(hub) == [("qb", 1), ("qc", 2)], 30, 0.3,
                lambda: str(queue(hub)))
-    msgs = progress_messages(hub, "qc", "waiting: position 2 of 2")
+    msgs = hub.progress("qc", until="waiting: position 2 of 2")
     assert any("waiting: position 2 of 2 for 1 x A100; 0 of 1 A100 free now" in m
                for m in msgs), msgs
     assert hub.server("qb")["pending"] == "spawn" and not hub.server("qb")["ready"]

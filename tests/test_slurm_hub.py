@@ -13,7 +13,6 @@ which the job user cannot enter).
 from __future__ import annotations
 
 import asyncio
-import json
 import pwd
 import secrets
 import shutil
@@ -292,22 +291,6 @@ c.SlurmBackend.rest_token = ""
         shutil.rmtree(hub.home, ignore_errors=True)
 
 
-def progress_until(hub: SlurmHub, user: str, server: str, until: str,
-                   timeout: float = 30) -> list[str]:
-    """The messages of a spawn's progress event stream, read until one contains ``until``."""
-    out: list[str] = []
-    with hub.session.get(f"{hub.api_url}/users/{user}/servers/{server}/progress", stream=True,
-                         headers={"Authorization": f"token {hub.token}"},
-                         timeout=timeout) as r:
-        assert r.status_code == 200, r.text
-        for line in r.iter_lines(decode_unicode=True):
-            if line and line.startswith("data:"):
-                out.append(json.loads(line[5:]).get("message", ""))
-                if until in out[-1]:
-                    break
-    return out
-
-
 def test_spawn_waits_in_the_queue_and_starts_on_the_freed_gpu(slurm_conf: str,  # noqa: F811
                                                               tmp_path: Path) -> None:
     """The wait queue on the Slurm backend (docs/queue.md): gpsuser1's two named servers of
@@ -348,7 +331,7 @@ c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 0}
 
         r = hub.api("POST", f"/users/{USER}/servers/w", {"profile": "gpu1"})
         assert r.status_code == 202, r.text
-        msgs = progress_until(hub, USER, "w", "waiting: position 1 of 1")
+        msgs = hub.progress(USER, "w", until="waiting: position 1 of 1")
         assert any("waiting: position 1 of 1 for " in m and "0 of 2 GPUs free now" in m
                    for m in msgs), msgs
         assert hub.server(USER, "w")["pending"] == "spawn"

@@ -258,6 +258,20 @@ def simulate_fill(nodes: Sequence[Node], pods: Sequence[Pod], policy: str = "fgd
     return run.metrics(policy, "fill", seed, allocated, time.perf_counter() - start, stop)
 
 
+def _replay_order(pods: Sequence[Pod], max_pods: int | None) -> list[int]:
+    """Indices of ``pods`` by creation time (ties in trace order), the first ``max_pods``.
+
+    Raises:
+        ValueError: a pod has no ``creation_time``.
+    """
+    missing = next((p for p in pods if p.creation_time is None), None)
+    if missing is not None:
+        raise ValueError(f"replay mode needs creation_time; pod {missing.name} has none "
+                         "(use --mode fill for pod lists without times)")
+    order = sorted(range(len(pods)), key=lambda i: (pods[i].creation_time, i))
+    return order if max_pods is None else order[:max_pods]
+
+
 def simulate_replay(nodes: Sequence[Node], pods: Sequence[Pod], policy: str = "fgd", *,
                     numa_policy: str = "strict", seed: int = 0, max_pods: int | None = None,
                     time_limit_s: float | None = None, explain: bool = False) -> dict[str, Any]:
@@ -278,14 +292,8 @@ def simulate_replay(nodes: Sequence[Node], pods: Sequence[Pod], policy: str = "f
     Raises:
         ValueError: a pod has no ``creation_time``.
     """
-    missing = next((p for p in pods if p.creation_time is None), None)
-    if missing is not None:
-        raise ValueError(f"replay mode needs creation_time; pod {missing.name} has none "
-                         "(use --mode fill for pod lists without times)")
+    order = _replay_order(pods, max_pods)
     start = time.perf_counter()
-    order = sorted(range(len(pods)), key=lambda i: (pods[i].creation_time, i))
-    if max_pods is not None:
-        order = order[:max_pods]
     # (time, kind, index): kind 0 = deletion, 1 = creation, 2 = deletion of a zero-length pod
     events: list[tuple[float, int, int]] = []
     for i in order:
@@ -430,14 +438,8 @@ def simulate_replay_queue(nodes: Sequence[Node], pods: Sequence[Pod], policy: st
     """
     if users < 1:
         raise ValueError(f"users must be >= 1, got {users}")
-    missing = next((p for p in pods if p.creation_time is None), None)
-    if missing is not None:
-        raise ValueError(f"replay mode needs creation_time; pod {missing.name} has none "
-                         "(use --mode fill for pod lists without times)")
+    order = _replay_order(pods, max_pods)
     start = time.perf_counter()
-    order = sorted(range(len(pods)), key=lambda i: (pods[i].creation_time, i))
-    if max_pods is not None:
-        order = order[:max_pods]
     run = _Run(nodes, policy, numa_policy, seed, explain)
     clock = [0.0]
     queue = WaitQueue(run.ledger, max_bypass=max_bypass, clock=lambda: clock[0])
