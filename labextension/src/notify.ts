@@ -3,7 +3,8 @@
  * center of JupyterLab >= 4.1, through its commands `apputils:notify`,
  * `apputils:update-notification` and `apputils:dismiss-notification`, so no other package is
  * needed): shown once per scheduled cull, its text (time left, reason) updated as the data
- * refreshes, dismissed when the culler no longer plans to stop the server. Does nothing where
+ * refreshes (also when a warning turns into "culling"), dismissed when the culler no longer
+ * plans to stop the server. Does nothing where
  * those commands are missing or the `cullNotifications` setting is off.
  */
 import type { JupyterFrontEnd } from '@jupyterlab/application';
@@ -28,24 +29,39 @@ export class CullNotifier {
     source.changed.connect(() => void this.update());
   }
 
-  /** Show, update or dismiss the notification for the source's current culler status. */
-  async update(): Promise<void> {
+  /**
+   * Show, update or dismiss the notification for the source's current culler status. Calls
+   * run one after the other (a new notification is only shown once the previous call is
+   * done), and an existing notification is updated in place, never dismissed and shown again:
+   * quick dismiss/notify cycles made the notification toasts' React tree insert into a node
+   * it had just removed ("insertBefore" NotFoundError in the page).
+   */
+  update(): Promise<void> {
+    this._chain = this._chain.then(
+      () => this._update(),
+      () => this._update()
+    );
+    return this._chain;
+  }
+
+  private async _update(): Promise<void> {
     if (!this._commands.hasCommand(NOTIFY)) {
       return;
     }
     const src = this._source;
-    const notice = src.settings.cullNotifications ? cullNotice(src.gpus?.culler ?? null) : null;
-    if (notice === null || notice.key !== this._key) {
+    if (src.gpus === null) {
+      return; // no answer yet (or a failed poll): keep what is shown
+    }
+    const notice = src.settings.cullNotifications ? cullNotice(src.gpus.culler ?? null) : null;
+    if (notice === null) {
       if (this._id !== null) {
         const id = this._id;
-        this._id = null;
-        this._key = null;
-        this._message = null;
+        this._id = this._key = this._message = null;
         await this._commands.execute(DISMISS, { id });
       }
-      if (notice === null) {
-        return;
-      }
+      return;
+    }
+    if (this._id === null) {
       this._key = notice.key;
       this._message = notice.message;
       this._id = (await this._commands.execute(NOTIFY, {
@@ -53,7 +69,8 @@ export class CullNotifier {
         type: notice.type,
         options: { autoClose: false }
       })) as string;
-    } else if (notice.message !== this._message && this._id !== null) {
+    } else if (notice.key !== this._key || notice.message !== this._message) {
+      this._key = notice.key;
       this._message = notice.message;
       await this._commands.execute(UPDATE, {
         id: this._id,
@@ -64,6 +81,7 @@ export class CullNotifier {
     }
   }
 
+  private _chain: Promise<void> = Promise.resolve();
   private _commands: JupyterFrontEnd['commands'];
   private _source: CullSource;
   private _id: string | null = null;

@@ -62,17 +62,29 @@ describe('cull notifications', () => {
     assert.deepEqual(args.options, { autoClose: false });
     await n.update(); // same warning, same text: nothing new
     assert.equal(commands.calls.length, 1);
-    // the culler now stops it: the warning is replaced by an error
+    // the culler now stops it: the same notification turns into an error (updated in place)
     source.culler = { status: 'culling', cull_at: at, reason: 'idle for 60 min' };
     await n.update();
-    assert.deepEqual(commands.calls[1], [DISMISS, { id: 'n1' }]);
-    assert.equal(commands.calls[2][0], NOTIFY);
-    assert.equal(commands.calls[2][1].type, 'error');
+    assert.equal(commands.calls[1][0], UPDATE);
+    assert.equal(commands.calls[1][1].id, 'n1');
+    assert.equal(commands.calls[1][1].type, 'error');
     // activity came back: dismissed
     source.culler = { status: 'active', cull_at: null, reason: null };
     await n.update();
-    assert.deepEqual(commands.calls[3], [DISMISS, { id: 'n3' }]);
-    assert.equal(commands.calls.length, 4);
+    assert.deepEqual(commands.calls[2], [DISMISS, { id: 'n1' }]);
+    assert.equal(commands.calls.length, 3);
+  });
+
+  it('runs calls one after the other: two refreshes at once show one notification', async () => {
+    const commands = new FakeCommands();
+    const source = new FakeSource();
+    const n = new CullNotifier(commands as any, source);
+    source.culler = { status: 'warned', cull_at: inMinutes(15), reason: 'idle' };
+    await Promise.all([n.update(), n.update(), n.update()]);
+    assert.deepEqual(
+      commands.calls.map(c => c[0]),
+      [NOTIFY]
+    );
   });
 
   it('updates the text when only the time left changes', async () => {
