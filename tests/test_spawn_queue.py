@@ -159,3 +159,30 @@ def test_many_waiters_cost_one_order_per_change():
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     asyncio.run(main())
+
+
+def test_queue_view_shows_other_users_entries_only_to_admins():
+    # GET api/queue: a user sees the counts of everyone but only their own entries (who else
+    # waits, and for what, is not theirs to read); admins (viewer None) see every entry
+    from types import SimpleNamespace
+
+    from gpuspawner.hub.service.views import queue_view
+
+    async def main():
+        q = make()
+        await q.acquire(Owner("a"), ONE)
+        tasks = [asyncio.ensure_future(q.acquire(Owner(u, "s"), ONE, profile="a100"))
+                 for u in ("bob", "eve")]
+        await wait_for(lambda: len(q.wq) == 2)
+        cluster = SimpleNamespace(queue=q)
+        mine = queue_view(cluster, "eve")
+        assert (mine["length"], mine["by_profile"], mine["waiting_gpus"]) == (
+            2, {"a100": 2}, {"GPU": 2})
+        assert [(e["user"], e["position"]) for e in mine["entries"]] == [("eve", 2)]
+        everyone = queue_view(cluster, None)
+        assert [(e["user"], e["position"]) for e in everyone["entries"]] == [
+            ("bob", 1), ("eve", 2)]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    asyncio.run(main())
