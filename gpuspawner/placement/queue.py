@@ -210,10 +210,6 @@ class WaitQueue:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def entries(self) -> list[QueueEntry]:
-        """All entries in fair order (the same as :meth:`order`)."""
-        return self.order()
-
     # -- order --------------------------------------------------------------------------------
     def weight(self, owner: Owner) -> float:
         """The owner's DRF weight: the largest weight of its groups, else 1.0."""

@@ -258,6 +258,26 @@ def simulate_fill(nodes: Sequence[Node], pods: Sequence[Pod], policy: str = "fgd
     return run.metrics(policy, "fill", seed, allocated, time.perf_counter() - start, stop)
 
 
+def _replay_metrics(run: _Run, policy: str, seed: int, area: float, t_first: float,
+                    t_last: float, start: float, stop: str) -> dict[str, Any]:
+    """The metrics of a replay (both modes): the time-weighted allocation over the span
+    (``area`` in milli-GPU seconds), GPU hours and the span in seconds, after checking that
+    the ledger's allocated milli-GPU equal the run's own count.
+
+    Raises:
+        RuntimeError: the two counts differ.
+    """
+    span = t_last - t_first
+    mean_allocated = area / span if span > 0 else float(run.allocated_milli)
+    allocated = run.ledger.gpu_milli_allocated()
+    if allocated != run.allocated_milli:
+        raise RuntimeError(f"ledger reports {allocated} milli-GPU allocated, its allocations "
+                           f"add up to {run.allocated_milli}")
+    m = run.metrics(policy, "replay", seed, mean_allocated, time.perf_counter() - start, stop)
+    m.update(gpu_hours=area / GPU_MILLI / 3600, span_s=span)
+    return m
+
+
 def _replay_order(pods: Sequence[Pod], max_pods: int | None) -> list[int]:
     """Indices of ``pods`` by creation time (ties in trace order), the first ``max_pods``.
 
@@ -327,15 +347,7 @@ def simulate_replay(nodes: Sequence[Node], pods: Sequence[Pod], policy: str = "f
             alloc = live.pop(i, None)
             if alloc is not None:
                 run.release(alloc)
-    span = t_last - t_first
-    mean_allocated = area / span if span > 0 else float(run.allocated_milli)
-    allocated = run.ledger.gpu_milli_allocated()
-    if allocated != run.allocated_milli:
-        raise RuntimeError(f"ledger reports {allocated} milli-GPU allocated, its allocations "
-                           f"add up to {run.allocated_milli}")
-    m = run.metrics(policy, "replay", seed, mean_allocated, time.perf_counter() - start, stop)
-    m.update(gpu_hours=area / GPU_MILLI / 3600, span_s=span)
-    return m
+    return _replay_metrics(run, policy, seed, area, t_first, t_last, start, stop)
 
 
 def simulate(nodes: Sequence[Node], pods: Sequence[Pod], policy: str = "fgd",
@@ -512,16 +524,9 @@ def simulate_replay_queue(nodes: Sequence[Node], pods: Sequence[Pod], policy: st
             else:
                 end = t + max(0.0, p.deletion_time - created)
             heapq.heappush(events, (end, 0, next(tie), j))
-    span = t_last - t_first
-    mean_allocated = area / span if span > 0 else float(run.allocated_milli)
-    allocated = run.ledger.gpu_milli_allocated()
-    if allocated != run.allocated_milli:
-        raise RuntimeError(f"ledger reports {allocated} milli-GPU allocated, its allocations "
-                           f"add up to {run.allocated_milli}")
-    m = run.metrics(policy, "replay", seed, mean_allocated, time.perf_counter() - start, stop)
+    m = _replay_metrics(run, policy, seed, area, t_first, t_last, start, stop)
     m.update(queue=True, queue_users=users, max_bypass=max_bypass,
-             pods_still_waiting=len(queue), gpu_hours=area / GPU_MILLI / 3600, span_s=span,
-             **_wait_metrics(waits))
+             pods_still_waiting=len(queue), **_wait_metrics(waits))
     return m
 
 
