@@ -106,6 +106,18 @@ def test_fgd_ties_go_to_the_smallest_name() -> None:
     assert choose("fgd", [node("b"), node("a")], PodType(1000, 1000, 1), typical)[0] == "a"
 
 
+def test_tie_order_ranks_ties_and_is_checked() -> None:
+    # every CPU-only pod scores 0 under gpu-packing: the tie goes to the first node of the
+    # ranking, which the paper's simulator draws at random per seed (syncClusterResourceList)
+    nodes = [node("a"), node("b"), node("c")]
+    c = PaperCluster(nodes, "gpu-packing", tie_order=["c", "a", "b"])
+    assert c.place(PodType(1000, 0, 0)).name == "c"
+    assert PaperCluster([node("a"), node("b")], "gpu-packing").choose(
+        PodType(1000, 0, 0))[0].name == "a"
+    with pytest.raises(ValueError, match="tie_order"):
+        PaperCluster(nodes, "fgd", tie_order=["a", "b"])
+
+
 def test_fgd_keeps_cpu_of_gpu_nodes_for_gpu_tasks() -> None:
     # the typical GPU task needs all 4 CPUs of the GPU node; a CPU-only task placed there would
     # turn its GPU into a Q4 fragment (Delta +1000, score 26); the CPU node scores 50
@@ -203,6 +215,18 @@ def test_tune_workload_up_and_down() -> None:
     down = sp.tune_workload(tasks, 10_000, 1.3, random.Random(1))
     assert sum(t.total_milli_gpu for _, t, _ in down) <= 13_000
     assert sp.tune_workload(tasks, 10_000, 1.3, random.Random(1)) == down
+    # as the simulator (Simulate: SortClusterPods, then TunePodsByNodeTotalResource): the
+    # originals come first, shuffled, and the duplicates after them
+    assert sorted(up[:10]) == sorted(tasks) and up[:10] != tasks
+    assert all(x in tasks for x in up[10:])
+
+
+def test_node_tie_order_is_a_seeded_permutation() -> None:
+    names = [f"n{i:02d}" for i in range(30)]
+    a = sp.tie_order(names, random.Random(42))
+    assert sorted(a) == names and a != names
+    assert a == sp.tie_order(list(reversed(names)), random.Random(42))
+    assert a != sp.tie_order(names, random.Random(43))
 
 
 def test_parse_seeds_and_trace_names() -> None:
@@ -268,6 +292,27 @@ def test_compare_json_runs_and_summary(tmp_path: Path,
     assert run["arrived_percent"] >= 100  # tuned to 130 %, all of it offered
     assert 0 < run["gpu_allocation_ratio"] <= 1
     assert math.isclose(run["unallocated_gpus"], 45 * (1 - run["gpu_allocation_ratio"]))
+    assert run["node_order"] == "shuffled"
+
+
+def test_node_order_name_is_the_old_tie_rule(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    nodes, pods = write_small_trace(tmp_path)
+    runs = {}
+    for order in ("shuffled", "name"):
+        assert sim.main(["--method", "paper", "--compare", "--nodes", str(nodes), "--traces",
+                         str(pods), "--seeds", "1-4", "--policies", "gpu-packing", "--json",
+                         "--node-order", order]) == 0
+        runs[order] = json.loads(capsys.readouterr().out)["runs"]
+    assert {r["node_order"] for r in runs["name"]} == {"name"}
+    # the tie ranking changes where pods go, so the results differ on some seed
+    assert [r["unallocated_gpus"] for r in runs["name"]] != [
+        r["unallocated_gpus"] for r in runs["shuffled"]]
+    with pytest.raises(SystemExit):  # argparse: invalid choice
+        sim.main(["--method", "paper", "--compare", "--nodes", str(nodes), "--traces",
+                  str(pods), "--node-order", "random"])
 
 
 def test_unknown_paper_policy_is_an_error(tmp_path: Path,
@@ -305,3 +350,30 @@ def test_numa_fragmentation_counts_stranded_gpus() -> None:
     c = PaperCluster([n], "fgd", [(PodType(1000, 1000, 2), 1.0)], numa_strict=True)
     c.place(PodType(1000, 1000, 1))
     assert c.last_gpus == [0]
+
+
+def test_run_paper_takes_the_generator_and_ranking_it_is_given() -> None:
+    # benchmarks/paper_exact.py replays the paper's seeds through these two hooks: the ranking
+    # is drawn from the same generator after the tuning, and the curve is the paper's columns
+    rows = [(f"n{i}", 8000, 65536, 2, "T4") for i in range(4)]
+    tasks = [(f"p{i:02d}", PodType(500, 1000, 1), 1) for i in range(12)]
+    calls: list[tuple[list[str], int]] = []
+
+    class Counting(random.Random):
+        draws = 0
+
+        def randrange(self, *a, **k):  # type: ignore[override]
+            self.draws += 1
+            return super().randrange(*a, **k)
+
+    def rank(names, rng):
+        calls.append((sorted(names), rng.draws))
+        return sorted(names, reverse=True)
+
+    rng = Counting(5)
+    r = sp.run_paper(rows, tasks, "gpu-packing", 5, rng=rng, rank_nodes=rank, curve=True,
+                     until=130)
+    assert calls == [(["n0", "n1", "n2", "n3"], calls[0][1])] and calls[0][1] > 0  # tuned
+    values = [r["curve"][k] for k in sorted(r["curve"])]
+    assert values == sorted(values) and values[-1] == 100.0  # no departures; 8 GPUs filled
+    assert r["pods_placed"] == 8 and "curve" not in sp.run_paper(rows, tasks, "fgd", 5)

@@ -14,9 +14,13 @@ What the Go code does and this module copies:
 * **Scores are integers 0..100** (``framework.MaxNodeScore``) and the scheduler takes the
   highest, ties to the lexicographically smallest node name (the simulator's patched
   ``genericScheduler.selectHost`` in ``vendor/k8s.io/kubernetes/pkg/scheduler/core/
-  generic_scheduler.go``). ``NormalizeScore`` (``plugin_utils.go``) maps scores min-max onto
-  0..100 with integer division; with scores already in 0..100 that keeps their order and their
-  ties, so it is not applied here.
+  generic_scheduler.go``). The simulator renames every node first, prefixing the name with
+  its place in a random permutation (``Simulator.syncClusterResourceList``,
+  ``pkg/simulator/simulator.go``: ``"%04d-" + name`` from ``rand.Perm``), so "smallest name"
+  is a random node order per seed: :class:`PaperCluster`'s ``tie_order``.
+  ``NormalizeScore`` (``plugin_utils.go``) maps scores min-max onto 0..100 with integer
+  division; with scores already in 0..100 that keeps their order and their ties, so it is
+  not applied here.
 * **Filter** (``open_gpu_share.go`` ``GpuSharePlugin.Filter`` plus Kubernetes'
   ``NodeResourcesFit``): enough free milli-CPU and memory; for a GPU pod a node with GPUs of an
   allowed model and ``gpu_number`` GPUs each with at least ``milli_gpu`` free.
@@ -542,7 +546,8 @@ class PaperCluster:
     milli-CPU accounting (the simulator's ``NodeResource``).
 
     Args:
-        nodes: the nodes; ties go to the smallest name whatever their order.
+        nodes: the nodes; ties go to the smallest name whatever their order, unless
+            ``tie_order`` says otherwise.
         policy: a key of :data:`PAPER_POLICIES`.
         typical: the target workload for ``fgd`` (:func:`typical_pods`).
         seed: seed of the generator used by ``random``.
@@ -558,7 +563,8 @@ class PaperCluster:
 
     def __init__(self, nodes: Iterable[PaperNode], policy: str,
                  typical: Sequence[tuple[PodType, float]] = (), seed: int | None = None,
-                 exact_fgd: bool = False, numa_strict: bool = False) -> None:
+                 exact_fgd: bool = False, numa_strict: bool = False,
+                 tie_order: Sequence[str] | None = None) -> None:
         if policy not in PAPER_POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose one of "
                              f"{', '.join(PAPER_POLICIES)}")
@@ -566,7 +572,13 @@ class PaperCluster:
         names = [n.name for n in self.nodes]
         if len(set(names)) != len(names):
             raise ValueError("duplicate node names")
-        self.by_name = sorted(self.nodes, key=lambda n: n.name)
+        if tie_order is None:
+            self.ranked = sorted(self.nodes, key=lambda n: n.name)
+        else:
+            if sorted(tie_order) != sorted(names):
+                raise ValueError("tie_order must name every node exactly once")
+            rank = {name: i for i, name in enumerate(tie_order)}
+            self.ranked = sorted(self.nodes, key=lambda n: rank[n.name])
         for n in self.nodes:  # cached scores belong to one cluster's policy
             n.cache.clear()
         self.policy = policy
@@ -623,9 +635,9 @@ class PaperCluster:
         return free[: t.gpu_number] if len(free) >= t.gpu_number else None
 
     def feasible(self, t: PodType, memory_mib: int) -> list[PaperNode]:
-        """Nodes that pass the filter, by name."""
+        """Nodes that pass the filter, in tie order (by name unless ``tie_order``)."""
         out = []
-        for n in self.by_name:
+        for n in self.ranked:
             if n.cpu_left < t.milli_cpu or n.memory_left < memory_mib:
                 continue
             if t.gpu_number and not self._gpu_fit(n, t):
@@ -635,7 +647,7 @@ class PaperCluster:
 
     def choose(self, t: PodType, memory_mib: int = 0) -> tuple[PaperNode, int] | None:
         """The node (and share GPU index, -1 for none) the policy picks, or None when no node
-        passes the filter. Highest score wins, ties to the smallest node name; ``first-fit``
+        passes the filter. Highest score wins, ties to the first in tie order; ``first-fit``
         takes the first feasible node in configuration order; ``random`` a uniform one."""
         if self.policy == "random":
             fits = self.feasible(t, memory_mib)
@@ -658,7 +670,7 @@ class PaperCluster:
         key = self._type_ids.get(t)  # node caches are keyed by a small int, hashed fast
         if key is None:
             key = self._type_ids[t] = len(self._type_ids)
-        for n in self.by_name:
+        for n in self.ranked:
             if n.cpu_left < cpu or n.memory_left < memory_mib:
                 continue
             cache = n.cache

@@ -127,6 +127,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="paper method: none (the paper: no NUMA) or strict (nodes with >= 2 "
                             "GPUs get --numa-split NUMA nodes; a whole-GPU pod that fits one "
                             "NUMA node must take its GPUs from one) (default: none)")
+    paper.add_argument("--node-order", default="shuffled", choices=paper_method.NODE_ORDERS,
+                       help="paper method: which node wins a tie of scores: shuffled (the "
+                            "paper's simulator: a random node ranking per seed) or name (the "
+                            "smallest node name) (default: shuffled)")
     paper.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
                        help="--compare: processes to run in parallel (default: 1)")
 
@@ -232,19 +236,21 @@ def _run_paper(args: argparse.Namespace) -> int:
         results = paper_method.compare(rows, traces, policies, seeds, jobs=args.jobs,
                                        cpu_rounding=args.cpu_rounding, until=args.until,
                                        exact_fgd=args.exact_fgd, numa=numa,
-                                       numa_split=args.numa_split)
+                                       numa_split=args.numa_split,
+                                       node_order=args.node_order)
         wall = time.perf_counter() - t0
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     comparable = (Path(args.nodes).name == "openb_node_list_gpu_node.csv" and numa == "none"
-                  and args.cpu_rounding == "none")
+                  and args.cpu_rounding == "none" and args.node_order == "shuffled")
     summary = paper_method.summarize(results, paper=comparable)
     if args.json:
         print(format_json({"runs": results, "summary": summary, "wall_s": wall}))
     else:
         print(f"# paper method: nodes {args.nodes}, seeds {','.join(map(str, seeds))}, "
               f"cpu_rounding {args.cpu_rounding}, numa {numa}, exact_fgd {args.exact_fgd}, "
+              f"node_order {args.node_order}, "
               f"until {args.until:g}%, wall {wall:.1f} s")
         print(format_compare(summary))
     return 0

@@ -7,14 +7,22 @@ github.com/hkust-adsl/kubernetes-scheduler-simulator runs it):
 1. The target workload of ``fgd`` is the typical pods of the *whole* pod list
    (:func:`~gpuspawner.placement.paper.typical_pods`: 95 % of pods, CPU-only types included,
    weighted by count): ``Simulator.SetTypicalPods`` runs before the workload is tuned.
-2. The workload is tuned to 130 % of the cluster's GPU capacity
-   (``Simulator.TunePodsByNodeTotalResource``, ``pkg/simulator/simulator.go``): while the pod
-   list asks for more milli-GPU than that, a uniformly random pod is removed
-   (``tuneDownPods``); while it asks for less, a uniformly random pod of the list is appended as
-   long as the demand plus that pod's per-GPU ``milli_gpu`` stays within the target
-   (``tuneUpPods``, whose check uses the per-GPU value, as copied here).
-3. The tuned list is shuffled (``SortClusterPods`` with ``shufflePod: true``) and every pod is
-   offered once, in that order, with no departures.
+2. The pod list, sorted by name, is shuffled (``Simulator.SortClusterPods`` with
+   ``shufflePod: true``), *then* tuned to 130 % of the cluster's GPU capacity
+   (``Simulator.TunePodsByNodeTotalResource``, ``pkg/simulator/simulator.go``; ``Simulate`` in
+   ``core.go`` calls them in that order): while the list asks for more milli-GPU than that, a
+   uniformly random pod is removed (``tuneDownPods``); while it asks for less, a uniformly
+   random pod of the name-sorted list is appended *at the end* as long as the demand plus that
+   pod's per-GPU ``milli_gpu`` stays within the target (``tuneUpPods``, whose check uses the
+   per-GPU value, as copied here). So on a list below 130 % every original pod arrives, in
+   random order, before the first duplicate.
+3. The nodes are ranked by a random permutation (``syncClusterResourceList`` prefixes each
+   name with ``rand.Perm``'s index, and ties go to the smallest name): the ``tie_order`` of
+   :class:`~gpuspawner.placement.paper.PaperCluster`. Ranking ties by plain node name instead
+   (``node_order="name"``) sends every tie, e.g. every CPU-only pod under ``gpu-packing``,
+   to the same nodes, and leaves 544.0 GPUs unallocated for ``gpu-packing`` on ``default``
+   where the paper reports 510.7. Every pod is then offered once, in order, with no
+   departures.
 4. After each pod the arrived demand (refused pods included) and the allocated milli-GPU are
    recorded (``ClusterGpuFragReport``'s ``[Alloc]`` line); the paper's "X % arrived" column is
    the mean allocation over the pods whose arrived demand rounds to X % of capacity
@@ -35,7 +43,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
@@ -129,9 +137,11 @@ def tasks_of(pods, cpu_rounding: str = "none") -> list[Task]:
 
 def tune_workload(tasks: Sequence[Task], capacity_milli: int, ratio: float,
                   rng) -> list[Task]:
-    """Steps 2 and 3 of the method (module docstring): tune to ``ratio`` x capacity, shuffle."""
+    """Step 2 of the method (module docstring): sort by name, shuffle, then tune to ``ratio``
+    x capacity (removals anywhere, duplicates appended at the end)."""
     target = ratio * capacity_milli
-    out = list(tasks)
+    out = sorted(tasks, key=lambda x: x[0])
+    rng.shuffle(out)
     total = sum(t.total_milli_gpu for _, t, _ in out)
     if total > target:
         while total > target and out:
@@ -145,9 +155,22 @@ def tune_workload(tasks: Sequence[Task], capacity_milli: int, ratio: float,
                 break
             total += pick[1].total_milli_gpu
             out.append(pick)
-    out.sort(key=lambda x: x[0])
-    rng.shuffle(out)
     return out
+
+
+NODE_ORDERS = ("shuffled", "name")
+
+
+def tie_order(names: Sequence[str], rng) -> list[str]:
+    """Step 3 of the method: the node names ranked as the simulator's renamed nodes sort.
+    Node ``i`` of the name-sorted list gets rank ``perm[i]`` of a random permutation."""
+    srt = sorted(names)
+    perm = list(range(len(srt)))
+    rng.shuffle(perm)
+    ranked = [""] * len(srt)
+    for i, name in enumerate(srt):
+        ranked[perm[i]] = name
+    return ranked
 
 
 def _percentile(values: list[int], pct: float) -> float | None:
@@ -160,7 +183,10 @@ def _percentile(values: list[int], pct: float) -> float | None:
 def run_paper(rows: Sequence[tuple[str, int, int, int, str]], tasks: Sequence[Task],
               policy: str, seed: int, *, typical=None, cpu_rounding: str = "none",
               until: float = 100.5, exact_fgd: bool = False, numa: str = "none",
-              numa_split: int = 2, trace: str = "") -> dict[str, Any]:
+              numa_split: int = 2, trace: str = "",
+              node_order: str = "shuffled", rng: Any = None,
+              rank_nodes: Callable[[Sequence[str], Any], list[str]] = tie_order,
+              curve: bool = False) -> dict[str, Any]:
     """One run of the paper's method (module docstring) for one policy and seed.
 
     Args:
@@ -174,6 +200,14 @@ def run_paper(rows: Sequence[tuple[str, int, int, int, str]], tasks: Sequence[Ta
         until: stop once arrived demand exceeds this percent of capacity (130 = all of it).
         exact_fgd: see :class:`~gpuspawner.placement.paper.PaperCluster`.
         numa: ``none`` or ``strict`` (nodes with >= 2 GPUs get ``numa_split`` NUMA nodes).
+        node_order: ``shuffled`` (the paper's: ties by a random node ranking per seed, step 3)
+            or ``name`` (ties to the smallest node name).
+        rng: the generator for steps 2 and 3 (``shuffle(list)`` and ``randrange(n)``);
+            default ``random.Random(seed)``. ``benchmarks/paper_exact.py`` passes Go's.
+        rank_nodes: draws the tie order from ``(node names, rng)`` after the tuning
+            (default :func:`tie_order`).
+        curve: also return ``curve``: percent of GPU capacity allocated at each percent
+            arrived (the paper's columns, ``{percent: mean}``).
 
     Returns:
         Metrics: ``unallocated_gpus`` and ``gpu_allocation_ratio`` at 100 % arrived,
@@ -186,11 +220,15 @@ def run_paper(rows: Sequence[tuple[str, int, int, int, str]], tasks: Sequence[Ta
     nodes = make_nodes(rows, cpu_rounding, numa_split if numa != "none" else 1)
     if typical is None:
         typical = typical_pods(t for _, t, _ in tasks)
-    cluster = PaperCluster(nodes, policy, typical, seed=seed, exact_fgd=exact_fgd,
-                           numa_strict=(numa == "strict"))
-    rng = random.Random(seed)
-    cap = cluster.gpu_capacity
+    if node_order not in NODE_ORDERS:
+        raise ValueError(f"node_order must be one of {', '.join(NODE_ORDERS)}")
+    if rng is None:
+        rng = random.Random(seed)
+    cap = sum(n.gpus for n in nodes) * MILLI
     work = tune_workload(tasks, cap, 1.3, rng)
+    ranked = rank_nodes([n.name for n in nodes], rng) if node_order == "shuffled" else None
+    cluster = PaperCluster(nodes, policy, typical, seed=seed, exact_fgd=exact_fgd,
+                           numa_strict=(numa == "strict"), tie_order=ranked)
     arrived = 0
     placed = rejected = 0
     lat: list[int] = []
@@ -217,9 +255,12 @@ def run_paper(rows: Sequence[tuple[str, int, int, int, str]], tasks: Sequence[Ta
         at.setdefault(pct, []).append(cluster.gpu_used)
     used = at.get(100) or [u for k in (99, 100, 101) for u in at.get(k, [])]
     mean_used = statistics.fmean(used) if used else float(cluster.gpu_used)
+    extra = {"curve": {k: 100 * statistics.fmean(v) / cap for k, v in sorted(at.items())}
+             } if curve and cap else {}
     return {
         "trace": trace, "policy": policy, "seed": seed, "method": "paper",
         "cpu_rounding": cpu_rounding, "numa": numa, "exact_fgd": exact_fgd,
+        "node_order": node_order,
         "nodes": len(nodes), "gpus": cap // MILLI,
         "pods_arrived": placed + rejected, "pods_placed": placed, "pods_rejected": rejected,
         "arrived_percent": arrived * 100 / cap if cap else 0.0,
@@ -228,7 +269,7 @@ def run_paper(rows: Sequence[tuple[str, int, int, int, str]], tasks: Sequence[Ta
         "numa_aligned_fraction": (aligned / eligible) if eligible else None,
         "numa_aligned_eligible": eligible,
         "decision_us_p50": _percentile(lat, 50), "decision_us_p99": _percentile(lat, 99),
-        "typical_pods": len(typical), "wall_s": time.perf_counter() - t_start,
+        "typical_pods": len(typical), "wall_s": time.perf_counter() - t_start, **extra,
     }
 
 
@@ -280,5 +321,6 @@ def summarize(results: Sequence[dict[str, Any]], paper: bool = True) -> list[dic
     return out
 
 
-__all__ = ["PAPER_UNALLOCATED", "PAPER_NAMES", "PAPER_POLICIES", "compare", "make_nodes",
-           "parse_seeds", "run_paper", "summarize", "tasks_of", "tune_workload"]
+__all__ = ["NODE_ORDERS", "PAPER_UNALLOCATED", "PAPER_NAMES", "PAPER_POLICIES", "compare",
+           "make_nodes", "parse_seeds", "run_paper", "summarize", "tasks_of", "tie_order",
+           "tune_workload"]
