@@ -262,6 +262,15 @@ def test_parse_key_values_keeps_spaces_where_scontrol_prints_them() -> None:
     assert kv["Reason"] == "gpu xid=79 [root@2026-01-01T00:00:00]"
 
 
+def test_parse_key_values_a_jobs_features_share_their_line() -> None:
+    # scontrol show job (22.05) prints "Features=node2 DelayBoot=00:00:00" on one line; a
+    # node's AvailableFeatures/ActiveFeatures have lines of their own
+    kv = parse_key_values("JobId=7 JobName=x\n   Features=node2 DelayBoot=00:00:00\n"
+                          "   AvailableFeatures=a b\n")
+    assert kv["Features"] == "node2" and kv["DelayBoot"] == "00:00:00"
+    assert kv["AvailableFeatures"] == "a b"
+
+
 # --------------------------------------------------------------------------- scontrol show job
 
 

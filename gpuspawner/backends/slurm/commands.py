@@ -116,10 +116,11 @@ def expand_hostlist(text: str) -> tuple[str, ...]:
 
 
 #: keys whose value runs to the end of the line (it may hold spaces and ``=``): scontrol prints
-#: each of them on a line of its own
+#: each of them on a line of its own (a job's ``Features=`` is not one of them: it shares its
+#: line with ``DelayBoot=``)
 _LINE_KEYS = frozenset({
     "Comment", "AdminComment", "SystemComment", "Command", "WorkDir", "StdErr", "StdIn",
-    "StdOut", "OS", "Reason", "Features", "AvailableFeatures", "ActiveFeatures",
+    "StdOut", "OS", "Reason", "AvailableFeatures", "ActiveFeatures",
 })
 
 
