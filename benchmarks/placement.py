@@ -46,7 +46,7 @@ from typing import Any
 
 from gpuspawner.placement import POLICIES
 from gpuspawner.placement.model import Node
-from gpuspawner.simulate import load_nodes, load_pods, make_node, simulate_fill
+from gpuspawner.simulate import load_nodes, load_pods, replicate_nodes, simulate_fill
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "alibaba-gpu-v2023"
 
@@ -62,25 +62,6 @@ def pin_to_one_core() -> str:
         except OSError as e:
             return f"not pinned: sched_setaffinity failed ({e})"
     return "not pinned: os.sched_setaffinity is not available on this platform"
-
-
-def replicate(nodes: list[Node], count: int, numa_split: int = 2) -> list[Node]:
-    """``count`` nodes: ``nodes`` repeated, copy ``k >= 1`` renamed ``<name>-c<k>`` (GPU UUIDs
-    follow the name). Nodes are rebuilt from their sizes with the simulator's NUMA rule."""
-    out: list[Node] = []
-    k = 0
-    while len(out) < count:
-        for node in nodes:
-            if len(out) == count:
-                break
-            if k == 0:
-                out.append(node)
-                continue
-            model = node.gpus[0].model if node.gpus else ""
-            out.append(make_node(f"{node.name}-c{k}", node.cpu_count * 1000,
-                                 node.memory_bytes // 2**20, len(node.gpus), model, numa_split))
-        k += 1
-    return out
 
 
 def reference_fgd(nodes: list[Node], pods, seed: int, max_decisions: int,
@@ -170,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results: list[dict[str, Any]] = []
     for size in args.sizes:
-        nodes = base if size == 0 else replicate(base, size)
+        nodes = base if size == 0 else replicate_nodes(base, size)
         for policy in args.policies:
             m = simulate_fill(nodes, pods, policy, numa_policy=args.numa_policy,
                               seed=args.seed, max_pods=args.max_decisions,
@@ -183,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     refs: dict[int, dict[str, Any]] = {}
     if not args.no_reference:
         for size in args.sizes:
-            nodes = base if size == 0 else replicate(base, size)
+            nodes = base if size == 0 else replicate_nodes(base, size)
             refs[len(nodes)] = reference_fgd(nodes, pods, args.seed, args.max_decisions,
                                              args.time_limit)
             if not args.json:

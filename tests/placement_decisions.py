@@ -19,10 +19,10 @@ import json
 import random
 from pathlib import Path
 
-from gpuspawner.placement import Allocation, Bundle, Ledger, Node, Owner, PlacementRefused
+from gpuspawner.placement import Allocation, Bundle, Ledger, Owner, PlacementRefused
 from gpuspawner.placement.paper import typical_pods
 from gpuspawner.placement.policies import pod_type_of
-from gpuspawner.simulate import load_nodes, load_pods, make_node
+from gpuspawner.simulate import load_nodes, load_pods, make_node, replicate_nodes
 
 FIXTURE = Path(__file__).parent / "data" / "placement" / "fgd_decisions.json.gz"
 TRACE_DIGESTS = Path(__file__).parent / "data" / "placement" / "fgd_trace_digests.json"
@@ -125,23 +125,6 @@ def record(name: str) -> list[str]:
     return out
 
 
-def replicate(nodes: list[Node], count: int) -> list[Node]:
-    """``count`` nodes: ``nodes`` repeated, copy ``k >= 1`` renamed ``<name>-c<k>`` (as
-    benchmarks/placement.py builds its 10,000-node cluster)."""
-    out: list[Node] = []
-    k = 0
-    while len(out) < count:
-        for node in nodes:
-            if len(out) == count:
-                break
-            model = node.gpus[0].model if node.gpus else ""
-            out.append(node if k == 0 else make_node(
-                f"{node.name}-c{k}", node.cpu_count * 1000, node.memory_bytes // 2**20,
-                len(node.gpus), model))
-        k += 1
-    return out
-
-
 def record_trace(folder: Path, size: int, steps: int, numa_policy: str = "strict",
                  seed: int = 0) -> list[str]:
     """The decisions of the benchmark's fill run on the Alibaba trace in ``folder``
@@ -150,7 +133,7 @@ def record_trace(folder: Path, size: int, steps: int, numa_policy: str = "strict
     most, lines as :func:`record` writes them."""
     nodes = load_nodes(folder / "openb_node_list_all_node.csv")
     if size:
-        nodes = replicate(nodes, size)
+        nodes = replicate_nodes(nodes, size)
     pods = load_pods(folder / "openb_pod_list_default.csv")
     ledger = Ledger(nodes, "fgd", seed=seed, clock=lambda: 0.0)
     capacity = ledger.gpu_milli_capacity()

@@ -39,6 +39,7 @@ from gpuspawner.simulate.traces import (
     load_pods,
     make_node,
     read_node_rows,
+    replicate_nodes,
     trace_name,
     trace_path,
 )
@@ -46,6 +47,6 @@ from gpuspawner.simulate.traces import (
 __all__ = [
     "METRIC_KEYS", "MODES", "NODE_COLUMNS", "POD_COLUMNS", "Pod", "TraceFormatError",
     "add_arguments", "format_table", "load_nodes", "load_pods", "make_node", "main",
-    "read_node_rows", "run", "simulate", "simulate_fill", "simulate_replay", "trace_name",
-    "trace_path",
+    "read_node_rows", "replicate_nodes", "run", "simulate", "simulate_fill", "simulate_replay",
+    "trace_name", "trace_path",
 ]

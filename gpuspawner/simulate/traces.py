@@ -235,6 +235,27 @@ def sample_nodes(nodes: Sequence[Node], count: int) -> list[Node]:
     return [nodes[k * len(nodes) // count] for k in range(count)]
 
 
+def replicate_nodes(nodes: Sequence[Node], count: int, numa_split: int = 2) -> list[Node]:
+    """``count`` nodes: ``nodes`` repeated, copy ``k >= 1`` of node ``sn`` renamed
+    ``sn-c<k>`` (GPU UUIDs follow the name) and rebuilt from its sizes with the NUMA rule of
+    :func:`make_node`; copy 0 is ``nodes`` themselves. Builds the 10,000-node cluster of
+    ``benchmarks/placement.py`` and of the decision-replay test."""
+    out: list[Node] = []
+    k = 0
+    while len(out) < count and nodes:
+        for node in nodes:
+            if len(out) == count:
+                break
+            if k == 0:
+                out.append(node)
+                continue
+            model = node.gpus[0].model if node.gpus else ""
+            out.append(make_node(f"{node.name}-c{k}", node.cpu_count * 1000,
+                                 node.memory_bytes // 2**20, len(node.gpus), model, numa_split))
+        k += 1
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 # pods
 
