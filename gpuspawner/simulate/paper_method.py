@@ -30,8 +30,10 @@ github.com/hkust-adsl/kubernetes-scheduler-simulator runs it):
 
 Differences, stated: Python's ``random.Random(seed)`` replaces Go's ``math/rand`` seeded with
 the same number, so seed 42 here is not the paper's seed 42 pod sequence; only means over
-seeds compare. Pods after the 100 % reading cannot change it, so by default a run stops once
-the arrived demand passes 100.5 % (``until=130`` runs the whole 130 %).
+seeds compare. ``benchmarks/paper_exact.py`` passes Go's generator as ``rng`` (and its node
+ranking as ``rank_nodes``) and reproduces the paper's published per-seed curves exactly.
+Pods after the 100 % reading cannot change it, so by default a run stops once the arrived
+demand passes 100.5 % (``until=130`` runs the whole 130 %).
 
 The node rows and pod lists come from :mod:`gpuspawner.simulate.traces`
 (:func:`~gpuspawner.simulate.traces.read_node_rows`, :func:`~gpuspawner.simulate.traces.load_pods`);
