@@ -339,6 +339,12 @@ def test_cli_all_policies_json_and_table(capsys: pytest.CaptureFixture[str]) -> 
     assert lines[0].split() == ["policy", *POLICIES]
     assert any(line.split()[:2] == ["numa_policy", "prefer"] for line in lines)
     assert len({len(line) for line in lines}) <= 2  # aligned columns (rstrip may shorten)
+    names = [line.split()[0] for line in lines]
+    assert len(names) == len(set(names))  # each metric once (replay's gpu_hours was repeated)
+
+    rc, out, _ = cli(capsys, "--policy", "all", "--mode", "replay")
+    names = [line.split()[0] for line in out.splitlines()]
+    assert rc == 0 and names.count("gpu_hours") == 1 and names.count("span_s") == 1
 
 
 def test_cli_reports_malformed_input(capsys: pytest.CaptureFixture[str]) -> None:

@@ -45,7 +45,8 @@ def _fmt(key: str, value: Any) -> str:
 def format_table(results: Sequence[dict[str, Any]]) -> str:
     """Metrics as an aligned text table: one row per metric, one column per run."""
     keys = [k for k in METRIC_KEYS if any(k in r for r in results)]
-    keys += [k for r in results for k in r if k not in keys]
+    for r in results:  # keys outside METRIC_KEYS, once each, in first-seen order
+        keys += [k for k in r if k not in keys]
     rows = [[k] + [_fmt(k, r.get(k)) for r in results] for k in keys]
     return _align(rows, left=1)
 
