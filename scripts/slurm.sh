@@ -127,7 +127,8 @@ for pid in $(pgrep -x slurmctld 2>/dev/null || true) $(pgrep -x slurmd 2>/dev/nu
 done
 
 # ------------------------------------------------------------------ packages and users
-apt_install slurmctld slurmd slurm-client munge slurmrestd runc
+# slurm-wlm-jwt-plugin: auth_jwt.so for AuthAltTypes=auth/jwt (slurmctld exits without it)
+apt_install slurmctld slurmd slurm-client munge slurmrestd slurm-wlm-jwt-plugin runc
 for b in munged mungekey slurmctld slurmd sbatch sinfo scontrol; do
   command -v "$b" >/dev/null || die "$b missing after installing the Slurm packages"
 done
