@@ -141,6 +141,45 @@ def test_without_a_bound_the_head_would_starve():
     assert q.get(big.id) is not None
 
 
+def test_past_its_bound_the_head_keeps_one_node_and_the_others_stay_open():
+    # two 4-GPU nodes, both busy; a 4-GPU head waits. Once passed max_bypass times only the
+    # node that lacks the least (n2: 1 GPU short, n1: 2) is kept for it: small ones go on
+    # starting on n1 (with every node that could take the head reserved, as before, they
+    # waited behind it and n1's free GPUs stayed idle)
+    ledger = Ledger([make_node("n1", gpus=4), make_node("n2", gpus=4)], policy="first-fit")
+    on1 = [ledger.reserve(gpus(1), Owner(f"a{i}"), nodes=["n1"]) for i in range(4)]
+    on2 = [ledger.reserve(gpus(1), Owner(f"b{i}"), nodes=["n2"]) for i in range(4)]
+    q = WaitQueue(ledger, max_bypass=0)
+    big = q.add(Owner("big"), gpus(4))
+    for a in on1[:2] + on2[:3]:
+        ledger.release(a.id)
+    assert ledger.closest_node(gpus(4), {"n1", "n2"}) == "n2"
+    for i in range(3):
+        q.add(Owner(f"s{i}"), gpus(1))
+    assert started(q.schedule()) == ["s0", "s1"]  # n1's two free GPUs; n2 is kept
+    assert {ledger.find(f"s{i}").node for i in range(2)} == {"n1"} and big.bypassed == 0
+    assert [e.owner.user for e in q.order()] == ["big", "s2"]
+    ledger.release(on2[3].id)  # n2 is empty now: the head starts there, before s2
+    assert started(q.schedule()) == ["big"] and ledger.find("big").node == "n2"
+
+
+def test_closest_node_counts_whole_gpus_shares_cores_and_memory():
+    ledger = Ledger([make_node("n1", gpus=2, cores=8), make_node("n2", gpus=2, cores=8)],
+                    policy="first-fit")
+    ledger.reserve(gpus(1, cores=6), Owner("x"), nodes=["n1"])
+    ledger.reserve(gpus(2, cores=1), Owner("y"), nodes=["n2"])
+    assert ledger.closest_node(gpus(2), ["n1", "n2"]) == "n1"  # 1 GPU short vs 2
+    assert ledger.closest_node(Bundle(cores=4, numa_policy="none"), ["n1", "n2"]) == "n2"
+    assert ledger.closest_node(gpus(1), ["n2", "n1"]) == "n1"
+    assert ledger.closest_node(gpus(1), []) is None
+    shared = Ledger([make_node("s1", gpus=1, shareable=True),
+                     make_node("s2", gpus=1, shareable=True)], policy="first-fit")
+    share = Bundle(cores=1, gpu_milli=600, numa_policy="none")
+    shared.reserve(Bundle(cores=1, gpu_milli=500, numa_policy="none"), Owner("x"), nodes=["s1"])
+    shared.reserve(Bundle(cores=1, gpu_milli=300, numa_policy="none"), Owner("y"), nodes=["s2"])
+    assert shared.closest_node(share, ["s1", "s2"]) == "s2"  # 700 free there, 500 on s1
+
+
 def test_backfill_on_a_node_the_head_cannot_use_is_not_a_bypass():
     ledger = Ledger([make_node("gpu", gpus=2), make_node("cpu", gpus=0)], policy="first-fit")
     ledger.reserve(gpus(1), Owner("x"))

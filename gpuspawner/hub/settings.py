@@ -102,8 +102,9 @@ class SpawnerSettings(LoggingConfigurable):
         bundle (profiles with queue: true); then it fails with the reason. This wait is not
         counted in Spawner.start_timeout.""").tag(config=True)
     queue_max_bypass = Int(3, help="""How many later, smaller spawns may start ahead of a
-        blocked spawn at the head of the queue on the nodes that could take it, before those
-        nodes are reserved for it (bounded backfill; 0 = strict order).""").tag(config=True)
+        blocked spawn at the head of the queue on the nodes that could take it, before the one
+        of those nodes that lacks the least to hold it is reserved for it (bounded backfill;
+        0 = reserve at once).""").tag(config=True)
     queue_group_weights = Dict(help="""Fair-share weights of JupyterHub groups in the queue's
         dominant-resource-fairness order, {group: weight > 0}; a user's weight is the largest
         of the user's groups, else 1.""").tag(config=True)

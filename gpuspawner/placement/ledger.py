@@ -295,6 +295,35 @@ class Ledger:
                 names &= set(nodes)
             return {n for n in names if plan(self._empty_state(n), bundle, spill) is not None}
 
+    def closest_node(self, bundle: Bundle, nodes: Iterable[str]) -> str | None:
+        """Of ``nodes``, the one that lacks the least to hold ``bundle`` now, for the wait
+        queue's reservation (:class:`~.queue.WaitQueue`): the smallest (GPUs missing, cores
+        missing, memory bytes missing, configuration order). GPUs missing: for whole GPUs,
+        ``bundle.gpus`` minus the node's fully free GPUs of an allowed model (0 at least);
+        for a share, 0 when one shareable GPU of an allowed model has ``gpu_milli`` free,
+        else 1. A proxy: NUMA placement is not planned. None when ``nodes`` is empty."""
+        with self._lock:
+            best: tuple[int, int, int, int] | None = None
+            name = None
+            for n in nodes:
+                st = self._by_name.get(n)
+                if st is None:
+                    continue
+                ok = [g for g in st.node.gpus if model_allowed(g, bundle)]
+                if bundle.gpus:
+                    free = sum(1 for g in ok if st.gpu_used[g.uuid] == 0)
+                    gpus = max(0, bundle.gpus - free)
+                elif bundle.gpu_milli:
+                    gpus = 0 if any(g.shareable and st.gpu_free_milli(g.uuid) >= bundle.gpu_milli
+                                    for g in ok) else 1
+                else:
+                    gpus = 0
+                key = (gpus, max(0, bundle.cores - st.free_cpu_count()),
+                       max(0, bundle.memory_bytes - st.free_memory()), st.order)
+                if best is None or key < best:
+                    best, name = key, n
+            return name
+
     def capacity_refusal(self, bundle: Bundle, nodes: Iterable[str] | None = None
                          ) -> PlacementRefused | None:
         """None when some usable node could hold ``bundle`` once enough of it is free; else

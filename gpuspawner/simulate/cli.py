@@ -88,7 +88,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(crc32 of the pod name) for the queue's fairness (default: 50)")
     parser.add_argument("--max-bypass", type=_non_negative_int, default=3, metavar="N",
                         help="--queue: how often later pods may start ahead of a blocked "
-                             "head on its nodes before they are reserved for it (default: 3)")
+                             "head on its nodes before the closest of them is reserved for it "
+                             "(default: 3)")
     parser.add_argument("--sample-nodes", type=_positive_int, default=None, metavar="N",
                         help="use N nodes spread evenly over the node list (a smaller cluster, "
                              "so that the trace contends) (default: all)")
