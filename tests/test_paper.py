@@ -377,3 +377,44 @@ def test_run_paper_takes_the_generator_and_ranking_it_is_given() -> None:
     values = [r["curve"][k] for k in sorted(r["curve"])]
     assert values == sorted(values) and values[-1] == 100.0  # no departures; 8 GPUs filled
     assert r["pods_placed"] == 8 and "curve" not in sp.run_paper(rows, tasks, "fgd", 5)
+
+
+def test_paper_exact_script_checks_its_inputs_and_compares_columns(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # benchmarks/paper_exact.py needs Go's seed table and the paper's CSV, neither of which is
+    # in the repository: a made-up table (not Go's: the numbers are not the paper's) checks the
+    # parsing, Go's Perm/Shuffle shapes and the column comparison end to end
+    from benchmarks import paper_exact as pe
+
+    table = ", ".join(str((i * 2654435761) % (1 << 63)) for i in range(607))
+    rng_go = tmp_path / "rng.go"
+    rng_go.write_text(f"var (\n\trngCooked [rngLen]int64 = [...]int64{{\n{table},\n\t}}\n)\n")
+    short = tmp_path / "short.go"
+    short.write_text("rngCooked [rngLen]int64 = [...]int64{1, 2, 3}")
+    with pytest.raises(ValueError, match="607"):
+        pe.read_cooked(short)
+    r = pe.GoRand(7, pe.read_cooked(rng_go))
+    assert sorted(r.perm(50)) == list(range(50))
+    items = list(range(30))
+    r.shuffle(items)
+    assert sorted(items) == list(range(30)) and items != list(range(30))
+    assert all(0 <= r.randrange(7) < 7 for _ in range(200))
+
+    data = tmp_path / "data"
+    data.mkdir()
+    nodes, pods = write_small_trace(tmp_path)
+    nodes.rename(data / "openb_node_list_gpu_node.csv")
+    pods.rename(data / "openb_pod_list_small.csv")
+    expected = tmp_path / "expected.csv"
+    cols = ",".join(str(k) for k in range(131))
+    expected.write_text(f"workload,sc_policy,tune,seed,total_gpus,{cols}\n"
+                        f"openb_pod_list_small,04-GpuPacking,1.3,3,45,"
+                        + ",".join(["0.0"] * 131) + "\n")
+    assert pe.main(["--go-rng", str(rng_go), "--expected", str(expected), "--data", str(data),
+                    "--traces", "small", "--policies", "gpu-packing", "--seeds", "3,4"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    row = next(line.split() for line in out if line.split()[2:3] == ["3"])
+    assert row[:2] == ["small", "gpu-packing"] and row[4] == "of"
+    assert int(row[3]) < int(row[5])  # the made-up expectation (all zero) differs
+    assert any("not in expected.csv" in line for line in out)  # seed 4 has no row
+    assert pe.main(["--go-rng", str(short), "--expected", str(expected)]) == 2
