@@ -266,7 +266,9 @@ def test_short_compare_prints_every_policy(tmp_path: Path,
     lines = out.splitlines()
     assert lines[0].startswith("# paper method") and "seeds 1,2,3" in lines[0]
     assert lines[1].split()[:3] == ["trace", "policy", "seeds"]
-    rows = {line.split()[1]: line.split() for line in lines[2:]}
+    assert lines[-1].startswith("# pods: fgd leaves the fewest unallocated GPUs ")
+    assert " of 3 seeds" in lines[-1]
+    rows = {line.split()[1]: line.split() for line in lines[2:] if not line.startswith("#")}
     assert set(rows) == set(PAPER_POLICIES)
     for cells in rows.values():
         assert cells[0] == "pods" and cells[2] == "3"
@@ -418,3 +420,20 @@ def test_paper_exact_script_checks_its_inputs_and_compares_columns(
     assert int(row[3]) < int(row[5])  # the made-up expectation (all zero) differs
     assert any("not in expected.csv" in line for line in out)  # seed 4 has no row
     assert pe.main(["--go-rng", str(short), "--expected", str(expected)]) == 2
+
+
+def test_default_wins_counts_seeds_ties_and_the_mean() -> None:
+    def run(trace, policy, seed, unalloc):
+        return {"trace": trace, "policy": policy, "seed": seed, "unallocated_gpus": unalloc}
+    results = [run("t", "fgd", 1, 10.0), run("t", "best-fit", 1, 12.0),
+               run("t", "fgd", 2, 10.0), run("t", "best-fit", 2, 10.0),  # a tie is no win
+               run("t", "fgd", 3, 20.0), run("t", "best-fit", 3, 11.0),  # a loss
+               run("u", "best-fit", 1, 1.0)]  # no fgd run: not reported
+    (w,) = sp.default_wins(results)
+    assert (w["trace"], w["seeds"], w["seeds_won"]) == ("t", 3, 1)
+    assert w["lost"] == [[2, "best-fit", 10.0, 10.0], [3, "best-fit", 11.0, 20.0]]
+    assert w["mean_won"] is False  # 13.3 against 11.0
+    from gpuspawner.simulate.report import format_compare
+    text = format_compare([], [w])
+    assert "fgd leaves the fewest unallocated GPUs NOT in the mean and on 1 of 3 seeds" in text
+    assert "seed 3: best-fit 11.0 <= 20.0" in text

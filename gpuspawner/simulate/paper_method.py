@@ -323,6 +323,44 @@ def summarize(results: Sequence[dict[str, Any]], paper: bool = True) -> list[dic
     return out
 
 
+def default_wins(results: Sequence[dict[str, Any]], default: str = "fgd"
+                 ) -> list[dict[str, Any]]:
+    """Per trace, whether ``default`` leaves strictly fewer unallocated GPUs than every other
+    policy run, in the mean over seeds and on each seed (the placement issue's goal).
+
+    Returns:
+        One dict per trace with ``default`` among its policies: ``trace``, ``policy``,
+        ``seeds`` (how many), ``seeds_won`` (seeds where every other policy left more),
+        ``mean_won`` (bool), ``lost`` (``[seed, policy, theirs, ours]`` for each tie or loss,
+        GPUs rounded to 0.1).
+    """
+    by: dict[str, dict[int, dict[str, float]]] = {}
+    for r in results:
+        by.setdefault(r["trace"], {}).setdefault(r["seed"], {})[r["policy"]] = \
+            r["unallocated_gpus"]
+    out = []
+    for trace, seeds in by.items():
+        if not any(default in v for v in seeds.values()):
+            continue
+        lost = [[seed, p, round(u, 1), round(v[default], 1)]
+                for seed, v in sorted(seeds.items()) if default in v
+                for p, u in sorted(v.items()) if p != default and u <= v[default]]
+        means: dict[str, list[float]] = {}
+        for v in seeds.values():
+            for p, u in v.items():
+                means.setdefault(p, []).append(u)
+        mean = {p: statistics.fmean(u) for p, u in means.items()}
+        out.append({
+            "trace": trace, "policy": default,
+            "seeds": sum(1 for v in seeds.values() if default in v),
+            "seeds_won": sum(1 for v in seeds.values() if default in v and all(
+                u > v[default] for p, u in v.items() if p != default)),
+            "mean_won": all(m > mean[default] for p, m in mean.items() if p != default),
+            "lost": lost,
+        })
+    return out
+
+
 __all__ = ["NODE_ORDERS", "PAPER_UNALLOCATED", "PAPER_NAMES", "PAPER_POLICIES", "compare",
-           "make_nodes", "parse_seeds", "run_paper", "summarize", "tasks_of", "tie_order",
-           "tune_workload"]
+           "default_wins", "make_nodes", "parse_seeds", "run_paper", "summarize", "tasks_of",
+           "tie_order", "tune_workload"]

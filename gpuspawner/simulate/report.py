@@ -51,8 +51,11 @@ def format_table(results: Sequence[dict[str, Any]]) -> str:
     return _align(rows, left=1)
 
 
-def format_compare(summary: Sequence[dict[str, Any]]) -> str:
-    """The ``--compare`` table: one row per trace and policy."""
+def format_compare(summary: Sequence[dict[str, Any]],
+                   wins: Sequence[dict[str, Any]] = ()) -> str:
+    """The ``--compare`` table: one row per trace and policy; then, per trace of ``wins``
+    (:func:`gpuspawner.simulate.paper_method.default_wins`), whether the default policy left
+    the fewest unallocated GPUs in the mean and on how many seeds."""
     head = ["trace", "policy", "seeds", "unalloc GPUs mean", "std", "min", "max", "alloc ratio",
             "p50 us", "p99 us", "paper mean", "diff %"]
     rows = [head]
@@ -65,7 +68,16 @@ def format_compare(summary: Sequence[dict[str, Any]]) -> str:
             "-" if s["paper_mean"] is None else f"{s['paper_mean']:.1f}",
             "-" if s["diff_percent"] is None else f"{s['diff_percent']:+.1f}",
         ])
-    return _align(rows, left=2)
+    text = _align(rows, left=2)
+    for w in wins:
+        lost = "; ".join(f"seed {seed}: {p} {theirs} <= {ours}" for seed, p, theirs, ours
+                         in w["lost"][:5])
+        more = f" (+{len(w['lost']) - 5} more)" if len(w["lost"]) > 5 else ""
+        text += (f"\n# {w['trace']}: {w['policy']} leaves the fewest unallocated GPUs "
+                 f"{'in the mean' if w['mean_won'] else 'NOT in the mean'} and on "
+                 f"{w['seeds_won']} of {w['seeds']} seeds"
+                 + (f"; tied or beaten: {lost}{more}" if lost else ""))
+    return text
 
 
 def format_json(payload: Any) -> str:
