@@ -7,9 +7,39 @@
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
+# hook_on_path PATH: true when a directory of PATH holds an executable
+# nvidia-container-runtime-hook (dockerd registers its "nvidia" device driver only then)
+hook_on_path() {
+  local d IFS=:
+  for d in $1; do
+    [ -n "$d" ] && [ -x "$d/nvidia-container-runtime-hook" ] && return 0
+  done
+  return 1
+}
+
 if docker info >/dev/null 2>&1; then
-  log "engine already running ($(docker info --format '{{.ServerVersion}} {{.Driver}}'))"
-  exit 0
+  pid="$(cat /var/run/docker.pid 2>/dev/null || true)"
+  engine_env_path=""
+  if [ -n "$pid" ] && [ -r "/proc/$pid/environ" ]; then
+    engine_env_path="$(tr '\0' '\n' <"/proc/$pid/environ" | sed -n 's/^PATH=//p')"
+  fi
+  # An engine started by another checkout finds the test double of the hook in that checkout;
+  # once that checkout is deleted, GPU containers fail with 'exec: "nvidia-container-runtime-
+  # hook": executable file not found'. Such an engine is restarted; any other is left alone.
+  if [ -n "$engine_env_path" ] && ! command -v nvidia-container-runtime-hook >/dev/null 2>&1 \
+      && ! hook_on_path "$engine_env_path"; then
+    log "the running engine (pid $pid) cannot find nvidia-container-runtime-hook on its PATH" \
+        "($engine_env_path): restarting it"
+    kill "$pid"
+    for _ in $(seq 1 60); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.5
+    done
+    kill -0 "$pid" 2>/dev/null && die "dockerd (pid $pid) did not stop within 30 s"
+  else
+    log "engine already running ($(docker info --format '{{.ServerVersion}} {{.Driver}}'))"
+    exit 0
+  fi
 fi
 
 if ! command -v dockerd >/dev/null 2>&1; then
