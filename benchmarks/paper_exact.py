@@ -154,12 +154,7 @@ def go_rank(extra: int):
     def rank(names: Sequence[str], rng: GoRand) -> list[str]:
         for _ in range(extra):
             rng.int63()
-        srt = sorted(names)
-        perm = rng.perm(len(srt))
-        out = [""] * len(srt)
-        for i, name in enumerate(srt):
-            out[perm[i]] = name
-        return out
+        return pm.ranked_by_permutation(names, rng.perm(len(names)))
     return rank
 
 

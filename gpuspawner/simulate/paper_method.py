@@ -163,16 +163,22 @@ def tune_workload(tasks: Sequence[Task], capacity_milli: int, ratio: float,
 NODE_ORDERS = ("shuffled", "name")
 
 
-def tie_order(names: Sequence[str], rng) -> list[str]:
-    """Step 3 of the method: the node names ranked as the simulator's renamed nodes sort.
-    Node ``i`` of the name-sorted list gets rank ``perm[i]`` of a random permutation."""
-    srt = sorted(names)
-    perm = list(range(len(srt)))
-    rng.shuffle(perm)
-    ranked = [""] * len(srt)
-    for i, name in enumerate(srt):
+def ranked_by_permutation(names: Sequence[str], perm: Sequence[int]) -> list[str]:
+    """The node names in the order the simulator's renamed nodes sort: node ``i`` of the
+    name-sorted list is renamed ``"%04d-" % perm[i] + name`` (``syncClusterResourceList``),
+    so it ranks ``perm[i]``. ``perm`` is a permutation of ``range(len(names))``."""
+    ranked = [""] * len(names)
+    for i, name in enumerate(sorted(names)):
         ranked[perm[i]] = name
     return ranked
+
+
+def tie_order(names: Sequence[str], rng) -> list[str]:
+    """Step 3 of the method: the node names ranked by a permutation drawn from ``rng``
+    (:func:`ranked_by_permutation`)."""
+    perm = list(range(len(names)))
+    rng.shuffle(perm)
+    return ranked_by_permutation(names, perm)
 
 
 def _percentile(values: list[int], pct: float) -> float | None:
@@ -362,5 +368,5 @@ def default_wins(results: Sequence[dict[str, Any]], default: str = "fgd"
 
 
 __all__ = ["NODE_ORDERS", "PAPER_UNALLOCATED", "PAPER_NAMES", "PAPER_POLICIES", "compare",
-           "default_wins", "make_nodes", "parse_seeds", "run_paper", "summarize", "tasks_of",
-           "tie_order", "tune_workload"]
+           "default_wins", "make_nodes", "parse_seeds", "ranked_by_permutation", "run_paper",
+           "summarize", "tasks_of", "tie_order", "tune_workload"]
