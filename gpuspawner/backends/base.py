@@ -79,6 +79,34 @@ class LaunchRefused(BackendError):
     status_code = 400
 
 
+class NameTaken(BackendError):
+    """An engine object with the server's name exists and is not this server's (another
+    owner's labels, or not made by gpuspawner): it is never removed, joined or reused
+    (HTTP 409). With injective names (:mod:`~gpuspawner.hub.identity`) only a foreign object
+    or a second hub on the same engine can hold the name.
+
+    Attributes:
+        kind: "container", "network", "job". name: the object's name. owner: its owner
+            labels ({} when it carries none).
+    """
+
+    status_code = 409
+
+    def __init__(self, node: str, kind: str, name: str, owner: Mapping[str, str]) -> None:
+        whose = (f"of user {owner.get('gpuspawner.user')!r}, server "
+                 f"{owner.get('gpuspawner.server', '')!r}" if owner.get("gpuspawner.user")
+                 else "not made by gpuspawner")
+        super().__init__(f"node {node}: a {kind} named {name} exists and is {whose}: not "
+                         "touched; an admin must remove or rename it")
+        self.kind, self.name, self.owner = kind, name, dict(owner)
+
+
+def owner_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
+    """The owner labels (user, server) among an engine object's ``labels``."""
+    labels = labels or {}
+    return {k: labels[k] for k in ("gpuspawner.user", "gpuspawner.server") if k in labels}
+
+
 class LaunchFailed(BackendError):
     """The server could not be started (missing image, the process exited during start)."""
 
@@ -127,6 +155,11 @@ class ServerRef:
     def labels(self) -> dict[str, str]:
         """The owner labels every engine object of this server carries."""
         return {"gpuspawner.user": self.user, "gpuspawner.server": self.server}
+
+    def owns(self, labels: Mapping[str, str] | None) -> bool:
+        """Whether an engine object with these labels is this server's (its owner labels
+        are exactly this user and server)."""
+        return owner_labels(labels) == self.labels
 
 
 @dataclass(frozen=True)

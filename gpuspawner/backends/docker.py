@@ -1,6 +1,6 @@
 """The Docker engine's side of a launch: a :class:`~gpuspawner.backends.spec.LaunchSpec` as
 ``create_container`` arguments (pure, :func:`container_config`), the rules for disk limits
-(:func:`disk_rule`) and the home folder on the node (:func:`ensure_home`).
+(:func:`disk_rule`).
 
 Every limit comes from the docker docs (``docker run`` reference): ``cpuset_cpus`` /
 ``cpuset_mems`` pin cores and memory nodes, ``mem_limit`` = ``memswap_limit`` allows no swap
@@ -12,7 +12,6 @@ enforces it, ``pids_limit``, ``security_opt no-new-privileges``.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -131,16 +130,3 @@ def disk_rule(disk_bytes: int, *, supported: bool, driver: str, image_bytes: int
                                    "disk_limit_mode is 'refuse'")
     return {}, (f"disk {format_bytes(disk_bytes)} accounted only: storage driver {driver} "
                 "cannot enforce a size limit")
-
-
-def ensure_home(path: str, uid: int, gid: int) -> None:
-    """Create the home ``path`` (mode 0700) if missing and give it to uid:gid (blocking).
-
-    Raises:
-        OSError: the folder cannot be made or given away.
-    """
-    created = not os.path.isdir(path)
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    st = os.stat(path)
-    if created or (st.st_uid, st.st_gid) != (uid, gid):
-        os.chown(path, uid, gid)

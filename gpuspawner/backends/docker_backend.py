@@ -33,9 +33,11 @@ from .base import (
     LaunchFailed,
     LaunchRefused,
     Managed,
+    NameTaken,
     Progress,
     ServerRef,
     current_spawner,
+    owner_labels,
 )
 from .docker import (
     CERTS_MOUNT,
@@ -43,9 +45,15 @@ from .docker import (
     DiskLimitUnsupported,
     container_config,
     disk_rule,
-    ensure_home,
 )
-from .docker_network import DEFAULT_SERVER_POOL, NetworkManager, ServerNetwork, parse_pool
+from .docker_network import (
+    DEFAULT_SERVER_POOL,
+    NetworkManager,
+    NetworkTaken,
+    ServerNetwork,
+    parse_pool,
+)
+from .home import ensure_home
 from .spec import ALLOCATION_LABEL, MANAGED_LABEL, LaunchSpec
 
 
@@ -246,8 +254,12 @@ class DockerBackend(Backend):
         into ``state["ip"]``). Shared: make sure the shared network exists."""
         state = dict(state, node=alloc.node)
         if self.network_isolation == "per-server":
-            net = await self._call(alloc.node, lambda *a: self.networks(alloc.node).create(*a),
-                                   self._network_label(server), server.labels)
+            try:
+                net = await self._call(alloc.node,
+                                       lambda *a: self.networks(alloc.node).create(*a),
+                                       self._network_label(server), server.labels)
+            except NetworkTaken as e:
+                raise NameTaken(alloc.node, "network", e.name, e.owner) from None
             state["network"] = net.to_dict()
             state["ip"] = str(net.server_ip)
         elif self.network_isolation == "shared":
@@ -280,11 +292,16 @@ class DockerBackend(Backend):
         """
         node = spec.allocation.node
         if spec.home is not None:
-            await asyncio.to_thread(ensure_home, spec.home.host_path, spec.uid, spec.gid)
+            try:
+                await asyncio.to_thread(ensure_home, spec.home.host_path, spec.uid, spec.gid,
+                                        legacy=spec.home.legacy_path, user=spec.user)
+            except OSError as e:
+                raise LaunchFailed(f"node {node}: home {spec.home.host_path}: {e}") from None
         storage_opt = await self._disk_rule(spec, progress)
         await self._ensure_image(node, spec.image)
         progress(40, f"creating container from {spec.image}")
-        await self._remove_named(node, spec.name)  # a leftover of this name: never reuse it
+        # a leftover of this server: never reused; anyone else's: never touched
+        await self._remove_named(node, ServerRef(spec.user, spec.server, spec.name))
         net = ServerNetwork.from_dict(state["network"]) if state.get("network") else None
         if self.network_isolation == "per-server" and net is not None:
             network, fixed_ip = net.name, str(net.server_ip)
@@ -370,9 +387,22 @@ class DockerBackend(Backend):
             raise LaunchFailed(f"image {image!r} is not on node {node}; the admin must build "
                                "or pull it (make images)")
 
-    async def _remove_named(self, node: str, name: str) -> None:
+    async def _remove_named(self, node: str, server: ServerRef) -> None:
+        """Remove the container named ``server.name`` when it is this server's leftover.
+
+        Raises:
+            NameTaken: a container of that name belongs to someone else (or not to us).
+        """
         try:
-            await self._call(node, "remove_container", name, v=True, force=True)
+            info = await self._call(node, "inspect_container", server.name)
+        except NotFound:
+            return
+        labels = (info.get("Config") or {}).get("Labels") or {}
+        if labels.get(MANAGED_LABEL) != "1" or not server.owns(labels):
+            raise NameTaken(node, "container", server.name,
+                            owner_labels(labels) if labels.get(MANAGED_LABEL) == "1" else {})
+        try:
+            await self._call(node, "remove_container", info["Id"], v=True, force=True)
         except NotFound:
             pass
 
@@ -458,7 +488,7 @@ class DockerBackend(Backend):
             except NotFound:
                 pass
         if self.network_isolation == "per-server":
-            await self._call(node, lambda n: self.networks(node).remove(n),
+            await self._call(node, lambda n: self.networks(node).remove(n, server.labels),
                              self._network_label(server))
 
     # -- the whole cluster ----------------------------------------------------------------------

@@ -40,6 +40,22 @@ class NetworkConfigError(ValueError):
     """A malformed network setting (the message names the setting)."""
 
 
+class NetworkTaken(RuntimeError):
+    """A network of the wanted name exists with other owner labels (or not ours).
+
+    Attributes:
+        name: the network. owner: its owner labels ({} when not made by gpuspawner).
+    """
+
+    def __init__(self, name: str, owner: Mapping[str, str]) -> None:
+        super().__init__(f"network {name} belongs to {dict(owner) or 'someone else'}")
+        self.name, self.owner = name, dict(owner)
+
+
+def _owner(labels: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in labels.items() if k in ("gpuspawner.user", "gpuspawner.server")}
+
+
 class NetworkPoolExhausted(RuntimeError):
     """Every subnet of the server pool is in use on this engine."""
 
@@ -159,9 +175,11 @@ class NetworkManager:
 
     def create(self, name: str, labels: Mapping[str, str]) -> ServerNetwork:
         """Create bridge network ``name`` on a free subnet of the pool, or return it when it
-        exists already (same name: a retried spawn).
+        exists already with the same owner ``labels`` (a retried spawn).
 
         Raises:
+            NetworkTaken: it exists and is not ours or has another owner (when ``labels``
+                name one: the shared network has none).
             NetworkPoolExhausted: no subnet left.
             docker.errors.APIError: the engine refused (other than an overlap, retried).
         """
@@ -172,7 +190,13 @@ class NetworkManager:
             existing = self.client.networks(names=[name])
             for n in existing:
                 if n.get("Name") == name:
-                    subnets = used_subnets([self.client.inspect_network(n["Id"])])
+                    info = self.client.inspect_network(n["Id"])
+                    found = info.get("Labels") or {}
+                    if _owner(labels) and (found.get(NETWORK_LABEL) != "1"
+                                           or _owner(found) != _owner(labels)):
+                        raise NetworkTaken(name, _owner(found)
+                                           if found.get(NETWORK_LABEL) == "1" else {})
+                    subnets = used_subnets([info])
                     if subnets:
                         return ServerNetwork.in_subnet(name, subnets[0])
             used = used_subnets(self.client.networks())
@@ -194,12 +218,17 @@ class NetworkManager:
                     used.append(subnet)
             raise NetworkPoolExhausted("could not find a free subnet after 8 tries")
 
-    def remove(self, name: str) -> None:
-        """Remove network ``name``; a missing one is fine. Containers still attached make the
-        engine refuse (``docker.errors.APIError``)."""
+    def remove(self, name: str, labels: Mapping[str, str] | None = None) -> None:
+        """Remove network ``name``; a missing one is fine. With ``labels``, only when its
+        owner labels are those (another owner's network of that name is left alone).
+        Containers still attached make the engine refuse (``docker.errors.APIError``)."""
         from docker.errors import NotFound
 
         try:
+            if labels is not None:
+                found = self.client.inspect_network(name).get("Labels") or {}
+                if found.get(NETWORK_LABEL) != "1" or _owner(found) != _owner(labels):
+                    return
             self.client.remove_network(name)
         except NotFound:
             pass

@@ -20,10 +20,14 @@ MANAGED_LABEL = "gpuspawner.managed"
 
 @dataclass(frozen=True)
 class HomeMount:
-    """The user's home: ``host_path`` on the node, mounted read-write at ``mount_point``."""
+    """The user's home: ``host_path`` on the node, mounted read-write at ``mount_point``.
+    ``legacy_path``: the folder gpuspawner 0.x used for this user, moved to ``host_path``
+    when that is missing (:func:`~gpuspawner.backends.home.ensure_home`); None when there is
+    none or another user may own it."""
 
     host_path: str
     mount_point: str
+    legacy_path: str | None = None
 
 
 @dataclass(frozen=True)

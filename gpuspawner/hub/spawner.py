@@ -27,7 +27,7 @@ from ..placement.queue import QueueEntry
 from . import certs
 from .cluster import Cluster, get_cluster
 from .form import OptionsFormMixin
-from .identity import object_name, safe_name
+from .identity import home_path, legacy_home_owner, legacy_safe_name, object_name, safe_name
 from .metrics import placement_refused
 from .profiles import Profile
 from .progress import ProgressEvents, placement_message
@@ -91,6 +91,26 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
     @property
     def escaped_name(self) -> str:
         return safe_name(self.user.name)
+
+    def _home_mount(self) -> HomeMount | None:
+        """The user's home (``home_path_template``), with the folder of its gpuspawner 0.x
+        name to move from when that differs and no other user's name can claim it
+        (:func:`~gpuspawner.hub.identity.legacy_home_owner` names a user of the hub's other
+        than this one: the folder may be that user's home)."""
+        host_home = self.home_host_path()
+        if not host_home:
+            return None
+        legacy = None
+        old_part = legacy_safe_name(self.user.name)
+        other = legacy_home_owner(old_part)
+        if old_part != self.escaped_name and (other in (None, self.user.name)
+                                              or not self._owner_exists(other, "")):
+            try:
+                legacy = home_path(self.home_path_template, old_part)
+            except ValueError:
+                legacy = None
+        return HomeMount(host_home, self.home_mount_point.format(username=self.escaped_name),
+                         legacy)
 
     def _ref(self) -> ServerRef:
         return ServerRef(self.user.name, self.name or "", self.object_name)
@@ -205,14 +225,12 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
             profile, alloc = await self._prepare()
             try:
                 uid, gid = self.user_ids()
-                host_home = self.home_host_path()
-                home_in = self.home_mount_point.format(username=self.escaped_name)
                 image = profile.image or self.image
                 spec = launch_spec(
                     name=self.object_name, user=self.user.name, server=self.name or "",
                     allocation=alloc, image=image, cmd=[*self.cmd, *self.get_args()],
                     env={**self.get_env(), "JUPYTER_IMAGE_SPEC": image}, uid=uid, gid=gid,
-                    port=self.port, home=HomeMount(host_home, home_in) if host_home else None,
+                    port=self.port, home=self._home_mount(),
                     certs_dir=self.certs_dir)
                 ip, port = await self.backend_obj.launch(spec, self.backend_state, self._emit)
                 self.allocation = self.cluster.ledger.get(alloc.id) or alloc  # adopted?

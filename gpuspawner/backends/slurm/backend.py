@@ -47,6 +47,7 @@ from ..base import (
     Progress,
     ServerRef,
 )
+from ..home import ensure_home
 from ..spec import LaunchSpec
 from .commands import JobInfo, SlurmClient, SlurmError, parse_jobs, parse_nodes
 from .gres import gres_type
@@ -504,7 +505,8 @@ class SlurmBackend(Backend):
             raise LaunchRefused(f"node {alloc.node}: {e}") from None
         if spec.home is not None:
             try:
-                await asyncio.to_thread(_make_home, spec.home.host_path, spec.uid, spec.gid)
+                await asyncio.to_thread(ensure_home, spec.home.host_path, spec.uid, spec.gid,
+                                        legacy=spec.home.legacy_path, user=spec.user)
             except OSError as e:
                 raise LaunchFailed(f"home {spec.home.host_path}: {e}") from None
         for info in await self._ask(alloc.node, self.client.show_nodes(alloc.node)):
@@ -842,18 +844,6 @@ class SlurmBackend(Backend):
             await self._ask(node, self.client.scancel(job.job_id))
             removed.append(str(job.job_id))
         return removed
-
-
-def _make_home(path: str, uid: int, gid: int) -> None:
-    """Create a missing home (0700, given to uid:gid; blocking). An existing one is left as
-    it is: on a cluster the site owns the homes.
-
-    Raises:
-        OSError: it cannot be made or given away (e.g. a root-squashed NFS).
-    """
-    if not os.path.isdir(path):
-        os.makedirs(path, mode=0o700)
-        os.chown(path, uid, gid)
 
 
 def _tail(path: str, lines: int) -> str:
