@@ -13,7 +13,9 @@ def explain(argv: list[str]) -> int:
     """Print the effective policy of a user as JSON, with the source of each value."""
     ap = argparse.ArgumentParser(prog="idle-culler explain",
                                  description="Effective cull policy of a user, with sources.")
-    ap.add_argument("--policies", help="YAML policy file")
+    ap.add_argument("--policies", help="YAML policy file (the shipped one)")
+    ap.add_argument("--overrides", help="the service's overrides file (admins' changes), "
+                    "merged over --policies")
     ap.add_argument("--user", required=True)
     ap.add_argument("--groups", default="", help="comma-separated group names")
     ap.add_argument("--timeout", type=float, default=3600.0,
@@ -22,7 +24,8 @@ def explain(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     groups = [g for g in a.groups.split(",") if g]
     try:
-        ps = PolicySet.load(a.policies, {"idle_timeout": a.timeout, "max_age": a.max_age})
+        ps = PolicySet.load(a.policies, {"idle_timeout": a.timeout, "max_age": a.max_age},
+                            overrides=a.overrides)
     except PolicyError as e:
         print(f"idle-culler explain: {e}", file=sys.stderr)
         return 2

@@ -8,8 +8,9 @@ path (below the service prefix)       method   who / what
                                                culled at T, because ...", figures, policy);
                                                an admin: every server (``?user=NAME`` filters)
 ``api/policy``                        GET      the caller's effective policy with sources
-``api/policies``                      GET/PUT  admin: the whole policy document; PUT replaces
-                                               it and writes it to the policies file
+``api/policies``                      GET/PUT  admin: the whole policy document in force; PUT
+                                               replaces it (kept in the overrides file, never
+                                               in the shipped policies file)
 ``api/policies/global``               PUT      admin: replace the global entry
 ``api/policies/(users|groups)/NAME``  PUT/DEL  admin: set or remove one entry
 ``metrics``                           GET      admin: Prometheus text format
@@ -19,6 +20,11 @@ path (below the service prefix)       method   who / what
 ====================================  =======  ==========================================
 
 Admins are hub admins (``admin: true`` in the user model the hub returns for the token).
+
+Cross-site requests: a request authenticated by a valid hub token (``Authorization: token
+...``) is exempt from the XSRF check; one authenticated by the login cookie is checked
+(``_xsrf`` argument or ``X-XSRFToken`` header), whatever other headers it carries: a cookie
+plus an invalid ``Authorization`` header is refused (403), as in JupyterHub's own handlers.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from tornado import web
 
 from .core import Culler
 from .metrics import Metrics
-from .policies import PolicyError, normalize_entry
+from .policies import PolicyError
 
 
 class BaseHandler(HubOAuthenticated, web.RequestHandler):
@@ -44,8 +50,11 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
         self.metrics = metrics
 
     def check_xsrf_cookie(self) -> None:
-        # API clients authenticate with a token header, not a cookie
-        if self.request.headers.get("Authorization"):
+        """Skip the XSRF check only for a request the hub authenticated by its token
+        (``HubAuth`` sets ``_token_authenticated`` once the hub accepted the token); a
+        cookie-authenticated request is checked whatever headers it carries (an invalid
+        ``Authorization`` header does not exempt it)."""
+        if getattr(self, "_token_authenticated", False):
             return None
         return super().check_xsrf_cookie()
 
@@ -110,46 +119,38 @@ class PoliciesHandler(BaseHandler):
     def put(self) -> None:
         self.require_admin()
         try:
-            self.culler.policies.replace(self.body())
+            doc = self.culler.policies.put_document(self.body())
         except PolicyError as e:
             raise web.HTTPError(400, str(e)) from e
-        self.culler.policies.save()
-        self.write_json(self.culler.policies.to_dict())
+        self.write_json(doc)
 
 
 class PolicyEntryHandler(BaseHandler):
-    def _apply(self, section: str, name: str | None, entry: Any) -> None:
-        doc = self.culler.policies.to_dict()
-        if section == "global":
-            doc["global"] = entry or {}
-        elif entry is None:
-            if name not in doc[section]:
-                raise web.HTTPError(404, f"no {section} entry {name!r}")
-            del doc[section][name]
-        else:
-            doc[section][name] = entry
-        try:
-            if entry is not None:
-                normalize_entry(entry, f"{section}.{name}" if name else section)
-            self.culler.policies.replace(doc)
-        except PolicyError as e:
-            raise web.HTTPError(400, str(e)) from e
-        self.culler.policies.save()
-        self.write_json(self.culler.policies.to_dict())
+    """One entry: kept in the overrides file (``PolicySet.put_entry`` / ``delete_entry``)."""
 
     @web.authenticated
     def put(self, section: str, name: str | None = None) -> None:
         self.require_admin()
         if (section == "global") != (name is None):
             raise web.HTTPError(404)
-        self._apply(section, name, self.body())
+        try:
+            doc = self.culler.policies.put_entry(section, name, self.body())
+        except PolicyError as e:
+            raise web.HTTPError(400, str(e)) from e
+        self.write_json(doc)
 
     @web.authenticated
     def delete(self, section: str, name: str | None = None) -> None:
         self.require_admin()
         if section == "global" or name is None:
             raise web.HTTPError(405)
-        self._apply(section, name, None)
+        try:
+            doc = self.culler.policies.delete_entry(section, name)
+        except KeyError:
+            raise web.HTTPError(404, f"no {section} entry {name!r}") from None
+        except PolicyError as e:
+            raise web.HTTPError(400, str(e)) from e
+        self.write_json(doc)
 
 
 class MetricsHandler(BaseHandler):
@@ -201,9 +202,11 @@ def make_app(culler: Culler, prefix: str, metrics: Metrics | None = None,
     """The tornado application; ``prefix`` is ``JUPYTERHUB_SERVICE_PREFIX``
     (``/services/idle-culler/``)."""
     hub_auth = hub_auth or HubOAuth(cache_max_age=10)
+    from gpuspawner.webui.headers import add_frame_headers  # shared with gpuspawner's service
+
     kw = {"culler": culler, "hub_auth": hub_auth, "metrics": metrics}
     p = prefix.rstrip("/")
-    return web.Application([
+    return add_frame_headers(web.Application([  # every response: not framed by other sites
         (p + "/?", IndexHandler, kw),
         (p + "/api/status", StatusHandler, kw),
         (p + "/api/policy", MyPolicyHandler, kw),
@@ -213,4 +216,4 @@ def make_app(culler: Culler, prefix: str, metrics: Metrics | None = None,
         (p + "/metrics", MetricsHandler, kw),
         (p + "/oauth_callback", CallbackHandler, kw),
     ], cookie_secret=cookie_secret or os.urandom(32), xsrf_cookies=False,
-        service_prefix=p + "/")
+        service_prefix=p + "/"))

@@ -25,7 +25,7 @@ from .gpu import GPUHistory, NVMLSampler, PrometheusSource
 from .hub import HubClient, internal_ssl_context
 from .metrics import Metrics
 from .netstats import NetworkMeter, docker_reader
-from .policies import PolicySet
+from .policies import OVERRIDES_FILE_NAME, PolicySet
 
 
 class IdleCuller(Application):
@@ -43,6 +43,7 @@ class IdleCuller(Application):
         "api-page-size": "IdleCuller.api_page_size",
         "url": "IdleCuller.url",
         "policies": "IdleCuller.policies_file",
+        "overrides": "IdleCuller.overrides_file",
         "gpuspawner-url": "IdleCuller.gpuspawner_url",
         "queue-timeout": "IdleCuller.queue_timeout",
         "cull-log": "IdleCuller.cull_log",
@@ -82,9 +83,14 @@ class IdleCuller(Application):
                         ).tag(config=True)
     url = Unicode(help="Hub API URL (default $JUPYTERHUB_API_URL).").tag(config=True)
     api_token = Unicode(help="Hub API token (default $JUPYTERHUB_API_TOKEN).").tag(config=True)
-    policies_file = Unicode("", help="YAML policy file (see idle_culler/README.md); admins' "
-                            "changes through the web API are written back to it."
+    policies_file = Unicode("", help="YAML policy file (see idle_culler/README.md), the shipped "
+                            "policies; only read (admins' changes go to --overrides)."
                             ).tag(config=True)
+    overrides_file = Unicode("", help=dedent(f"""
+        YAML file holding admins' policy changes through the web API (mode 0600), merged over
+        --policies at start and after each change; the policies file itself is never
+        written. Default: {OVERRIDES_FILE_NAME} in the service's working directory; a
+        hub-managed culler should name one in the hub's state folder.""")).tag(config=True)
     gpuspawner_url = Unicode(help=dedent("""
         URL of the gpuspawner service, e.g. http://127.0.0.1:8000/services/gpuspawner/ (through
         the proxy) or its own loopback URL and prefix: its wait queue (api/queue) and GPU
@@ -131,10 +137,16 @@ class IdleCuller(Application):
     def _token(self) -> str:
         return os.environ.get("JUPYTERHUB_API_TOKEN", "")
 
+    def overrides_path(self) -> str:
+        """The overrides file, absolute: ``overrides_file``, else
+        :data:`~idle_culler.policies.OVERRIDES_FILE_NAME` in the working directory."""
+        return os.path.abspath(self.overrides_file or OVERRIDES_FILE_NAME)
+
     def build(self) -> Culler:
         """The :class:`Culler` with its sources, from this configuration."""
         base: dict[str, Any] = {"idle_timeout": self.timeout, "max_age": self.max_age}
-        self.policies = PolicySet.load(self.policies_file or None, base)
+        self.policies = PolicySet.load(self.policies_file or None, base,
+                                       overrides=self.overrides_path())
         self.metrics = Metrics()
         self.history = GPUHistory()
         network = NetworkMeter(docker_reader(self.docker_urls)) if self.docker_urls else None

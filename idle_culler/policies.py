@@ -28,6 +28,19 @@ warning, ``exempt: true``); else the global entry; else the command line (``--ti
 ``--max-age``); else the built-in default (:data:`DEFAULTS`). :meth:`PolicySet.resolve` records
 where each value came from (``user:alice``, ``group:long-jobs``, ``global``, ``cli``,
 ``default``).
+
+Admins' changes through the web API never touch the shipped policies file (tracked, with its
+comments): they go to an **overrides file** (:attr:`PolicySet.overrides_path`, YAML, mode
+0600, written atomically) that holds only what differs from the shipped file::
+
+    global: {idle_timeout: 7200.0}        # present only when the global entry was changed
+    groups: {gpu-course: {max_age: 0.0}}  # entries set (added or replaced, whole entries)
+    users: {bob: {exempt: true}}
+    removed: {users: [carol]}             # shipped entries an admin deleted
+
+The policy in force is the shipped file with the overrides merged over it, entry by entry
+(:func:`merge_overrides`), at start and after each change (the shipped file is read again
+then, so its own edits are kept for every entry no admin changed).
 """
 
 from __future__ import annotations
@@ -36,7 +49,7 @@ import os
 import re
 import tempfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,6 +79,10 @@ _LARGER_IS_LENIENT = {"idle_timeout", "pressure_idle_timeout", "max_age", "gpu_w
 _DURATIONS = {"idle_timeout", "pressure_idle_timeout", "max_age", "gpu_window", "grace_period",
               "warning"}
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+#: the sections of a policy document holding named entries
+_SECTIONS = ("groups", "users")
+#: the overrides file's name when none is configured (in the service's working directory)
+OVERRIDES_FILE_NAME = "culler_policy_overrides.yaml"
 
 
 class PolicyError(ValueError):
@@ -118,6 +135,106 @@ def normalize_entry(entry: Any, where: str) -> dict[str, Any]:
     return out
 
 
+def _read_yaml(path: Path, what: str) -> Any:
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise PolicyError(f"{path}: not valid YAML: {e}") from e
+    except OSError as e:
+        raise PolicyError(f"{path}: cannot read the {what}: {e}") from e
+
+
+def normalize_document(data: Any) -> dict[str, Any]:
+    """A validated policy document with its values converted (:func:`normalize_entry`), in
+    the shape of :meth:`PolicySet.to_dict`: ``{"global": {...}, "groups": {...},
+    "users": {...}}``.
+
+    Raises:
+        PolicyError: the document does not match the ``culler-policies`` JSON Schema.
+    """
+    try:  # the culler-policies JSON Schema first: every section and entry at once
+        validate("culler-policies", data, where="")
+    except ConfigSchemaError as e:
+        raise PolicyError(str(e) if e.path else f"policy document: {e.reason}") from None
+    data = data or {}
+    out: dict[str, Any] = {"global": normalize_entry(data.get("global"), "global")}
+    for section in _SECTIONS:
+        out[section] = {str(k): normalize_entry(v, f"{section}.{k}")
+                        for k, v in (data.get(section) or {}).items()}
+    return out
+
+
+def normalize_overrides(data: Any, where: str = "overrides") -> dict[str, Any]:
+    """A validated overrides document (see the module docstring), values converted; the
+    empty document is ``{}``.
+
+    Raises:
+        PolicyError: an unknown section, a wrong entry, or a ``removed`` that is not
+            ``{"groups"|"users": [names]}``; the message starts with ``where``.
+    """
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise PolicyError(f"{where}: expected a mapping, got {type(data).__name__}")
+    unknown = sorted(set(data) - {"global", *_SECTIONS, "removed"})
+    if unknown:
+        raise PolicyError(f"{where}.{unknown[0]}: unknown field; known: global, groups, "
+                          "users, removed")
+    try:
+        doc = normalize_document({k: v for k, v in data.items() if k != "removed"})
+    except PolicyError as e:
+        raise PolicyError(f"{where}: {e}") from None
+    out: dict[str, Any] = {}
+    if "global" in data:
+        out["global"] = doc["global"]
+    for section in _SECTIONS:
+        if doc[section]:
+            out[section] = doc[section]
+    removed = data.get("removed") or {}
+    if not isinstance(removed, dict) or set(removed) - set(_SECTIONS) or not all(
+            isinstance(names, list) and all(isinstance(n, str) for n in names)
+            for names in removed.values()):
+        raise PolicyError(f"{where}.removed: expected {{groups: [names], users: [names]}}")
+    removed = {s: sorted(set(n)) for s, n in removed.items() if n}
+    if removed:
+        out["removed"] = removed
+    return out
+
+
+def merge_overrides(shipped: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """The policy in force: the (normalized) shipped document with the overrides merged over
+    it, entry by entry: the overrides' ``global`` replaces the shipped one, their group and
+    user entries replace or add whole entries, ``removed`` deletes shipped entries."""
+    out = {"global": dict(overrides.get("global", shipped.get("global") or {}))}
+    for section in _SECTIONS:
+        entries = {k: dict(v) for k, v in (shipped.get(section) or {}).items()}
+        for name in overrides.get("removed", {}).get(section, []):
+            entries.pop(name, None)
+        entries.update({k: dict(v) for k, v in (overrides.get(section) or {}).items()})
+        out[section] = entries
+    return out
+
+
+def diff_overrides(shipped: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
+    """The overrides that turn the (normalized) ``shipped`` document into ``doc``: only what
+    differs; ``merge_overrides(shipped, diff_overrides(shipped, doc)) == doc``."""
+    out: dict[str, Any] = {}
+    if (doc.get("global") or {}) != (shipped.get("global") or {}):
+        out["global"] = dict(doc.get("global") or {})
+    removed: dict[str, list[str]] = {}
+    for section in _SECTIONS:
+        old, new = shipped.get(section) or {}, doc.get(section) or {}
+        changed = {k: dict(v) for k, v in new.items() if old.get(k) != v or k not in old}
+        if changed:
+            out[section] = changed
+        gone = sorted(set(old) - set(new))
+        if gone:
+            removed[section] = gone
+    if removed:
+        out["removed"] = removed
+    return out
+
+
 def _leniency(field: str, value: Any) -> float:
     """A sort key: larger = more lenient."""
     if field == "exempt":
@@ -147,67 +264,178 @@ class EffectivePolicy:
 
 
 class PolicySet:
-    """The parsed policy file; thread-safe; :meth:`save` writes it back atomically."""
+    """The policies in force: the shipped policy file (:attr:`path`, only ever read) with the
+    admins' overrides (:attr:`overrides_path`) merged over it; thread-safe.
+
+    Changes (:meth:`put_document`, :meth:`put_entry`, :meth:`delete_entry`) re-read the
+    shipped file, apply the change to the merged document, validate it, write what differs
+    from the shipped file to the overrides file (:meth:`save`) and install the result.
+    """
 
     def __init__(self, data: dict[str, Any] | None = None, path: str | Path | None = None,
-                 base: dict[str, Any] | None = None) -> None:
+                 base: dict[str, Any] | None = None,
+                 overrides_path: str | Path | None = None) -> None:
+        #: the shipped policy file (never written)
         self.path = Path(path) if path else None
+        #: where admins' changes go (YAML, mode 0600); None: changes stay in memory
+        self.overrides_path = Path(overrides_path) if overrides_path else None
         #: the command line's values (``--timeout``, ``--max-age``): below the file's global
         #: entry, above the built-in defaults; source ``cli``
         self.base = normalize_entry(base or {}, "command line")
         self._lock = threading.Lock()
+        self._change_lock = threading.Lock()
         self.global_: dict[str, Any] = {}
         self.groups: dict[str, dict[str, Any]] = {}
         self.users: dict[str, dict[str, Any]] = {}
         self.replace(data or {})
+        #: the shipped document (normalized) the overrides are relative to
+        self.shipped: dict[str, Any] = self.to_dict()
 
     @classmethod
-    def load(cls, path: str | Path | None, base: dict[str, Any] | None = None) -> PolicySet:
-        """Read a YAML policy file; ``None`` or a missing file gives only the defaults."""
-        if not path or not Path(path).exists():
-            return cls({}, path, base)
+    def load(cls, path: str | Path | None, base: dict[str, Any] | None = None,
+             overrides: str | Path | None = None) -> PolicySet:
+        """Read the shipped YAML policy file and merge the overrides file over it; ``None`` or
+        a missing file gives only the defaults (no overrides)."""
+        shipped = cls._read_shipped(Path(path) if path else None)
+        ps = cls(shipped, path, base, overrides)
+        if ps.overrides_path is not None and ps.overrides_path.exists():
+            ov = normalize_overrides(_read_yaml(ps.overrides_path, "policy overrides"),
+                                     str(ps.overrides_path))
+            try:
+                ps.replace(merge_overrides(ps.shipped, ov))
+            except PolicyError as e:
+                raise PolicyError(f"{ps.overrides_path}: {e}") from None
+        return ps
+
+    @staticmethod
+    def _read_shipped(path: Path | None) -> dict[str, Any]:
+        if path is None or not path.exists():
+            return {}
+        data = _read_yaml(path, "policies file") or {}
         try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
-        except yaml.YAMLError as e:
-            raise PolicyError(f"{path}: not valid YAML: {e}") from e
-        return cls(data, path, base)
+            return normalize_document(data)
+        except PolicyError as e:
+            raise PolicyError(f"{path}: {e}") from None
 
     def replace(self, data: dict[str, Any]) -> None:
-        """Validate and install a whole new policy document (all or nothing).
+        """Validate and install a whole new policy document in memory (all or nothing; no
+        file is written: :meth:`put_document` also keeps it).
 
         Raises:
             PolicyError: the document does not match the ``culler-policies`` JSON Schema
                 (:mod:`gpuspawner.schemas`), named by field: ``users.bob.idle_timeut:
                 unknown field; known: ...``, ``policy: unknown field; known: global, ...``.
         """
-        try:  # the culler-policies JSON Schema first: every section and entry at once
-            validate("culler-policies", data, where="")
-        except ConfigSchemaError as e:
-            raise PolicyError(str(e) if e.path else f"policy document: {e.reason}") from None
-        g = normalize_entry(data.get("global"), "global")
-        groups = {str(k): normalize_entry(v, f"groups.{k}")
-                  for k, v in (data.get("groups") or {}).items()}
-        users = {str(k): normalize_entry(v, f"users.{k}")
-                 for k, v in (data.get("users") or {}).items()}
+        doc = normalize_document(data)
         with self._lock:
-            self.global_, self.groups, self.users = g, groups, users
+            self.global_, self.groups, self.users = doc["global"], doc["groups"], doc["users"]
 
     def to_dict(self) -> dict[str, Any]:
+        """The policy document in force (values converted, see :func:`normalize_entry`)."""
         with self._lock:
             return {"global": dict(self.global_),
                     "groups": {k: dict(v) for k, v in self.groups.items()},
                     "users": {k: dict(v) for k, v in self.users.items()}}
 
+    def overrides(self) -> dict[str, Any]:
+        """What the document in force changes of the shipped one (the overrides file's
+        content, :func:`diff_overrides`)."""
+        return diff_overrides(self.shipped, self.to_dict())
+
     def save(self) -> None:
-        """Write the policies to :attr:`path` (temp file + rename: never half-written)."""
-        if self.path is None:
+        """Write :meth:`overrides` to :attr:`overrides_path` (mode 0600; temp file + rename:
+        never half-written). The shipped file is never written; without an overrides path
+        nothing is."""
+        if self.overrides_path is None:
             return
-        text = yaml.safe_dump(self.to_dict(), sort_keys=True)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".policies-")
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, self.path)
+        target = self.overrides_path
+        header = ("# idle-culler: admins' policy changes through its web API, merged over "
+                  f"{self.path or 'the built-in defaults'}\n# (written by the service; "
+                  "idle_culler/README.md)\n")
+        text = header + yaml.safe_dump(self.overrides(), sort_keys=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".policy-overrides-")
+        try:
+            os.fchmod(fd, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def _change(self, edit: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+        """Re-read the shipped file, apply ``edit`` to the document in force (the shipped
+        file with the current overrides merged over it), validate, save the overrides and
+        install; returns the new document. Nothing changes when ``edit`` or the validation
+        raises."""
+        with self._change_lock:
+            current_overrides = self.overrides()
+            # the shipped file as it is now (its own edits kept); in memory without one
+            shipped = self._read_shipped(self.path) if self.path else self.shipped
+            doc = edit(merge_overrides(shipped, current_overrides))
+            new = normalize_document(doc)
+            old_shipped, old_doc = self.shipped, self.to_dict()
+            self.shipped = shipped
+            self.replace(new)
+            try:
+                self.save()
+            except BaseException:
+                self.shipped = old_shipped
+                self.replace(old_doc)
+                raise
+            return self.to_dict()
+
+    def put_document(self, data: Any) -> dict[str, Any]:
+        """Replace the whole policy document (an admin's ``PUT api/policies``); kept in the
+        overrides file. Returns the document in force.
+
+        Raises:
+            PolicyError: the document is not valid (nothing changes).
+        """
+        normalize_document(data)  # the error names the document's own paths
+        return self._change(lambda _doc: data)
+
+    def put_entry(self, section: str, name: str | None, entry: Any) -> dict[str, Any]:
+        """Set the ``global`` entry (``name`` None) or a ``groups``/``users`` entry (whole
+        entry; ``None`` = empty); kept in the overrides file. Returns the document in force.
+
+        Raises:
+            PolicyError: a wrong entry, named ``<section>.<name>.<field>`` (nothing changes).
+        """
+        where = f"{section}.{name}" if name is not None else section
+        if section not in ("global", *_SECTIONS) or (section == "global") != (name is None):
+            raise PolicyError(f"{where}: no such policy entry")
+        normalize_entry(entry, where)
+
+        def edit(doc: dict[str, Any]) -> dict[str, Any]:
+            if name is None:
+                doc["global"] = entry or {}
+            else:
+                doc[section][name] = entry
+            return doc
+
+        return self._change(edit)
+
+    def delete_entry(self, section: str, name: str) -> dict[str, Any]:
+        """Remove a ``groups``/``users`` entry (also one of the shipped file: the overrides
+        file lists it under ``removed``). Returns the document in force.
+
+        Raises:
+            KeyError: no such entry in force (nothing changes).
+        """
+        if section not in _SECTIONS:
+            raise KeyError(f"{section}.{name}")
+
+        def edit(doc: dict[str, Any]) -> dict[str, Any]:
+            if name not in doc[section]:
+                raise KeyError(f"{section}.{name}")
+            del doc[section][name]
+            return doc
+
+        return self._change(edit)
 
     def sets(self, field: str) -> bool:
         """True when any entry (global, a group's, a user's, the command line) sets ``field``

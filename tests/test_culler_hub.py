@@ -22,6 +22,7 @@ import requests
 import yaml
 from tornado import httpclient, web
 
+from idle_culler.app import IdleCuller
 from idle_culler.core import Culler, Decision
 from idle_culler.gpu import GPUHistory, NVMLSampler, PrometheusSource
 from idle_culler.hub import HubClient
@@ -44,10 +45,12 @@ SERVICE_USERS = ("wendy", "xavier")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CullerHub]:
     d = tmp_path_factory.mktemp("culler-hub")
     policies = d / "service_policies.yaml"
-    policies.write_text(yaml.safe_dump({
-        "global": {"exempt": True},
-        "users": {"wendy": {"exempt": False, "idle_timeout": 2, "warning": 3}},
-    }))
+    policies.write_text("# the shipped policies (tracked, with comments): never written\n"
+                        + yaml.safe_dump({
+                            "global": {"exempt": True},
+                            "users": {"wendy": {"exempt": False, "idle_timeout": 2,
+                                                "warning": 3}}}))
+    overrides = d / "state" / "culler_policy_overrides.yaml"
     svc_port = free_port()
     extra = f"""
 import sys
@@ -57,6 +60,7 @@ c.JupyterHub.load_roles.append({{"name": "culler", "services": ["culler"],
 c.JupyterHub.services.append({{
     "name": "idle-culler", "url": "http://127.0.0.1:{svc_port}", "oauth_no_confirm": True,
     "command": [sys.executable, "-m", "idle_culler", "--policies", {str(policies)!r},
+                "--overrides", {str(overrides)!r},
                 "--cull-log", {str(d / "culls.jsonl")!r}, "--cull-every", "0.5",
                 "--backoff", "0.1"],
     "cwd": {str(Path(__file__).resolve().parents[1])!r},
@@ -67,6 +71,8 @@ c.JupyterHub.extra_user_scopes = {{"access:services!service=idle-culler"}}
 """
     h = CullerHub(d, extra_config=extra)
     h.policies_file = policies  # type: ignore[attr-defined]
+    h.policies_bytes = policies.read_bytes()  # type: ignore[attr-defined]
+    h.overrides_file = overrides  # type: ignore[attr-defined]
     h.start()
     try:
         # the servers of most tests start together, at once (a single-user server takes a few
@@ -396,8 +402,20 @@ def test_service_policy_changes_at_run_time(hub: CullerHub) -> None:
     assert r.status_code == 400 and "users.xavier.idle_timeout" in r.json()["message"]
     r = requests.put(url, json=entry, headers={"Authorization": f"token {admin}"}, timeout=10)
     assert r.status_code == 200, r.text
-    on_disk = yaml.safe_load(hub.policies_file.read_text())  # type: ignore[attr-defined]
+    # the change is in the overrides file (0600), the shipped file's bytes are unchanged
+    shipped: Path = hub.policies_file  # type: ignore[attr-defined]
+    overrides: Path = hub.overrides_file  # type: ignore[attr-defined]
+    assert shipped.read_bytes() == hub.policies_bytes  # type: ignore[attr-defined]
+    assert overrides.stat().st_mode & 0o777 == 0o600
+    on_disk = yaml.safe_load(overrides.read_text())
     assert on_disk["users"]["xavier"] == {"exempt": False, "idle_timeout": 1.0}
+    assert "wendy" not in on_disk.get("users", {})  # only what differs from the shipped file
+    # a restarted culler (the service's command line, built afresh) applies it
+    restarted = IdleCuller()
+    restarted.initialize(["--policies", str(shipped), "--overrides", str(overrides)])
+    pol = restarted.build().policies.resolve("xavier")
+    assert (pol.idle_timeout, pol.sources["idle_timeout"]) == (1.0, "user:xavier")
+    assert restarted.policies.resolve("wendy").idle_timeout == 2  # the shipped entries too
     mine_ = service_get(hub, "api/policy", xavier).json()
     assert mine_["policy"]["idle_timeout"] == {"value": 1.0, "source": "user:xavier"}
     hub.wait_stopped("xavier", timeout=15)
@@ -419,6 +437,66 @@ def test_service_page_through_hub_oauth(hub: CullerHub) -> None:
     assert '<link rel="stylesheet" href="/hub/static/css/style.min.css">' in r.text
     r = s.get(f"{hub.url}/services/idle-culler/api/status", timeout=10)
     assert all(x["user"] == "xavier" for x in r.json()["servers"])
+
+
+def browser_login(hub: CullerHub, user: str) -> tuple[requests.Session, str]:
+    """A browser session: logged in to the hub as ``user``, the service's OAuth cookie set
+    by opening its page; returns it and the page's XSRF token (its ``xsrf-token`` meta)."""
+    import re
+
+    s = requests.Session()
+    s.get(f"{hub.url}/hub/login", timeout=10)
+    r = s.post(f"{hub.url}/hub/login", data={"username": user, "password": "x",
+                                               "_xsrf": s.cookies.get("_xsrf", "")},
+               timeout=10)
+    assert r.status_code == 200, r.text
+    r = s.get(f"{hub.url}/services/idle-culler/", timeout=10)
+    assert r.status_code == 200 and r.url.endswith("/services/idle-culler/"), r.url
+    m = re.search(r'<meta name="xsrf-token" content="([^"]+)">', r.text)
+    assert m, r.text[:500]
+    return s, m.group(1)
+
+
+def test_service_xsrf_not_skipped_for_a_bogus_authorization_header(hub: CullerHub) -> None:
+    """A cross-site replay: an admin's login cookie plus ``Authorization: token bogus`` and
+    no XSRF token is refused like the cookie alone; only a valid token exempts a request
+    from the XSRF check; the cookie with the page's XSRF token works."""
+    hub.ensure_user("admin")
+    admin = hub.user_token("admin")
+    session, xsrf = browser_login(hub, "admin")
+    base = f"{hub.url}/services/idle-culler/api/policies"
+    url = f"{base}/users/xsrf-target"
+    entry = {"exempt": True}
+
+    def users() -> dict[str, Any]:
+        r = requests.get(base, headers={"Authorization": f"token {admin}"}, timeout=10)
+        assert r.status_code == 200, r.text
+        return r.json()["users"]
+
+    r = requests.put(f"{base}/users/xsrf-keep", json=entry,
+                     headers={"Authorization": f"token {admin}"}, timeout=10)
+    assert r.status_code == 200, r.text
+    assert session.put(url, json=entry, timeout=10).status_code == 403  # cookie, no XSRF
+    for bogus in ("token bogus", "token ", "Bearer nonsense", "Basic YWRtaW46eA=="):
+        r = session.put(url, json=entry, headers={"Authorization": bogus}, timeout=10)
+        assert r.status_code == 403, (bogus, r.status_code, r.text)
+        r = session.delete(f"{base}/users/xsrf-keep", headers={"Authorization": bogus},
+                           timeout=10)
+        assert r.status_code == 403, (bogus, r.status_code, r.text)
+    assert "xsrf-target" not in users() and "xsrf-keep" in users()
+    # the cookie with the page's XSRF token (what the page's own fetch() sends): accepted
+    r = session.put(url, json=entry, headers={"X-XSRFToken": xsrf}, timeout=10)
+    assert r.status_code == 200, r.text
+    assert users()["xsrf-target"] == {"exempt": True}
+    # a valid token and no cookie: exempt from the XSRF check
+    r = requests.put(f"{base}/users/xsrf-token-only", json=entry,
+                     headers={"Authorization": f"token {admin}"}, timeout=10)
+    assert r.status_code == 200, r.text
+    for name in ("xsrf-target", "xsrf-token-only", "xsrf-keep"):
+        r = requests.delete(f"{base}/users/{name}", headers={"Authorization": f"token {admin}"},
+                            timeout=10)
+        assert r.status_code == 200, r.text
+    assert not {"xsrf-target", "xsrf-token-only", "xsrf-keep"} & set(users())
 
 
 def test_cli_once_dry_run(hub: CullerHub, tmp_path: Path) -> None:

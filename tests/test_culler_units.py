@@ -98,17 +98,97 @@ def test_precedence_user_then_most_lenient_group_then_global() -> None:
     assert (p.idle_timeout, p.sources["idle_timeout"]) == (60, "cli")
 
 
-def test_save_roundtrip(tmp_path: Path) -> None:
-    f = tmp_path / "p.yaml"
-    f.write_text(yaml.safe_dump(POLICY))
-    ps = PolicySet.load(f)
-    ps.replace({**ps.to_dict(), "users": {"bob": {"exempt": True}}})
-    ps.save()
-    again = PolicySet.load(f)
-    assert again.resolve("bob").exempt and again.resolve("alice").idle_timeout == 3600
+SHIPPED = "# shipped policies: comments must survive\n" + yaml.safe_dump(POLICY)
+
+
+def test_changes_go_to_the_overrides_file_never_the_shipped_one(tmp_path: Path) -> None:
+    """Admins' changes are kept in the overrides file (mode 0600, only what differs),
+    merged over the shipped file at start and after each change; the shipped file's bytes
+    never change."""
+    shipped = tmp_path / "shipped.yaml"
+    shipped.write_text(SHIPPED)
+    before = shipped.read_bytes()
+    ov = tmp_path / "state" / "culler_policy_overrides.yaml"
+    ps = PolicySet.load(shipped, overrides=ov)
+    assert ps.overrides() == {} and not ov.exists()  # nothing written until a change
+    ps.put_entry("users", "bob", {"exempt": True})
+    ps.delete_entry("users", "alice")  # a shipped entry: recorded as removed
+    ps.put_entry("groups", "students", {"idle_timeout": "2h"})
+    ps.put_entry("global", None, {"idle_timeout": "30m"})
+    assert shipped.read_bytes() == before
+    assert ov.stat().st_mode & 0o777 == 0o600
+    assert yaml.safe_load(ov.read_text()) == {
+        "global": {"idle_timeout": 1800.0},
+        "groups": {"students": {"idle_timeout": 7200.0}},
+        "users": {"bob": {"exempt": True}},
+        "removed": {"users": ["alice"]}}
+    # a fresh load (a restarted culler) applies them
+    again = PolicySet.load(shipped, overrides=ov)
+    assert again.to_dict() == ps.to_dict()
+    assert again.resolve("bob").exempt and again.resolve("alice").sources["idle_timeout"] == \
+        "global"
+    assert again.resolve("x", ["students"]).idle_timeout == 7200
+    assert again.resolve("x", ["long-jobs"]).idle_timeout == 8 * 3600  # shipped, untouched
+    # rejected changes change nothing, in memory or on disk
+    on_disk = ov.read_bytes()
+    with pytest.raises(PolicyError, match=r"^users.bob.idle_timeout: 'soon' is not a dur"):
+        ps.put_entry("users", "bob", {"idle_timeout": "soon"})
     with pytest.raises(PolicyError):
-        ps.replace({"global": {"warning": "soon"}})
-    assert PolicySet.load(f).resolve("bob").exempt  # a rejected document changes nothing
+        ps.put_document({"global": {"warning": "soon"}})
+    with pytest.raises(KeyError):
+        ps.delete_entry("users", "nobody")
+    assert ov.read_bytes() == on_disk and ps.to_dict() == again.to_dict()
+    # a whole document: the overrides hold what differs from the shipped file
+    ps.put_document({**POLICY, "users": {"carol": {"max_age": 60}}})
+    assert yaml.safe_load(ov.read_text()) == {"users": {"carol": {"max_age": 60.0}},
+                                             "removed": {"users": ["alice"]}}
+    assert PolicySet.load(shipped, overrides=ov).to_dict() == ps.to_dict()
+    # an edit of the shipped file is merged too (entries no admin changed), after a change
+    edited = {**POLICY, "groups": {**POLICY["groups"], "vip": {"exempt": False}}}
+    shipped.write_text(yaml.safe_dump(edited))
+    ps.put_entry("users", "dan", {"exempt": True})
+    assert ps.resolve("x", ["vip"]).exempt is False and ps.resolve("carol").max_age == 60
+    assert PolicySet.load(shipped, overrides=ov).to_dict() == ps.to_dict()
+    # an in-memory set without files keeps its document across changes
+    mem = PolicySet({"global": {"exempt": True}})
+    mem.put_entry("users", "u", {"idle_timeout": 5})
+    mem.save()  # no overrides path: nothing to write
+    assert mem.to_dict()["global"] == {"exempt": True}
+
+
+def test_bad_overrides_file_names_itself(tmp_path: Path) -> None:
+    shipped = tmp_path / "p.yaml"
+    shipped.write_text(SHIPPED)
+    ov = tmp_path / "o.yaml"
+    ov.write_text(yaml.safe_dump({"users": {"bob": {"idle_timeut": 5}}}))
+    with pytest.raises(PolicyError, match=r"o.yaml: users.bob.idle_timeut: unknown field"):
+        PolicySet.load(shipped, overrides=ov)
+    ov.write_text(yaml.safe_dump({"removed": {"users": "bob"}}))
+    with pytest.raises(PolicyError, match=r"o.yaml.removed: expected"):
+        PolicySet.load(shipped, overrides=ov)
+
+
+async def test_app_overrides_file_default_and_restart(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--overrides`` (default: culler_policy_overrides.yaml in the working directory); a
+    culler built again from the same configuration applies the overrides."""
+    from idle_culler.app import IdleCuller
+
+    monkeypatch.chdir(tmp_path)
+    shipped = tmp_path / "p.yaml"
+    shipped.write_text(SHIPPED)
+    app = IdleCuller()
+    app.initialize(["--policies", str(shipped)])
+    assert app.overrides_path() == str(tmp_path / "culler_policy_overrides.yaml")
+    ov = tmp_path / "state" / "ov.yaml"
+    first = IdleCuller()
+    first.initialize(["--policies", str(shipped), "--overrides", str(ov)])
+    first.build().policies.put_entry("users", "bob", {"idle_timeout": 42})
+    restarted = IdleCuller()
+    restarted.initialize(["--policies", str(shipped), "--overrides", str(ov)])
+    p = restarted.build().policies.resolve("bob")
+    assert (p.idle_timeout, p.sources["idle_timeout"]) == (42, "user:bob")
+    assert shipped.read_text() == SHIPPED
 
 
 def test_explain_cli(tmp_path: Path) -> None:
