@@ -38,7 +38,7 @@ from typing import Any
 from traitlets.config import LoggingConfigurable
 
 from ..placement import Allocation, Ledger, Node
-from .spec import LaunchSpec
+from .spec import HUB_LABEL, LaunchSpec
 
 #: the spawner whose server is being started in this task: what an admin's callable setting
 #: (``DockerBackend.extra_host_config`` and the like, DockerSpawner's convention) receives. A
@@ -102,9 +102,26 @@ class NameTaken(BackendError):
 
 
 def owner_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
-    """The owner labels (user, server) among an engine object's ``labels``."""
+    """The owner labels (user, server, hub) among an engine object's ``labels``."""
     labels = labels or {}
-    return {k: labels[k] for k in ("gpuspawner.user", "gpuspawner.server") if k in labels}
+    return {k: labels[k] for k in ("gpuspawner.user", "gpuspawner.server", HUB_LABEL)
+            if k in labels}
+
+
+def same_owner(found: Mapping[str, str] | None, wanted: Mapping[str, str]) -> bool:
+    """Whether an object with labels ``found`` belongs to the owner ``wanted`` names: the
+    same user and server, made by the same hub (an object without a hub label, made by 0.x,
+    counts as any hub's)."""
+    found = found or {}
+    return (all(found.get(k) == wanted.get(k) for k in ("gpuspawner.user", "gpuspawner.server"))
+            and found.get(HUB_LABEL) in (None, wanted.get(HUB_LABEL)))
+
+
+def made_by(labels: Mapping[str, str] | None, hub_id: str) -> bool:
+    """Whether a managed object with these labels is hub ``hub_id``'s (no hub label: 0.x,
+    counted as ours; ``hub_id`` "": outside a hub, every object)."""
+    found = (labels or {}).get(HUB_LABEL)
+    return not hub_id or found is None or found == hub_id
 
 
 class LaunchFailed(BackendError):
@@ -156,10 +173,10 @@ class ServerRef:
         """The owner labels every engine object of this server carries."""
         return {"gpuspawner.user": self.user, "gpuspawner.server": self.server}
 
-    def owns(self, labels: Mapping[str, str] | None) -> bool:
-        """Whether an engine object with these labels is this server's (its owner labels
-        are exactly this user and server)."""
-        return owner_labels(labels) == self.labels
+    def owns(self, labels: Mapping[str, str] | None, hub_id: str = "") -> bool:
+        """Whether an engine object with these labels is this server's: this user and server,
+        made by hub ``hub_id`` (:func:`same_owner`)."""
+        return same_owner(labels, {**self.labels, **({HUB_LABEL: hub_id} if hub_id else {})})
 
 
 @dataclass(frozen=True)
@@ -194,6 +211,9 @@ class Backend(LoggingConfigurable):
         #: the hub's ledger (set with the cluster), for :meth:`Ledger.adopt` when an engine
         #: grants other devices than planned (Slurm's core choice); None outside a hub
         self.ledger: Ledger | None = None
+        #: the id of the hub this backend serves (:data:`~gpuspawner.backends.spec.HUB_LABEL`;
+        #: set with the cluster, "" outside a hub): objects another hub made are not ours
+        self.hub_id = ""
 
     def bind(self, nodes: Mapping[str, NodeRuntime]) -> None:
         """Receive the hub's node table (name -> :class:`~gpuspawner.hub.cluster.NodeRuntime`).

@@ -18,6 +18,7 @@ import asyncio
 import inspect
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import docker
@@ -37,6 +38,7 @@ from .base import (
     Progress,
     ServerRef,
     current_spawner,
+    made_by,
     owner_labels,
 )
 from .docker import (
@@ -54,7 +56,7 @@ from .docker_network import (
     parse_pool,
 )
 from .home import ensure_home
-from .spec import ALLOCATION_LABEL, MANAGED_LABEL, LaunchSpec
+from .spec import ALLOCATION_LABEL, HUB_LABEL, MANAGED_LABEL, LaunchSpec
 
 
 def engine_down(e: BaseException) -> bool:
@@ -248,6 +250,10 @@ class DockerBackend(Backend):
     def _network_label(self, server: ServerRef) -> str:
         return f"{server.name}-net"
 
+    def _owner(self, server: ServerRef) -> dict[str, str]:
+        """The owner labels of the server's objects: user, server and this hub."""
+        return {**server.labels, **({HUB_LABEL: self.hub_id} if self.hub_id else {})}
+
     async def prepare(self, server: ServerRef, alloc: Allocation, state: dict[str, Any]
                       ) -> dict[str, Any]:
         """Per-server isolation: create the server's own network (its fixed address goes
@@ -257,7 +263,7 @@ class DockerBackend(Backend):
             try:
                 net = await self._call(alloc.node,
                                        lambda *a: self.networks(alloc.node).create(*a),
-                                       self._network_label(server), server.labels)
+                                       self._network_label(server), self._owner(server))
             except NetworkTaken as e:
                 raise NameTaken(alloc.node, "network", e.name, e.owner) from None
             state["network"] = net.to_dict()
@@ -291,6 +297,8 @@ class DockerBackend(Backend):
             BackendUnavailable: the engine does not answer.
         """
         node = spec.allocation.node
+        if self.hub_id:
+            spec = replace(spec, labels={**spec.labels, HUB_LABEL: self.hub_id})
         if spec.home is not None:
             try:
                 await asyncio.to_thread(ensure_home, spec.home.host_path, spec.uid, spec.gid,
@@ -398,7 +406,7 @@ class DockerBackend(Backend):
         except NotFound:
             return
         labels = (info.get("Config") or {}).get("Labels") or {}
-        if labels.get(MANAGED_LABEL) != "1" or not server.owns(labels):
+        if labels.get(MANAGED_LABEL) != "1" or not server.owns(labels, self.hub_id):
             raise NameTaken(node, "container", server.name,
                             owner_labels(labels) if labels.get(MANAGED_LABEL) == "1" else {})
         try:
@@ -483,12 +491,14 @@ class DockerBackend(Backend):
             f"{MANAGED_LABEL}=1", f"gpuspawner.user={server.user}",
             f"gpuspawner.server={server.server}"]})
         for c in found:
+            if not made_by(c.get("Labels"), self.hub_id):
+                continue  # the same user name on another hub sharing this engine
             try:
                 await self._call(node, "remove_container", c["Id"], v=True, force=True)
             except NotFound:
                 pass
         if self.network_isolation == "per-server":
-            await self._call(node, lambda n: self.networks(node).remove(n, server.labels),
+            await self._call(node, lambda n: self.networks(node).remove(n, self._owner(server)),
                              self._network_label(server))
 
     # -- the whole cluster ----------------------------------------------------------------------
@@ -520,7 +530,8 @@ class DockerBackend(Backend):
                 continue
             for c in found:
                 text = (c.get("Labels") or {}).get(ALLOCATION_LABEL)
-                if text and c.get("State") in ("running", "created", "restarting"):
+                if text and made_by(c.get("Labels"), self.hub_id) and c.get("State") in (
+                        "running", "created", "restarting"):
                     out.append(Managed(name, text, c["Id"]))
         return out
 
@@ -540,6 +551,8 @@ class DockerBackend(Backend):
         removed = []
         for c in await self._call(node, "containers", all=True,
                                   filters={"label": f"{MANAGED_LABEL}=1"}):
+            if not made_by(c.get("Labels"), self.hub_id):
+                continue  # another hub's
             try:
                 alloc_id = json.loads((c.get("Labels") or {}).get(ALLOCATION_LABEL, ""))["id"]
             except (ValueError, KeyError, TypeError):
@@ -551,6 +564,8 @@ class DockerBackend(Backend):
                 removed.append(c["Id"])
         for n in await self._call(node, "networks", filters={"label": "gpuspawner.user"}):
             labels = n.get("Labels") or {}
+            if not made_by(labels, self.hub_id):
+                continue
             if not owner_booked(labels.get("gpuspawner.user", ""),
                                 labels.get("gpuspawner.server", "")):
                 try:

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 #: label on every network gpuspawner creates
+from .base import owner_labels, same_owner
+
 NETWORK_LABEL = "gpuspawner.managed"
 #: the pool every gpuspawner network is taken from (RFC 2544 benchmarking range)
 DEFAULT_POOL = "198.18.0.0/15"
@@ -50,10 +52,6 @@ class NetworkTaken(RuntimeError):
     def __init__(self, name: str, owner: Mapping[str, str]) -> None:
         super().__init__(f"network {name} belongs to {dict(owner) or 'someone else'}")
         self.name, self.owner = name, dict(owner)
-
-
-def _owner(labels: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in labels.items() if k in ("gpuspawner.user", "gpuspawner.server")}
 
 
 class NetworkPoolExhausted(RuntimeError):
@@ -192,9 +190,9 @@ class NetworkManager:
                 if n.get("Name") == name:
                     info = self.client.inspect_network(n["Id"])
                     found = info.get("Labels") or {}
-                    if _owner(labels) and (found.get(NETWORK_LABEL) != "1"
-                                           or _owner(found) != _owner(labels)):
-                        raise NetworkTaken(name, _owner(found)
+                    if owner_labels(labels) and (found.get(NETWORK_LABEL) != "1"
+                                                 or not same_owner(found, labels)):
+                        raise NetworkTaken(name, owner_labels(found)
                                            if found.get(NETWORK_LABEL) == "1" else {})
                     subnets = used_subnets([info])
                     if subnets:
@@ -227,7 +225,7 @@ class NetworkManager:
         try:
             if labels is not None:
                 found = self.client.inspect_network(name).get("Labels") or {}
-                if found.get(NETWORK_LABEL) != "1" or _owner(found) != _owner(labels):
+                if found.get(NETWORK_LABEL) != "1" or not same_owner(found, labels):
                     return
             self.client.remove_network(name)
         except NotFound:

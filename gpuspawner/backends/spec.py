@@ -16,6 +16,9 @@ from ..placement import Allocation
 ALLOCATION_LABEL = "gpuspawner.allocation"
 #: label marking objects made by gpuspawner
 MANAGED_LABEL = "gpuspawner.managed"
+#: label naming the hub that made an object (its id: :mod:`gpuspawner.hub.hub_id`); objects
+#: without it were made by gpuspawner 0.x and count as the one hub's
+HUB_LABEL = "gpuspawner.hub"
 
 
 @dataclass(frozen=True)

@@ -486,8 +486,8 @@ def get_cluster(nodes: Sequence[Mapping[str, Any]], policy: str,
                 quotas: Mapping[str, Any], profiles: Any = None, backend: str = "docker",
                 config: Any = None,
                 health: GPUHealthSettings | Callable[[], GPUHealthSettings] | None = None,
-                queue: QueueSettings | Callable[[], QueueSettings] | None = None
-                ) -> Cluster:
+                queue: QueueSettings | Callable[[], QueueSettings] | None = None,
+                hub_id: str | Callable[[], str] = "") -> Cluster:
     """The hub process's one cluster: one ledger and one backend, whatever asks for it.
 
     It is made on the first call. A call with another configuration (a config file checked
@@ -505,6 +505,9 @@ def get_cluster(nodes: Sequence[Mapping[str, Any]], policy: str,
     caller's settings hold); a callable is called only when a cluster is made. ``queue``
     (``GPUSpawner.queue_*``) makes the wait queue (:class:`~gpuspawner.hub.spawn_queue.SpawnQueue`)
     and restores its file, likewise only with a new cluster; None = a queue in memory.
+    ``hub_id`` (:mod:`~gpuspawner.hub.hub_id`; a callable is called only when a cluster is
+    made) becomes the backend's ``hub_id``: objects of other hubs on the same engine are not
+    this cluster's.
 
     Raises:
         NodeConfigError, ValueError: bad node, policy, quota or backend configuration.
@@ -532,6 +535,7 @@ def get_cluster(nodes: Sequence[Mapping[str, Any]], policy: str,
             backend_class(backend)()
         made.bind(table)
         made.ledger = ledger
+        made.hub_id = hub_id() if callable(hub_id) else hub_id
         made.check_config()
         cluster = Cluster(table, ledger, made)
         settings = (health() if callable(health) else health) or GPUHealthSettings()
