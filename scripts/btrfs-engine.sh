@@ -5,7 +5,10 @@
 # come from 198.19.0.0/16 (the main engine's from 198.18.0.0/16): two engines on one host must
 # never hand out the same subnet (nodes on it set network_pool, see docs/security.md).
 # Loads the single-user image from the default engine. Idempotent. Prints the socket URL last.
-#   --stop     stop this engine and unmount its file system (the loop file is kept)
+# It stops only the engine it started: the PID in var/run/docker-btrfs.pid counts only while
+# that process is a dockerd with this --pidfile on its command line (a reused PID is left alone).
+#   --stop     stop this engine and unmount its file system (the loop file is kept); when the
+#              engine does not stop, the mount and the socket stay as they are
 #   BTRFS_SIZE size of the sparse loop file (default 8G)
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -17,19 +20,34 @@ SOCK="$VAR/run/docker-btrfs.sock"
 HOST="unix://$SOCK"
 PIDFILE="$VAR/run/docker-btrfs.pid"
 # exec-root holds containerd's sockets: keep it short (unix socket paths are limited to 108 bytes)
-EXEC_ROOT="/run/gpuspawner-btrfs-$(printf '%s' "$REPO" | sha256sum | cut -c1-8)"
+# (of var/ when GPUSPAWNER_VAR moves it: a second engine must not share the first one's)
+EXEC_ROOT="/run/gpuspawner-btrfs-$(printf '%s' "${GPUSPAWNER_VAR:+$VAR}${GPUSPAWNER_VAR:-$REPO}" | sha256sum | cut -c1-8)"
 DAEMON_JSON="$VAR/run/docker-btrfs.json"
 
+# alive PID: the process exists and is no zombie
+alive() {
+  local st
+  st="$(sed -n 's/^.*) \(.\).*$/\1/p' "/proc/$1/stat" 2>/dev/null)" || return 1
+  [ -n "$st" ] && [ "$st" != Z ]
+}
+
+# running_pid: the PID in PIDFILE when that process is the engine this script starts (its
+# command line has --pidfile PIDFILE); a reused PID is someone else's
 running_pid() {
-  local pid
-  [ -f "$PIDFILE" ] && pid="$(cat "$PIDFILE")" && [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && echo "$pid"
+  local pid args
+  [ -f "$PIDFILE" ] && pid="$(cat "$PIDFILE")" && [[ "$pid" =~ ^[0-9]+$ ]] && alive "$pid" \
+    && args="$(tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null)" \
+    && grep -qxF -- "$PIDFILE" <<<"$args" && echo "$pid"
 }
 
 if [ "${1:-}" = "--stop" ]; then
   if pid="$(running_pid)"; then
     log "stopping btrfs engine (pid $pid)"
     kill "$pid"
-    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    for _ in $(seq 1 60); do alive "$pid" || break; sleep 0.5; done
+    alive "$pid" && die "btrfs engine (pid $pid) did not stop within 30 s; its mount and socket stay"
+  elif [ -f "$PIDFILE" ]; then
+    log "$PIDFILE names no engine of this script (pid $(cat "$PIDFILE")): nothing stopped"
   fi
   if mountpoint -q "$MNT" 2>/dev/null; then umount "$MNT" || umount -l "$MNT"; fi
   rm -f "$SOCK"
@@ -37,7 +55,9 @@ if [ "${1:-}" = "--stop" ]; then
 fi
 
 if ! docker -H "$HOST" info >/dev/null 2>&1; then
-  command -v mkfs.btrfs >/dev/null 2>&1 && command -v btrfs >/dev/null 2>&1 || apt_install btrfs-progs
+  if ! command -v mkfs.btrfs >/dev/null 2>&1 || ! command -v btrfs >/dev/null 2>&1; then
+    apt_install btrfs-progs
+  fi
   command -v dockerd >/dev/null 2>&1 || die "dockerd missing; run scripts/dockerd.sh first"
   mkdir -p "$MNT"
   if ! mountpoint -q "$MNT"; then

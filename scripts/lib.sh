@@ -1,7 +1,9 @@
 # shellcheck shell=bash
 # Shared helpers for the project's scripts. Source it; it sets REPO, VAR and helpers.
+# GPUSPAWNER_VAR moves var/ (pid files, logs, state) elsewhere: the set-up scripts' tests run
+# them against a folder of their own, never the checkout's running engines and cluster.
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VAR="$REPO/var"
+VAR="${GPUSPAWNER_VAR:-$REPO/var}"
 mkdir -p "$VAR/log" "$VAR/run"
 
 log() { printf '[%s] %s\n' "$(basename "$0")" "$*" >&2; }

@@ -8,8 +8,6 @@ NUMA node), the job's AdminComment carries the adopted allocation, and the serve
 from __future__ import annotations
 
 import asyncio
-import json
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ from gpuspawner.inventory.topology import load_topology_file
 from gpuspawner.placement import Allocation, Bundle, Ledger, Owner
 from tests.test_slurm_backend import (  # noqa: F401 (fixtures)
     REPO,
+    _try_get,
     make_backend,
     server_spec,
     slurm_conf,
@@ -76,9 +75,12 @@ def test_model_mode_adopts_the_gpu_slurm_picked(slurm_conf: str, workdir: Path) 
             assert info is not None and info.gres_indices("node3") == {"FAKE": (1 - held,)}
             marked = info.fields["AdminComment"][len(ADMIN_MARKER):]
             assert Allocation.from_json(marked) == adopted
-            with urllib.request.urlopen(f"http://{ip}:{port}/user/gpsuser1/api",
-                                        timeout=10) as r:
-                seen = json.loads(r.read())
+            # launch returns once the job reported its port, which the job script picks before
+            # it execs the server: the server may not listen yet (one urlopen here was refused
+            # in CI), so wait for its answer like the other Slurm tests
+            seen = await asyncio.to_thread(
+                wait_until, lambda: _try_get(ip, port), timeout=20, interval=0.2,
+                message=f"server at {ip}:{port}")
             assert seen["cpus"] == list(adopted.cpuset)
             await backend.stop(state)
         finally:
