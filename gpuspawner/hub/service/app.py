@@ -42,6 +42,7 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 from ...webui import REFRESH_S, service_links
+from ...webui.headers import add_frame_headers
 from .. import metrics
 from ..cluster import Cluster, get_cluster
 from .openapi import openapi_document
@@ -461,7 +462,8 @@ class GPUService:
     def make_app(self) -> web.Application:
         p = self.prefix
         kw = {"service": self}
-        return web.Application([
+        # every response: not to be framed by another site (gpuspawner.webui.headers)
+        return add_frame_headers(web.Application([
             (p.rstrip("/") + "/?", RootHandler, kw),
             (p + "admin", AdminPageHandler, kw),
             (p + "api/nodes", NodesHandler, kw),
@@ -475,7 +477,7 @@ class GPUService:
             (p + "metrics", MetricsHandler, kw),
             (p + "oauth_callback", CallbackHandler, kw),
         ], cookie_secret=secrets.token_bytes(32), default_handler_class=NotFoundHandler,
-            default_handler_args=kw, xsrf_cookies=False, log_function=_log_request)
+            default_handler_args=kw, xsrf_cookies=False, log_function=_log_request))
 
     def listen(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Bind ``host:port`` now (0 = a free port) and serve on the running loop.
