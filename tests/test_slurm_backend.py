@@ -418,6 +418,26 @@ def test_server_that_dies_is_reported_with_its_output(
         run(backend.cleanup(alloc, state))
 
 
+def test_a_node_without_the_homes_folder_fails_naming_node_and_folder(
+        slurm_conf: str, client: SlurmClient, workdir: Path) -> None:
+    """The job checks the home on its node: the home's parent folder (the shared file
+    system) is missing there, so the launch fails naming the node and the folder, and
+    nothing is made on the hub's machine or the node."""
+    backend = make_backend(slurm_conf, workdir)
+    alloc, _ = ledger_pair()
+    missing = workdir / "not-mounted"
+    spec = replace(server_spec(alloc, workdir, f"gps-nohome-{uuid.uuid4().hex[:6]}"),
+                   home=HomeMount(str(missing / JOB_USER), f"/home/{JOB_USER}"))
+    state: dict[str, Any] = {}
+    try:
+        with pytest.raises(LaunchFailed) as e:
+            run(backend.launch(spec, state, lambda p, m: None))
+        assert f"node {alloc.node}: the folder {missing} of the home" in str(e.value)
+        assert not missing.exists()
+    finally:
+        run(backend.cleanup(alloc, state))
+
+
 def test_held_job_counts_as_alive_only_right_after_submit(
         backend: SlurmBackend, client: SlurmClient) -> None:
     """PENDING is not alive (batchspawner kept a requeued job "ready"); only a job submitted

@@ -71,7 +71,7 @@ class SlurmHub(HubProcess):
                for u in (USER, OTHER)}
         # job users must reach their homes: not under pytest's tmp_path (0700 root)
         home = Path(tempfile.mkdtemp(prefix="gps-slurmhub-", dir="/tmp"))
-        home.chmod(0o755)
+        home.chmod(0o1777)  # users make their own home in it (the job does), as in /tmp
         self.config.write_text(f"""
 c = get_config()  # noqa: F821
 c.JupyterHub.bind_url = {url!r}

@@ -115,6 +115,7 @@ def make_spawner(tmp_path, client):
             {"slug": "gpu1", "cpu": 1, "memory": "256M", "gpus": 1},
             {"slug": "missing", "cpu": 1, "memory": "256M", "image": "gpuspawner/nope:0"},
         ])
+        (tmp_path / "home").mkdir(exist_ok=True)  # the shared file system's folder
         config.setdefault("home_path_template", str(tmp_path / "home" / "{username}"))
         config.setdefault("cmd", FAKE_SERVER)
         cfg = Config()
@@ -291,6 +292,37 @@ async def test_run_pins_cpuset_and_home_owned_by_uid(make_spawner, client, tmp_p
     assert sp.cluster.ledger.allocations() == []
     assert_removed(client, cid)
     assert client.networks(names=[net_name]) == []
+
+
+async def test_home_is_made_on_the_node_through_its_engine(make_spawner, client, tmp_path):
+    """home_on_node "always": the home is checked and made by a helper container on the
+    node's engine, owned by the user's uid, 0700; the helper is gone afterwards."""
+    sp = make_spawner("nodehome", uid_map={"nodehome": {"uid": 4331, "gid": 4332}},
+                      home_on_node="always")
+    await asyncio.wait_for(sp.start(), 90)
+    try:
+        st = (tmp_path / "home" / "nodehome").stat()
+        assert (st.st_uid, st.st_gid, oct(st.st_mode & 0o777)) == (4331, 4332, "0o700")
+        assert any("on node gpunode" in e["message"] for e in sp._events)
+        assert client.containers(all=True, filters={"label": "gpuspawner.home-helper=1"}) == []
+    finally:
+        await sp.stop()
+
+
+@pytest.mark.parametrize("home_on_node", ["auto", "always"])
+async def test_a_node_without_the_shared_home_fails_naming_node_and_folder(
+        make_spawner, client, tmp_path, home_on_node):
+    """The home's parent (the shared file system) is missing: the spawn fails naming the
+    node and the folder, nothing is made, nothing stays booked."""
+    missing = tmp_path / "not-mounted"
+    sp = make_spawner(f"nohome{home_on_node}", home_on_node=home_on_node,
+                      home_path_template=str(missing / "{username}"))
+    with pytest.raises(web.HTTPError, match=f"node gpunode: the folder {missing} of the home"):
+        await asyncio.wait_for(sp.start(), 90)
+    assert not missing.exists()
+    assert sp.cluster.ledger.allocations() == []
+    assert client.containers(all=True, filters={"label": "gpuspawner.user=nohome"
+                                                         + home_on_node}) == []
 
 
 def test_home_path_cannot_escape(make_spawner):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -28,6 +29,7 @@ from traitlets import Any as AnyTrait
 from traitlets import Enum, Int, TraitError, Unicode, validate
 
 from ..placement import Allocation
+from . import home_script
 from .base import (
     Backend,
     BackendUnavailable,
@@ -55,8 +57,11 @@ from .docker_network import (
     ServerNetwork,
     parse_pool,
 )
-from .home import ensure_home
+from .home import ensure_home, raise_for
 from .spec import ALLOCATION_LABEL, HUB_LABEL, MANAGED_LABEL, LaunchSpec
+
+#: the home rules' source, run by ``python3 -c`` in the helper container
+HOME_SCRIPT = inspect.getsource(home_script)
 
 
 def engine_down(e: BaseException) -> bool:
@@ -139,6 +144,18 @@ class DockerBackend(Backend):
 
     stop_timeout = Int(
         10, help="Seconds a server gets to exit after SIGTERM before it is killed (stop).",
+    ).tag(config=True)
+
+    home_on_node = Enum(
+        ["auto", "always"],
+        default_value="auto",
+        help="""Where the user's home folder is checked and made (gpuspawner.backends.home):
+        "auto": in the hub's process for a node whose engine is on this machine (a unix
+        socket), else on the node itself, through a short-lived helper container of the
+        server's image (root, no network, only the home's parent folder mounted);
+        "always": through the helper container on every node. Either way nothing is made on
+        a machine where the home's parent folder (the shared file system) is missing: the
+        spawn fails naming the node and the folder.""",
     ).tag(config=True)
 
     engine_timeout = Int(
@@ -300,11 +317,7 @@ class DockerBackend(Backend):
         if self.hub_id:
             spec = replace(spec, labels={**spec.labels, HUB_LABEL: self.hub_id})
         if spec.home is not None:
-            try:
-                await asyncio.to_thread(ensure_home, spec.home.host_path, spec.uid, spec.gid,
-                                        legacy=spec.home.legacy_path, user=spec.user)
-            except OSError as e:
-                raise LaunchFailed(f"node {node}: home {spec.home.host_path}: {e}") from None
+            await self._ensure_home(node, spec, progress)
         storage_opt = await self._disk_rule(spec, progress)
         await self._ensure_image(node, spec.image)
         progress(40, f"creating container from {spec.image}")
@@ -349,6 +362,66 @@ class DockerBackend(Backend):
             ip = info["NetworkSettings"]["Networks"][self.network_name]["IPAddress"]
         state["ip"] = ip
         return ip, spec.port
+
+    def _engine_is_local(self, node: str) -> bool:
+        """Whether ``node``'s engine runs on this machine (a unix socket)."""
+        rt = self.nodes.get(node)
+        url = (rt.docker_url if rt else "") or os.environ.get("DOCKER_HOST", "")
+        return not url or url.startswith("unix://")
+
+    async def _ensure_home(self, node: str, spec: LaunchSpec, progress: Progress) -> None:
+        """The home rules (:func:`~gpuspawner.backends.home.ensure_home`) where the server
+        runs: here for a node on this machine, else in a helper container on the node
+        (``home_on_node``).
+
+        Raises:
+            HomeOwnedByOther, HomeParentMissing, LaunchFailed, BackendUnavailable.
+        """
+        home = spec.home
+        assert home is not None
+        if self.home_on_node == "auto" and self._engine_is_local(node):
+            await asyncio.to_thread(ensure_home, home.host_path, spec.uid, spec.gid,
+                                    legacy=home.legacy_path, user=spec.user, node=node)
+            return
+        progress(25, f"checking the home {home.host_path} on node {node}")
+        args = {"path": home.host_path, "uid": spec.uid, "gid": spec.gid,
+                "legacy": home.legacy_path}
+        answer = await self._call(node, self._home_helper, node, spec.image, args)
+        raise_for(answer, home.host_path, spec.uid, user=spec.user, node=node)
+
+    def _home_helper(self, node: str, image: str, args: dict[str, Any]) -> dict[str, Any]:
+        """Run :mod:`~gpuspawner.backends.home_script` on ``node`` in a helper container
+        (blocking): root (to give the folder away), no network, the home's parent folder
+        bind-mounted at its own path (a missing one makes the engine refuse: nothing is made
+        on the node). Returns the script's answer."""
+        cli = self.client(node)
+        parent = os.path.dirname(os.path.normpath(args["path"]))
+        mounts = [docker.types.Mount(parent, parent, type="bind")]
+        try:
+            cid = cli.create_container(
+                image, ["python3", "-c", HOME_SCRIPT, json.dumps(args)], user="0:0",
+                network_disabled=True, labels={"gpuspawner.home-helper": "1"},
+                host_config=cli.create_host_config(
+                    mounts=mounts, security_opt=["no-new-privileges"],
+                    cap_drop=["ALL"], cap_add=["CHOWN", "DAC_OVERRIDE", "FOWNER"]))["Id"]
+        except APIError as e:
+            if "bind source path does not exist" in str(e.explanation or e):
+                return {"error": home_script.NO_PARENT, "parent": parent}
+            raise LaunchFailed(f"node {node}: home helper container refused: "
+                               f"{e.explanation or e}") from None
+        try:
+            cli.start(cid)
+            code = cli.wait(cid, timeout=60).get("StatusCode")
+            out = cli.logs(cid, stdout=True, stderr=True).decode("utf-8", "replace")
+        finally:
+            try:
+                cli.remove_container(cid, force=True)
+            except (APIError, NotFound):
+                pass
+        try:
+            return dict(json.loads(out.strip().splitlines()[-1]))
+        except (ValueError, IndexError):
+            return {"error": "os", "message": f"helper exited with {code}: {out[-300:]}"}
 
     async def _disk_rule(self, spec: LaunchSpec, progress: Progress) -> dict[str, str]:
         """``storage_opt`` for the allocation's disk (:func:`disk_rule`)."""

@@ -1,16 +1,21 @@
-"""The user's home folder on the node: made when missing, moved from its gpuspawner 0.x name,
-and never handed from one uid to another (docs/security.md, "Names"). Used by every backend
-that makes homes (blocking calls: run them in a worker thread)."""
+"""The user's home folder on the node that runs the server: made when missing (its parent,
+the shared file system's folder, must be there), moved from its gpuspawner 0.x name, and never
+handed from one uid to another (docs/security.md, "Names"). The rules are in
+:mod:`~gpuspawner.backends.home_script` (standard library only): run here for a node on this
+machine (:func:`ensure_home`), through a helper container on another Docker node
+(:class:`~gpuspawner.backends.docker_backend.DockerBackend`), checked by the job itself on
+Slurm (:func:`~gpuspawner.backends.slurm.job.job_script`)."""
 
 from __future__ import annotations
 
 import logging
-import os
-import stat
+from collections.abc import Mapping
+from typing import Any
 
-from .base import LaunchRefused
+from . import home_script
+from .base import LaunchFailed, LaunchRefused
 
-__all__ = ["HomeOwnedByOther", "ensure_home"]
+__all__ = ["HomeOwnedByOther", "HomeParentMissing", "ensure_home", "raise_for"]
 
 log = logging.getLogger(__name__)
 
@@ -26,58 +31,72 @@ class HomeOwnedByOther(LaunchRefused):
 
     status_code = 409
 
-    def __init__(self, path: str, owner: int | None, uid: int, user: str = "") -> None:
+    def __init__(self, path: str, owner: int | None, uid: int, user: str = "",
+                 node: str = "") -> None:
         who = f"user {user!r} (uid {uid})" if user else f"uid {uid}"
-        what = (f"belongs to uid {owner}" if owner is not None
-                else "is not a folder")
-        super().__init__(f"home {path} {what}, not to {who}: refused; an admin must check "
-                         "which user it belongs to")
+        what = f"belongs to uid {owner}" if owner is not None else "is not a folder"
+        where = f"node {node}: " if node else ""
+        super().__init__(f"{where}home {path} {what}, not to {who}: refused; an admin must "
+                         "check which user it belongs to")
         self.path, self.owner, self.uid = path, owner, uid
 
 
+class HomeParentMissing(LaunchFailed):
+    """The home's parent folder (the shared file system) is not on the node (HTTP 500):
+    nothing is made there, so a server never gets an empty home on a node without it."""
+
+    def __init__(self, node: str, parent: str, path: str) -> None:
+        super().__init__(f"node {node or 'local'}: the folder {parent} of the home {path} does "
+                         "not exist there: is the shared file system mounted on that node?")
+        self.node, self.parent, self.path = node, parent, path
+
+
+def raise_for(answer: Mapping[str, Any], path: str, uid: int, *, user: str = "",
+              node: str = "") -> str:
+    """The result of :func:`~gpuspawner.backends.home_script.prepare` (``"kept"``,
+    ``"moved"``, ``"made"``, ``"absent"``), or its error raised (and logged for the admin).
+
+    Raises:
+        HomeOwnedByOther, HomeParentMissing; LaunchFailed for an OSError on the node.
+    """
+    error = answer.get("error")
+    if error is None:
+        if answer.get("result") == "moved":
+            log.warning("node %s: home of %s moved from its 0.x name to %s", node or "local",
+                        user or uid, path)
+        return str(answer.get("result"))
+    err: LaunchFailed | LaunchRefused
+    if error in (home_script.OWNED, home_script.NOT_FOLDER):
+        err = HomeOwnedByOther(path, answer.get("owner"), uid, user, node)
+    elif error == home_script.NO_PARENT:
+        err = HomeParentMissing(node, str(answer.get("parent")), path)
+    else:
+        err = LaunchFailed(f"node {node or 'local'}: home {path}: {answer.get('message')}")
+    log.error("%s", err)
+    raise err
+
+
 def ensure_home(path: str, uid: int, gid: int, *, legacy: str | None = None,
-                user: str = "", create: bool = True) -> str:
-    """Make sure the home ``path`` exists and belongs to ``uid`` (blocking).
+                user: str = "", create: bool = True, node: str = "") -> str:
+    """The home rules applied on this machine (blocking):
 
     - exists, a folder of ``uid``: kept as it is;
     - exists otherwise (another uid's folder, a symbolic link, a file): refused;
+    - missing, its parent missing too: refused (the shared file system is not here);
     - missing, and ``legacy`` (the 0.x name's folder, offered only when no other user can
       own it: :func:`~gpuspawner.hub.identity.legacy_home_owner`) is a folder of ``uid``:
       renamed to ``path``;
-    - missing otherwise: made (mode 0700, parents as needed) and given to ``uid:gid`` when
-      ``create``; else left to the site (a cluster's homes).
+    - missing otherwise: made (mode 0700) and given to ``uid:gid`` when ``create``.
 
     Returns:
-        "kept", "moved" or "made" (or "absent" when not ``create``).
+        "kept", "moved", "made" (or "absent" when not ``create``).
     Raises:
-        HomeOwnedByOther: it (or the folder in its place) is not ``uid``'s folder; logged as
-            an error for the admin.
-        OSError: it cannot be made, moved or given away.
+        HomeOwnedByOther: it is not ``uid``'s folder (logged as an error for the admin).
+        HomeParentMissing: its parent folder does not exist.
+        LaunchFailed: it cannot be made, moved or given away (an OSError).
     """
     try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        st = None
-    if st is not None:
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == uid:
-            return "kept"
-        err = HomeOwnedByOther(path, st.st_uid if stat.S_ISDIR(st.st_mode) else None, uid,
-                               user)
-        log.error("%s", err)
-        raise err
-    if legacy and legacy != path:
-        try:
-            old = os.lstat(legacy)
-        except FileNotFoundError:
-            old = None
-        if old is not None and stat.S_ISDIR(old.st_mode) and old.st_uid == uid:
-            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-            os.rename(legacy, path)
-            log.warning("home of %s moved from its 0.x name %s to %s", user or uid, legacy,
-                        path)
-            return "moved"
-    if not create:
-        return "absent"
-    os.makedirs(path, mode=0o700)
-    os.chown(path, uid, gid)
-    return "made"
+        answer = home_script.prepare(path, uid, gid, legacy, create)
+    except OSError as e:
+        answer = {"error": "os", "message": str(e)}
+    return raise_for(answer, path, uid, user=user, node=node)

@@ -47,7 +47,6 @@ from ..base import (
     Progress,
     ServerRef,
 )
-from ..home import ensure_home
 from ..spec import LaunchSpec
 from .commands import JobInfo, SlurmClient, SlurmError, parse_jobs, parse_nodes
 from .gres import gres_type
@@ -503,12 +502,7 @@ class SlurmBackend(Backend):
                 self._rest_job(plan, alloc)  # refuse what v0.0.38 cannot express, up front
         except ValueError as e:
             raise LaunchRefused(f"node {alloc.node}: {e}") from None
-        if spec.home is not None:
-            try:
-                await asyncio.to_thread(ensure_home, spec.home.host_path, spec.uid, spec.gid,
-                                        legacy=spec.home.legacy_path, user=spec.user)
-            except OSError as e:
-                raise LaunchFailed(f"home {spec.home.host_path}: {e}") from None
+        # the home is checked and made by the job on its node (job.home_lines), never here
         for info in await self._ask(alloc.node, self.client.show_nodes(alloc.node)):
             if not info.usable:
                 # a drained or dead node would keep the job PENDING until submit_timeout

@@ -20,6 +20,7 @@ Units: memory in MiB for Slurm (``--mem``, ``Mem=``), bytes in the allocation.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -209,6 +210,44 @@ def plan_job(spec: LaunchSpec, node: Node, *, mode: str = "exact", partition: st
     return JobPlan(tuple(opts), gres, binding, memory_mb, workdir)
 
 
+def home_lines(spec: LaunchSpec) -> list[str]:
+    """Shell lines by which the job, as the user on its node, applies the home rules
+    (:func:`gpuspawner.backends.home.ensure_home`) where the server runs: a missing home is
+    moved from its 0.x name (a folder of the user's) or made 0700 in its parent folder; a
+    missing parent (the shared file system not mounted on the node) is exit 73 naming the
+    node and the folder; a home that is not a folder of the user's is exit 74. Nothing is
+    made on the hub's machine. No lines without a home."""
+    if spec.home is None:
+        return []
+    q = shlex.quote
+    home = spec.home.host_path
+    parent = os.path.dirname(os.path.normpath(home)) or "."
+    lines = [
+        f"gps_home={q(home)} gps_parent={q(parent)}",
+        'gps_node="${SLURMD_NODENAME:-$(hostname)}"',
+        'if [ ! -e "$gps_home" ] && [ ! -L "$gps_home" ]; then',
+        '  [ -d "$gps_parent" ] || { echo "gpuspawner: node $gps_node: the folder $gps_parent'
+        ' of the home $gps_home does not exist there: is the shared file system mounted on'
+        ' that node?" >&2; exit 73; }',
+    ]
+    legacy = spec.home.legacy_path
+    if legacy and legacy != home:
+        lines += [f"  gps_legacy={q(legacy)}",
+                  '  if [ -d "$gps_legacy" ] && [ ! -L "$gps_legacy" ] && [ -O "$gps_legacy" ];'
+                  ' then mv -T -- "$gps_legacy" "$gps_home"; fi']
+    lines += [
+        '  [ -e "$gps_home" ] || mkdir -m 0700 -- "$gps_home" || { echo "gpuspawner: node'
+        ' $gps_node: cannot make the home $gps_home" >&2; exit 73; }',
+        "fi",
+        'if [ -L "$gps_home" ] || [ ! -d "$gps_home" ] || [ ! -O "$gps_home" ]; then',
+        '  echo "gpuspawner: node $gps_node: home $gps_home belongs to uid'
+        ' $(stat -c %u -- "$gps_home"), not to uid $(id -u): refused; an admin must check'
+        ' which user it belongs to" >&2; exit 74',
+        "fi",
+    ]
+    return lines
+
+
 def job_script(spec: LaunchSpec, *, python: str, scontrol: str = "scontrol",
                prologue: Sequence[str] = (), listen: str = "127.0.0.1") -> str:
     """The batch script of one server, built from the spec alone (never from
@@ -226,7 +265,7 @@ def job_script(spec: LaunchSpec, *, python: str, scontrol: str = "scontrol",
     ``batchspawner-singleuser`` likewise picks the port on the node before the server starts.
 
     Exit codes of the script before the server runs: 70 (no working directory), 71 (no free
-    port), 72 (the port could not be reported).
+    port), 72 (the port could not be reported), 73 and 74 (the home: :func:`home_lines`).
 
     Args:
         spec: the server.
@@ -265,6 +304,7 @@ def job_script(spec: LaunchSpec, *, python: str, scontrol: str = "scontrol",
             parts.hostname or "")
         before = urlunsplit((parts.scheme, netloc_host + ":", "", "", ""))
         after = urlunsplit(("", "", parts.path, parts.query, parts.fragment))
+    lines += home_lines(spec)
     lines += [
         f"cd -- {q(workdir)} || {{ echo 'gpuspawner: cannot enter {workdir}' >&2; exit 70; }}",
         f"port=$({q(python)} -c {q(_PICK_PORT)} {q(host)}) "
