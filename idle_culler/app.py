@@ -89,8 +89,8 @@ class IdleCuller(Application):
     overrides_file = Unicode("", help=dedent(f"""
         YAML file holding admins' policy changes through the web API (mode 0600), merged over
         --policies at start and after each change; the policies file itself is never
-        written. Default: {OVERRIDES_FILE_NAME} in the service's working directory; a
-        hub-managed culler should name one in the hub's state folder.""")).tag(config=True)
+        written. Default: {OVERRIDES_FILE_NAME} in the folder of --cull-log (the service's
+        state folder) when one is given, else in the working directory.""")).tag(config=True)
     gpuspawner_url = Unicode(help=dedent("""
         URL of the gpuspawner service, e.g. http://127.0.0.1:8000/services/gpuspawner/ (through
         the proxy) or its own loopback URL and prefix: its wait queue (api/queue) and GPU
@@ -139,8 +139,12 @@ class IdleCuller(Application):
 
     def overrides_path(self) -> str:
         """The overrides file, absolute: ``overrides_file``, else
-        :data:`~idle_culler.policies.OVERRIDES_FILE_NAME` in the working directory."""
-        return os.path.abspath(self.overrides_file or OVERRIDES_FILE_NAME)
+        :data:`~idle_culler.policies.OVERRIDES_FILE_NAME` beside ``cull_log`` (the service's
+        state folder; ``hub_config`` puts it in the hub's) or in the working directory."""
+        if self.overrides_file:
+            return os.path.abspath(self.overrides_file)
+        folder = os.path.dirname(os.path.abspath(self.cull_log)) if self.cull_log else "."
+        return os.path.abspath(os.path.join(folder, OVERRIDES_FILE_NAME))
 
     def build(self) -> Culler:
         """The :class:`Culler` with its sources, from this configuration."""

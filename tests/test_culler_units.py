@@ -170,8 +170,8 @@ def test_bad_overrides_file_names_itself(tmp_path: Path) -> None:
 
 async def test_app_overrides_file_default_and_restart(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """``--overrides`` (default: culler_policy_overrides.yaml in the working directory); a
-    culler built again from the same configuration applies the overrides."""
+    """``--overrides`` (default: culler_policy_overrides.yaml beside ``--cull-log``, else in the
+    working directory); a culler built again from the same configuration applies them."""
     from idle_culler.app import IdleCuller
 
     monkeypatch.chdir(tmp_path)
@@ -180,6 +180,9 @@ async def test_app_overrides_file_default_and_restart(tmp_path: Path,
     app = IdleCuller()
     app.initialize(["--policies", str(shipped)])
     assert app.overrides_path() == str(tmp_path / "culler_policy_overrides.yaml")
+    beside_log = IdleCuller()  # the service's state folder: where its cull log goes
+    beside_log.initialize(["--policies", str(shipped), "--cull-log", "var/hub/culls.jsonl"])
+    assert beside_log.overrides_path() == str(tmp_path / "var/hub/culler_policy_overrides.yaml")
     ov = tmp_path / "state" / "ov.yaml"
     first = IdleCuller()
     first.initialize(["--policies", str(shipped), "--overrides", str(ov)])
