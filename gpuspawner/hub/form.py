@@ -15,7 +15,7 @@ from traitlets.config import LoggingConfigurable
 from ..placement import GPU, GPU_MILLI, Bundle, Ledger, Node, format_bytes
 from ..placement.devices import model_allowed
 from .profiles import OptionsError, Profile, ProfileConfigError, choose_profile, load_profiles
-from .user_options import pending_refusal
+from .user_options import pending_refusal, watch_spawn
 
 
 def plural(n: float, word: str, words: str | None = None) -> str:
@@ -204,9 +204,10 @@ def render_form(template_name: str, extra_paths: Sequence[str], **context: Any) 
 
 class OptionsFormMixin(LoggingConfigurable):
     """The spawn form of :class:`~gpuspawner.hub.spawner.GPUSpawner`: profile cards with live
-    availability, ``options_from_form`` and an early ``apply_user_options`` check. Expects the
-    spawner's ``profiles``, ``cluster``, ``user``, ``group_names``, ``chosen_profile`` and
-    ``raise_options_refusal``."""
+    availability, ``options_from_form``, an early ``apply_user_options`` check and the undo of
+    a refused spawn (``apply_group_overrides``). Expects the spawner's ``profiles``,
+    ``cluster``, ``user``, ``group_names``, ``chosen_profile`` and ``raise_options_refusal``.
+    """
 
     profile_form_template = Unicode(
         "profiles.html.j2",
@@ -253,6 +254,13 @@ class OptionsFormMixin(LoggingConfigurable):
     def group_names(self) -> list[str]:
         """Names of the user's JupyterHub groups."""
         return sorted(g.name for g in getattr(getattr(self, "user", None), "groups", []) or [])
+
+    async def apply_group_overrides(self) -> None:
+        """JupyterHub's first spawner call of a spawn (``User.spawn``, before
+        ``apply_user_options``): from here a refused spawn leaves no record it made and no
+        options it brought (:func:`gpuspawner.hub.user_options.watch_spawn`)."""
+        watch_spawn(self)
+        await super().apply_group_overrides()  # type: ignore[misc]
 
     def raise_options_refusal(self) -> None:
         """Raise the HTTP 400 recorded when refused ``user_options`` were kept out of the

@@ -15,12 +15,25 @@ that is too large or that the spawner's profiles refuse is never assigned:
   previous value and records the refusal; ``GPUSpawner.apply_user_options``, which JupyterHub
   runs inside its spawn ``try`` block, raises it as ``HTTPError(400)``, so the hub cleans up
   the half-made server as after any failed spawn.
+
+A refused spawn leaves the hub's database as it was (:func:`watch_spawn`, from
+``GPUSpawner.apply_group_overrides``, JupyterHub's first spawner call in ``User.spawn``): the
+REST ``POST`` of a *new* named server makes its record (``orm.Spawner``) before the spawn, and
+a failed spawn keeps it, so five refused spawns on new names used to fill
+``named_server_limit_per_user`` with records the user model does not list. When the spawn
+ends in a refusal (an HTTP 4xx: options, quota, capacity), a record this very request made
+(:data:`_born`, set by SQLAlchemy's ``init`` event of ``orm.Spawner``, after the request's
+start) is deleted, as ``DELETE ... {"remove": true}`` would; an existing record gets back the
+``user_options`` it had before the spawn (the guard keeps refused options out; a spawn refused
+for quota or capacity would otherwise keep the new ones as the next start's defaults).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
+import time
 import weakref
 from typing import Any
 
@@ -31,6 +44,14 @@ from .profiles import OptionsError, choose_profile, load_profiles
 _installed: dict[str, Any] = {}
 #: refusals recorded during a spawn, by ``orm.Spawner`` row; raised by :func:`pending_refusal`
 _refused: weakref.WeakKeyDictionary[Any, web.HTTPError] = weakref.WeakKeyDictionary()
+#: when each ``orm.Spawner`` this process made was made (``time.time()``)
+_born: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+#: ``user_options`` of an ``orm.Spawner`` before the spawn that set new ones, with that spawn's
+#: ``orm.Server`` (to tell this spawn's value from an earlier one's)
+_before_spawn: weakref.WeakKeyDictionary[Any, tuple[Any, Any]] = weakref.WeakKeyDictionary()
+#: set while :func:`watch_spawn` puts the previous ``user_options`` back (not checked again)
+_restoring: list[bool] = []
+_log = logging.getLogger("gpuspawner")
 
 
 def pending_refusal(orm_spawner: Any) -> web.HTTPError | None:
@@ -78,6 +99,11 @@ def install_user_options_guard(profiles_config: Any, max_bytes: int,
     from sqlalchemy import event
 
     def on_set(target: Any, value: Any, oldvalue: Any, initiator: Any) -> Any:
+        if _restoring:
+            return value
+        if getattr(target, "server", None) is not None:  # inside a spawn: keep the old value
+            _before_spawn[target] = (target.server, copy.deepcopy(
+                oldvalue if isinstance(oldvalue, dict) else {}))
         user = getattr(target, "user", None)
         groups = sorted(g.name for g in (getattr(user, "groups", None) or []))
         _refused.pop(target, None)
@@ -93,6 +119,98 @@ def install_user_options_guard(profiles_config: Any, max_bytes: int,
                 log.debug("user_options guard skipped: %s", e)
         return value
 
-    event.listen(orm.Spawner.user_options, "set", on_set, retval=True)
+    # active_history: the old value even when not loaded (kept for a refused spawn)
+    event.listen(orm.Spawner.user_options, "set", on_set, retval=True, active_history=True)
     _installed["listener"] = on_set
+    mark_new_records()
     return True
+
+
+def _on_spawner_init(target: Any, args: Any, kwargs: Any) -> None:
+    _born[target] = time.time()
+
+
+def mark_new_records() -> None:
+    """Note when each ``orm.Spawner`` is made (SQLAlchemy ``init`` event), once per process.
+    Registered when this module is imported (with the spawner class, while the hub loads its
+    configuration), before any request can make a record."""
+    try:
+        from jupyterhub import orm
+        from sqlalchemy import event
+    except ImportError:  # pragma: no cover - the hub side without JupyterHub
+        return
+    if not event.contains(orm.Spawner, "init", _on_spawner_init):
+        event.listen(orm.Spawner, "init", _on_spawner_init)
+
+
+def _made_by_this_request(orm_spawner: Any, handler: Any) -> bool:
+    """Whether ``orm_spawner`` was made while ``handler``'s request was being answered."""
+    born = _born.get(orm_spawner)
+    request = getattr(handler, "request", None)
+    if born is None or request is None:
+        return False
+    return born >= time.time() - request.request_time()
+
+
+def watch_spawn(spawner: Any) -> None:
+    """Called at the start of every spawn of ``spawner`` (inside JupyterHub's ``User.spawn``):
+    when the spawn ends in a refusal (HTTP 4xx), delete the named server's record if this
+    request made it, else put back the ``user_options`` it had before this spawn (see the
+    module's docstring). Anything else (success, 5xx, cancel) changes nothing."""
+    orm_spawner = getattr(spawner, "orm_spawner", None)
+    future = getattr(spawner, "_spawn_future", None)
+    if orm_spawner is None or future is None or future.done():
+        return
+    before = _before_spawn.pop(orm_spawner, None)
+    previous = before[1] if before and before[0] is orm_spawner.server else None
+    new = bool(spawner.name) and _made_by_this_request(orm_spawner, spawner.handler)
+    if not new and previous is None:
+        return
+
+    def done(f: Any) -> None:
+        if f.cancelled():
+            return
+        e = f.exception()
+        if not (isinstance(e, web.HTTPError) and 400 <= e.status_code < 500):
+            return
+        if spawner.active or orm_spawner.server is not None:
+            return
+        try:
+            if new:
+                _remove_record(spawner, orm_spawner, e.status_code)
+            elif orm_spawner.user_options != previous:
+                _restoring.append(True)
+                try:
+                    orm_spawner.user_options = previous
+                    spawner.user.db.commit()
+                except Exception:
+                    spawner.user.db.rollback()
+                    raise
+                finally:
+                    _restoring.pop()
+                spawner.user_options = previous
+        except Exception:  # never let the cleanup hide the refusal
+            _log.exception("%s: could not undo the refused spawn", spawner._log_name)
+
+    future.add_done_callback(done)
+
+
+def _remove_record(spawner: Any, orm_spawner: Any, status: int) -> None:
+    """Delete the named server record ``orm_spawner`` that the refused request made."""
+    user = spawner.user
+    if user.orm_spawners.get(spawner.name) is not orm_spawner:
+        return  # renamed or replaced meanwhile
+    _log.info("%s: spawn refused (HTTP %s); removing the named server its request made",
+              spawner._log_name, status)
+    if user.spawners.get(spawner.name) is spawner:
+        user.spawners.pop(spawner.name)
+    db = user.db
+    try:  # as JupyterHub's DELETE .../servers/NAME {"remove": true} does
+        db.delete(orm_spawner)
+        db.commit()
+    except Exception:
+        db.rollback()  # the hub's one session must stay usable
+        raise
+
+
+mark_new_records()
