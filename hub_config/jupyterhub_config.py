@@ -25,7 +25,8 @@ c = get_config()  # noqa: F821  (provided by JupyterHub when it loads this file)
 
 REPO = Path(__file__).resolve().parent.parent
 STATE = Path(os.environ.get("GPUSPAWNER_STATE_DIR", REPO / "var" / "hub"))
-STATE.mkdir(parents=True, exist_ok=True)
+# 0700; an existing looser one is tightened by the check at the end (GPUSpawner.state_dir)
+STATE.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 # -- the hub and its proxy ------------------------------------------------------------------
 # The hub network (198.18.0.0/28) is made on the local engine when missing; its gateway
@@ -51,6 +52,8 @@ chp = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
 if chp.exists():
     c.ConfigurableHTTPProxy.command = [str(chp)]
 c.JupyterHub.db_url = f"sqlite:///{STATE / 'jupyterhub.sqlite'}"
+# gpuspawner's state (queue, drains) stays here wherever db_url goes; 0700, files 0600
+c.GPUSpawner.state_dir = str(STATE)
 c.JupyterHub.cookie_secret_file = str(STATE / "jupyterhub_cookie_secret")
 c.JupyterHub.pid_file = str(STATE / "jupyterhub.pid")
 c.ConfigurableHTTPProxy.pid_file = str(STATE / "proxy.pid")

@@ -10,6 +10,7 @@ files, or this host through sysfs and NVML) so that the first spawn does not, an
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -94,8 +95,15 @@ def check_spawner_settings(settings: Mapping[str, Any], config: Any = None) -> N
     if not isinstance(get("nodes"), list) or not get("nodes"):
         raise HubConfigError("GPUSpawner.nodes: must be a non-empty list of node entries")
     from .drains import DrainFileError
-    from .settings import HEALTH_TRAITS, QUEUE_TRAITS, health_settings, queue_settings
+    from .settings import (
+        HEALTH_TRAITS,
+        QUEUE_TRAITS,
+        health_settings,
+        hub_db_url,
+        queue_settings,
+    )
     from .spawn_queue import QueueFileError
+    from .state import prepare_state_dir
 
     try:
         db_url = None
@@ -106,6 +114,15 @@ def check_spawner_settings(settings: Mapping[str, Any], config: Any = None) -> N
         queue = queue_settings({n: settings[n] for n in QUEUE_TRAITS if n in settings}, db_url)
     except ValueError as e:
         raise HubConfigError(f"GPUSpawner.{e}") from None
+    try:
+        # the state folder 0700 and its files 0600 (the SQLite database made 0600 before
+        # JupyterHub creates it): gpuspawner.hub.state
+        changed = prepare_state_dir(str(get("state_dir") or ""), db_url or hub_db_url(),
+                                    [health.drains_file, queue.file])
+    except OSError as e:
+        raise HubConfigError(f"GPUSpawner.state_dir: {e}") from None
+    for line in changed:
+        logging.getLogger("gpuspawner").info("state folder: %s", line)
     try:
         # builds the hub's cluster: every topology is read here, once, before any spawn; the
         # drains file is checked and applied to the new ledger

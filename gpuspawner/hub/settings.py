@@ -76,10 +76,17 @@ class SpawnerSettings(LoggingConfigurable):
     user_options_max_bytes = Int(4096, help="""Largest user_options (as JSON, bytes) accepted;
         larger ones are refused with HTTP 400 before the hub stores them.""").tag(config=True)
 
+    state_dir = Unicode("", help="""Folder of gpuspawner's state on the hub's machine: the
+        wait queue (gpuspawner-queue.json) and the GPU drains (gpuspawner-drains.json), unless
+        queue_file / gpu_drains_file name other files. When the hub starts (the configuration
+        check) it is made mode 0700 if missing, a folder named here is tightened to 0700, and
+        its state files are made 0600, the hub's SQLite database too when it lives here (made
+        empty with 0600 before JupyterHub creates it). Empty (default) = the folder of the
+        hub's SQLite database (JupyterHub.db_url), else the hub's working directory (left at
+        its mode). gpuspawner.hub.state.""").tag(config=True)
     gpu_drains_file = Unicode("", help="""JSON file that keeps drained GPUs (an admin's
         drain-gpu and the health check's) across hub restarts. Empty = gpuspawner-drains.json
-        beside the hub's SQLite database (JupyterHub.db_url), else in the hub's working
-        directory. Its folder must exist and be writable; checked when the hub starts.
+        in state_dir. Its folder must exist and be writable; checked when the hub starts.
         """).tag(config=True)
     gpu_health_interval = Float(60.0, help="""Seconds between two health readings of this
         host's GPUs (nodes with topology "auto"): NVML ECC counts, retired pages, remapped
@@ -95,9 +102,9 @@ class SpawnerSettings(LoggingConfigurable):
         GPU may have and stay healthy.""").tag(config=True)
 
     queue_file = Unicode("", help="""JSON file that keeps the wait queue across hub restarts
-        (the order, the waiting spawns' user_options). Empty = gpuspawner-queue.json beside the
-        hub's SQLite database (JupyterHub.db_url), else in the hub's working directory. Its
-        folder must exist and be writable; checked when the hub starts.""").tag(config=True)
+        (the order, the waiting spawns' user_options). Empty = gpuspawner-queue.json in
+        state_dir. Its folder must exist and be writable; checked when the hub starts.
+        """).tag(config=True)
     queue_timeout = Float(4 * 3600.0, help="""Seconds a spawn may wait in the queue for its
         bundle (profiles with queue: true); then it fails with the reason. This wait is not
         counted in Spawner.start_timeout.""").tag(config=True)
@@ -117,8 +124,8 @@ class SpawnerSettings(LoggingConfigurable):
 
     def gpu_health_settings(self, db_url: str | None = None) -> GPUHealthSettings:
         """The ``gpu_*`` traits as :class:`~gpuspawner.hub.cluster.GPUHealthSettings`; an
-        empty ``gpu_drains_file`` resolves beside ``db_url`` (the hub's; None: read from the
-        running hub when there is one)."""
+        empty ``gpu_drains_file`` resolves in ``state_dir``, by default beside ``db_url`` (the
+        hub's; None: read from the running hub when there is one)."""
         return health_settings({name: getattr(self, name) for name in HEALTH_TRAITS}, db_url)
 
     @validate("queue_timeout", "queue_max_bypass", "queue_group_weights",
@@ -182,7 +189,7 @@ class SpawnerSettings(LoggingConfigurable):
 
 
 #: the GPUSpawner traits of GPU health and drains
-HEALTH_TRAITS = ("gpu_drains_file", "gpu_health_interval", "gpu_health_xids",
+HEALTH_TRAITS = ("state_dir", "gpu_drains_file", "gpu_health_interval", "gpu_health_xids",
                  "gpu_health_max_uncorrected_ecc", "gpu_health_max_retired_pages")
 
 
@@ -199,7 +206,8 @@ def health_settings(values: dict[str, Any], db_url: str | None = None) -> GPUHea
     """:class:`~gpuspawner.hub.cluster.GPUHealthSettings` from ``GPUSpawner`` trait values
     (missing ones take the traits' defaults). Raises ValueError for a negative interval."""
     from .cluster import GPUHealthSettings
-    from .drains import default_drains_file
+    from .drains import DRAINS_FILE_NAME
+    from .state import state_file
 
     traits = SpawnerSettings.class_traits()
 
@@ -209,7 +217,8 @@ def health_settings(values: dict[str, Any], db_url: str | None = None) -> GPUHea
     interval = float(get("gpu_health_interval"))
     if interval < 0:
         raise ValueError(f"gpu_health_interval: must be >= 0 seconds, got {interval}")
-    path = str(get("gpu_drains_file") or "") or default_drains_file(db_url or hub_db_url())
+    path = str(get("gpu_drains_file") or "") or state_file(
+        str(get("state_dir") or ""), db_url or hub_db_url(), DRAINS_FILE_NAME)
     return GPUHealthSettings(
         drains_file=path, interval_s=interval,
         thresholds=HealthThresholds(
@@ -219,20 +228,22 @@ def health_settings(values: dict[str, Any], db_url: str | None = None) -> GPUHea
 
 
 #: the GPUSpawner traits of the wait queue
-QUEUE_TRAITS = ("queue_file", "queue_timeout", "queue_max_bypass", "queue_group_weights",
-                "queue_restore_grace")
+QUEUE_TRAITS = ("state_dir", "queue_file", "queue_timeout", "queue_max_bypass",
+                "queue_group_weights", "queue_restore_grace")
 
 
 def queue_settings(values: dict[str, Any], db_url: str | None = None) -> QueueSettings:
     """:class:`~gpuspawner.hub.spawn_queue.QueueSettings` from ``GPUSpawner`` trait values
-    (missing ones take the traits' defaults; an empty file resolves beside ``db_url``).
+    (missing ones take the traits' defaults; an empty file resolves in ``state_dir``, by
+    default beside ``db_url``: :func:`~gpuspawner.hub.state.state_file`).
 
     Raises:
         ValueError: a timeout or grace <= 0, a negative bypass, a weight that is not a
             number > 0; the message starts with the trait, e.g.
             ``queue_group_weights.students: must be a number > 0, got 0``.
     """
-    from .spawn_queue import QueueSettings, default_queue_file
+    from .spawn_queue import QUEUE_FILE_NAME, QueueSettings
+    from .state import state_file
 
     traits = SpawnerSettings.class_traits()
 
@@ -248,7 +259,8 @@ def queue_settings(values: dict[str, Any], db_url: str | None = None) -> QueueSe
     for group, w in weights.items():
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not w > 0:
             raise ValueError(f"queue_group_weights.{group}: must be a number > 0, got {w!r}")
-    path = str(get("queue_file") or "") or default_queue_file(db_url or hub_db_url())
+    path = str(get("queue_file") or "") or state_file(
+        str(get("state_dir") or ""), db_url or hub_db_url(), QUEUE_FILE_NAME)
     return QueueSettings(file=path, timeout_s=float(get("queue_timeout")),
                          max_bypass=int(get("queue_max_bypass")),
                          group_weights={g: float(w) for g, w in weights.items()},
