@@ -52,16 +52,34 @@ def _configuration_page() -> None:
     documented there)."""
     import importlib
 
-    classes = [("The spawner", "gpuspawner.hub.spawner", "GPUSpawner"),
-               ("The Docker backend (`c.GPUSpawner.backend = \"docker\"`)",
-                "gpuspawner.backends.docker_backend", "DockerBackend"),
-               ("LDAP login (entry point `gpu-ldap`)", "gpuspawner.hub.auth",
-                "GPULDAPAuthenticator"),
-               ("The idle culler (`python -m idle_culler`)", "idle_culler.app", "IdleCuller")]
+    from gpuspawner.cli import CONFIG_CLASSES
+    from gpuspawner.hub.config_check import IGNORED_SPAWNER_OPTIONS
+
+    titles = {"GPUSpawner": "The spawner",
+              "DockerBackend": "The Docker backend (`c.GPUSpawner.backend = \"docker\"`)",
+              "SlurmBackend": "The Slurm backend (`c.GPUSpawner.backend = \"slurm\"`)",
+              "GPULDAPAuthenticator": "LDAP login (entry point `gpu-ldap`)"}
+    classes = [(titles[name], module, name) for module, name in CONFIG_CLASSES]
+    classes.append(("The idle culler (`python -m idle_culler`; its own "
+                    "`idle_culler_config.py` or command line)", "idle_culler.app", "IdleCuller"))
+    ignored = ", ".join(f"`{name}` (profile field `{field}`)"
+                        for name, field in IGNORED_SPAWNER_OPTIONS.items())
     lines = ["# Configuration reference", "",
              "Every option is a traitlets trait, set in `jupyterhub_config.py` as "
-             "`c.<Class>.<trait>`; the hub checks the spawner's when it starts "
-             "(`gpuspawner.hub.config_check.check_hub_config`). Generated from the classes.", ""]
+             "`c.<Class>.<trait>` (the culler's in its own configuration file or on its "
+             "command line); the hub checks the spawner's and the backend's when it starts "
+             "(`gpuspawner.hub.config_check.check_hub_config`). Generated from the classes: "
+             "each lists the options it defines; the options GPUSpawner inherits from "
+             "JupyterHub's `Spawner` (`start_timeout`, `http_timeout`, `environment`, ...) and "
+             "the LDAP authenticator's from ldapauthenticator are documented by those projects.",
+             "",
+             "`gpuspawner generate-config` prints all of them, inherited ones included, as a "
+             "commented configuration file (`gpuspawner generate-config --culler`: the "
+             "culler's). `jupyterhub --generate-config` lists JupyterHub's own classes only.",
+             "",
+             f"GPUSpawner ignores JupyterHub's {ignored}: every server gets its profile's "
+             "bundle. Setting one of them on `c.Spawner` or `c.GPUSpawner` stops the hub at "
+             "start with the profile field that replaces it.", ""]
     for title, module, name in classes:
         cls = getattr(importlib.import_module(module), name)
         lines += [f"## {title}: `{name}`", "", "```{eval-rst}"]

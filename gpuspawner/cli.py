@@ -12,6 +12,10 @@ Subcommands:
   of that node's line in slurm.conf (``scripts/slurm.sh`` reads it from there).
 * ``gpuspawner health``, ``gpuspawner drain-gpu UUID --reason TEXT``, ``gpuspawner undrain-gpu
   UUID``: GPU health of this host and drains through the hub (:mod:`gpuspawner.health_cli`).
+* ``gpuspawner generate-config [--culler] [-o FILE]``: a commented ``jupyterhub_config.py``
+  with every option of GPUSpawner (its JupyterHub ``Spawner`` options included), DockerBackend,
+  SlurmBackend and GPULDAPAuthenticator, as ``jupyterhub --generate-config`` writes JupyterHub's
+  (:func:`generate_config`); ``--culler``: the idle culler's ``idle_culler_config.py``.
 * ``gpuspawner simulate ...``: provided by :mod:`gpuspawner.simulate` (its ``add_arguments`` and
   ``run``, from :mod:`gpuspawner.simulate.cli`).
 """
@@ -137,6 +141,79 @@ def _add_slurm_gres(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_slurm_gres)
 
 
+#: (module, class) of the hub's configurable classes in ``gpuspawner generate-config``
+CONFIG_CLASSES = (("gpuspawner.hub.spawner", "GPUSpawner"),
+                  ("gpuspawner.backends.docker_backend", "DockerBackend"),
+                  ("gpuspawner.backends.slurm.backend", "SlurmBackend"),
+                  ("gpuspawner.hub.auth", "GPULDAPAuthenticator"))
+
+
+def generate_config(culler: bool = False) -> str:
+    """A commented configuration file, every option with its help and default, written by
+    traitlets' ``Configurable.class_config_section`` as ``jupyterhub --generate-config``
+    writes JupyterHub's.
+
+    Each class's section holds all its options under its own name (``c.GPUSpawner.*`` with
+    the ``Spawner`` options it inherits; ``c.GPULDAPAuthenticator.*`` with ldapauthenticator's
+    and JupyterHub's ``Authenticator`` options). ``Spawner`` options that GPUSpawner ignores
+    (:data:`~gpuspawner.hub.config_check.IGNORED_SPAWNER_OPTIONS`) carry the profile field that
+    replaces them instead of JupyterHub's help: setting one stops the hub.
+
+    Args:
+        culler: the idle culler's ``idle_culler_config.py`` (``c.IdleCuller.*``) instead.
+    """
+    import importlib
+
+    from .hub.config_check import IGNORED_SPAWNER_OPTIONS
+
+    if culler:
+        from idle_culler.app import IdleCuller
+
+        classes: list[type] = [IdleCuller]
+        head = ["# Configuration file of the idle culler (idle_culler_config.py in its working",
+                "# directory; command-line options win). Made by: gpuspawner generate-config "
+                "--culler"]
+    else:
+        classes, missing = [], []
+        for module, name in CONFIG_CLASSES:
+            try:
+                classes.append(getattr(importlib.import_module(module), name))
+            except ImportError as e:  # the LDAP authenticator without ldapauthenticator
+                missing.append(f"# {name}: not installed here ({e})")
+        head = ["# gpuspawner options for jupyterhub_config.py: GPUSpawner, its backends and the",
+                "# LDAP authenticator. Made by: gpuspawner generate-config. JupyterHub's own",
+                "# options (c.JupyterHub.*): jupyterhub --generate-config.", *missing]
+    lines = [*head, "", "c = get_config()  # noqa", ""]
+    for cls in classes:
+        blocks = cls.class_config_section(classes).split("\n\n")
+        for i, block in enumerate(blocks):
+            for trait, field in IGNORED_SPAWNER_OPTIONS.items():
+                tail = f"# c.{cls.__name__}.{trait} = "
+                if cls.__name__ == "GPUSpawner" and tail in block:
+                    setting = block[block.index(tail):]
+                    blocks[i] = (f"## Ignored by GPUSpawner: set the profile field '{field}' "
+                                 "in c.GPUSpawner.profiles.\n#  Setting it stops the hub at "
+                                 f"start.\n{setting}")
+        lines += ["\n\n".join(blocks), ""]
+    return "\n".join(lines)
+
+
+def _cmd_generate_config(args: argparse.Namespace) -> int:
+    _write(generate_config(culler=args.culler), args.output)
+    return 0
+
+
+def _add_generate_config(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate-config", help="print every option as a commented config file",
+                       description="Print a commented configuration file with every option of "
+                       "GPUSpawner, DockerBackend, SlurmBackend and GPULDAPAuthenticator (their "
+                       "help, defaults and units), for jupyterhub_config.py.")
+    p.add_argument("--culler", action="store_true",
+                   help="the idle culler's options (idle_culler_config.py) instead")
+    p.add_argument("-o", "--output", default=None, help="write to this file instead of stdout")
+    p.set_defaults(func=_cmd_generate_config)
+
+
 def _add_simulate(sub: argparse._SubParsersAction) -> None:
     from . import simulate
 
@@ -159,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .health_cli import add_subcommands as _add_health
 
     _add_health(sub)
+    _add_generate_config(sub)
     _add_simulate(sub)
     return parser
 

@@ -122,6 +122,32 @@ def test_check_hub_config_exits_with_the_reason(tmp_path: Path):
         assert f"idle culler --policies {bad}: global.idle_timeout" in str(e.value)
 
 
+@pytest.mark.parametrize("section", ["Spawner", "GPUSpawner"])
+@pytest.mark.parametrize("name, value, field", [
+    ("mem_limit", "4G", "memory"), ("mem_guarantee", "1G", "memory"),
+    ("cpu_limit", 2.0, "cpu"), ("cpu_guarantee", 1, "cpu")])
+def test_ignored_spawner_options_stop_the_hub(section, name, value, field):
+    """JupyterHub's own resource options are ignored by GPUSpawner (a server gets its
+    profile's bundle): setting one stops the hub with the profile field that replaces it."""
+    c = Config()
+    c.GPUSpawner.profiles = [GOOD_PROFILE]
+    c[section][name] = value
+    with pytest.raises(SystemExit) as e:
+        check_hub_config(c)
+    assert str(e.value).startswith(
+        f"gpuspawner configuration error: {section}.{name}: GPUSpawner ignores it; set the "
+        f"profile field '{field}' of each profile in c.GPUSpawner.profiles instead"), e.value
+
+
+def test_ignored_spawner_options_left_at_none_pass():
+    from gpuspawner.hub.config_check import check_ignored_spawner_options
+
+    c = Config()
+    c.Spawner.mem_limit = None
+    c.Spawner.start_timeout = 120  # a Spawner option GPUSpawner honours
+    check_ignored_spawner_options(c)
+
+
 def test_traits_refuse_wrong_values_too():
     with pytest.raises(TraitError, match="placement_policy"):
         GPUSpawner(placement_policy="fastest")

@@ -200,17 +200,46 @@ def check_internal_ssl(c: Any) -> None:
                 f"c.{name}.allow_plain_http = True allows it for a trusted test cluster")
 
 
+#: JupyterHub ``Spawner`` options that GPUSpawner ignores, and the profile field that replaces
+#: each (``c.GPUSpawner.profiles``): a server gets its profile's cores and memory, pinned
+IGNORED_SPAWNER_OPTIONS = {"cpu_limit": "cpu", "cpu_guarantee": "cpu",
+                           "mem_limit": "memory", "mem_guarantee": "memory"}
+
+
+def check_ignored_spawner_options(c: Any) -> None:
+    """Refuse a ``Spawner`` option that GPUSpawner ignores (:data:`IGNORED_SPAWNER_OPTIONS`),
+    set on ``c.Spawner`` or ``c.GPUSpawner`` to anything but None (its default): the admin
+    would believe it limits servers.
+
+    Raises:
+        HubConfigError: ``Spawner.mem_limit: GPUSpawner ignores it; ...`` naming the profile
+            field that replaces it.
+    """
+    for section in ("Spawner", "GPUSpawner"):
+        values = _section(c, section)
+        for name, field in IGNORED_SPAWNER_OPTIONS.items():
+            if name in values and values[name] is not None:
+                raise HubConfigError(
+                    f"{section}.{name}: GPUSpawner ignores it; set the profile field "
+                    f"'{field}' of each profile in c.GPUSpawner.profiles instead (e.g. "
+                    + ('{"slug": "gpu", "cpu": 8, ...}' if field == "cpu"
+                       else '{"slug": "gpu", "memory": "64G", ...}')
+                    + "): every server gets its profile's bundle")
+
+
 def check_hub_config(c: Any) -> None:
     """Check the GPUSpawner settings of the config object ``c`` (and the idle culler's policy
     file against the ``culler-policies`` schema and the culler's own rules, when a service
     runs the culler with a policy file: :func:`culler_policies_path`); stop the hub with the
-    reason when one is wrong.
+    reason when one is wrong. ``Spawner`` options GPUSpawner ignores are refused first
+    (:func:`check_ignored_spawner_options`).
 
     Raises:
         SystemExit: ``gpuspawner configuration error: <trait>.<field>: <reason>`` (or
             ``idle culler --policies <file>: <field>: <reason>``).
     """
     try:
+        check_ignored_spawner_options(c)
         check_spawner_settings(_section(c, "GPUSpawner"), c)
         check_internal_ssl(c)
         services = c.JupyterHub.services if "services" in _section(c, "JupyterHub") else []

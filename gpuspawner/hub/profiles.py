@@ -26,10 +26,11 @@ PROFILE_KEYS = frozenset(load_schema("profiles")["$defs"]["profile"]["properties
 #: help of ``GPUSpawner.profiles``
 PROFILES_HELP = """Profiles users choose from: a list of dicts or the path of a YAML file.
 
-Keys: slug, display_name, description, cpu (cores), memory and disk (sizes like "4G"), gpus
-(whole GPUs, or a fraction below 1 for a share) or gpu_milli (1..999), gpu_models (list), image,
-numa_policy (strict | prefer | none), groups (who may use it; empty = everyone), nodes (node
-names it may run on; empty = any), default.
+Keys: slug, display_name, description, cpu (whole cores), memory and disk (bytes, or sizes like
+"4G": K, M, G, T are powers of 1024), gpus (whole GPUs, or a fraction below 1 for a share) or
+gpu_milli (milli-GPU, 1..999: a share of one GPU), gpu_models (list), image, numa_policy
+(strict | prefer | none), groups (who may use it; empty = everyone), nodes (node names it may
+run on; empty = any), queue (wait when the bundle is not free now), default.
 """
 
 #: keys a client may send in ``user_options``

@@ -56,8 +56,10 @@ class SpawnerSettings(LoggingConfigurable):
         f"Node-selection policy, one of: {', '.join(POLICIES)} (docs/placement.md).")
     ).tag(config=True)
     quotas = Dict(help="""Quotas: {"users": {name: q}, "groups": {name: q}, "default_user": q}
-        where q has gpus, cores, memory, disk and servers. A group quota caps what all members
-        hold together. Checked in the same atomic step as the reservation.""").tag(config=True)
+        where q has gpus (GPUs, fractions allowed; or gpu_milli in milli-GPU), cores (logical
+        CPUs), memory and disk (bytes, or sizes like "64G") and servers (running servers); a
+        limit left out is unlimited. A group quota caps what all members hold together.
+        Checked in the same atomic step as the reservation.""").tag(config=True)
     image = Unicode("gpuspawner/singleuser:latest",
                     help="Image of servers whose profile names none.").tag(config=True)
     home_path_template = Unicode("", help="""Host path of the user's home on the shared file
