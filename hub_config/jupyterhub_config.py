@@ -98,7 +98,10 @@ else:
          "groups": ["gpu-users"]},
     ]
 
-# the shared home: a host folder per user, mounted as the container's HOME
+# the shared home: a host folder per user, mounted as the container's HOME. Its parent must
+# exist on every node that runs servers (the shared file system): a spawn on a node without
+# it fails, naming the node and the folder. On this one machine the hub makes it.
+(STATE.parent / "home").mkdir(mode=0o755, parents=True, exist_ok=True)
 c.GPUSpawner.home_path_template = str(STATE.parent / "home" / "{username}")
 c.GPUSpawner.home_mount_point = "/home/{username}"
 c.GPUSpawner.default_uid = 1000

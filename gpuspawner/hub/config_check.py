@@ -13,9 +13,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from traitlets.config import LazyConfigValue
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
 
 
 class HubConfigError(ValueError):
@@ -65,7 +68,7 @@ def _named(name: str, text: str) -> str:
     return f"GPUSpawner.{name}: {text}"
 
 
-def check_spawner_settings(settings: Mapping[str, Any], config: Any = None) -> None:
+def check_spawner_settings(settings: Mapping[str, Any], config: Any = None) -> Cluster:
     """Check ``GPUSpawner`` settings (a mapping of trait name to value; missing = default)
     and build the hub's cluster for them, reading every node's inventory now and making the
     backend from ``config`` (the whole traitlets ``Config``: its ``c.<Backend>.*`` section is
@@ -123,11 +126,21 @@ def check_spawner_settings(settings: Mapping[str, Any], config: Any = None) -> N
         raise HubConfigError(f"GPUSpawner.state_dir: {e}") from None
     for line in changed:
         logging.getLogger("gpuspawner").info("state folder: %s", line)
+    hub_id = ""
+    if db_url or hub_db_url():  # inside a hub: its id, made once in the state folder
+        from .hub_id import HUB_ID_FILE, load_or_create
+        from .state import state_file
+
+        try:
+            hub_id = load_or_create(state_file(str(get("state_dir") or ""),
+                                               db_url or hub_db_url(), HUB_ID_FILE))
+        except (OSError, ValueError) as e:
+            raise HubConfigError(f"GPUSpawner.state_dir: {e}") from None
     try:
         # builds the hub's cluster: every topology is read here, once, before any spawn; the
         # drains file is checked and applied to the new ledger
-        get_cluster(get("nodes"), policy, get("quotas"), get("profiles"), get("backend"),
-                    config, health=health, queue=queue)
+        return get_cluster(get("nodes"), policy, get("quotas"), get("profiles"),
+                           get("backend"), config, health=health, queue=queue, hub_id=hub_id)
     except DrainFileError as e:
         raise HubConfigError(f"GPUSpawner.gpu_drains_file: {e}") from None
     except QueueFileError as e:
@@ -151,7 +164,8 @@ def check_culler_policies(path: str) -> None:
     try:
         PolicySet.load(path)
     except PolicyError as e:
-        raise HubConfigError(f"idle culler --policies {path}: {e}") from None
+        text = str(e).removeprefix(f"{path}: ")  # the culler names the file itself
+        raise HubConfigError(f"idle culler --policies {path}: {text}") from None
 
 
 def culler_policies_path(service: Mapping[str, Any]) -> str | None:
@@ -234,13 +248,33 @@ def check_hub_config(c: Any) -> None:
     reason when one is wrong. ``Spawner`` options GPUSpawner ignores are refused first
     (:func:`check_ignored_spawner_options`).
 
+    Called while a hub loads its configuration files (the shipped file calls it), it checks
+    nothing yet: it registers the check of the *final* configuration, after the last file
+    (lines after ``load_subconfig``, a second file), which also builds the hub's one runtime
+    (:mod:`gpuspawner.hub.runtime`). Called anywhere else, it checks ``c`` at once.
+
     Raises:
         SystemExit: ``gpuspawner configuration error: <trait>.<field>: <reason>`` (or
             ``idle culler --policies <file>: <field>: <reason>``).
     """
+    from .runtime import at_hub_start, loading_hub
+
+    app = loading_hub()
+    if app is not None:  # a hub loading its files: check the final configuration, once
+        at_hub_start(app, _check_and_build)
+        return
+    _check_and_build(c)
+
+
+def _check_and_build(c: Any) -> Cluster:
+    """:func:`check_hub_config`'s checks on ``c`` now; the cluster they built.
+
+    Raises:
+        SystemExit: as :func:`check_hub_config`.
+    """
     try:
         check_ignored_spawner_options(c)
-        check_spawner_settings(_section(c, "GPUSpawner"), c)
+        cluster = check_spawner_settings(_section(c, "GPUSpawner"), c)
         check_internal_ssl(c)
         services = c.JupyterHub.services if "services" in _section(c, "JupyterHub") else []
         if isinstance(services, LazyConfigValue):  # only .append()ed to, never assigned
@@ -251,3 +285,4 @@ def check_hub_config(c: Any) -> None:
                 check_culler_policies(path)
     except HubConfigError as e:
         raise SystemExit(f"gpuspawner configuration error: {e}") from None
+    return cluster

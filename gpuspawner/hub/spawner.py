@@ -27,13 +27,16 @@ from ..placement.queue import QueueEntry
 from . import certs
 from .cluster import Cluster, get_cluster
 from .form import OptionsFormMixin
+from .hub_id import HUB_ID_FILE, load_or_create
 from .identity import home_path, legacy_home_owner, legacy_safe_name, object_name, safe_name
 from .metrics import placement_refused
 from .profiles import Profile
 from .progress import ProgressEvents, placement_message
 from .readiness import wait_for_own_server
-from .settings import SpawnerSettings
+from .runtime import hub_runtime
+from .settings import SpawnerSettings, hub_db_url
 from .spawn_queue import QueueTimeout
+from .state import state_file
 from .user_options import install_user_options_guard
 
 __all__ = ["GPUSpawner", "safe_name"]
@@ -72,10 +75,23 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
 
     @property
     def cluster(self) -> Cluster:
-        """This hub process's cluster (nodes, ledger, backend)."""
+        """The hub's one runtime (:func:`~gpuspawner.hub.runtime.hub_runtime`: nodes,
+        ledger, backend, queue), made at hub start; outside a started hub (a test's spawner),
+        the cluster for this spawner's settings."""
+        runtime = hub_runtime()
+        if runtime is not None:
+            return runtime
         return get_cluster(self.nodes, self.placement_policy, self.quotas, self.profiles,
                            self.backend, self.config, health=self.gpu_health_settings,
-                           queue=self.queue_settings)
+                           queue=self.queue_settings, hub_id=self._hub_id)
+
+    def _hub_id(self) -> str:
+        """This hub's id (:mod:`~gpuspawner.hub.hub_id`), kept in ``state_dir``; "" outside a
+        hub."""
+        db_url = hub_db_url()
+        if db_url is None:
+            return ""
+        return load_or_create(state_file(self.state_dir, db_url, HUB_ID_FILE))
 
     @property
     def backend_obj(self) -> Backend:

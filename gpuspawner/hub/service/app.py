@@ -74,9 +74,9 @@ def _hub_app() -> Any:
 
 
 def hub_cluster() -> Cluster:
-    """The cluster GPUSpawner uses in this hub process.
-
-    The key arguments (``nodes``, ``placement_policy``, ``quotas``) are resolved from the hub's
+    """The cluster GPUSpawner uses in this hub process: the runtime made at hub start
+    (:func:`~gpuspawner.hub.runtime.hub_runtime`). A hub whose configuration never called
+    ``check_hub_config`` has none; then the key arguments (``nodes``, ``placement_policy``, ``quotas``) are resolved from the hub's
     configuration the way traitlets resolves them for the spawner class (sections of the
     class's MRO, the most derived last, over the traits' defaults), so
     :func:`~gpuspawner.hub.cluster.get_cluster` returns the very object the spawners hold, created
@@ -85,15 +85,20 @@ def hub_cluster() -> Cluster:
     Raises:
         web.HTTPError(503): the hub does not use GPUSpawner.
     """
+    from ..runtime import hub_runtime
     from ..settings import HEALTH_TRAITS, QUEUE_TRAITS, health_settings, queue_settings
     from ..spawner import GPUSpawner
 
     app = _hub_app()
+    runtime = hub_runtime(app)
+    if runtime is not None:  # made at hub start: the one the spawners use
+        return runtime
     cls = app.spawner_class
     if not (isinstance(cls, type) and issubclass(cls, GPUSpawner)):
         raise web.HTTPError(503, f"the hub's spawner_class is {cls!r}, not a GPUSpawner")
     traits = cls.class_traits()
-    names = ("nodes", "placement_policy", "quotas", "profiles", *HEALTH_TRAITS, *QUEUE_TRAITS)
+    names = ("nodes", "placement_policy", "quotas", "profiles", "backend", *HEALTH_TRAITS,
+             *QUEUE_TRAITS)
     values: dict[str, Any] = {name: traits[name].default() for name in names}
     for klass in reversed(cls.mro()):
         section = klass.__name__
@@ -102,7 +107,7 @@ def hub_cluster() -> Cluster:
                 if name in app.config[section]:
                     values[name] = app.config[section][name]
     return get_cluster(values["nodes"], values["placement_policy"], values["quotas"],
-                       values["profiles"],
+                       values["profiles"], values["backend"], app.config,
                        health=lambda: health_settings(values, str(app.db_url)),
                        queue=lambda: queue_settings(values, str(app.db_url)))
 
