@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,19 @@ def hub_setup(tmp: Path) -> tuple[list[dict], list[dict]]:
         {"slug": "a100", "cpu": 1, "memory": "256M", "gpus": 1, "gpu_models": ["A100"]},
     ]
     return nodes, profiles
+
+
+def remove_objects_of(engine: docker.APIClient, users: Iterable[str]) -> None:
+    """Remove the containers and server networks of these users only (teardown of a test
+    module whose neighbours may run on the same engine)."""
+    for user in users:
+        for c in engine.containers(all=True, filters={"label": f"gpuspawner.user={user}"}):
+            engine.remove_container(c["Id"], force=True)
+        for n in engine.networks(filters={"label": f"gpuspawner.user={user}"}):
+            try:
+                engine.remove_network(n["Id"])
+            except docker.errors.APIError:
+                pass
 
 
 def remove_managed(engine: docker.APIClient) -> None:

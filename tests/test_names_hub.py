@@ -15,7 +15,7 @@ docker = pytest.importorskip("docker")
 
 from gpuspawner.hub.identity import legacy_safe_name, object_name, safe_name  # noqa: E402
 from tests.hubrunner import Hub  # noqa: E402
-from tests.test_hub_e2e import _engine, containers_of  # noqa: E402
+from tests.test_hub_e2e import _engine, containers_of, remove_objects_of  # noqa: E402
 from tests.waiting import wait_until  # noqa: E402
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
@@ -44,14 +44,7 @@ def hub(engine, tmp_path_factory):
     h.start()
     yield h
     h.stop()
-    for user in [*USERS, "nm-foreign", "nm-otheruid", "nm-" + "long" * 20]:
-        for c in engine.containers(all=True, filters={"label": f"gpuspawner.user={user}"}):
-            engine.remove_container(c["Id"], force=True)
-        for n in engine.networks(filters={"label": f"gpuspawner.user={user}"}):
-            try:
-                engine.remove_network(n["Id"])
-            except docker.errors.APIError:
-                pass
+    remove_objects_of(engine, [*USERS, "nm-foreign", "nm-otheruid", "nm-" + "long" * 20])
 
 
 def homes(hub: Hub) -> Path:

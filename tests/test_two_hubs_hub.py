@@ -11,7 +11,7 @@ docker = pytest.importorskip("docker")
 
 from gpuspawner.backends.spec import HUB_LABEL  # noqa: E402
 from tests.hubrunner import Hub  # noqa: E402
-from tests.test_hub_e2e import _engine, containers_of  # noqa: E402
+from tests.test_hub_e2e import _engine, containers_of, remove_objects_of  # noqa: E402
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
@@ -36,14 +36,7 @@ def hubs(engine, tmp_path_factory):
     yield made
     for h in made:
         h.stop()
-    for user in USERS:
-        for c in engine.containers(all=True, filters={"label": f"gpuspawner.user={user}"}):
-            engine.remove_container(c["Id"], force=True)
-        for n in engine.networks(filters={"label": f"gpuspawner.user={user}"}):
-            try:
-                engine.remove_network(n["Id"])
-            except docker.errors.APIError:
-                pass
+    remove_objects_of(engine, USERS)
 
 
 def spawn(hub: Hub, user: str) -> int:
