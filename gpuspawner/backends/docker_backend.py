@@ -71,6 +71,48 @@ def engine_down(e: BaseException) -> bool:
     return isinstance(e, DockerException) and not isinstance(e, APIError)
 
 
+def engine_tls(folder: str) -> docker.tls.TLSConfig:
+    """The TLS settings of engines reached over the network: the CA ``folder/ca.pem`` verifies
+    the engine, ``folder/cert.pem`` and ``folder/key.pem`` are the hub's client certificate
+    (the Docker CLI's ``DOCKER_CERT_PATH`` layout).
+
+    Raises:
+        ValueError: a file is missing or unreadable.
+    """
+    files = {name: os.path.join(folder, name) for name in ("ca.pem", "cert.pem", "key.pem")}
+    for path in files.values():
+        if not os.access(path, os.R_OK):
+            raise ValueError(f"{path}: missing or not readable (ca.pem, cert.pem and key.pem "
+                             "are needed)")
+    return docker.tls.TLSConfig(client_cert=(files["cert.pem"], files["key.pem"]),
+                                ca_cert=files["ca.pem"], verify=True)
+
+
+class TLSEngineClient(docker.APIClient):
+    """A client of an engine over TLS that ignores the environment (``trust_env``): requests
+    would otherwise verify the engine against ``REQUESTS_CA_BUNDLE`` instead of ca.pem, and
+    send engine calls through ``HTTPS_PROXY``."""
+
+    @property
+    def trust_env(self) -> bool:  # type: ignore[override]
+        return False
+
+    @trust_env.setter
+    def trust_env(self, value: bool) -> None:  # requests.Session.__init__ sets it
+        pass
+
+
+def plain_remote_engine(url: str) -> bool:
+    """Whether ``url`` reaches an engine over the network without TLS of its own: tcp:// or
+    http:// to a host that is not loopback."""
+    from urllib.parse import urlsplit
+
+    if not url.startswith(("tcp://", "http://")):
+        return False
+    host = urlsplit(url).hostname or ""
+    return host not in ("localhost", "::1") and not host.startswith("127.")
+
+
 class DockerBackend(Backend):
     """Run each server in a new container on its node's Docker engine."""
 
@@ -163,6 +205,18 @@ class DockerBackend(Backend):
         unavailable (docker SDK ``timeout``); a health check uses at most 5 s.""",
     ).tag(config=True)
 
+    tls_cert_path = Unicode(
+        "", help="""Folder with the hub's TLS files for engines reached over the network
+        (a node's docker_url "tcp://host:2376" or "https://..."), the layout of the Docker
+        CLI's DOCKER_CERT_PATH: ca.pem (the CA that signed the engines' server certificates),
+        cert.pem and key.pem (the hub's client certificate and key, accepted by engines run
+        with --tlsverify). Every such engine is then reached over TLS, its certificate
+        verified against ca.pem (host name included). Empty: a non-loopback tcp:// or http://
+        engine is refused at start (plain TCP gives root on the node to whoever reaches the
+        port). A node with docker_url "" uses DOCKER_HOST, DOCKER_TLS_VERIFY and
+        DOCKER_CERT_PATH instead. Checked when the hub starts.""",
+    ).tag(config=True)
+
     @validate("server_network_prefix")
     def _validate_prefix(self, proposal: Any) -> int:
         if not 16 <= proposal.value <= 29:
@@ -178,6 +232,15 @@ class DockerBackend(Backend):
             raise TraitError(str(e)) from None
         return proposal.value
 
+    @validate("tls_cert_path")
+    def _validate_tls(self, proposal: Any) -> str:
+        if proposal.value:
+            try:
+                engine_tls(proposal.value)
+            except ValueError as e:
+                raise TraitError(f"DockerBackend.tls_cert_path: {e}") from None
+        return proposal.value
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._clients: dict[str, docker.APIClient] = {}
@@ -185,7 +248,8 @@ class DockerBackend(Backend):
         self._disk: dict[str, tuple[bool, str]] = {}
 
     def check_config(self) -> None:
-        """Each node's ``network_pool`` parses and is not private.
+        """Each node's ``network_pool`` parses and is not private; an engine reached over the
+        network is reached over TLS (``tls_cert_path``) unless it is on loopback.
 
         Raises:
             ValueError: the node entry and the problem.
@@ -193,6 +257,11 @@ class DockerBackend(Backend):
         for i, rt in enumerate(self.nodes.values()):
             if rt.network_pool:
                 parse_pool(rt.network_pool, f"nodes[{i}] ({rt.name}).network_pool")
+            if plain_remote_engine(rt.docker_url) and not self.tls_cert_path:
+                raise ValueError(
+                    f"nodes[{i}] ({rt.name}).docker_url: {rt.docker_url} is plain TCP: whoever "
+                    "reaches that port is root on the node; run the engine with --tlsverify "
+                    "and set c.DockerBackend.tls_cert_path (ca.pem, cert.pem, key.pem)")
 
     @property
     def listen_ip(self) -> str:
@@ -205,8 +274,13 @@ class DockerBackend(Backend):
         if node not in self._clients:
             url = self.nodes[node].docker_url if node in self.nodes else ""
             if url:
-                self._clients[node] = docker.APIClient(base_url=url, version="auto",
-                                                       timeout=self.engine_timeout)
+                if self.tls_cert_path and url.startswith(("tcp://", "https://")):
+                    self._clients[node] = TLSEngineClient(
+                        base_url=url, version="auto", timeout=self.engine_timeout,
+                        tls=engine_tls(self.tls_cert_path))
+                else:
+                    self._clients[node] = docker.APIClient(base_url=url, version="auto",
+                                                           timeout=self.engine_timeout)
             else:
                 self._clients[node] = docker.APIClient(
                     version="auto", timeout=self.engine_timeout,
