@@ -16,6 +16,8 @@ Subcommands:
   with every option of GPUSpawner (its JupyterHub ``Spawner`` options included), DockerBackend,
   SlurmBackend and GPULDAPAuthenticator, as ``jupyterhub --generate-config`` writes JupyterHub's
   (:func:`generate_config`); ``--culler``: the idle culler's ``idle_culler_config.py``.
+* ``gpuspawner jobs submit|list|show|cancel|output``: notebook jobs through the hub's
+  gpuspawner service (:mod:`gpuspawner.jobs.client`, docs/jobs.md).
 * ``gpuspawner simulate ...``: provided by :mod:`gpuspawner.simulate` (its ``add_arguments`` and
   ``run``, from :mod:`gpuspawner.simulate.cli`).
 """
@@ -237,6 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_health(sub)
     _add_generate_config(sub)
+    from .jobs.client import add_subcommands as _add_jobs
+
+    _add_jobs(sub)
     _add_simulate(sub)
     return parser
 

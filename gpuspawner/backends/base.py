@@ -277,6 +277,16 @@ class Backend(LoggingConfigurable):
         lines), for the spawn's error message."""
         return None
 
+    async def read_output(self, state: Mapping[str, Any], max_bytes: int) -> bytes | None:
+        """The standard output of the ended program of ``state`` (a notebook job hands its
+        executed notebook over this way), at most the last ``max_bytes`` bytes; None when
+        this backend cannot read it or the program is gone. Default: None.
+
+        Raises:
+            BackendUnavailable: the node cannot be asked.
+        """
+        return None
+
     async def poll(self, state: Mapping[str, Any]) -> int | None:
         """None while the server runs, else its exit status (JupyterHub ``Spawner.poll``).
 

@@ -95,8 +95,9 @@ def container_config(spec: LaunchSpec, *, network: str | None = None,
     create.update({
         "image": spec.image, "name": spec.name, "command": list(spec.cmd),
         "environment": dict(spec.env), "labels": labels, "user": f"{spec.uid}:{spec.gid}",
-        "ports": {f"{spec.port}/tcp": None},
     })
+    if spec.port:  # 0: a notebook job, nothing listens
+        create["ports"] = {f"{spec.port}/tcp": None}
     if spec.working_dir:
         create["working_dir"] = spec.working_dir
     if network and fixed_ip:

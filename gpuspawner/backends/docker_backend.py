@@ -580,6 +580,18 @@ class DockerBackend(Backend):
             text += " (out of memory)"
         return f"{text}; last log lines:\n{logs}" if logs else text
 
+    async def read_output(self, state: Mapping[str, Any], max_bytes: int) -> bytes | None:
+        """The container's standard output (not its standard error), the last ``max_bytes``
+        bytes; None when the container is gone."""
+        node, cid = state.get("node", ""), state.get("container_id")
+        if not cid:
+            return None
+        try:
+            out = await self._call(node, "logs", cid, stdout=True, stderr=False)
+        except NotFound:
+            return None
+        return bytes(out)[-max_bytes:] if max_bytes > 0 else bytes(out)
+
     async def poll(self, state: Mapping[str, Any]) -> int | None:
         """None while the container runs; its exit code once it stopped; 0 when it is gone.
         """

@@ -48,7 +48,8 @@ class LaunchSpec:
         uid, gid: the ids the server runs as and the home belongs to.
         home: the shared home, or None.
         working_dir: the server's working directory, or None for the image's.
-        port: where the server listens inside its own network namespace.
+        port: where the server listens inside its own network namespace; 0 = nothing
+            listens (a notebook job's spec, made by replacing the port: no port is exposed).
         labels: labels every engine object of this server carries (allocation included).
         certs_dir: host folder with the server's internal_ssl files (read-only mount), or "".
     """

@@ -23,6 +23,7 @@ from ..inventory.local import read_local_node
 from ..inventory.topology import load_topology_file
 from ..placement import Ledger, LivePrior, Node, QuotaTable, RestoreReport
 from .drains import DrainRecord, DrainState, DrainStore
+from .identity import is_job_server
 from .spawn_queue import QueueSettings, SpawnQueue
 
 log = logging.getLogger("gpuspawner")
@@ -259,7 +260,9 @@ class Cluster:
         remove their servers."""
         for alloc_id in allocation_ids:
             alloc = self.ledger.get(alloc_id)
-            if alloc is None or owner_exists(alloc.owner.user, alloc.owner.server):
+            if alloc is None or is_job_server(alloc.owner.server):
+                continue  # a notebook job is no hub server: the job runner adopts it
+            if owner_exists(alloc.owner.user, alloc.owner.server):
                 continue
             log.warning("restore: %s/%s no longer exists; removing its server and releasing "
                         "allocation %s", alloc.owner.user, alloc.owner.server, alloc.id)

@@ -116,6 +116,29 @@ def object_name(user: str, server: str) -> str:
     return f"{name}--{safe_name(server)}" if server else name
 
 
+#: the owner's server name of a notebook job is ``job/<id>``: JupyterHub refuses a ``/`` in
+#: a named server's name, so no user's server can ever be a job (placement.Owner.server)
+JOB_SERVER_PREFIX = "job/"
+
+
+def job_server(job_id: str) -> str:
+    """The :class:`~gpuspawner.placement.Owner` server name of job ``job_id``."""
+    return JOB_SERVER_PREFIX + job_id
+
+
+def is_job_server(server: str) -> bool:
+    """Whether an owner's server name is a notebook job's (:func:`job_server`), not a
+    JupyterHub server's."""
+    return server.startswith(JOB_SERVER_PREFIX)
+
+
+def job_object_name(user: str, job_id: str) -> str:
+    """The name of a notebook job's engine objects: ``job-<user>--<job id>``, each part
+    :func:`safe_name`. Injective over (user, job id) pairs for the same reason as
+    :func:`object_name`, and never a server's name: those start with ``jupyter-``."""
+    return f"job-{safe_name(user)}--{safe_name(job_id)}"
+
+
 # -- the names of gpuspawner 0.x, for finding what it made ---------------------------------------
 def legacy_safe_name(text: str, limit: int = MAX_NAME_CHARS) -> str:
     """The name part gpuspawner 0.x gave ``text`` (escapism's escape, lower-cased; past

@@ -45,6 +45,7 @@ from ...webui import REFRESH_S, service_links
 from ...webui.headers import add_frame_headers
 from .. import metrics
 from ..cluster import Cluster, get_cluster
+from ..identity import is_job_server
 from .openapi import openapi_document
 from .views import (
     allocation_views,
@@ -434,6 +435,8 @@ class GPUService:
         self.port: int | None = None
         #: the task of :func:`resume_queue` (started by :func:`configure_service`)
         self.resume_task: asyncio.Future[list[str]] | None = None
+        #: notebook jobs (:mod:`gpuspawner.hub.jobs.service`; set by configure_service)
+        self.jobs: Any = None
 
     @property
     def hub_auth(self) -> HubOAuth:
@@ -465,6 +468,8 @@ class GPUService:
         return bool(info and info[0])
 
     def make_app(self) -> web.Application:
+        from ..jobs.service import job_routes  # (it builds on this module's handlers)
+
         p = self.prefix
         kw = {"service": self}
         # every response: not to be framed by another site (gpuspawner.webui.headers)
@@ -481,6 +486,7 @@ class GPUService:
             (p + r"api/schemas/([^/]+)", SchemaHandler, kw),
             (p + "metrics", MetricsHandler, kw),
             (p + "oauth_callback", CallbackHandler, kw),
+            *job_routes(p, kw),
         ], cookie_secret=secrets.token_bytes(32), default_handler_class=NotFoundHandler,
             default_handler_args=kw, xsrf_cookies=False, log_function=_log_request))
 
@@ -538,6 +544,8 @@ async def resume_queue(service: GPUService, *, deadline_s: float = 300.0,
     c.queue.start()
     done = []
     for e in c.queue.restored_entries():
+        if is_job_server(e.owner.server):
+            continue  # a notebook job claims its place itself (gpuspawner.hub.jobs.runner)
         who = f"{e.owner.user}/{e.owner.server}"
         path = f"users/{url_escape(e.owner.user, plus=False)}/" + (
             f"servers/{url_escape(e.owner.server, plus=False)}" if e.owner.server else "server")
@@ -623,6 +631,10 @@ def configure_service(c: Any, name: str = "gpuspawner", host: str = "127.0.0.1",
                           "description": "spawn queued servers again after a hub restart",
                           "scopes": ["servers", "read:users:name"], "services": [name]})
     service.resume_task = asyncio.ensure_future(resume_queue(service))
+    # notebook jobs (c.GPUJobs.*): api/jobs, started once the hub runs (docs/jobs.md)
+    from ..jobs.service import configure_jobs
+
+    configure_jobs(service)
 
     metrics.register_cluster_collector()
     if track_spawn_time:

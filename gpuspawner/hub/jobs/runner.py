@@ -1,0 +1,531 @@
+"""Runs notebook jobs through the hub's one cluster: the same ledger, quotas, wait queue and
+backend as servers, a second kind of request.
+
+A job's owner in the ledger is ``Owner(user, "job/<id>", groups)``
+(:func:`~gpuspawner.hub.identity.job_server`: no JupyterHub server can have that name), its
+engine objects are named :func:`~gpuspawner.hub.identity.job_object_name`. Its life, one
+asyncio task per job in the hub process::
+
+    queued -> (waiting: in the wait queue) -> starting: placed, backend.prepare (its own
+    network), backend.launch (the user's uid, the home mounted, no port; inside, papermill:
+    gpuspawner.jobs.execute) -> running: backend.poll every GPUJobs.poll_interval
+    -> completed (exit 0) | failed (a cell raised, or it could not start)
+     | timed_out (its time limit: backend.stop, SIGTERM then SIGKILL) | cancelled (DELETE)
+     | lost (its node stopped answering, or its container was gone)
+
+When it ends, the executed notebook is read back from the container's standard output, the
+container and its network are removed (``backend.cleanup``) and the allocation is released.
+
+After a hub restart (:meth:`JobRunner.restore`): the ledger is rebuilt from the running
+containers' labels (:meth:`~gpuspawner.hub.cluster.Cluster.ensure_restored`, which leaves
+jobs' allocations alone), a running job is adopted (watched again from the backend state kept
+in the jobs database), a queued one claims its place in the restored wait queue, and a job
+allocation that no active job owns is removed and released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import replace
+from types import SimpleNamespace
+from typing import Any
+
+from ...backends.base import BackendError, BackendUnavailable, ServerRef, current_spawner
+from ...backends.spec import HomeMount, launch_spec
+from ...jobs import execute
+from ...jobs.model import (
+    JobInputError,
+    JobRequest,
+    check_time_limit,
+    notebook_env,
+    output_dir,
+    parse_output,
+)
+from ...placement import Allocation, Owner, PlacementError, QuotaExceeded
+from ..cluster import Cluster
+from ..identity import (
+    home_path,
+    ids_from_auth_state,
+    is_job_server,
+    job_object_name,
+    job_server,
+    safe_name,
+)
+from ..profiles import OptionsError, Profile, choose_profile, load_profiles
+from .settings import GPUJobs
+from .store import JobRow, JobStore, pack
+
+log = logging.getLogger("gpuspawner")
+
+#: the program the job's container runs (``python3 -c``)
+EXECUTE_SOURCE = __import__("inspect").getsource(execute)
+
+
+class JobRefused(Exception):
+    """A submission or a cancel the service answers with ``status`` (not 400: those are
+    :class:`~gpuspawner.jobs.model.JobInputError`)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class JobRunner:
+    """The jobs of one hub process.
+
+    Args:
+        settings: ``c.GPUJobs``.
+        store: the jobs database.
+        cluster: returns the hub's cluster.
+        spawner: the GPUSpawner settings jobs share with servers
+            (:func:`~gpuspawner.hub.jobs.settings.spawner_values`).
+        auth_state: user name -> the user's auth_state (awaitable; None without one).
+    """
+
+    def __init__(self, settings: GPUJobs, store: JobStore, cluster: Callable[[], Cluster],
+                 spawner: dict[str, Any],
+                 auth_state: Callable[[str], Any] | None = None) -> None:
+        self.settings = settings
+        self.store = store
+        self._cluster = cluster
+        self.spawner = spawner
+        self._auth_state = auth_state
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        #: job id -> who asked to cancel it
+        self._cancel: dict[str, str] = {}
+        self.restored = False
+
+    @property
+    def cluster(self) -> Cluster:
+        return self._cluster()
+
+    def profiles(self) -> list[Profile]:
+        return load_profiles(self.spawner["profiles"])
+
+    # -- submission ----------------------------------------------------------------------
+    async def submit(self, user: str, groups: list[str], req: JobRequest) -> JobRow:
+        """Check the request against the hub (profile allowed for the user's groups, time
+        limit within the profile's maximum, a bundle that can ever fit, the user's quota and
+        active jobs), store the job and start it.
+
+        Raises:
+            JobInputError: field ``profile`` or ``time_limit`` (HTTP 400).
+            JobRefused: too many active jobs (429), jobs cannot run on this backend (503).
+        """
+        try:
+            profile = choose_profile({"profile": req.profile} if req.profile else {},
+                                     self.profiles(), groups)
+        except OptionsError as e:
+            raise JobInputError("profile", e.reason) from None
+        default, maximum = self.settings.time_limits(profile.slug)
+        limit = check_time_limit(req.time_limit, default, maximum,
+                                 f"profile {profile.slug!r}")
+        cluster = self.cluster
+        if cluster.backend.backend_name != "docker":
+            raise JobRefused(503, f"notebook jobs run on the Docker backend only; this hub "
+                                  f"uses {cluster.backend.backend_name!r}")
+        await cluster.ensure_restored()
+        job_id = secrets.token_hex(16)
+        owner = Owner(user, job_server(job_id), tuple(groups))
+        problem = cluster.ledger.capacity_refusal(profile.bundle, profile.nodes or None)
+        if problem is not None:
+            raise JobInputError("profile", f"{profile.slug!r} can never be placed: {problem}")
+        try:
+            cluster.ledger.check_quota(profile.bundle, owner)
+        except QuotaExceeded as e:
+            raise JobInputError("profile", f"{profile.slug!r}: {e}") from None
+        active = len(self.store.active(user))
+        if active >= self.settings.max_active_jobs_per_user:
+            raise JobRefused(429, f"{user} has {active} active jobs, the most allowed "
+                                  f"(GPUJobs.max_active_jobs_per_user); wait for one to end "
+                                  "or cancel one")
+        now = time.time()
+        row = JobRow(id=job_id, user=user, name=req.name, profile=profile.slug, state="queued",
+                     message="", time_limit=limit, notebook=pack(req.notebook), created=now)
+        row.set_json("groups", list(groups))
+        row.set_json("parameters", req.parameters)
+        row.set_json("gpu_uuids", [])
+        row.set_json("history", [["queued", now]])
+        self.store.add(row)
+        log.info("job %s of %s submitted: %s, profile %s, time limit %d s", job_id, user,
+                 req.name, profile.slug, limit)
+        self._start_task(row.id, self._run(row.id))
+        return row
+
+    def _start_task(self, job_id: str, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks[job_id] = task
+        task.add_done_callback(lambda t: self._tasks.pop(job_id, None)
+                               if self._tasks.get(job_id) is t else None)
+
+    # -- cancel --------------------------------------------------------------------------
+    async def cancel(self, row: JobRow, by: str) -> JobRow:
+        """Cancel an active job: leave the queue, or stop its container (SIGTERM, then
+        SIGKILL), remove it and release. Returns once it is cancelled.
+
+        Raises:
+            JobRefused: 409, it has ended already.
+        """
+        if not row.active:
+            raise JobRefused(409, f"job {row.id} has ended ({row.state}); nothing to cancel")
+        self._cancel[row.id] = by
+        task = self._tasks.get(row.id)
+        if task is not None and not task.done():
+            task.cancel()
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                if not task.done():  # this request was cancelled, the job goes on ending
+                    raise
+            except Exception:  # logged by the task
+                pass
+        if row.active:  # no task (an adopted job mid-restore): end it here
+            await self._end(row, "cancelled", f"cancelled by {by}")
+        return row
+
+    # -- one job -------------------------------------------------------------------------
+    def _profile(self, row: JobRow) -> Profile:
+        for p in self.profiles():
+            if p.slug == row.profile:
+                return p
+        raise LookupError(f"profile {row.profile!r} is no longer configured")
+
+    def _ref(self, row: JobRow) -> ServerRef:
+        return ServerRef(row.user, job_server(row.id), job_object_name(row.user, row.id))
+
+    async def _run(self, job_id: str) -> None:
+        """Place, launch and watch one job (its task)."""
+        row = self.store.get(job_id)
+        assert row is not None
+        try:
+            await self._place_and_launch(row)
+            if row.state == "running":
+                await self._watch(row)
+        except asyncio.CancelledError:
+            by = self._cancel.pop(row.id, None)
+            if by is None:  # the hub stops: the job runs on and is adopted after restart
+                raise
+            self.cluster.queue.forget(row.user, job_server(row.id))
+            await self._end(row, "cancelled", f"cancelled by {by}")
+        except Exception as e:
+            log.exception("job %s failed in the hub", row.id)
+            if row.active:
+                await self._end(row, "failed", f"the hub could not run it: {e}")
+
+    async def _place_and_launch(self, row: JobRow) -> None:
+        cluster = self.cluster
+        try:
+            profile = self._profile(row)
+        except LookupError as e:
+            await self._end(row, "failed", str(e))
+            return
+        owner = Owner(row.user, job_server(row.id), tuple(row.get_json("groups", [])))
+
+        def waiting(entry: Any, position: int, length: int) -> None:
+            text = f"waiting: position {position} of {length} for {profile.bundle.describe()}"
+            if row.state != "waiting":
+                row.set_state("waiting", text)
+            else:
+                row.message = text
+            self.store.save()
+
+        try:
+            alloc = await cluster.queue.acquire(
+                owner, profile.bundle, profile=profile.slug, nodes=profile.nodes,
+                options={"job": row.id}, wait=True, on_wait=waiting)
+        except PlacementError as e:
+            await self._end(row, "failed", f"not placed: {e}")
+            return
+        row.set_json("allocation", alloc.to_dict())
+        row.node = alloc.node
+        row.set_json("gpu_uuids", list(alloc.gpu_uuids))
+        row.set_state("starting", f"placed on {alloc.summary()}")
+        self.store.save()
+        state: dict[str, Any] = {}
+        try:
+            await cluster.sweep_if_suspect(alloc.node)
+            state = await cluster.backend.prepare(self._ref(row), alloc, {})
+            row.set_json("backend_state", state)
+            self.store.save()
+            row.started = time.time()
+            row.output_dir = "~/" + output_dir(row.name, row.started, row.id)
+            spec = await self._spec(row, profile, alloc)
+            token = current_spawner.set(SimpleNamespace(
+                user=SimpleNamespace(name=row.user), name=job_server(row.id),
+                user_options={"profile": profile.slug}))
+            try:
+                await cluster.backend.launch(spec, state, lambda pct, text: None)
+            finally:
+                current_spawner.reset(token)
+        except asyncio.CancelledError:
+            row.set_json("backend_state", state)
+            raise
+        except BaseException as e:
+            row.set_json("backend_state", state)
+            if isinstance(e, BackendUnavailable):
+                cluster.mark_suspect(e.node, str(e))
+                await self._end(row, "lost", f"node {alloc.node} does not answer: {e}")
+            elif isinstance(e, BackendError | ValueError | OSError):
+                await self._end(row, "failed", f"could not start: {e}")
+            else:
+                raise
+            return
+        row.set_json("backend_state", state)
+        row.set_state("running", f"running on {alloc.node}", when=row.started)
+        self.store.save()
+        log.info("job %s of %s running on %s (%s)", row.id, row.user, alloc.node,
+                 row.output_dir)
+
+    async def _spec(self, row: JobRow, profile: Profile, alloc: Allocation) -> Any:
+        """The job's :class:`~gpuspawner.backends.spec.LaunchSpec`: the user's uid/gid and
+        home, the profile's image, ``python3 -c`` :mod:`gpuspawner.jobs.execute`, no port."""
+        uid, gid = await self._user_ids(row)
+        sp = self.spawner
+        escaped = safe_name(row.user)
+        host_home = home_path(sp["home_path_template"], escaped)
+        home = HomeMount(host_home, sp["home_mount_point"].format(username=escaped)) \
+            if host_home else None
+        image = profile.image or sp["image"]
+        env, _ = notebook_env(row.notebook_dict)
+        env.update({
+            "USER": row.user,
+            "JUPYTER_IMAGE_SPEC": image,
+            "PYTHONUNBUFFERED": "1",
+            "GPUSPAWNER_JOB_ID": row.id,
+            "GPUSPAWNER_JOB_NAME": row.name,
+            "GPUSPAWNER_JOB_OUTPUT_DIR": row.output_dir[2:],
+            "GPUSPAWNER_JOB_PARAMETERS": row.parameters,
+            "GPUSPAWNER_JOB_TIME_LIMIT": str(row.time_limit),
+        })
+        if home is None:
+            env["HOME"] = "/tmp"
+        spec = launch_spec(name=job_object_name(row.user, row.id), user=row.user,
+                           server=job_server(row.id), allocation=alloc, image=image,
+                           cmd=["python3", "-c", EXECUTE_SOURCE], env=env, uid=uid, gid=gid,
+                           port=1, home=home)
+        return replace(spec, port=0)  # nothing listens: no port
+
+    async def _user_ids(self, row: JobRow) -> tuple[int, int]:
+        """(uid, gid) as a server of the user would get them: auth_state, then uid_map, then
+        the defaults."""
+        if self._auth_state is not None:
+            ids = ids_from_auth_state(await self._auth_state(row.user))
+            if ids is not None:
+                return ids
+        uid_map = self.spawner["uid_map"]
+        if callable(uid_map):
+            uid, gid = uid_map(SimpleNamespace(user=SimpleNamespace(name=row.user),
+                                               name=job_server(row.id)))
+            return int(uid), int(gid)
+        entry = (uid_map or {}).get(row.user)
+        if entry:
+            return int(entry["uid"]), int(entry.get("gid", entry["uid"]))
+        return int(self.spawner["default_uid"]), int(self.spawner["default_gid"])
+
+    async def _watch(self, row: JobRow) -> None:
+        """Poll the running job until it ends or reaches its time limit."""
+        backend = self.cluster.backend
+        state = row.get_json("backend_state", {})
+        deadline = (row.started or time.time()) + row.time_limit
+        silent_since: float | None = None  # the node has not answered since then
+        while True:
+            try:
+                code = await backend.poll(state)
+                silent_since = None
+            except BackendUnavailable as e:
+                # one failed call (a dropped connection) is no lost node: lost_after seconds
+                silent_since = silent_since or time.time()
+                if time.time() - silent_since >= self.settings.lost_after:
+                    self.cluster.mark_suspect(e.node, str(e))
+                    await self._end(row, "lost", f"node {row.node} has not answered for "
+                                    f"{self.settings.lost_after:g} s: {e}")
+                    return
+                log.warning("job %s: node %s does not answer (%s); asking again", row.id,
+                            row.node, e)
+                code = None
+            if code is not None:
+                await self._collect(row, code)
+                return
+            left = deadline - time.time()
+            if left <= 0:
+                await self._end(row, "timed_out", f"time limit of {row.time_limit} s reached: "
+                                "stopped (SIGTERM, then SIGKILL)")
+                return
+            await asyncio.sleep(min(self.settings.poll_interval, left))
+
+    async def _collect(self, row: JobRow, code: int) -> None:
+        """The job's program ended with ``code``: read its result, then end it."""
+        state = row.get_json("backend_state", {})
+        out = None
+        for attempt in range(3):  # a dropped connection to the engine is asked again
+            try:
+                out = await self.cluster.backend.read_output(state,
+                                                             self.settings.max_output_bytes)
+                break
+            except BackendError as e:
+                log.warning("job %s: reading its output failed: %s", row.id, e)
+                await asyncio.sleep(1.0 + attempt)
+        result = parse_output(out) if out else None
+        row.exit_code = code
+        if result is None:
+            report = None
+            try:
+                report = await self.cluster.backend.exit_report(state)
+            except Exception:
+                pass
+            if code == 0:
+                await self._end(row, "lost", "its container was gone or handed over no result")
+            else:
+                await self._end(row, "failed", f"exit status {code}" +
+                                (f": {report}" if report else ""))
+            return
+        if result.get("notebook") is not None:
+            row.output = pack(result["notebook"])
+        error = result.get("error")
+        row.set_json("error", error)
+        if code == 0:
+            await self._end(row, "completed", "the notebook ran to its end")
+        else:
+            where = f"cell {error.get('cell')}: " if error and error.get("cell") else ""
+            what = f"{error.get('ename')}: {error.get('evalue')}" if error else ""
+            await self._end(row, "failed", f"exit status {code}" +
+                            (f"; {where}{what}" if what else ""))
+
+    async def _end(self, row: JobRow, final: str, message: str) -> None:
+        """Stop and remove what the job has on its node, release its allocation, record its
+        final state. Never raises for the engine: a node that does not answer is marked
+        suspect (its containers are swept before it takes new work)."""
+        cluster = self.cluster
+        backend = cluster.backend
+        state = row.get_json("backend_state", {}) or {}
+        alloc_d = row.get_json("allocation")
+        alloc = Allocation.from_dict(alloc_d) if alloc_d else None
+        if state.get("container_id"):
+            try:
+                await backend.stop(state)  # SIGTERM, the backend's grace, SIGKILL, remove
+            except BackendUnavailable as e:
+                cluster.mark_suspect(e.node, str(e))
+            except Exception as e:
+                log.warning("job %s: stop failed: %s", row.id, e)
+        if alloc is not None or state:
+            await backend.cleanup(alloc, state)
+        if alloc is not None and cluster.ledger.get(alloc.id) is not None:
+            cluster.ledger.release(alloc.id, missing_ok=True)
+            cluster.queue.kick()
+        row.finished = time.time()
+        row.set_state(final, message, when=row.finished)
+        row.set_json("backend_state", None)
+        self.store.save()
+        log.log(logging.INFO if final in ("completed", "cancelled") else logging.WARNING,
+                "job %s of %s %s: %s", row.id, row.user, final, message)
+
+    # -- after a hub restart -------------------------------------------------------------
+    async def restore(self) -> None:
+        """Adopt the jobs the database has as active (see the module's docstring); remove
+        and release job allocations that no active job owns."""
+        cluster = self.cluster
+        await cluster.ensure_restored()
+        active = {row.id: row for row in self.store.active()}
+        for alloc in cluster.ledger.allocations():
+            if not is_job_server(alloc.owner.server):
+                continue
+            job_id = alloc.owner.server.split("/", 1)[1]
+            if job_id in active:
+                continue
+            log.warning("job allocation %s of %s has no active job: removing and releasing",
+                        alloc.id, alloc.owner.user)
+            try:
+                await cluster.backend.remove_server(alloc.node, ServerRef(
+                    alloc.owner.user, alloc.owner.server,
+                    job_object_name(alloc.owner.user, job_id)))
+            except BackendError as e:
+                log.warning("job allocation %s: %s", alloc.id, e)
+            cluster.ledger.release(alloc.id, missing_ok=True)
+        for row in active.values():
+            try:
+                await self._restore_one(cluster, row)
+            except Exception:
+                log.exception("job %s: restore failed", row.id)
+        self.restored = True
+
+    async def _restore_one(self, cluster: Cluster, row: JobRow) -> None:
+        found = cluster.ledger.find(row.user, job_server(row.id))
+        state = row.get_json("backend_state", {}) or {}
+        if row.state in ("queued", "waiting"):
+            if found is not None:  # placed just before the hub stopped: start it again
+                cluster.ledger.release(found.id, missing_ok=True)
+            self._start_task(row.id, self._run(row.id))
+            return
+        if row.state == "running" and found is not None and state.get("container_id"):
+            try:
+                code = await cluster.backend.poll(state)
+            except BackendUnavailable:
+                code = None  # its node is down now: watch it; poll marks it lost
+            log.info("job %s of %s adopted after a hub restart (%s)", row.id, row.user,
+                     "running" if code is None else f"ended with {code}")
+            row.set_json("allocation", found.to_dict())
+            self._start_task(row.id, self._adopted(row))
+            return
+        if found is not None and not state:
+            try:
+                await cluster.backend.remove_server(found.node, self._ref(row))
+            except BackendError as e:
+                log.warning("job %s: %s", row.id, e)
+        await self._end(row, "lost", f"the hub restarted while it was {row.state} and its "
+                                     "container was not found")
+
+    async def _adopted(self, row: JobRow) -> None:
+        try:
+            await self._watch(row)
+        except asyncio.CancelledError:
+            by = self._cancel.pop(row.id, None)
+            if by is None:
+                raise
+            await self._end(row, "cancelled", f"cancelled by {by}")
+
+    async def stop(self) -> None:
+        """Stop watching (tests; at hub shutdown the jobs run on)."""
+        for task in list(self._tasks.values()):
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+
+    # -- views ---------------------------------------------------------------------------
+    def position(self, row: JobRow) -> tuple[int, int] | None:
+        """(position, length) in the wait queue while the job waits, else None."""
+        q = self.cluster.queue
+        if q is None or row.state not in ("queued", "waiting"):
+            return None
+        entry = q.wq.find(row.user, job_server(row.id))
+        return q.position(entry.id) if entry is not None else None
+
+
+def job_view(row: JobRow, position: tuple[int, int] | None = None) -> dict[str, Any]:
+    """A job as the REST API answers it."""
+    def iso(t: float | None) -> str | None:
+        return None if t is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+    return {
+        "id": row.id, "user": row.user, "name": row.name, "profile": row.profile,
+        "state": row.state, "message": row.message, "time_limit": row.time_limit,
+        "parameters": row.get_json("parameters", {}),
+        "created": iso(row.created), "started": iso(row.started),
+        "finished": iso(row.finished),
+        "history": [{"state": s, "time": iso(t)} for s, t in row.get_json("history", [])],
+        "node": row.node or None, "gpu_uuids": row.get_json("gpu_uuids", []),
+        "exit_code": row.exit_code, "error": row.get_json("error"),
+        "output_dir": row.output_dir or None, "has_output": bool(row.output),
+        "queue_position": list(position) if position else None,
+    }
+
+
+def output_size(row: JobRow) -> int:
+    """Bytes of the executed notebook's JSON (0 when none)."""
+    return len(zlib.decompress(row.output)) if row.output else 0
+
+
+__all__ = ["JobRefused", "JobRunner", "job_view", "output_size"]

@@ -1,0 +1,227 @@
+"""Notebook jobs in the ``gpuspawner`` service (inside the hub process): the REST handlers of
+``api/jobs`` and the start of the :class:`~gpuspawner.hub.jobs.runner.JobRunner` once the hub
+runs.
+
+=====================================  ======  ==============================================
+``api/jobs``                           POST    submit: ``{"notebook": {...}, "profile": slug,
+                                               "parameters": {...}, "time_limit": s,
+                                               "name": "..."}`` -> 201 and the job
+``api/jobs``                           GET     the caller's jobs (admins: everyone's;
+                                               ``?user=NAME`` for one user's)
+``api/jobs/{id}``                      GET     one job (404 for another user's)
+``api/jobs/{id}``                      DELETE  cancel -> the job, ``cancelled``; 409 if ended
+``api/jobs/{id}/output``               GET     the executed notebook (``.ipynb`` JSON)
+=====================================  ======  ==============================================
+
+Bad input is HTTP 400 with the field first in the message (``time_limit: ...``); nothing is
+stored or started then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+from tornado import web
+
+from ...jobs.model import JobInputError, parse_submission
+from ..service.app import _Base, _hub_app, hub_cluster
+from .runner import JobRefused, JobRunner, job_view
+from .settings import JOBS_DB_FILE, GPUJobs, spawner_values
+from .store import JobRow, JobStore
+
+if TYPE_CHECKING:
+    from ..service.app import GPUService
+
+log = logging.getLogger("gpuspawner")
+
+#: a job id in a path
+JOB_ID = r"([0-9a-f]{32})"
+#: seconds a request waits for the runner to be ready after a hub start
+READY_WAIT_S = 60.0
+
+
+class Jobs:
+    """The jobs part of one service: the runner, made once the hub runs (:func:`start`)."""
+
+    def __init__(self) -> None:
+        self.runner: JobRunner | None = None
+        self.enabled = True
+        self.ready = asyncio.Event()
+        self.error = ""
+        self.task: asyncio.Future[None] | None = None
+
+
+async def _auth_state(name: str) -> dict[str, Any] | None:
+    from jupyterhub import orm
+
+    app = _hub_app()
+    found = orm.User.find(app.db, name)
+    if found is None:
+        return None
+    return await app.users[found].get_auth_state()
+
+
+async def start(jobs: Jobs, *, deadline_s: float = 300.0) -> None:
+    """Once the hub's API answers: read ``c.GPUJobs``, open the database, restore the jobs
+    (:meth:`JobRunner.restore`) and let requests in."""
+    from ..spawner import GPUSpawner
+    from ..state import state_file
+
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    while True:  # the hub's configuration is complete once JupyterHub.start has run
+        try:
+            app = _hub_app()
+            if getattr(app, "hub", None) is not None and app.users is not None:
+                break
+        except (web.HTTPError, AttributeError):
+            pass
+        if loop.time() > end:
+            jobs.error = "the hub did not start"
+            return
+        await asyncio.sleep(0.5)
+    try:
+        settings = GPUJobs(config=app.config)
+        jobs.enabled = settings.enabled
+        if not settings.enabled:
+            return
+        cls = app.spawner_class
+        if not (isinstance(cls, type) and issubclass(cls, GPUSpawner)):
+            jobs.enabled = False
+            return
+        values = spawner_values(app)
+        url = settings.db_url or "sqlite:///" + state_file(
+            str(values["state_dir"] or ""), str(app.db_url), JOBS_DB_FILE)
+        store = JobStore(url)
+        runner = JobRunner(settings, store, hub_cluster, values, _auth_state)
+        await runner.restore()
+        jobs.runner = runner
+        log.info("notebook jobs: ready (%s; %d active)", url.split("?")[0],
+                 len(store.active()))
+    except Exception as e:
+        log.exception("notebook jobs: cannot start")
+        jobs.error = str(e)
+    finally:
+        jobs.ready.set()
+
+
+# -- handlers ----------------------------------------------------------------------------
+class _JobsBase(_Base):
+    async def runner(self) -> JobRunner:
+        jobs: Jobs | None = getattr(self.service, "jobs", None)
+        if jobs is None:
+            raise web.HTTPError(404, "notebook jobs are not set up in this service")
+        try:
+            await asyncio.wait_for(jobs.ready.wait(), READY_WAIT_S)
+        except asyncio.TimeoutError:
+            raise web.HTTPError(503, "notebook jobs are not ready yet; try again") from None
+        if not jobs.enabled:
+            raise web.HTTPError(404, "notebook jobs are off on this hub (c.GPUJobs.enabled)")
+        if jobs.runner is None:
+            raise web.HTTPError(503, f"notebook jobs could not start: {jobs.error}")
+        return jobs.runner
+
+    def groups_of(self, user: dict[str, Any]) -> list[str]:
+        info = self.service.user_lookup(user["name"])
+        if info is not None:
+            return list(info[1])
+        return list(user.get("groups") or [])
+
+    async def own_job(self, job_id: str) -> tuple[JobRunner, JobRow]:
+        """The job, when the caller may see it (its owner, or an admin); else 404."""
+        user = self.require_user()
+        runner = await self.runner()
+        row = runner.store.get(job_id)
+        if row is None or (row.user != user["name"] and not self.is_admin(user)):
+            raise web.HTTPError(404, f"no job {job_id}")
+        return runner, row
+
+    def write_job(self, runner: JobRunner, row: JobRow, status: int = 200) -> None:
+        self.write_json(job_view(row, runner.position(row)), status)
+
+
+class JobsHandler(_JobsBase):
+    """``GET api/jobs`` (own; admins all, or ``?user=``), ``POST api/jobs`` (submit)."""
+
+    async def get(self) -> None:
+        user = self.require_user()
+        runner = await self.runner()
+        wanted = self.get_query_argument("user", None)
+        if self.is_admin(user):
+            rows = runner.store.list(wanted)
+        else:
+            if wanted is not None and wanted != user["name"]:
+                raise web.HTTPError(403, f"{user['name']} may not list another user's jobs")
+            rows = runner.store.list(user["name"])
+        self.write_json({"jobs": [job_view(r, runner.position(r)) for r in rows]})
+
+    async def post(self) -> None:
+        user = self.require_user()
+        if user.get("kind", "user") != "user":
+            raise web.HTTPError(403, "jobs are submitted by users (a user's token), not "
+                                     "services")
+        runner = await self.runner()
+        try:
+            body = json.loads(self.request.body or b"")
+        except ValueError:
+            raise web.HTTPError(400, "body: not JSON") from None
+        try:
+            req = parse_submission(body, runner.settings.limits)
+            row = await runner.submit(user["name"], self.groups_of(user), req)
+        except JobInputError as e:
+            raise web.HTTPError(400, str(e).replace("%", "%%")) from None
+        except JobRefused as e:
+            raise web.HTTPError(e.status, str(e).replace("%", "%%")) from None
+        self.set_header("Location", f"{self.service.prefix}api/jobs/{row.id}")
+        self.write_job(runner, row, 201)
+
+
+class JobHandler(_JobsBase):
+    """``GET api/jobs/{id}``, ``DELETE api/jobs/{id}`` (cancel)."""
+
+    async def get(self, job_id: str) -> None:
+        runner, row = await self.own_job(job_id)
+        self.write_job(runner, row)
+
+    async def delete(self, job_id: str) -> None:
+        runner, row = await self.own_job(job_id)
+        try:
+            await runner.cancel(row, self.current_user["name"])
+        except JobRefused as e:
+            raise web.HTTPError(e.status, str(e)) from None
+        self.write_job(runner, row)
+
+
+class JobOutputHandler(_JobsBase):
+    """``GET api/jobs/{id}/output``: the executed notebook."""
+
+    async def get(self, job_id: str) -> None:
+        runner, row = await self.own_job(job_id)
+        nb = row.output_notebook
+        if nb is None:
+            where = f"; what it wrote is in {row.output_dir}" if row.output_dir else ""
+            raise web.HTTPError(404, f"job {job_id} ({row.state}) has no executed notebook "
+                                     f"here{where}")
+        self.set_header("Content-Type", "application/x-ipynb+json")
+        self.set_header("Content-Disposition", f'attachment; filename="{row.name}.ipynb"')
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(nb))
+
+
+def job_routes(prefix: str, kw: dict[str, Any]) -> list[tuple[str, type, dict[str, Any]]]:
+    """The service's routes of jobs (under ``prefix``)."""
+    return [(prefix + "api/jobs", JobsHandler, kw),
+            (prefix + f"api/jobs/{JOB_ID}", JobHandler, kw),
+            (prefix + f"api/jobs/{JOB_ID}/output", JobOutputHandler, kw)]
+
+
+def configure_jobs(service: GPUService) -> Jobs:
+    """Give ``service`` its jobs part and start it on the running loop (from
+    :func:`gpuspawner.hub.service.app.configure_service`)."""
+    jobs = Jobs()
+    service.jobs = jobs
+    jobs.task = asyncio.ensure_future(start(jobs))
+    return jobs

@@ -1,0 +1,318 @@
+"""Notebook jobs in a real hub (JupyterHub + configurable-http-proxy + GPUSpawner on the real
+Docker engine; marked ``docker``): a job is a second kind of request through the hub's one
+cluster. A one-off job completes, its executed notebook is in the user's home, owned by the
+user, and comes back through the API; a time limit and a cancel stop it; each leaves the
+ledger empty and no container behind; jobs are no JupyterHub servers (the idle culler, which
+lists the hub's servers, never sees one); bad input is HTTP 400 and stores nothing; a hub
+restart adopts a running job, which then finishes once."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import requests
+
+docker = pytest.importorskip("docker")
+nbformat = pytest.importorskip("nbformat")
+
+from gpuspawner.hub.identity import safe_name  # noqa: E402
+from tests.hubrunner import Hub  # noqa: E402
+from tests.test_hub_e2e import _engine  # noqa: E402
+from tests.waiting import wait_until  # noqa: E402
+
+pytestmark = [pytest.mark.docker, pytest.mark.hub]
+SVC = "/services/gpuspawner/"
+#: what the hubrunner's admin service token needs besides admin:users: users' tokens
+EXTRA = """
+for _r in c.JupyterHub.load_roles:
+    if _r.get("name") == "gpuspawner-admin":
+        _r["scopes"] = list(_r["scopes"]) + ["tokens", "access:services"]
+c.GPUJobs.poll_interval = 0.5
+c.GPUJobs.profile_time_limits = {"cpu": {"default": 120, "max": 600}}
+c.DockerBackend.stop_timeout = 5
+import logging as _logging  # the runner's lines in hub.log, to read a failure by
+_logging.getLogger("gpuspawner").addHandler(_logging.StreamHandler())
+_logging.getLogger("gpuspawner").setLevel(_logging.INFO)
+"""
+PROFILES = [
+    {"slug": "cpu", "display_name": "CPU", "cpu": 1, "memory": "512M", "nodes": ["local"],
+     "default": True},
+    {"slug": "huge", "cpu": 1, "memory": "64T", "nodes": ["local"]},
+    {"slug": "staff", "cpu": 1, "memory": "256M", "nodes": ["local"], "groups": ["staff"]},
+]
+
+
+def notebook(*sources: str, params: str = "x = 1") -> dict:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(params, metadata={"tags": ["parameters"]})]
+    nb.cells += [nbformat.v4.new_code_cell(s) for s in sources]
+    return json.loads(nbformat.writes(nb))
+
+
+def job_containers(engine, user: str) -> list[dict]:
+    return [c for c in engine.containers(all=True, filters={"label": f"gpuspawner.user={user}"})
+            if c["Labels"].get("gpuspawner.server", "").startswith("job/")]
+
+
+def remove_jobs(engine) -> None:
+    for c in engine.containers(all=True, filters={"label": "gpuspawner.managed=1"}):
+        if c["Labels"].get("gpuspawner.user", "").startswith("jb-"):
+            engine.remove_container(c["Id"], force=True)
+    for n in engine.networks(filters={"label": "gpuspawner.user"}):
+        if n["Labels"].get("gpuspawner.user", "").startswith("jb-"):
+            try:
+                engine.remove_network(n["Id"])
+            except docker.errors.APIError:
+                pass
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return _engine()
+
+
+@pytest.fixture(scope="module")
+def hub(engine, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("jobshub")
+    h = Hub(tmp, [{"name": "local", "topology": "auto"}], PROFILES, extra_config=EXTRA)
+    h.env["GPUSPAWNER_CULLER"] = "off"
+    h.start()
+    yield h
+    h.stop()
+    remove_jobs(engine)
+
+
+class User:
+    """A hub user with an API token of their own, talking to the service's api/jobs."""
+
+    def __init__(self, hub: Hub, name: str) -> None:
+        hub.ensure_user(name)
+        r = hub.api("POST", f"/users/{name}/tokens", {"note": "jobs test"})
+        assert r.status_code == 201, r.text
+        self.hub, self.name, self.token = hub, name, r.json()["token"]
+
+    def call(self, method: str, path: str, body=None) -> requests.Response:
+        return requests.request(method, f"{self.hub.url}{SVC}{path}",
+                                headers={"Authorization": f"token {self.token}"},
+                                data=None if body is None else json.dumps(body), timeout=60)
+
+    def submit(self, nb: dict, **fields) -> dict:
+        r = self.call("POST", "api/jobs", {"notebook": nb, **fields})
+        assert r.status_code == 201, r.text
+        return r.json()
+
+    def job(self, job_id: str) -> dict:
+        r = self.call("GET", f"api/jobs/{job_id}")
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def wait_state(self, job_id: str, states: tuple[str, ...], timeout: float = 120) -> dict:
+        return wait_until(lambda: (lambda j: j if j["state"] in states else None)(
+            self.job(job_id)), timeout, 0.3,
+            lambda: f"job {job_id} in {states}: {self.job(job_id)}\n{self.hub.tail(30)}")
+
+
+def admin_allocations(hub: Hub, user: str) -> list[dict]:
+    r = requests.get(f"{hub.url}{SVC}api/allocations",
+                     headers={"Authorization": f"token {hub.token}"}, timeout=30)
+    assert r.status_code == 200, r.text
+    return [a for a in r.json() if a["owner"]["user"] == user]
+
+
+def released(hub: Hub, engine, user: str) -> bool:
+    return not admin_allocations(hub, user) and not job_containers(engine, user)
+
+
+def home_of(hub: Hub, user: str) -> Path:
+    return hub.state_dir / "home" / safe_name(user)
+
+
+def test_a_job_completes_into_the_users_home_and_releases(hub, engine):
+    u = User(hub, "jb-alice")
+    nb = notebook("import os\nprint('x is', x)\nprint(os.getuid())\n"
+                  "print(os.environ['CPU_LIMIT'])", "y = x * 2\ny")
+    job = u.submit(nb, profile="cpu", parameters={"x": 21}, name="double")
+    assert job["state"] in ("queued", "waiting", "starting", "running")
+    assert job["time_limit"] == 120  # the profile's default
+    # while it runs it is no JupyterHub server: the idle culler lists the hub's servers only
+    running = u.wait_state(job["id"], ("running", "completed"))
+    if running["state"] == "running":
+        model = hub.api("GET", "/users/jb-alice").json()
+        assert model["servers"] == {}
+        assert [c["Labels"]["gpuspawner.server"] for c in job_containers(engine, "jb-alice")] \
+            == [f"job/{job['id']}"]
+    done = u.wait_state(job["id"], ("completed", "failed", "lost"))
+    assert done["state"] == "completed", done
+    assert done["exit_code"] == 0 and done["node"] == "local"
+    states = [h["state"] for h in done["history"]]
+    assert states[0] == "queued" and states[-2:] == ["running", "completed"]
+    # the executed notebook through the API: the parameter was injected and used
+    r = u.call("GET", f"api/jobs/{job['id']}/output")
+    assert r.status_code == 200, r.text
+    out = r.json()
+    texts = ["".join(o.get("text", "")) for c in out["cells"] for o in c.get("outputs", [])]
+    assert "x is 21\n1000\n1\n" in texts
+    assert any("42" in "".join(o.get("data", {}).get("text/plain", ""))
+               for c in out["cells"] for o in c.get("outputs", []))
+    # ... and in the user's home, written by the job as the user
+    assert done["output_dir"].startswith("~/jobs/double/") and \
+        done["output_dir"].endswith(f"-{job['id']}")
+    folder = home_of(hub, "jb-alice") / done["output_dir"][2:]
+    files = {p.name: p for p in folder.iterdir()}
+    assert set(files) == {"double.ipynb", "double.input.ipynb", "job.log"}
+    for p in [folder, *files.values()]:
+        assert p.stat().st_uid == 1000, p
+    home_nb = json.loads(files["double.ipynb"].read_text())
+    assert [c["source"] for c in home_nb["cells"]] == [c["source"] for c in out["cells"]]
+    assert "x is 21" in files["job.log"].read_text()
+    # the ledger is empty again, no container or network is left
+    wait_until(lambda: released(hub, engine, "jb-alice"), 30, 0.3, "released")
+    assert not engine.networks(filters={"label": "gpuspawner.user=jb-alice"})
+    # the user sees it in the list; the CLI-style listing is newest first
+    r = u.call("GET", "api/jobs")
+    assert [j["id"] for j in r.json()["jobs"]] == [job["id"]]
+
+
+def test_a_failing_cell_fails_the_job_naming_the_cell(hub, engine):
+    u = User(hub, "jb-fail")
+    job = u.submit(notebook("1 / 0"), name="boom")
+    done = u.wait_state(job["id"], ("completed", "failed", "lost"))
+    assert done["state"] == "failed" and done["exit_code"] == 1, done
+    assert "ZeroDivisionError" in done["message"] and done["error"]["ename"] == \
+        "ZeroDivisionError"
+    assert u.call("GET", f"api/jobs/{job['id']}/output").status_code == 200
+    wait_until(lambda: released(hub, engine, "jb-fail"), 30, 0.3, "released")
+
+
+def test_a_time_limit_stops_and_releases(hub, engine):
+    u = User(hub, "jb-slow")
+    job = u.submit(notebook("import time\ntime.sleep(600)"), time_limit=3, name="slow")
+    u.wait_state(job["id"], ("running",), 90)
+    assert admin_allocations(hub, "jb-slow")
+    done = u.wait_state(job["id"], ("timed_out", "completed", "failed", "lost"), 60)
+    assert done["state"] == "timed_out", done
+    assert "time limit of 3 s" in done["message"]
+    wait_until(lambda: released(hub, engine, "jb-slow"), 30, 0.3, "released")
+    r = u.call("GET", f"api/jobs/{job['id']}/output")
+    assert r.status_code == 404 and "~/jobs/slow/" in r.json()["message"]
+
+
+def test_a_cancel_stops_and_releases(hub, engine):
+    u = User(hub, "jb-cancel")
+    job = u.submit(notebook("import time\ntime.sleep(600)"), name="long")
+    u.wait_state(job["id"], ("running",), 90)
+    r = u.call("DELETE", f"api/jobs/{job['id']}")
+    assert r.status_code == 200, r.text
+    assert r.json()["state"] == "cancelled" and "cancelled by jb-cancel" in r.json()["message"]
+    assert released(hub, engine, "jb-cancel")
+    r = u.call("DELETE", f"api/jobs/{job['id']}")
+    assert r.status_code == 409 and "has ended" in r.json()["message"]
+
+
+def test_users_see_only_their_own_jobs(hub):
+    owner, other = User(hub, "jb-owner"), User(hub, "jb-other")
+    job = owner.submit(notebook("1"), name="mine")
+    for method, path in [("GET", ""), ("DELETE", ""), ("GET", "/output")]:
+        r = other.call(method, f"api/jobs/{job['id']}{path}")
+        assert r.status_code == 404, (method, path, r.text)
+    assert other.call("GET", "api/jobs").json()["jobs"] == []
+    assert other.call("GET", "api/jobs?user=jb-owner").status_code == 403
+    # an admin (the hub's admin user) sees everyone's
+    admin = User(hub, "admin")
+    assert job["id"] in [j["id"] for j in admin.call("GET", "api/jobs").json()["jobs"]]
+    owner.wait_state(job["id"], ("completed", "failed", "lost"))
+
+
+BAD = [
+    ({"profile": "cpu"}, "notebook: missing"),
+    ({"notebook": "x"}, "notebook: must be the notebook's content"),
+    ({"notebook": {"cells": 3, "nbformat": 4, "nbformat_minor": 5, "metadata": {}}},
+     "notebook: not a valid notebook"),
+    ({"notebook": notebook("s = '" + "x" * (3 * 2**20) + "'")},
+     "notebook: "),
+    ({"parameters": {"x": {"a": 1}}}, "parameters.x: must be a JSON scalar"),
+    ({"parameters": {"not valid": 1}}, "parameters.not valid: not a Python identifier"),
+    ({"parameters": {"x": "y" * 20000}}, "parameters: "),
+    ({"profile": "nope"}, "profile: "),
+    ({"profile": "staff"}, "profile: profile 'staff' is not available to your groups"),
+    ({"profile": "huge"}, "profile: 'huge' can never be placed"),
+    ({"time_limit": 601}, "time_limit: at most 600 seconds for profile 'cpu'"),
+    ({"time_limit": 0}, "time_limit: must be at least 1 second"),
+    ({"time_limit": "1h"}, "time_limit: must be a whole number"),
+    ({"name": "a/b"}, "name: "),
+    ({"name": ".."}, "name: "),
+    ({"colour": "red"}, "colour: unknown field"),
+]
+
+
+def test_bad_input_is_400_naming_the_field_and_stores_nothing(hub, engine):
+    u = User(hub, "jb-bad")
+    base = {"notebook": notebook("1"), "profile": "cpu"}
+    for change, words in BAD:
+        body = {**base, **change}
+        if "notebook" not in change and change.get("profile") == "cpu" and len(change) == 1:
+            body.pop("notebook")
+        r = u.call("POST", "api/jobs", body)
+        assert r.status_code == 400, (change, r.text)
+        assert r.json()["message"].startswith(words), (change, r.json())
+    r = requests.post(f"{hub.url}{SVC}api/jobs", data="{not json",
+                      headers={"Authorization": f"token {u.token}"}, timeout=30)
+    assert r.status_code == 400 and r.json()["message"].startswith("body: ")
+    assert u.call("GET", "api/jobs").json()["jobs"] == []
+    assert not job_containers(engine, "jb-bad") and not admin_allocations(hub, "jb-bad")
+    # no token: 401
+    assert requests.get(f"{hub.url}{SVC}api/jobs", timeout=30).status_code == 401
+
+
+def test_the_cli_submits_shows_and_downloads(hub, tmp_path):
+    import subprocess
+    import sys
+
+    u = User(hub, "jb-cli")
+    path = tmp_path / "my notebook.ipynb"
+    path.write_text(json.dumps(notebook("print(x + 1)")))
+    env = {**os.environ, "JUPYTERHUB_API_URL": f"{hub.url}/hub/api",
+           "JUPYTERHUB_API_TOKEN": u.token}
+    env.pop("GPUSPAWNER_SERVICE_URL", None)
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "gpuspawner.cli", "jobs", *args],
+                              env=env, capture_output=True, text=True, timeout=120)
+
+    p = cli("submit", str(path), "--profile", "cpu", "-p", "x=41", "--time-limit", "60")
+    assert p.returncode == 0, p.stderr
+    job_id = p.stdout.strip()
+    u.wait_state(job_id, ("completed", "failed", "lost"))
+    p = cli("show", job_id)
+    assert p.returncode == 0 and "state: completed" in p.stdout and \
+        "name: my-notebook" in p.stdout, p.stdout
+    assert job_id in cli("list").stdout
+    p = cli("output", job_id, "-o", str(tmp_path / "out"))
+    assert p.returncode == 0, p.stderr
+    nb = json.loads((tmp_path / "out" / "my-notebook.ipynb").read_text())
+    assert "42\n" in ["".join(o.get("text", "")) for c in nb["cells"] for o in c["outputs"]]
+    p = cli("submit", str(path), "--time-limit", "100000")
+    assert p.returncode == 1 and "HTTP 400: time_limit: at most 600" in p.stderr
+    p = cli("cancel", job_id)
+    assert p.returncode == 1 and "HTTP 409" in p.stderr
+
+
+def test_a_hub_restart_adopts_a_running_job(hub, engine):
+    u = User(hub, "jb-restart")
+    job = u.submit(notebook("import time\ntime.sleep(12)\nprint('slept')"), name="nap")
+    u.wait_state(job["id"], ("running",), 90)
+    (before,) = job_containers(engine, "jb-restart")
+    hub.stop()
+    hub.start()
+    # the restore kept its container (no orphan removal) and the job finishes once
+    assert [c["Id"] for c in job_containers(engine, "jb-restart")] == [before["Id"]]
+    done = u.wait_state(job["id"], ("completed", "failed", "lost", "cancelled"), 90)
+    assert done["state"] == "completed", done
+    states = [h["state"] for h in done["history"]]
+    assert states.count("completed") == 1 and states.count("running") == 1
+    wait_until(lambda: released(hub, engine, "jb-restart"), 30, 0.3, "released")
