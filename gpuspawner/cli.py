@@ -147,7 +147,8 @@ def _add_slurm_gres(sub: argparse._SubParsersAction) -> None:
 CONFIG_CLASSES = (("gpuspawner.hub.spawner", "GPUSpawner"),
                   ("gpuspawner.backends.docker_backend", "DockerBackend"),
                   ("gpuspawner.backends.slurm.backend", "SlurmBackend"),
-                  ("gpuspawner.hub.auth", "GPULDAPAuthenticator"))
+                  ("gpuspawner.hub.auth", "GPULDAPAuthenticator"),
+                  ("gpuspawner.hub.jobs.settings", "GPUJobs"))
 
 
 def generate_config(culler: bool = False) -> str:

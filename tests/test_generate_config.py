@@ -12,6 +12,7 @@ from gpuspawner.backends.slurm.backend import SlurmBackend
 from gpuspawner.cli import generate_config, main
 from gpuspawner.hub.auth import GPULDAPAuthenticator
 from gpuspawner.hub.config_check import IGNORED_SPAWNER_OPTIONS
+from gpuspawner.hub.jobs.settings import GPUJobs
 from gpuspawner.hub.spawner import GPUSpawner
 
 
@@ -24,7 +25,8 @@ def _settings(text: str) -> set[str]:
     return set(re.findall(r"^# c\.(\w+\.\w+) = ", text, re.M))
 
 
-@pytest.mark.parametrize("cls", [GPUSpawner, DockerBackend, SlurmBackend, GPULDAPAuthenticator])
+@pytest.mark.parametrize("cls", [GPUSpawner, DockerBackend, SlurmBackend, GPULDAPAuthenticator,
+                                 GPUJobs])
 def test_every_option_of_each_class_is_listed_under_its_name(text, cls):
     assert f"# {cls.__name__}(" in text  # its section header
     listed = {s.split(".", 1)[1] for s in _settings(text) if s.startswith(cls.__name__ + ".")}
@@ -35,7 +37,8 @@ def test_sections_name_only_the_classes_an_admin_sets(text):
     """Mixins (SpawnerSettings, OptionsFormMixin) and bases (Spawner, LDAPAuthenticator) get
     no section of their own: their options are listed under the class that uses them."""
     classes = {s.split(".", 1)[0] for s in _settings(text)}
-    assert classes == {"GPUSpawner", "DockerBackend", "SlurmBackend", "GPULDAPAuthenticator"}
+    assert classes == {"GPUSpawner", "DockerBackend", "SlurmBackend", "GPULDAPAuthenticator",
+                       "GPUJobs"}
     assert "See also:" not in text
 
 
