@@ -426,3 +426,22 @@ def test_fgd_prefers_nodes_where_a_multi_gpu_bundle_fits_one_numa_node():
     assert a.node == "b" and len(a.mems) == 1 and a.numa_aligned
     # a single GPU has no such preference: the name decides
     assert Ledger(nodes, workload=ones).reserve(Bundle(cores=6, gpus=1), Owner("u")).node == "a"
+
+
+def test_fits_now_is_the_ledgers_own_answer():
+    """``fits_now`` plans on the live state: booked and drained GPUs, booked cores and down
+    nodes count."""
+    ledger = Ledger([make_node("a", gpus=2, numa=2, cores=8), make_node("b", gpus=0, cores=4)])
+    one = Bundle(cores=1, memory_bytes=GiB, gpus=1)
+    assert ledger.fits_now(one) == "a"
+    ledger.reserve(one, Owner("u1"))
+    assert ledger.fits_now(one) == "a"
+    ledger.drain_gpu("GPU-a-01", "test")
+    assert ledger.fits_now(one) is None and ledger.fits_now(one, ["b"]) is None
+    cpu = Bundle(cores=4, memory_bytes=GiB)
+    assert ledger.fits_now(cpu, ["b"]) == "b"
+    ledger.set_node_state("b", "down", "test")
+    assert ledger.fits_now(cpu, ["b"]) is None
+    # node a: 7 of its 8 cores free (u1 holds one)
+    assert ledger.fits_now(Bundle(cores=8, memory_bytes=GiB)) is None
+    assert ledger.fits_now(Bundle(cores=7, memory_bytes=GiB)) == "a"

@@ -14,6 +14,7 @@ from traitlets.config import LoggingConfigurable
 
 from ..placement import GPU, GPU_MILLI, Bundle, Ledger, Node, format_bytes
 from ..placement.devices import model_allowed
+from ..placement.units import share_words
 from .profiles import OptionsError, Profile, ProfileConfigError, choose_profile, load_profiles
 from .user_options import pending_refusal, watch_spawn
 
@@ -55,7 +56,7 @@ def resources_line(bundle: Bundle, nodes: Sequence[Node] = ()) -> str:
         if bundle.gpus:
             parts.append(f"{bundle.gpus} x {what}" if what else plural(bundle.gpus, "GPU"))
         else:
-            share = _SHARES.get(bundle.gpu_milli, f"{bundle.gpu_milli / GPU_MILLI:g}")
+            share = share_words(bundle.gpu_milli)
             parts.append(f"{share} of a shared {what or 'GPU'}")
     parts.append(plural(bundle.cores, "core"))
     if bundle.memory_bytes:
@@ -65,7 +66,6 @@ def resources_line(bundle: Bundle, nodes: Sequence[Node] = ()) -> str:
     return " · ".join(parts)
 
 
-_SHARES = {500: "½", 250: "¼", 750: "¾"}
 
 
 def never_reason(profile: Profile, nodes: Sequence[Node]) -> str:
@@ -92,30 +92,6 @@ def never_reason(profile: Profile, nodes: Sequence[Node]) -> str:
     return "larger than any node of this hub"
 
 
-def _room_now(bundle: Bundle, snapshot: list[dict[str, Any]], nodes: Sequence[str]) -> bool:
-    """Whether some node that is up has, in all, the cores, memory and GPUs the bundle needs
-    free now: necessary for a placement (NUMA rules may still refuse), so False means a
-    spawn would certainly be refused."""
-    probe = Bundle(cores=0, gpu_models=bundle.gpu_models)
-    for n in snapshot:
-        if n["state"] != "up" or (nodes and n["name"] not in nodes):
-            continue
-        cores = sum(len(nn["cpus_free"]) for nn in n["numa_nodes"])
-        memory = sum(nn["memory_free_bytes"] for nn in n["numa_nodes"])
-        gpus = [g for g in n["gpus"] if g["drained"] is None
-                and model_allowed(GPU(uuid=g["uuid"], model=g["model"]), probe)]
-        if bundle.gpus:
-            ok_gpus = sum(g["milli_used"] == 0 for g in gpus) >= bundle.gpus
-        elif bundle.gpu_milli:
-            ok_gpus = any(g["shareable"] and g["milli_used"] + bundle.gpu_milli <= GPU_MILLI
-                          for g in gpus)
-        else:
-            ok_gpus = True
-        if cores >= bundle.cores and memory >= bundle.memory_bytes and ok_gpus:
-            return True
-    return False
-
-
 def profile_cards(profiles: Sequence[Profile], ledger: Ledger, user: str,
                   groups: Iterable[str]) -> list[dict[str, Any]]:
     """What the form shows per profile: its resources in one line, availability now, quota and
@@ -134,7 +110,6 @@ def profile_cards(profiles: Sequence[Profile], ledger: Ledger, user: str,
     groups = list(groups)
     left = ledger.quota_remaining(user, groups)
     nodes = ledger.nodes
-    snapshot = ledger.snapshot()
     cards = []
     for p in profiles:
         b = p.bundle
@@ -162,7 +137,7 @@ def profile_cards(profiles: Sequence[Profile], ledger: Ledger, user: str,
                     card.update(available=False, reason=f"over your quota ({_QUOTA_WORDS[key]})")
                     break
             else:
-                if _room_now(b, snapshot, p.nodes):
+                if ledger.fits_now(b, p.nodes) is not None:  # the ledger's answer
                     card["free"] = True
                 elif p.queue:  # fits the capacity (not "never"): it waits for its turn
                     busy = f"all {models} busy now" if b.total_gpu_milli else "no room now"

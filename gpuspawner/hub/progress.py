@@ -13,9 +13,8 @@ from tornado import web
 from traitlets.config import LoggingConfigurable
 
 from ..placement import GPU_MILLI, Allocation, Node
+from ..placement.units import share_words
 from .form import gpu_memory_text, plural, size_text
-
-_SHARES = {500: "½", 250: "¼", 750: "¾"}
 
 
 def _numbers(ids: list[int]) -> str:
@@ -49,7 +48,7 @@ def placement_message(alloc: Allocation, node: Node | None = None, *,
             where = f" ({label} {_numbers([g.index for g in known])})"
         milli = alloc.gpus[0].milli
         if len(alloc.gpus) == 1 and milli < GPU_MILLI:
-            share = _SHARES.get(milli, f"{milli / GPU_MILLI:g}")
+            share = share_words(milli)
             parts.append(f"{share} of a shared {what or 'GPU'}{where}")
         else:
             n = len(alloc.gpus)

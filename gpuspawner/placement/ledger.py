@@ -295,6 +295,25 @@ class Ledger:
                 names &= set(nodes)
             return {n for n in names if plan(self._empty_state(n), bundle, spill) is not None}
 
+    def fits_now(self, bundle: Bundle, nodes: Iterable[str] | None = None) -> str | None:
+        """The first usable node (within ``nodes``, when given; configuration order) on which
+        ``bundle`` could be placed now, under its NUMA policy and the devices' rules
+        (:func:`~.devices.plan` on the live state: booked and drained devices are taken), or
+        None. The question the form, the queue and the REST service ask instead of counting
+        free capacity beside the ledger; quotas are not judged here (:meth:`check_quota`).
+        O(nodes) plans at most, stopping at the first that fits."""
+        with self._lock:
+            names = self.usable_nodes()
+            if nodes:
+                names &= set(nodes)
+            for n in sorted(names, key=lambda n: self._by_name[n].order):
+                st = self._by_name[n]
+                if bundle.numa_policy != "none" and plan(st, bundle, False) is not None:
+                    return n
+                if bundle.numa_policy != "strict" and plan(st, bundle, True) is not None:
+                    return n
+            return None
+
     def closest_node(self, bundle: Bundle, nodes: Iterable[str]) -> str | None:
         """Of ``nodes``, the one that lacks the least to hold ``bundle`` now, for the wait
         queue's reservation (:class:`~.queue.WaitQueue`): the smallest (GPUs missing, cores

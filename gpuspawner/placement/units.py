@@ -54,3 +54,12 @@ def format_bytes(n: int) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{size:.1f} PiB"  # pragma: no cover
+
+
+#: how a GPU share reads (milli-GPU -> words); other shares read as a decimal fraction
+SHARE_WORDS = {500: "½", 250: "¼", 750: "¾"}
+
+
+def share_words(milli: int) -> str:
+    """A GPU share in words: ``"¼"`` for 250 milli-GPU, else the fraction (``"0.1"``)."""
+    return SHARE_WORDS.get(milli, f"{milli / GPU_MILLI:g}")

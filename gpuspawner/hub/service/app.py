@@ -77,11 +77,11 @@ def _hub_app() -> Any:
 def hub_cluster() -> Cluster:
     """The cluster GPUSpawner uses in this hub process: the runtime made at hub start
     (:func:`~gpuspawner.hub.runtime.hub_runtime`). A hub whose configuration never called
-    ``check_hub_config`` has none; then the key arguments (``nodes``, ``placement_policy``, ``quotas``) are resolved from the hub's
-    configuration the way traitlets resolves them for the spawner class (sections of the
-    class's MRO, the most derived last, over the traits' defaults), so
-    :func:`~gpuspawner.hub.cluster.get_cluster` returns the very object the spawners hold, created
-    on first use if no spawner has run yet.
+    ``check_hub_config`` has none; then the key arguments (``nodes``, ``placement_policy``,
+    ``quotas``, ``backend``) are resolved from the hub's configuration the way traitlets
+    resolves them for the spawner class (sections of the class's MRO, the most derived last,
+    over the traits' defaults), so :func:`~gpuspawner.hub.cluster.get_cluster` returns the
+    very object the spawners hold, created on first use if no spawner has run yet.
 
     Raises:
         web.HTTPError(503): the hub does not use GPUSpawner.
