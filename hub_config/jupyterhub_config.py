@@ -138,12 +138,14 @@ if api_token:
 
 # -- production examples (uncomment and adapt) ----------------------------------------------
 # Several nodes, each with its own engine and a topology file written by
-# `gpuspawner inventory > node-2.yaml` on that node:
+# `gpuspawner inventory > node-2.yaml` on that node; engines of other nodes over mutual TLS
+# (dockerd --tlsverify; docs/howto/add-gpu-node.md):
 # c.GPUSpawner.nodes = [
 #     {"name": "node-1", "docker_url": "unix:///var/run/docker.sock", "topology": "auto"},
 #     {"name": "node-2", "docker_url": "tcp://node-2:2376",
 #      "topology": "/etc/gpuspawner/node-2.yaml", "host": "node-2"},
 # ]
+# c.DockerBackend.tls_cert_path = "/etc/gpuspawner/docker-tls"   # ca.pem, cert.pem, key.pem
 # Mutual TLS between hub, proxy and servers (a server never trusts a hub it has not
 # verified): GPUSPAWNER_INTERNAL_SSL=1 above, or
 # c.JupyterHub.internal_ssl = True
@@ -157,17 +159,15 @@ if api_token:
 #
 # GPU health (docs/gpu-health.md): this host's GPUs are read through NVML every 60 s and an
 # unhealthy one is drained; drains (also `gpuspawner drain-gpu`) are kept in a JSON file,
-# by default gpuspawner-drains.json beside the SQLite database:
+# by default gpuspawner-drains.json in the state folder (c.GPUSpawner.state_dir):
 # c.GPUSpawner.gpu_health_interval = 60
 # c.GPUSpawner.gpu_drains_file = "/var/lib/jupyterhub/gpuspawner-drains.json"
 # c.GPUSpawner.gpu_health_xids = [48, 63, 64, 74, 79, 92, 94, 95]
 #
-# LDAP (jupyterhub-ldapauthenticator 2.x); uidNumber/gidNumber in auth_state own the home:
-# c.JupyterHub.authenticator_class = "ldapauthenticator.LDAPAuthenticator"
-# c.LDAPAuthenticator.server_address = "ldap.example.org"
-# c.LDAPAuthenticator.bind_dn_template = ["uid={username},ou=people,dc=example,dc=org"]
-# c.LDAPAuthenticator.auth_state_attributes = ["uidNumber", "gidNumber", "homeDirectory"]
-# c.Authenticator.enable_auth_state = True   # needs JUPYTERHUB_CRYPT_KEY
+# LDAP: one recipe, hub_config/ldap.py (GPULDAPAuthenticator, entry point "gpu-ldap": LDAP
+# groups become hub groups, uidNumber/gidNumber in auth_state own the home; docs/howto/ldap.md).
+# Load it after this file, from the site's own configuration:
+# load_subconfig("/path/to/gpuspawner/hub_config/ldap.py")   # needs JUPYTERHUB_CRYPT_KEY
 # c.GPUSpawner.home_path_template = "/shared/home/{username}"
 
 # -- gpuspawner service (gpuspawner/hub/service/) -------------------------------------------
