@@ -1,5 +1,5 @@
 # gpuspawner: everything a new Debian machine needs, installed and started by the project itself.
-#   make venv         .venv with the project and its hub + test extras
+#   make venv         .venv with the project and its hub + test + docs extras
 #   make chp          configurable-http-proxy@5 in node_modules/
 #   make engine       local Docker engine (scripts/dockerd.sh) and the isolation rule
 #                     between server networks (scripts/network.sh)
@@ -11,7 +11,8 @@
 #   make up           all of the above, then the hub on http://127.0.0.1:8000
 #   make slurm        a private three-node Slurm cluster on loopback for the Slurm backend's
 #                     tests (scripts/slurm.sh; `scripts/slurm.sh --stop` stops it)
-#   make test         lint + the whole test suite (docker- and slurm-marked tests included)
+#   make test         lint + the docs (warnings are errors) + the whole test suite (docker- and
+#                     slurm-marked tests included)
 #   make test-unit    tests without an engine, a hub, a browser, slapd, Slurm or slow processes
 #   make docs         the Sphinx site in docs/_build/html (warnings are errors)
 #   make lint         ruff, import-linter, and the lab extension's prettier + eslint
@@ -38,7 +39,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
-	$(VENV)/bin/python -m pip install -q -e '.[hub,test]'
+	$(VENV)/bin/python -m pip install -q -e '.[hub,test,docs]'
 	@touch $@
 
 chp: $(CHP)
@@ -77,7 +78,7 @@ lint: venv
 	cd labextension && npm run --silent lint:check
 
 docs: venv
-	$(VENV)/bin/python -m pip install -q -e '.[hub,test,docs]'
+	@test -x $(VENV)/bin/sphinx-build || $(VENV)/bin/python -m pip install -q -e '.[hub,test,docs]'
 	$(VENV)/bin/sphinx-build -W -q -b html docs docs/_build/html
 	@echo "docs/_build/html/index.html"
 
@@ -92,7 +93,7 @@ slurm:
 test-tools:
 	scripts/ldap.sh
 
-test: venv chp engine images btrfs-engine test-tools slurm labext-ui lint
+test: venv chp engine images btrfs-engine test-tools slurm labext-ui lint docs
 	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
 test-unit: venv
