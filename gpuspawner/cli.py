@@ -14,7 +14,8 @@ Subcommands:
   UUID``: GPU health of this host and drains through the hub (:mod:`gpuspawner.health_cli`).
 * ``gpuspawner generate-config [--culler] [-o FILE]``: a commented ``jupyterhub_config.py``
   with every option of GPUSpawner (its JupyterHub ``Spawner`` options included), DockerBackend,
-  SlurmBackend and GPULDAPAuthenticator, as ``jupyterhub --generate-config`` writes JupyterHub's
+  SlurmBackend, GPULDAPAuthenticator and GPUJobs (:data:`CONFIG_CLASSES`), as
+  ``jupyterhub --generate-config`` writes JupyterHub's
   (:func:`generate_config`); ``--culler``: the idle culler's ``idle_culler_config.py``.
 * ``gpuspawner jobs submit|list|show|cancel|output``: notebook jobs through the hub's
   gpuspawner service (:mod:`gpuspawner.jobs.client`, docs/jobs.md).
@@ -183,9 +184,10 @@ def generate_config(culler: bool = False) -> str:
                 classes.append(getattr(importlib.import_module(module), name))
             except ImportError as e:  # the LDAP authenticator without ldapauthenticator
                 missing.append(f"# {name}: not installed here ({e})")
-        head = ["# gpuspawner options for jupyterhub_config.py: GPUSpawner, its backends and the",
-                "# LDAP authenticator. Made by: gpuspawner generate-config. JupyterHub's own",
-                "# options (c.JupyterHub.*): jupyterhub --generate-config.", *missing]
+        head = ["# gpuspawner options for jupyterhub_config.py: GPUSpawner, its backends, the",
+                "# LDAP authenticator and notebook jobs. Made by: gpuspawner generate-config.",
+                "# JupyterHub's own options (c.JupyterHub.*): jupyterhub --generate-config.",
+                *missing]
     lines = [*head, "", "c = get_config()  # noqa", ""]
     for cls in classes:
         blocks = cls.class_config_section(classes).split("\n\n")
@@ -209,8 +211,8 @@ def _cmd_generate_config(args: argparse.Namespace) -> int:
 def _add_generate_config(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate-config", help="print every option as a commented config file",
                        description="Print a commented configuration file with every option of "
-                       "GPUSpawner, DockerBackend, SlurmBackend and GPULDAPAuthenticator (their "
-                       "help, defaults and units), for jupyterhub_config.py.")
+                       "GPUSpawner, DockerBackend, SlurmBackend, GPULDAPAuthenticator and GPUJobs "
+                       "(their help, defaults and units), for jupyterhub_config.py.")
     p.add_argument("--culler", action="store_true",
                    help="the idle culler's options (idle_culler_config.py) instead")
     p.add_argument("-o", "--output", default=None, help="write to this file instead of stdout")
