@@ -213,39 +213,33 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> 
 
     afters = frag.after_table(d)
 
-    def ranked():
-        """(bucket key, rank) of every bucket that may take the bundle; signatures whose
-        GPUs cannot take it are skipped with all their buckets."""
-        for sid, keys in c.by_sid.items():
-            after = afters.get(sid, miss)
-            if after is miss:
-                after = frag.after(sid, d)
-            if after is None:
-                continue
-            for key in keys:
-                _sid, free_cores, mem_class = key
-                if cores > free_cores or mib >> mem_class:
-                    continue
-                if no_fit and no_fit.get(key, -1) == versions[key]:
-                    continue
-                rank = ranks.get(key, miss)
-                if rank is miss:
-                    rank = ranks[key] = rank_of(sid, free_cores * 1000)
-                if rank is not None:
-                    yield key, rank
-
-    # one pass keeps only the best group; it usually has room, so the others are ranked
-    # (in order) only when it has not
+    # one pass over the buckets: (rank, bucket key) of every bucket that may take the bundle
+    # (signatures whose GPUs cannot take it are skipped with all their buckets); the best
+    # group usually has room, so the others are sorted only when it has not
+    cands: list[tuple[float, tuple[int, int, int]]] = []
+    append = cands.append
     best = None
-    best_keys: list[tuple[int, int, int]] = []
-    for key, rank in ranked():
-        if best is None or rank < best:
-            best = rank
-            best_keys = [key]
-        elif rank == best:
-            best_keys.append(key)
+    for sid, keys in c.by_sid.items():
+        after = afters.get(sid, miss)
+        if after is miss:
+            after = frag.after(sid, d)
+        if after is None:
+            continue
+        for key in keys:
+            if cores > key[1] or mib >> key[2]:
+                continue
+            if no_fit and no_fit.get(key, -1) == versions[key]:
+                continue
+            rank = ranks.get(key, miss)
+            if rank is miss:
+                rank = ranks[key] = rank_of(sid, key[1] * 1000)
+            if rank is not None:
+                append((rank, key))
+                if best is None or rank < best:
+                    best = rank
     if best is None:
         return None
+    best_keys = [key for rank, key in cands if rank == best]
     got = _try(_by_name(c, best_keys), bundle, spill, ok)
     if got is not None:
         return got
@@ -253,7 +247,7 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> 
         for k in best_keys:
             no_fit[k] = versions[k]
     scored: dict[float, list[tuple[int, int, int]]] = {}
-    for key, rank in ranked():
+    for rank, key in cands:
         if rank != best:
             scored.setdefault(rank, []).append(key)
     for rank in sorted(scored):
