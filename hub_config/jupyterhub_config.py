@@ -198,6 +198,20 @@ if os.environ.get("GPUSPAWNER_CULLER", "on") != "off":
     # the culler listens on the hub's address: servers ask it for their cull warning with
     # their own token (it checks every token with the hub)
     CULLER_URL = f"http://{HUB_IP}:{_culler_port()}"
+
+    def _culler_docker_urls() -> list[str]:
+        """--docker-url NODE=URL for each Docker node (as set so far in this file): the
+        network signal (container bytes/s, the policies' network_floor). None on Slurm: a job
+        shares its node's network, there is no per-server counter."""
+        if c.GPUSpawner.get("backend", "docker") != "docker":
+            return []
+        nodes = c.GPUSpawner.get("nodes") or [{"name": "local"}]
+        local = os.environ.get("DOCKER_HOST", "")  # the hub's engine for docker_url ""
+        tls = c.DockerBackend.get("tls_cert_path") or ""  # engines of other nodes over TLS
+        return [a for n in nodes if isinstance(n, dict) and n.get("name")
+                for a in ("--docker-url", f"{n['name']}={n.get('docker_url') or local}")
+                ] + (["--docker-tls-cert-path", tls] if tls else [])
+
     c.JupyterHub.services.append({
         "name": "idle-culler",
         "url": CULLER_URL,
@@ -209,6 +223,7 @@ if os.environ.get("GPUSPAWNER_CULLER", "on") != "off":
             "--cull-every", os.environ.get("GPUSPAWNER_CULLER_EVERY", "60"),
             "--timeout", "3600",
             "--concurrency", "10",
+            *_culler_docker_urls(),
             # the wait queue (pressure_idle_timeout), read on the service's own loopback port
             *(["--gpuspawner-url", GPUSPAWNER_SERVICE.url + GPUSPAWNER_SERVICE.prefix]
               if GPUSPAWNER_SERVICE is not None else []),

@@ -50,6 +50,8 @@ class IdleCuller(Application):
         "dcgm-url": "IdleCuller.dcgm_urls",
         "dcgm-interval": "IdleCuller.dcgm_interval",
         "nvml-interval": "IdleCuller.nvml_interval",
+        "docker-url": "IdleCuller.docker_urls",
+        "docker-tls-cert-path": "IdleCuller.docker_tls_cert_path",
         "retries": "IdleCuller.retries",
         "backoff": "IdleCuller.backoff",
         "config": "IdleCuller.config_file",
@@ -109,7 +111,14 @@ class IdleCuller(Application):
     dcgm_interval = Float(15.0, help="Seconds between dcgm-exporter scrapes.").tag(config=True)
     docker_urls = Dict(help=dedent("""
         Node name -> Docker engine URL ("" = local) for network bytes from the Docker stats API
-        (only for servers on a bridge network). Empty: no network signal.""")).tag(config=True)
+        (only for servers on a bridge network; on the command line: --docker-url NODE=URL,
+        repeated). The container and node come from GPUSpawner's server state. Empty: no
+        network signal. Slurm servers never have one (a job shares its node's network).""")
+                       ).tag(config=True)
+    docker_tls_cert_path = Unicode("", help=dedent("""
+        Folder with ca.pem, cert.pem and key.pem for the tcp:// and https:// engines of
+        docker_urls (as c.DockerBackend.tls_cert_path): mutual TLS, the engine verified
+        against ca.pem.""")).tag(config=True)
     retries = Int(4, help="Retries of a failed hub API request (exponential backoff)."
                   ).tag(config=True)
     backoff = Float(0.5, help="First retry delay (seconds); doubles each retry, max 10 s."
@@ -153,7 +162,8 @@ class IdleCuller(Application):
                                        overrides=self.overrides_path())
         self.metrics = Metrics()
         self.history = GPUHistory()
-        network = NetworkMeter(docker_reader(self.docker_urls)) if self.docker_urls else None
+        network = NetworkMeter(docker_reader(self.docker_urls, self.docker_tls_cert_path)
+                               ) if self.docker_urls else None
         self.hub = HubClient(self.url, self.api_token, self.concurrency, self.retries,
                              self.backoff, ssl_context=internal_ssl_context())
         self.culler = Culler(self.hub, self.policies, history=self.history, network=network,

@@ -39,6 +39,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from gpuspawner.server_state import ServerState
+
 from .gpu import GPUHistory
 from .hub import HubAPIError, HubClient
 from .netstats import NetworkMeter
@@ -47,6 +49,8 @@ from .pressure import Demand, Pressure
 
 log = logging.getLogger("idle_culler")
 
+#: users decided together: their servers' network counters are read at once
+NETWORK_BATCH = 100
 #: the reasons a server is culled, as used in the cull log and the Prometheus label
 REASONS = ("idle", "pressure_idle", "gpu_idle", "max_age")
 
@@ -64,11 +68,11 @@ def iso(t: float) -> str:
 
 
 def gpu_uuids(server: dict[str, Any]) -> list[str]:
-    """GPU UUIDs of the server's allocation in its spawner ``state`` (GPUSpawner stores
+    """GPU UUIDs of the server's allocation in its spawner ``state``, read through
+    :class:`gpuspawner.server_state.ServerState` (GPUSpawner stores
     ``state["allocation"]["gpus"] = [{"uuid": ..., "milli": ...}]``; needs the
     ``admin:server_state`` scope to be visible)."""
-    alloc = (server.get("state") or {}).get("allocation") or {}
-    return [g["uuid"] for g in alloc.get("gpus") or [] if isinstance(g, dict) and g.get("uuid")]
+    return ServerState.from_state(server.get("state")).gpu_uuids
 
 
 @dataclass
@@ -360,22 +364,40 @@ class Culler:
                 except HubAPIError as e:
                     log.error("deleting user %s failed: %s", user["name"], e)
 
+        def decide(user: dict[str, Any]) -> None:
+            nonlocal errors
+            ds = []
+            for name, server in (user.get("servers") or {}).items():
+                try:
+                    d = self.evaluate(user, name, server, now)
+                except Exception as e:  # a malformed model must not stop the pass
+                    errors += 1
+                    log.exception("evaluating %s/%s", user.get("name"), name)
+                    d = Decision(user.get("name", "?"), name, "error", "error", str(e))
+                ds.append(d)
+                seen.add(d.key)
+                self.status[d.key] = d
+            decisions.extend(ds)
+            if any(d.action == "cull" for d in ds):
+                tasks.append(asyncio.ensure_future(handle_user(user, ds)))
+
+        async def decide_batch(batch: list[dict[str, Any]]) -> None:
+            try:
+                await self.read_network(batch)
+            except Exception:  # evaluate() then reads each server itself
+                log.exception("reading network counters")
+            for user in batch:
+                decide(user)
+
+        # users are decided in batches so that the network counters of a batch are read at
+        # once (an engine answers a stats call at its next sampling tick, up to 1 s)
+        batch: list[dict[str, Any]] = []
         try:
             async for user in self.hub.users(self.page_size):
-                ds = []
-                for name, server in (user.get("servers") or {}).items():
-                    try:
-                        d = self.evaluate(user, name, server, now)
-                    except Exception as e:  # a malformed model must not stop the pass
-                        errors += 1
-                        log.exception("evaluating %s/%s", user.get("name"), name)
-                        d = Decision(user.get("name", "?"), name, "error", "error", str(e))
-                    ds.append(d)
-                    seen.add(d.key)
-                    self.status[d.key] = d
-                decisions.extend(ds)
-                if any(d.action == "cull" for d in ds):
-                    tasks.append(asyncio.ensure_future(handle_user(user, ds)))
+                batch.append(user)
+                if len(batch) >= NETWORK_BATCH:
+                    await decide_batch(batch)
+                    batch = []
             ok = True
         except HubAPIError as e:
             ok = False
@@ -383,6 +405,7 @@ class Culler:
             log.error("pass aborted: listing users failed: %s", e)
             if self.metrics:
                 self.metrics.errors.inc()
+        await decide_batch(batch)  # every user listed is decided, also in an aborted pass
         if tasks:
             await asyncio.gather(*tasks)
         if ok:
@@ -409,6 +432,22 @@ class Culler:
         log.info("pass: %d servers, %s, %.3fs%s", len(decisions), counts, dt,
                  " (dry run)" if self.dry_run else "")
         return decisions
+
+    async def read_network(self, users: list[dict[str, Any]]) -> None:
+        """Read the network counters of these users' ready servers whose policy sets a
+        ``network_floor``, concurrently (:meth:`NetworkMeter.prefetch`); :meth:`evaluate`
+        then uses these readings. Nothing without a network meter."""
+        if self.network is None:
+            return
+        items = []
+        for user in users:
+            pol = self.policies.resolve(user.get("name", ""), user.get("groups") or [])
+            if pol.exempt or pol.network_floor <= 0:
+                continue
+            for name, server in (user.get("servers") or {}).items():
+                if server.get("ready") and not server.get("pending"):
+                    items.append((f"{user.get('name', '')}/{name}", server.get("state") or {}))
+        await self.network.prefetch(items)
 
     async def cull(self, d: Decision, now: float) -> None:
         """Stop the server (unless dry run), then log and count it."""

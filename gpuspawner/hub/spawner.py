@@ -24,6 +24,7 @@ from ..backends.base import Backend, BackendError, BackendUnavailable, ServerRef
 from ..backends.spec import HomeMount, launch_spec
 from ..placement import Allocation, Owner, PlacementError, QuotaExceeded
 from ..placement.queue import QueueEntry
+from ..server_state import ServerState
 from . import certs
 from .cluster import Cluster, get_cluster
 from .form import OptionsFormMixin
@@ -337,23 +338,20 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
         return status
 
     def load_state(self, state: dict[str, Any]) -> None:
-        """The allocation, the backend's state and the certificate folder."""
+        """The allocation, the backend's state and the certificate folder
+        (:class:`~gpuspawner.server_state.ServerState`, the view the culler reads too)."""
         super().load_state(state)
-        text = state.get("allocation")
-        self.allocation = Allocation.from_dict(text) if text else None
-        self.backend_state = dict(state.get("backend") or {})
-        self.certs_dir = state.get("certs_dir", "")
+        view = ServerState.from_state(state)
+        self.allocation = Allocation.from_dict(view.allocation) if view.allocation else None
+        self.backend_state = view.backend
+        self.certs_dir = view.certs_dir
 
     def get_state(self) -> dict[str, Any]:
-        """``{"allocation", "backend", "certs_dir"}`` (what exists)."""
-        state = super().get_state()
-        if self.allocation is not None:
-            state["allocation"] = self.allocation.to_dict()
-        if self.backend_state:
-            state["backend"] = self.backend_state
-        if self.certs_dir:
-            state["certs_dir"] = self.certs_dir
-        return state
+        """``{"allocation", "backend", "certs_dir"}`` (what exists), written through
+        :class:`~gpuspawner.server_state.ServerState`."""
+        return {**super().get_state(), **ServerState(
+            self.allocation.to_dict() if self.allocation is not None else {},
+            self.backend_state, self.certs_dir).to_state()}
 
     def clear_state(self) -> None:
         """Forget the backend's state and the certificates (the ledger is released by

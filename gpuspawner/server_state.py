@@ -1,0 +1,135 @@
+"""The server state GPUSpawner stores in the hub database, and one typed view of it, shared by
+the spawner (which writes it) and the idle culler (which reads it through the hub API).
+
+JupyterHub keeps what :meth:`GPUSpawner.get_state` returns as the spawner's ``state`` and
+gives it back to :meth:`GPUSpawner.load_state` after a hub restart; a token with the
+``admin:server_state`` scope sees it in the server model (``GET /users``:
+``servers[name]["state"]``). Its shape::
+
+    {"allocation": {...},          # placement.Allocation.to_dict(): id, owner, node,
+                                   #   gpus: [{"uuid": "GPU-...", "milli": 1000}], cpuset, ...
+     "backend": {...},             # what the backend needs to find the server again
+     "certs_dir": "/srv/..."}      # internal_ssl: the server's certificate folder
+
+and each key is present only when it has a value. The backend's part:
+
+- Docker (:class:`gpuspawner.backends.docker_backend.DockerBackend`): ``node``,
+  ``container_id`` (after the container was created), ``ip`` (the server's address),
+  ``network`` (per-server isolation: the server network's ``to_dict()``, with ``name``).
+- Slurm (:class:`gpuspawner.backends.slurm.backend.SlurmBackend`): ``node``, ``job_id``,
+  ``output``, ``submitted``, ``started``, ``picked``, ``port``.
+
+Which backend wrote a state is read from these keys (:attr:`ServerState.backend_kind`): no
+``kind`` key is stored, so states written before this module read the same.
+
+This module is a leaf (the standard library only; contract "the server state accessor is a
+leaf" in ``pyproject.toml``): the culler, which must not import the hub or the backends, reads
+it. Reading never raises on a malformed or foreign state (another spawner's, an older
+gpuspawner's): what is missing or of the wrong type reads as empty.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ALLOCATION", "BACKEND", "CERTS_DIR", "DOCKER", "SLURM", "ServerState"]
+
+#: the top-level keys GPUSpawner stores
+ALLOCATION, BACKEND, CERTS_DIR = "allocation", "backend", "certs_dir"
+#: values of :attr:`ServerState.backend_kind`
+DOCKER, SLURM = "docker", "slurm"
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return dict(value) if isinstance(value, Mapping) else {}
+
+
+def _str(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """A typed view of one GPUSpawner server's stored state.
+
+    Attributes:
+        allocation: the allocation as stored (``Allocation.to_dict()``), ``{}`` when none.
+        backend: the backend's state (see the module docstring), ``{}`` when none.
+        certs_dir: the server's internal_ssl certificate folder, ``""`` when none.
+    """
+
+    allocation: dict[str, Any] = field(default_factory=dict)
+    backend: dict[str, Any] = field(default_factory=dict)
+    certs_dir: str = ""
+
+    # -- the two directions ---------------------------------------------------------------
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any] | None) -> ServerState:
+        """The view of a stored state (``None``, ``{}`` or a foreign state: an empty view)."""
+        state = state if isinstance(state, Mapping) else {}
+        return cls(_dict(state.get(ALLOCATION)), _dict(state.get(BACKEND)),
+                   _str(state.get(CERTS_DIR)))
+
+    def to_state(self) -> dict[str, Any]:
+        """The dict to store (only the keys that have a value); the inverse of
+        :meth:`from_state`."""
+        out: dict[str, Any] = {}
+        if self.allocation:
+            out[ALLOCATION] = dict(self.allocation)
+        if self.backend:
+            out[BACKEND] = dict(self.backend)
+        if self.certs_dir:
+            out[CERTS_DIR] = self.certs_dir
+        return out
+
+    # -- what readers ask -----------------------------------------------------------------
+    @property
+    def backend_kind(self) -> str:
+        """``"docker"`` (a ``container_id`` or a ``network``), ``"slurm"`` (a ``job_id``), or
+        ``""`` (nothing launched yet, or not a GPUSpawner state)."""
+        if "job_id" in self.backend:
+            return SLURM
+        if "container_id" in self.backend or "network" in self.backend:
+            return DOCKER
+        return ""
+
+    @property
+    def node(self) -> str:
+        """The node the server runs on: the backend's ``node``, else the allocation's."""
+        return _str(self.backend.get("node")) or _str(self.allocation.get("node"))
+
+    @property
+    def gpu_uuids(self) -> list[str]:
+        """The UUIDs of the allocation's GPUs (whole or shared), in allocation order."""
+        gpus = self.allocation.get("gpus")
+        if not isinstance(gpus, list):
+            return []
+        return [g["uuid"] for g in gpus
+                if isinstance(g, Mapping) and isinstance(g.get("uuid"), str) and g["uuid"]]
+
+    @property
+    def allocation_id(self) -> str:
+        return _str(self.allocation.get("id"))
+
+    @property
+    def container_id(self) -> str:
+        """The Docker container's id, ``""`` when not a Docker server (or not created yet)."""
+        return _str(self.backend.get("container_id"))
+
+    @property
+    def network_name(self) -> str:
+        """The Docker server's own network (per-server isolation), ``""`` otherwise."""
+        return _str(_dict(self.backend.get("network")).get("name"))
+
+    @property
+    def ip(self) -> str:
+        """The server's address as the backend recorded it (Docker), ``""`` when unknown."""
+        return _str(self.backend.get("ip"))
+
+    @property
+    def slurm_job_id(self) -> str:
+        """The Slurm job's id, ``""`` when not a Slurm server (or not submitted yet)."""
+        job = self.backend.get("job_id")
+        return str(job) if isinstance(job, (str, int)) and not isinstance(job, bool) else ""
