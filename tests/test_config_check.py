@@ -264,6 +264,9 @@ HUB_BAD = {
                    "GPUSpawner.nodes[0].gpus: unknown field; known: name, docker_url"),
     "topology file": ([{"name": "local", "topology": "{tmp}/missing.yaml"}], [GOOD_PROFILE], "",
                       None, "GPUSpawner.nodes[0] (local): {tmp}/missing.yaml"),
+    "ignored Spawner option": ([LOCAL], [GOOD_PROFILE], "c.Spawner.mem_limit = '4G'\n", None,
+                               "Spawner.mem_limit: GPUSpawner ignores it; set the profile "
+                               "field 'memory'"),
     "culler policy": ([LOCAL], [GOOD_PROFILE], "", "users: {bob: {max_age: 2 days}}\n",
                       "idle culler --policies {tmp}/policies.yaml: users.bob.max_age: '2 days' "
                       "is not a duration"),
