@@ -49,6 +49,10 @@ def test_contracts_hold_on_the_tree(tmp_path):
      "the configuration schemas are a leaf"),
     ("gpuspawner/simulate/engine.py", "from gpuspawner.backends import base",
      "the simulator uses placement, never the hub or an engine"),
+    ("gpuspawner/server_state.py", "from gpuspawner.placement import model",
+     "the server state accessor is a leaf"),
+    ("idle_culler/netstats.py", "from gpuspawner.backends import docker_backend",
+     "the idle culler is its own service"),
 ])
 def test_a_forbidden_import_breaks_its_contract(tmp_path, module, line, contract):
     root = scratch_copy(tmp_path)
