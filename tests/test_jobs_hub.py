@@ -20,7 +20,7 @@ nbformat = pytest.importorskip("nbformat")
 
 from gpuspawner.hub.identity import safe_name  # noqa: E402
 from tests.hubrunner import Hub  # noqa: E402
-from tests.test_hub_e2e import _engine  # noqa: E402
+from tests.test_hub_e2e import _engine, topology  # noqa: E402
 from tests.waiting import wait_until  # noqa: E402
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
@@ -33,6 +33,7 @@ for _r in c.JupyterHub.load_roles:
 c.GPUJobs.poll_interval = 0.5
 c.GPUJobs.profile_time_limits = {"cpu": {"default": 120, "max": 600}}
 c.DockerBackend.stop_timeout = 5
+c.GPUSpawner.quotas = {"users": {"jb-quota": {"servers": 1}}}
 import logging as _logging  # the runner's lines in hub.log, to read a failure by
 _logging.getLogger("gpuspawner").addHandler(_logging.StreamHandler())
 _logging.getLogger("gpuspawner").setLevel(_logging.INFO)
@@ -42,7 +43,9 @@ PROFILES = [
      "default": True},
     {"slug": "huge", "cpu": 1, "memory": "64T", "nodes": ["local"]},
     {"slug": "staff", "cpu": 1, "memory": "256M", "nodes": ["local"], "groups": ["staff"]},
+    {"slug": "tiny", "cpu": 0, "memory": "256M", "nodes": ["tiny"]},
 ]
+MiB = 2**20
 
 
 def notebook(*sources: str, params: str = "x = 1") -> dict:
@@ -79,7 +82,9 @@ def engine():
 @pytest.fixture(scope="module")
 def hub(engine, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("jobshub")
-    h = Hub(tmp, [{"name": "local", "topology": "auto"}], PROFILES, extra_config=EXTRA)
+    nodes = [{"name": "local", "topology": "auto"},
+             {"name": "tiny", "topology": topology(tmp, "tiny", 300 * MiB)}]  # one job
+    h = Hub(tmp, nodes, PROFILES, extra_config=EXTRA)
     h.env["GPUSPAWNER_CULLER"] = "off"
     h.start()
     yield h
@@ -302,9 +307,47 @@ def test_the_cli_submits_shows_and_downloads(hub, tmp_path):
     assert p.returncode == 1 and "HTTP 409" in p.stderr
 
 
+def test_jobs_wait_in_the_one_queue_for_their_bundle(hub, engine):
+    u = User(hub, "jb-queue")
+    first = u.submit(notebook("import time\ntime.sleep(6)"), profile="tiny", name="first")
+    u.wait_state(first["id"], ("running",), 90)
+    second = u.submit(notebook("print('second')"), profile="tiny", name="second")
+    waiting = u.wait_state(second["id"], ("waiting",), 30)
+    assert waiting["queue_position"] == [1, 1] and "waiting: position 1 of 1" in \
+        waiting["message"]
+    r = requests.get(f"{hub.url}{SVC}api/queue", timeout=30,
+                     headers={"Authorization": f"token {u.token}"})
+    assert r.status_code == 200 and r.json()["length"] == 1, r.text
+    done = u.wait_state(second["id"], ("completed", "failed", "lost"), 90)
+    assert done["state"] == "completed", done
+    assert u.job(first["id"])["state"] == "completed"
+    states = [h["state"] for h in done["history"]]
+    assert states[:3] == ["queued", "waiting", "starting"]
+    wait_until(lambda: released(hub, engine, "jb-queue"), 30, 0.3, "released")
+
+
+def test_jobs_and_servers_share_the_quota(hub, engine):
+    u = User(hub, "jb-quota")  # c.GPUSpawner.quotas: at most 1 server
+    r = hub.api("POST", "/users/jb-quota/server", {"profile": "cpu"})
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready("jb-quota")
+    try:
+        r = u.call("POST", "api/jobs", {"notebook": notebook("1"), "profile": "cpu"})
+        assert r.status_code == 400 and r.json()["message"].startswith("profile: 'cpu': "), \
+            r.text
+        assert "quota" in r.json()["message"]
+        assert u.call("GET", "api/jobs").json()["jobs"] == []
+    finally:
+        hub.api("DELETE", "/users/jb-quota/server")
+        hub.wait_stopped("jb-quota")
+    job = u.submit(notebook("1"), profile="cpu", name="after")
+    assert u.wait_state(job["id"], ("completed", "failed", "lost"))["state"] == "completed"
+    wait_until(lambda: released(hub, engine, "jb-quota"), 30, 0.3, "released")
+
+
 def test_a_hub_restart_adopts_a_running_job(hub, engine):
     u = User(hub, "jb-restart")
-    job = u.submit(notebook("import time\ntime.sleep(12)\nprint('slept')"), name="nap")
+    job = u.submit(notebook("import time\ntime.sleep(25)\nprint('slept')"), name="nap")
     u.wait_state(job["id"], ("running",), 90)
     (before,) = job_containers(engine, "jb-restart")
     hub.stop()
@@ -316,3 +359,17 @@ def test_a_hub_restart_adopts_a_running_job(hub, engine):
     states = [h["state"] for h in done["history"]]
     assert states.count("completed") == 1 and states.count("running") == 1
     wait_until(lambda: released(hub, engine, "jb-restart"), 30, 0.3, "released")
+
+
+def test_a_job_that_ends_while_the_hub_is_down_completes(hub, engine):
+    u = User(hub, "jb-down")
+    job = u.submit(notebook("import time\ntime.sleep(3)\nprint('done')"), name="short")
+    u.wait_state(job["id"], ("running",), 90)
+    (c,) = job_containers(engine, "jb-down")
+    hub.stop()
+    engine.wait(c["Id"], timeout=60)  # it ends while no hub watches it
+    hub.start()
+    done = u.wait_state(job["id"], ("completed", "failed", "lost", "cancelled"), 90)
+    assert done["state"] == "completed" and done["exit_code"] == 0, done
+    assert u.call("GET", f"api/jobs/{job['id']}/output").status_code == 200
+    wait_until(lambda: released(hub, engine, "jb-down"), 30, 0.3, "released")

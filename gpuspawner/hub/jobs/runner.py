@@ -461,13 +461,25 @@ class JobRunner:
                 cluster.ledger.release(found.id, missing_ok=True)
             self._start_task(row.id, self._run(row.id))
             return
-        if row.state == "running" and found is not None and state.get("container_id"):
+        if row.state == "running" and state.get("container_id"):
             try:
                 code = await cluster.backend.poll(state)
             except BackendUnavailable:
-                code = None  # its node is down now: watch it; poll marks it lost
-            log.info("job %s of %s adopted after a hub restart (%s)", row.id, row.user,
-                     "running" if code is None else f"ended with {code}")
+                code = None  # its node is down now: watch it; lost_after decides
+            if code is not None:  # it ended while the hub was down: its result is there
+                log.info("job %s of %s ended with %s while the hub was down", row.id,
+                         row.user, code)
+                self._start_task(row.id, self._collect(row, code))
+                return
+            if found is None:  # runs, but its labels were not read: book it from the row
+                alloc = Allocation.from_dict(row.get_json("allocation"))
+                problems = [c.problem for c in cluster.ledger.restore([alloc]).conflicts]
+                if problems:
+                    await self._end(row, "lost", "after a hub restart its allocation could "
+                                    f"not be booked again: {'; '.join(problems)}")
+                    return
+                found = alloc
+            log.info("job %s of %s adopted after a hub restart", row.id, row.user)
             row.set_json("allocation", found.to_dict())
             self._start_task(row.id, self._adopted(row))
             return
