@@ -216,7 +216,17 @@ QUEUE: dict[str, Any] = {
 
 
 def openapi_document(prefix: str = "/services/gpuspawner/") -> dict[str, Any]:
-    """The OpenAPI 3.0.3 document; ``servers`` is the service's URL prefix on the hub."""
+    """The OpenAPI 3.0.3 document; ``servers`` is the service's URL prefix on the hub. The
+    notebook jobs' paths and schemas come from :mod:`gpuspawner.hub.jobs.openapi`."""
+    from ..jobs import openapi as jobs
+
+    doc = _document(prefix)
+    doc["components"]["schemas"].update(jobs.SCHEMAS)
+    doc["paths"].update(jobs.paths())
+    return doc
+
+
+def _document(prefix: str) -> dict[str, Any]:
     return {
         "openapi": "3.0.3",
         "info": {
