@@ -1,8 +1,7 @@
 """The injective naming scheme probed as a hostile user would (docs/security.md, "Names").
 
-Each attack is one test. An attack the code refuses is a plain test; an attack that works on
-the current code is marked ``xfail(strict=True)`` with the hole as its reason, so that the fix
-turns it into a failure that must be unmarked.
+Each attack is one test. The three that worked when the probe was written (marked "was a
+hole" in a comment above the test) failed then and pass since their fixes.
 
 - names: pairs built from the scheme itself (the 48-character boundary, ``-z``, escapes of
   shortened parts, named servers with ``-``, JupyterHub's lower-casing, Unicode spellings)
@@ -40,7 +39,6 @@ from gpuspawner.hub.identity import (
     escape_name,
     is_shortened,
     job_object_name,
-    legacy_home_owner,
     legacy_safe_name,
     object_name,
     safe_name,
@@ -172,14 +170,15 @@ SAFE_URL = set("abcdefghijklmnopqrstuvwxyz0123456789-._~@+$!*")
 
 def claimant(prefix: str) -> tuple[str, str]:
     """(long, short): ``long``'s 0.x name is shortened (cut escape, ``-``, 12 hex digits) and is
-    a *kept* name part today, the part of ``short``; both names start with ``prefix``.
+    the escape of ``short`` (under 0.x, ``short``'s kept name: the two shared a folder);
+    both names start with ``prefix``.
 
     About a third of long names whose cut falls between escape units have such a ``short``:
     the hash's first two hex digits read as the escape of an ASCII character that is not
     kept (``$``, ``.``, ``@``, ...), the other ten as ten kept characters."""
     for i in range(1000):
         long = f"{prefix}{'x' * 40}{i}"
-        short = legacy_home_owner(legacy_safe_name(long))
+        short = unescape_name(legacy_safe_name(long))
         if short and short.startswith(prefix) and set(short[len(prefix):]) <= SAFE_URL:
             return long, short
     raise AssertionError(f"no claimant for {prefix!r}")
@@ -277,14 +276,14 @@ def plant_home(path: Path, uid: int, secret: str) -> None:
 
 @pytest.mark.docker
 @pytest.mark.hub
-@pytest.mark.xfail(strict=True, reason="hole: a user whose new (kept) name part is another "
-                   "user's 0.x home folder is handed that folder as its home ('kept', same uid)"
-                   " before the victim's first spawn moves it; the victim's move is then "
-                   "refused because the attacker exists (shared uid: demo/default_uid)")
+# was a hole: a user whose new (kept) name part is another user's 0.x home folder is handed that
+# folder as its home ('kept', same uid) before the victim's first spawn moves it; the victim's
+# move is then refused because the attacker exists (shared uid: demo/default_uid)
 def test_a_new_name_equal_to_another_users_0x_home_does_not_get_it(hub, engine):
     victim, attacker = HOME_VICTIM, HOME_ATTACKER
     old = legacy_safe_name(victim)
-    assert safe_name(attacker) == old != safe_name(victim)  # B's folder is A's 0.x folder
+    # B's escape spells A's 0.x folder (under 0.x they shared it); today B's part is shortened
+    assert escape_name(attacker) == old != safe_name(attacker)
     plant_home(homes(hub) / old, UID, "victim-0x-secret")  # A's home, made by 0.x
     make_user(hub, victim)  # A: a user of the hub who has not spawned since the upgrade
     try:
@@ -293,7 +292,8 @@ def test_a_new_name_equal_to_another_users_0x_home_does_not_get_it(hub, engine):
             assert "victim-0x-secret" not in seen, f"the attacker reads the victim's home: {seen}"
             stop(hub, attacker)
         spawn(hub, victim)
-        assert sh(engine, victim, "cat $HOME/secret.txt") == "victim-0x-secret"
+        # a folder some other name spells is not moved automatically: it stays for the admin
+        assert (homes(hub) / old / "secret.txt").read_text().strip() == "victim-0x-secret"
     finally:
         stop(hub, attacker)
         stop(hub, victim)
@@ -308,21 +308,25 @@ def test_with_distinct_uids_the_0x_home_of_another_uid_is_refused(hub, engine):
 
     victim, attacker = UID_VICTIM, UID_ATTACKER
     folder = homes(hub) / legacy_safe_name(victim)
-    assert safe_name(attacker) == folder.name
+    assert escape_name(attacker) == folder.name != safe_name(attacker)
     plant_home(folder, 3101, "uid-victim-secret")
     make_user(hub, victim)
-    r = spawn(hub, attacker, expect=409)
-    assert "belongs to uid 3101" in r.text
-    st = folder.stat()
-    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (3101, 0o700)
-    assert (folder / "secret.txt").read_text() == "uid-victim-secret"
-    assert containers_of(engine, attacker) == []
+    try:
+        spawn(hub, attacker)  # a home of its own: its part is not the victim's folder
+        assert sh(engine, attacker, "test -e $HOME/secret.txt && echo leak || echo own") \
+            == "own"
+        st = folder.stat()
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (3101, 0o700)
+        assert (folder / "secret.txt").read_text() == "uid-victim-secret"
+    finally:
+        stop(hub, attacker)
 
 
 def _victim_home_and_attacker(hub, engine, victim: str, attacker: str, secret: str) -> Path:
     """The victim spawns under the new names (its home is the attacker's 0.x name), leaves a
     secret and stops."""
-    assert safe_name(victim) == legacy_safe_name(attacker) != safe_name(attacker)
+    # the victim's escape is the attacker's 0.x folder; the victim's part today is not
+    assert escape_name(victim) == legacy_safe_name(attacker) != safe_name(victim)
     spawn(hub, victim)
     sh(engine, victim, f"echo {secret} > $HOME/secret.txt")
     stop(hub, victim)
@@ -349,10 +353,9 @@ def test_a_0x_name_equal_to_an_existing_users_home_does_not_move_it(hub, engine)
 
 @pytest.mark.docker
 @pytest.mark.hub
-@pytest.mark.xfail(strict=True, reason="hole: once user A is deleted from the hub's database "
-                   "(its home stays on disk), a user B whose 0.x name is A's current home "
-                   "folder gets that home moved into B's new home at its first spawn (same "
-                   "uid); A, made again later, finds an empty home")
+# was a hole: once user A is deleted from the hub's database (its home stays on disk), a user B
+# whose 0.x name is A's current home folder gets that home moved into B's new home at its first
+# spawn (same uid); A, made again later, finds an empty home
 def test_a_deleted_users_home_is_not_moved_into_another_users_home(hub, engine):
     victim, attacker = DEL_VICTIM, DEL_ATTACKER
     home = _victim_home_and_attacker(hub, engine, victim, attacker, "deleted-secret")
@@ -442,10 +445,9 @@ def test_slurm_job_names_are_whole_object_names_and_cancelled_by_exact_name(
 
 
 @pytest.mark.slurm
-@pytest.mark.xfail(strict=True, reason="hole: when a Slurm server dies during start the hub "
-                   "(root) reads the last lines of the job's output file, following a symbolic "
-                   "link the job's user put in its place, and shows them in the spawn error: "
-                   "any root-readable file leaks to the user")
+# was a hole: when a Slurm server died during start the hub (root) read the last lines of
+# the job's output file, following a symbolic link the job's user put in its place, and showed
+# them in the spawn error (any root-readable file leaked to the user)
 def test_a_link_in_place_of_the_job_output_is_not_followed_by_the_hub(
         slurm_conf, client, workdir):  # noqa: F811
     from gpuspawner.backends.base import LaunchFailed

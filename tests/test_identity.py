@@ -17,6 +17,7 @@ from gpuspawner.hub.identity import (
     escape_name,
     is_shortened,
     legacy_home_owner,
+    legacy_home_to_move,
     legacy_safe_name,
     object_name,
     safe_name,
@@ -81,7 +82,8 @@ def test_parts_have_the_shape_the_proof_needs(user, server):
         assert len(part) <= MAX_NAME_CHARS
         assert part == "" or PART.fullmatch(part)
         assert "--" not in part and not part.endswith("-")
-        assert ("-z" in part) == is_shortened(part) == (len(escape_name(text)) > MAX_NAME_CHARS)
+        long = len(escape_name(text)) > MAX_NAME_CHARS
+        assert ("-z" in part) == is_shortened(part) and (long <= is_shortened(part))
         if not is_shortened(part):
             assert unescape_name(part) == text
     assert split_object_name(object_name(user, server)) == (safe_name(user), safe_name(server))
@@ -114,13 +116,29 @@ def test_a_shortened_name_keeps_a_readable_prefix_and_a_130_bit_hash():
         safe_name("n" * 300, limit=20)
 
 
-def test_who_else_may_own_a_0x_home():
-    # the victim's 0.x name is shortened and is the attacker's name today: the folder may be
-    # the attacker's home (the spawner offers it only when no such user exists)
+def test_a_0x_home_moves_only_when_no_one_else_may_own_it():
+    # the victim's 0.x name (shortened) is spelled by the attacker's escape: it stays put,
+    # and the attacker's part today is not that folder either
     old = legacy_safe_name("zoë_ñúñez_dvořák")
-    assert legacy_home_owner(old) == "zoë_ñúñez_d_ac18b1f594"
-    assert legacy_home_owner(legacy_safe_name("n" * 60)) is None  # hash "fb88…": no name
-    assert legacy_home_owner(legacy_safe_name("n" * 61)) == "n" * 35 + "~1688bba7a4"
+    assert escape_name("zoë_ñúñez_d_ac18b1f594") == old
+    assert legacy_home_to_move("zoë_ñúñez_dvořák") is None
+    assert safe_name("zoë_ñúñez_d_ac18b1f594") != old
+    assert legacy_home_to_move("n" * 60) == legacy_safe_name("n" * 60)  # hash "fb88…": no text
+    assert legacy_home_to_move("n" * 61) is None  # "-7e…" spells "~": someone may own it
+    assert legacy_home_to_move("alice") is None  # the same name today
+    # a 0.x kept name that changed (a byte below 0x10) moves unless it is someone's today
+    assert legacy_home_to_move("\x0123") is None  # "-123" is "\x12" "3" today
+    assert legacy_home_to_move("a\x01") == "a-1"
+    assert legacy_home_owner("a-1") is None
+
+
+def test_a_name_shaped_like_a_0x_shortened_part_is_shortened():
+    """A name whose escape looks like a 0.x shortened part (35 characters, "-", 12 hex
+    digits) could be another user's 0.x home folder: its part today is shortened."""
+    name = "x" * 35 + ".0123456789"  # escape: 35 x, "-2e", "0123456789"
+    assert escape_name(name) == legacy_safe_name(name) == "x" * 35 + "-2e0123456789"
+    assert is_shortened(safe_name(name))
+    assert legacy_home_to_move(name) is None  # that folder may be someone else's 0.x home
 
 
 # -- homes --------------------------------------------------------------------------------------
@@ -130,6 +148,7 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
 @needs_root
 def test_a_missing_home_is_made_0700_for_the_uid(tmp_path):
     home = tmp_path / "homes" / "alice"
+    home.parent.mkdir()
     assert ensure_home(str(home), 4001, 4002) == "made"
     st = home.stat()
     assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (4001, 4002, 0o700)

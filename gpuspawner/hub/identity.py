@@ -40,6 +40,8 @@ HASH_CHARS = 26
 SHORT_MARK = "-z"
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
 _UNIT = re.compile(r"-[0-9a-f]{2}|[a-z0-9]")
+#: a gpuspawner 0.x shortened part: 35 characters, "-", 12 hex digits of a SHA-256
+_LEGACY_SHORT = re.compile(r"[a-z0-9-]{35}-[0-9a-f]{12}")
 _SHORT = re.compile(rf"(?:-[0-9a-f]{{2}}|[a-z0-9])*-z[a-z2-7]{{{HASH_CHARS}}}")
 
 
@@ -80,10 +82,12 @@ def unescape_name(part: str) -> str | None:
 
 def safe_name(text: str, limit: int = MAX_NAME_CHARS) -> str:
     """The name part of ``text`` (a user or server name): its :func:`escape_name` when that
-    has at most ``limit`` characters, else the longest prefix of whole escape units that
-    fits, ``-z`` and :data:`HASH_CHARS` base32 characters of the SHA-256 of ``text``
-    (module docstring: why distinct texts never share a part). Safe as one path component,
-    a Docker object name, a Slurm job name and a DNS label character set (``[a-z0-9-]``).
+    has at most ``limit`` characters and is not shaped like a gpuspawner 0.x shortened part
+    (35 characters, ``-``, 12 hex digits: such a folder may be another user's 0.x home);
+    else the longest prefix of whole escape units that fits, ``-z`` and :data:`HASH_CHARS`
+    base32 characters of the SHA-256 of ``text`` (module docstring: why distinct texts never
+    share a part). Safe as one path component, a Docker object name, a Slurm job name and a
+    DNS label character set (``[a-z0-9-]``).
 
     Raises:
         ValueError: ``limit`` leaves no room for the hash.
@@ -92,7 +96,7 @@ def safe_name(text: str, limit: int = MAX_NAME_CHARS) -> str:
     if room < 0:
         raise ValueError(f"limit {limit}: a shortened name needs {limit - room} characters")
     out = escape_name(text)
-    if len(out) <= limit:
+    if len(out) <= limit and not (limit == MAX_NAME_CHARS and _LEGACY_SHORT.fullmatch(out)):
         return out
     cut = 0
     for m in _UNIT.finditer(out):
@@ -149,6 +153,24 @@ def legacy_safe_name(text: str, limit: int = MAX_NAME_CHARS) -> str:
         return out
     digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
     return f"{out[:limit - 13]}-{digest}"
+
+
+def legacy_home_to_move(user: str) -> str | None:
+    """The 0.x name part of ``user``'s home folder when it may be moved to today's name, else
+    None (the same name, or a folder that someone else may own; the admin moves those).
+
+    - a 0.x *shortened* part (or one shaped like it): moved only when no text escapes to it,
+      i.e. no user's kept 0.x name could be that folder (:func:`unescape_name` is None);
+    - a 0.x *kept* part that differs today (a byte below 0x10): moved only when it is no
+      other user's part today (:func:`legacy_home_owner`).
+    Whether the folder is the user's uid's is judged where it is
+    (:func:`gpuspawner.backends.home.ensure_home`)."""
+    old = legacy_safe_name(user)
+    if old == safe_name(user):
+        return None
+    if _LEGACY_SHORT.fullmatch(old):
+        return old if unescape_name(old) is None else None
+    return old if legacy_home_owner(old) in (None, user) else None
 
 
 def legacy_home_owner(part: str) -> str | None:

@@ -29,7 +29,7 @@ from . import certs
 from .cluster import Cluster, get_cluster
 from .form import OptionsFormMixin
 from .hub_id import HUB_ID_FILE, load_or_create
-from .identity import home_path, legacy_home_owner, legacy_safe_name, object_name, safe_name
+from .identity import home_path, legacy_home_to_move, object_name, safe_name
 from .metrics import placement_refused
 from .profiles import Profile
 from .progress import ProgressEvents, placement_message
@@ -111,17 +111,14 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
 
     def _home_mount(self) -> HomeMount | None:
         """The user's home (``home_path_template``), with the folder of its gpuspawner 0.x
-        name to move from when that differs and no other user's name can claim it
-        (:func:`~gpuspawner.hub.identity.legacy_home_owner` names a user of the hub's other
-        than this one: the folder may be that user's home)."""
+        name to move from when no one else may own that folder
+        (:func:`~gpuspawner.hub.identity.legacy_home_to_move`)."""
         host_home = self.home_host_path()
         if not host_home:
             return None
         legacy = None
-        old_part = legacy_safe_name(self.user.name)
-        other = legacy_home_owner(old_part)
-        if old_part != self.escaped_name and (other in (None, self.user.name)
-                                              or not self._owner_exists(other, "")):
+        old_part = legacy_home_to_move(self.user.name)
+        if old_part is not None:
             try:
                 legacy = home_path(self.home_path_template, old_part)
             except ValueError:

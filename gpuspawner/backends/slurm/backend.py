@@ -28,6 +28,8 @@ import asyncio
 import json
 import os
 import pwd
+import re
+import stat
 import subprocess
 import sys
 import time
@@ -630,7 +632,10 @@ class SlurmBackend(Backend):
                 f", Reason={job.reason or 'None'})")
         path = job.fields.get("StdOut", "") or (state_output or "")
         path = path.replace("%j", str(job.job_id)).replace("%x", job.name)
-        lines = await asyncio.to_thread(_tail, path, 8) if path.startswith("/") else ""
+        gid = _GROUP.match(job.fields.get("GroupId", ""))
+        lines = await asyncio.to_thread(
+            _tail, path, 8, job.uid, int(gid.group(1)) if gid else None,
+        ) if path.startswith("/") else ""
         return f"{text}; last lines of {path}:\n{lines}" if lines else text
 
     async def _cancel(self, job_id: int, node: str) -> None:
@@ -840,13 +845,34 @@ class SlurmBackend(Backend):
         return removed
 
 
-def _tail(path: str, lines: int) -> str:
-    """The last ``lines`` lines of a text file ("" when it cannot be read; blocking)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 16384))
-            data = f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
+#: the gid of ``GroupId=name(gid)``
+_GROUP = re.compile(r".*\((\d+)\)$")
+
+
+def _tail(path: str, lines: int, uid: int | None = None, gid: int | None = None) -> str:
+    """The last ``lines`` lines of the job's output file, read with the job user's rights
+    ("" when it cannot be read; blocking). The file and its folders belong to the job's user,
+    who could put a link to any file in their place: a hub running as root reads it in a
+    ``tail`` running as ``uid:gid`` (no supplementary groups), never itself; otherwise it opens
+    it without following a link (``O_NOFOLLOW``) and only when it is a regular file of
+    ``uid``."""
+    if uid is not None and uid != 0 and os.geteuid() == 0:
+        try:
+            out = subprocess.run(["tail", "-c", "16384", "--", path], capture_output=True,
+                                 timeout=10, user=uid, group=gid if gid is not None else uid,
+                                 extra_groups=[], stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.SubprocessError):
+            return ""
+        data = out.stdout.decode("utf-8", "replace") if out.returncode == 0 else ""
+    else:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return ""
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode) or (uid is not None and st.st_uid != uid):
+                return ""
+            f.seek(max(0, st.st_size - 16384))
+            data = f.read(16384).decode("utf-8", "replace")
     return "\n".join(data.strip().splitlines()[-lines:])
