@@ -386,3 +386,19 @@ def test_real_trace_smoke() -> None:
     r = sim.simulate(nodes, pods, "first-fit", "replay", max_pods=1000)
     assert r["pods_total"] == 1000
     assert 0.0 < r["gpu_allocation_ratio"] < 1.0
+
+
+def test_paper_method_on_pods_without_gpus_is_an_error_not_a_hang(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A pod list with no GPU demand cannot be tuned to 1.3 x GPU capacity (the method's
+    step 2 would add pods for ever): the command says so and exits 2."""
+    sample = Path(__file__).parent / "data" / "alibaba-gpu-v2023-sample"
+    rows = (sample / "openb_pod_list_default.csv").read_text().splitlines()
+    cpu_only = [rows[0]] + [r for r in rows[1:] if r.split(",")[3] == "0"]
+    assert len(cpu_only) > 1
+    pods = tmp_path / "cpu_pods.csv"
+    pods.write_text("\n".join(cpu_only) + "\n")
+    rc = sim.main(["--nodes", str(sample / "openb_node_list_gpu_node.csv"), "--pods",
+                   str(pods), "--method", "paper", "--seeds", "1"])
+    _, err = capsys.readouterr()
+    assert rc != 0 and "needs pods that ask for GPUs" in err

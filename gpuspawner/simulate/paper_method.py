@@ -140,7 +140,12 @@ def tasks_of(pods, cpu_rounding: str = "none") -> list[Task]:
 def tune_workload(tasks: Sequence[Task], capacity_milli: int, ratio: float,
                   rng) -> list[Task]:
     """Step 2 of the method (module docstring): sort by name, shuffle, then tune to ``ratio``
-    x capacity (removals anywhere, duplicates appended at the end)."""
+    x capacity (removals anywhere, duplicates appended at the end).
+
+    Raises:
+        ValueError: the list must grow but no task asks for a GPU (it would never reach the
+            target).
+    """
     target = ratio * capacity_milli
     out = sorted(tasks, key=lambda x: x[0])
     rng.shuffle(out)
@@ -151,6 +156,9 @@ def tune_workload(tasks: Sequence[Task], capacity_milli: int, ratio: float,
             total -= t.total_milli_gpu
     elif total < target:
         pool = sorted(tasks, key=lambda x: x[0])
+        if not any(t.total_milli_gpu > 0 for _, t, _ in pool):
+            raise ValueError("the paper's method needs pods that ask for GPUs; none in this "
+                             "pod list does")
         while True:
             pick = pool[rng.randrange(len(pool))]
             if total + pick[1].milli_gpu > target:
