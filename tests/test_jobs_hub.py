@@ -315,9 +315,21 @@ def test_jobs_wait_in_the_one_queue_for_their_bundle(hub, engine):
     waiting = u.wait_state(second["id"], ("waiting",), 30)
     assert waiting["queue_position"] == [1, 1] and "waiting: position 1 of 1" in \
         waiting["message"]
-    r = requests.get(f"{hub.url}{SVC}api/queue", timeout=30,
-                     headers={"Authorization": f"token {u.token}"})
-    assert r.status_code == 200 and r.json()["length"] == 1, r.text
+    third = u.submit(notebook("print('third')"), profile="tiny", name="third")
+    assert u.wait_state(third["id"], ("waiting",), 30)["queue_position"] == [2, 2]
+
+    def queue_length() -> int:
+        r = requests.get(f"{hub.url}{SVC}api/queue", timeout=30,
+                         headers={"Authorization": f"token {u.token}"})
+        assert r.status_code == 200, r.text
+        return r.json()["length"]
+
+    assert queue_length() == 2
+    # a cancel while it waits: it leaves the queue, nothing was placed
+    r = u.call("DELETE", f"api/jobs/{third['id']}")
+    assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
+    assert r.json()["node"] is None
+    assert queue_length() == 1
     done = u.wait_state(second["id"], ("completed", "failed", "lost"), 90)
     assert done["state"] == "completed", done
     assert u.job(first["id"])["state"] == "completed"

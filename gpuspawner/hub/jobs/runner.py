@@ -175,6 +175,10 @@ class JobRunner:
             raise JobRefused(409, f"job {row.id} has ended ({row.state}); nothing to cancel")
         self._cancel[row.id] = by
         task = self._tasks.get(row.id)
+        # a launch is not interrupted (a container made after its cancel would outlive the
+        # job): the cancel waits until it runs, the engine's calls are bounded
+        while row.state == "starting" and task is not None and not task.done():
+            await asyncio.sleep(0.2)
         if task is not None and not task.done():
             task.cancel()
             try:
@@ -414,6 +418,11 @@ class JobRunner:
                 log.warning("job %s: stop failed: %s", row.id, e)
         if alloc is not None or state:
             await backend.cleanup(alloc, state)
+        if alloc is not None:  # what its state does not name (a launch cut short)
+            try:
+                await backend.remove_server(alloc.node, self._ref(row))
+            except BackendError as e:
+                log.warning("job %s: removing its objects by label failed: %s", row.id, e)
         if alloc is not None and cluster.ledger.get(alloc.id) is not None:
             cluster.ledger.release(alloc.id, missing_ok=True)
             cluster.queue.kick()
