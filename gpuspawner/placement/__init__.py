@@ -22,6 +22,8 @@ from .model import (
     GPULink,
     GPUShare,
     InvalidBundle,
+    MigInstance,
+    MigShare,
     Node,
     NumaNode,
     Owner,
@@ -36,7 +38,7 @@ from .units import format_bytes, parse_bytes
 __all__ = [
     "GPU", "GPU_MILLI", "NUMA_POLICIES", "POLICIES", "DEFAULT_POLICY", "Allocation", "Bundle",
     "GPULink", "GPUShare", "InvalidBundle", "Ledger", "NODE_STATES", "LivePrior", "Node",
-    "NumaNode", "Owner",
+    "MigInstance", "MigShare", "NumaNode", "Owner",
     "PodType", "typical_pods",
     "PlacementError", "PlacementRefused", "Quota", "QuotaExceeded", "QuotaTable",
     "RestoreConflict", "RestoreReport", "UnknownAllocation", "Usage", "format_bytes",

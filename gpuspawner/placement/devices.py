@@ -14,6 +14,12 @@ Rules (in order):
    fewest free GPUs win, so whole GPU-local NUMA nodes stay free for later multi-GPU bundles.
 4. CPU-only bundles go to NUMA nodes without free GPUs first, then best fit on cores, so GPU-local
    cores stay with the GPUs.
+5. MIG (``Bundle.mig``): a node fits when it has ``mig_count`` free instances of the profile on
+   a parent GPU of an allowed model; best fit again: instances on the parent GPU with the
+   fewest free slices first (then parent index, instance index), so MIG work packs and
+   wholly free MIG GPUs stay free. GPUs with MIG mode on are never candidates for whole GPUs or
+   shares (:class:`~.state.NodeState` counts them fully used). NUMA alignment as in rule 3,
+   with an instance on its parent GPU's NUMA node.
 
 Everything here is pure: it reads a :class:`~.state.NodeState` and returns a
 :class:`~.state.Plan` or None.
@@ -23,7 +29,7 @@ from __future__ import annotations
 
 from itertools import combinations
 
-from .model import GPU, GPU_MILLI, Bundle, GPULink
+from .model import GPU, GPU_MILLI, Bundle, GPULink, MigInstance
 from .state import NodeState, Plan
 
 
@@ -58,6 +64,8 @@ def min_numa_count(state: NodeState, bundle: Bundle) -> int | None:
     and bundle shape (it depends on the hardware only)."""
     key = (bundle.gpus, bundle.gpu_milli > 0, bundle.gpu_models, bundle.cores,
            bundle.memory_bytes)
+    if bundle.mig:
+        key += (bundle.mig, bundle.mig_count)
     try:
         return state.cache[key]
     except KeyError:
@@ -70,9 +78,14 @@ def min_numa_count(state: NodeState, bundle: Bundle) -> int | None:
 
 def _min_numa_count(state: NodeState, bundle: Bundle) -> int | None:
     node = state.node
-    k_cap = sorted((sum(1 for g in state.gpus_by_numa[n] if model_allowed(g, bundle)
-                        and (bundle.gpus or g.shareable))
-                    for n in state.numa_ids), reverse=True)
+    if bundle.mig:
+        k_cap = sorted((sum(1 for m in state.mig_by_numa[n] if m.profile == bundle.mig
+                            and model_allowed(state.gpu_by_uuid[m.gpu], bundle))
+                        for n in state.numa_ids), reverse=True)
+    else:
+        k_cap = sorted((sum(1 for g in state.gpus_by_numa[n] if model_allowed(g, bundle)
+                            and (bundle.gpus or g.shareable) and not g.mig_enabled)
+                        for n in state.numa_ids), reverse=True)
     cpu_cap = sorted((len(n.cpus) for n in node.numa_nodes), reverse=True)
     mem_cap = sorted((n.memory_bytes for n in node.numa_nodes), reverse=True)
 
@@ -86,12 +99,31 @@ def _min_numa_count(state: NodeState, bundle: Bundle) -> int | None:
                 return i + 1
         return None
 
-    gpu_need = bundle.gpus if bundle.gpus else (1 if bundle.gpu_milli else 0)
+    gpu_need = bundle.gpus if bundle.gpus else (1 if bundle.gpu_milli else bundle.mig_units)
     parts = [need(k_cap, gpu_need), need(cpu_cap, bundle.cores),
              need(mem_cap, bundle.memory_bytes)]
     if any(p is None for p in parts):
         return None
     return max(1, *(p for p in parts if p is not None))
+
+
+def mig_candidates(state: NodeState, bundle: Bundle,
+                   numa_ids: tuple[int, ...]) -> list[MigInstance]:
+    """Free MIG instances of the bundle's profile on the given NUMA nodes, on parent GPUs of an
+    allowed model, best fit first (rule 5): the parent with the fewest free slices, then the
+    parent's index, then the instance's index and UUID."""
+    used = state.mig_used
+    out = [m for nid in numa_ids for m in state.mig_by_numa[nid]
+           if m.profile == bundle.mig and m.uuid not in used
+           and model_allowed(state.gpu_by_uuid[m.gpu], bundle)]
+    if len(out) > 1:
+        free_slices: dict[str, int] = {}
+        for m in state.mig_by_uuid.values():
+            if m.uuid not in used:
+                free_slices[m.gpu] = free_slices.get(m.gpu, 0) + m.slices
+        out.sort(key=lambda m: (free_slices[m.gpu], state.gpu_by_uuid[m.gpu].index, m.gpu,
+                                m.index, m.uuid))
+    return out
 
 
 def pick_gpus(cands: list[GPU], k: int) -> tuple[list[GPU], tuple[int, int]]:
@@ -156,7 +188,8 @@ def _free_gpus_on(state: NodeState, numa_ids) -> int:
 
 
 def _choose_gpus(state: NodeState, bundle: Bundle, cands: list[GPU]):
-    """(chosen (uuid, milli) list, link score) or None."""
+    """(chosen (uuid, milli) list, link score) or None (whole GPUs and shares; MIG instances
+    are chosen by :func:`_choose_mig`)."""
     if bundle.gpus:
         if len(cands) < bundle.gpus:
             return None
@@ -168,6 +201,68 @@ def _choose_gpus(state: NodeState, bundle: Bundle, cands: list[GPU]):
         g = min(cands, key=lambda g: (GPU_MILLI - state.gpu_used[g.uuid], g.index, g.uuid))
         return [(g.uuid, bundle.gpu_milli)], (0, GPU_MILLI - state.gpu_used[g.uuid])
     return [], (0, 0)
+
+
+def _choose_mig(state: NodeState, bundle: Bundle, numa_ids: tuple[int, ...]):
+    """(chosen instances, score) on these NUMA nodes, or None when too few are free."""
+    cands = mig_candidates(state, bundle, numa_ids)
+    if len(cands) < bundle.mig_count:
+        return None
+    chosen = cands[: bundle.mig_count]
+    return chosen, (0, 0)
+
+
+def _plan_mig(state: NodeState, bundle: Bundle, allow_spill: bool) -> Plan | None:
+    """Rule 5 with rule 3: the fewest NUMA nodes holding the instances, cores and memory;
+    with ``allow_spill`` the instances anywhere on the node as a fallback."""
+    m = min_numa_count(state, bundle)
+    best = None
+    best_key = None
+    if m is not None:
+        for numa_set in combinations(state.numa_ids, m):
+            if sum(len(state.free_cpus[n]) for n in numa_set) < bundle.cores:
+                continue
+            if sum(state.free_mem[n] for n in numa_set) < bundle.memory_bytes:
+                continue
+            chosen = _choose_mig(state, bundle, numa_set)
+            if chosen is None:
+                continue
+            free_after = len(mig_candidates(state, bundle, numa_set)) - bundle.mig_count
+            cores_after = sum(len(state.free_cpus[n]) for n in numa_set) - bundle.cores
+            key = (free_after, cores_after, numa_set)
+            if best_key is None or key < best_key:
+                best_key, best = key, (numa_set, chosen[0])
+    aligned = best is not None
+    if best is None:
+        if not allow_spill:
+            return None
+        chosen = _choose_mig(state, bundle, state.numa_ids)
+        if chosen is None:
+            return None
+        if state.free_cpu_count() < bundle.cores or state.free_memory() < bundle.memory_bytes:
+            return None
+        best = (state.numa_ids, chosen[0])
+    numa_set, insts = best
+    inst_numa = [state.gpu_numa[i.gpu] for i in insts]
+    order = sorted(numa_set, key=lambda n: (-inst_numa.count(n), -len(state.free_cpus[n]), n))
+    cpus = _take_cpus(state, order, bundle.cores)
+    if len(cpus) < bundle.cores:
+        return None
+    cpu_numa = [state.cpu_numa[c] for c in cpus]
+    mem_order = sorted(order, key=lambda n: (-cpu_numa.count(n), -state.free_mem[n], n))
+    mem = _take_memory(state, mem_order, bundle.memory_bytes)
+    if bundle.memory_bytes and not mem:
+        return None
+    if not mem:
+        mem = [(n, 0) for n in order[: max(1, len({*inst_numa}))]]
+    note = ""
+    if not aligned:
+        used = set(inst_numa) | set(cpu_numa) | {n for n, _ in mem}
+        aligned = len(used) <= (m or len(state.numa_ids))
+        if not aligned:
+            note = "spilled across NUMA nodes: MIG instances, cores and memory not on one"
+    return Plan(gpus=[], cpus=cpus, memory_by_numa=mem, aligned=aligned, note=note,
+                mig=[i.uuid for i in insts])
 
 
 def plan_aligned(state: NodeState, bundle: Bundle) -> Plan | None:
@@ -256,6 +351,8 @@ def plan(state: NodeState, bundle: Bundle, allow_spill: bool) -> Plan | None:
     """
     if state.free_disk < bundle.disk_bytes:
         return None
+    if bundle.mig:
+        return _plan_mig(state, bundle, allow_spill)
     p = plan_aligned(state, bundle)
     if p is not None or not allow_spill:
         return p
@@ -280,6 +377,13 @@ def quick_fit(state: NodeState, bundle: Bundle, aligned: bool = False) -> bool:
 
 
 def _gpus_fit(state: NodeState, bundle: Bundle, gpus: tuple[GPU, ...]) -> bool:
+    if bundle.mig:
+        n = 0
+        for g in gpus:
+            if g.mig and model_allowed(g, bundle):
+                n += sum(1 for m in g.mig
+                         if m.profile == bundle.mig and m.uuid not in state.mig_used)
+        return n >= bundle.mig_count
     if bundle.gpus:
         n = 0
         for g in gpus:

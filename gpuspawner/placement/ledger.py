@@ -25,7 +25,7 @@ from .errors import (
     UnknownAllocation,
 )
 from .fragmentation import FragmentationModel
-from .model import GPU_MILLI, Allocation, Bundle, GPUShare, Node, Owner, now
+from .model import GPU_MILLI, Allocation, Bundle, GPUShare, MigShare, Node, Owner, now
 from .paper import PodType
 from .policies import DEFAULT_POLICY, POLICIES, get_policy, pod_type_of
 from .prior import LivePrior
@@ -329,7 +329,9 @@ class Ledger:
                 if st is None:
                     continue
                 ok = [g for g in st.node.gpus if model_allowed(g, bundle)]
-                if bundle.gpus:
+                if bundle.mig:
+                    gpus = max(0, bundle.mig_count - st.free_mig(bundle.mig))
+                elif bundle.gpus:
                     free = sum(1 for g in ok if st.gpu_used[g.uuid] == 0)
                     gpus = max(0, bundle.gpus - free)
                 elif bundle.gpu_milli:
@@ -514,6 +516,8 @@ class Ledger:
             memory_bytes=bundle.memory_bytes, disk_bytes=bundle.disk_bytes,
             memory_by_numa=tuple(sorted(p.memory_by_numa)),
             created=self._clock(), numa_aligned=p.aligned, note=p.note,
+            mig=tuple(MigShare(u, st.mig_by_uuid[u].gpu, st.mig_by_uuid[u].profile,
+                               st.mig_by_uuid[u].slices) for u in p.mig),
         )
 
     def _book(self, st: NodeState, alloc: Allocation) -> None:
@@ -733,10 +737,10 @@ class Ledger:
         return f"{conflict.text}; held by {holder}" if holder else conflict.text
 
     def _holder_of(self, alloc: Allocation) -> str | None:
-        uuids = {g.uuid for g in alloc.gpus}
+        uuids = {g.uuid for g in alloc.gpus} | {m.uuid for m in alloc.mig}
         cpus = set(alloc.cpuset)
         for a in self._allocs.values():
-            if a.node == alloc.node and (uuids & {g.uuid for g in a.gpus} or cpus & set(a.cpuset)):
+            if a.node == alloc.node and (uuids & set(a.device_ids) or cpus & set(a.cpuset)):
                 return f"{a.owner.user}/{a.owner.server} ({a.id})"
         return None
 
@@ -857,6 +861,14 @@ class Ledger:
 def _gpu_free(st: NodeState, bundle: Bundle, strict: bool) -> int:
     """Free whole GPUs of the allowed models (on the fewest NUMA nodes that could hold the
     bundle when ``strict``), or for a share the most free milli-GPU of one shareable GPU."""
+    if bundle.mig:
+        per = [sum(1 for m in st.mig_by_numa[n] if m.profile == bundle.mig
+                   and m.uuid not in st.mig_used and model_allowed(st.gpu_by_uuid[m.gpu], bundle))
+               for n in st.numa_ids]
+        if not strict:
+            return sum(per)
+        m = min_numa_count(st, bundle) or len(per)
+        return sum(sorted(per, reverse=True)[:m])
     if bundle.gpus:
         per = [sum(1 for g in st.gpus_by_numa[n] if st.gpu_used[g.uuid] == 0
                    and model_allowed(g, bundle)) for n in st.numa_ids]
@@ -875,8 +887,15 @@ def _explain(states: list[NodeState], bundle: Bundle) -> tuple[str, str, str | N
     models = "|".join(bundle.gpu_models) if bundle.gpu_models else "GPU"
     strict = bundle.numa_policy == "strict"
     wants_gpu = bool(bundle.total_gpu_milli)
-    if wants_gpu and not any(model_allowed(g, bundle) and (bundle.gpus or g.shareable)
-                             for st in states for g in st.node.gpus):
+    if bundle.mig and not any(m.profile == bundle.mig and model_allowed(g, bundle)
+                              for st in states for g in st.node.gpus for m in g.mig):
+        have = sorted({m.profile for st in states for g in st.node.gpus for m in g.mig})
+        on = f" on {models}" if bundle.gpu_models else ""
+        return (f"no node has a MIG {bundle.mig} instance{on} (MIG profiles here: "
+                f"{', '.join(have) or 'none'})", "no_gpu_model", None)
+    if wants_gpu and not bundle.mig and not any(
+            model_allowed(g, bundle) and (bundle.gpus or g.shareable)
+            for st in states for g in st.node.gpus):
         have = sorted({g.model for st in states for g in st.node.gpus if g.model})
         kind = "shareable " if bundle.gpu_milli else ""
         return (f"no node has a {kind}{models} (models here: {', '.join(have) or 'none'})",
@@ -885,11 +904,15 @@ def _explain(states: list[NodeState], bundle: Bundle) -> tuple[str, str, str | N
     if not big:
         return (f"no node is large enough for {bundle.describe()}", "too_large", None)
     if wants_gpu:
-        need = bundle.gpus or bundle.gpu_milli
+        need = bundle.gpus or bundle.gpu_milli or bundle.mig_units
         free = {st.name: _gpu_free(st, bundle, strict) for st in big}
         best = max(big, key=lambda st: (free[st.name], -st.order))
         n = free[best.name]
         if n < need:
+            if bundle.mig:
+                return (f"no node has {need} free MIG {bundle.mig} instance"
+                        f"{'' if need == 1 else 's'}; best: {best.name} with {n} free",
+                        "gpus", best.name)
             if bundle.gpus:
                 m = min_numa_count(best, bundle) or 1
                 where = ("" if not strict else " on one NUMA node" if m == 1
@@ -900,6 +923,8 @@ def _explain(states: list[NodeState], bundle: Bundle) -> tuple[str, str, str | N
                     f"{best.name} with {n} milli-GPU free", "gpu_share", best.name)
         big = [st for st in big if free[st.name] >= need]
     with_gpus = f" beside {bundle.gpus or 1} free {models}" if wants_gpu else ""
+    if bundle.mig:
+        with_gpus = f" beside {bundle.mig_count} free MIG {bundle.mig}"
     checks = (
         ("cores", lambda st: st.free_cpu_count(), bundle.cores, str),
         ("memory", lambda st: st.free_memory(), bundle.memory_bytes, format_bytes),

@@ -7,15 +7,24 @@ seconds since the Unix epoch.
 A GPU is identified by its UUID (``GPU-xxxxxxxx-...`` as NVML's ``nvmlDeviceGetUUID`` returns it),
 never by its index: indices change with ``CUDA_VISIBLE_DEVICES``, driver reloads and hardware
 changes, UUIDs do not.
+
+Device kinds: a whole GPU (``Bundle.gpus``), a share of a shareable GPU (``Bundle.gpu_milli``)
+and a MIG instance (``Bundle.mig``, :class:`MigInstance`). A MIG instance is named by the UUID
+NVML gives its handle (``MIG-xxxxxxxx-...``, ``nvmlDeviceGetUUID`` on a handle from
+``nvmlDeviceGetMigDeviceHandleByIndex``); a GPU with MIG mode on is never allocated whole or
+shared, only its instances, one per requested unit. A MIG instance counts as
+``slices / 7 * 1000`` milli-GPU (:func:`mig_milli`) wherever GPU amounts are summed (quotas,
+metrics): ``1g.10gb`` = 143, ``3g.40gb`` = 429, ``7g.80gb`` = 1000.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid as _uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import Any, Literal
 
@@ -79,6 +88,68 @@ class NumaNode:
     memory_bytes: int
 
 
+#: compute slices of a whole MIG-capable GPU (A100, A30 has 4, H100, H200: NVIDIA's MIG user
+#: guide, "Supported MIG Profiles": the ``7g.*`` profile is the whole GPU)
+MIG_SLICES = 7
+
+# NVIDIA's profile names: "<compute slices>g.<memory>gb" with an optional "+me" / "+gfx" suffix
+# (media extensions), e.g. 1g.5gb, 1g.10gb, 1g.10gb+me, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb
+_MIG_PROFILE_RE = re.compile(r"^([1-8])g\.(\d+)gb(\+[a-z]+)?$")
+
+
+def mig_slices(profile: str) -> int:
+    """Compute slices of a MIG profile name (``"3g.40gb"`` -> 3).
+
+    Raises:
+        ValueError: not a MIG profile name of the form ``<n>g.<m>gb``.
+    """
+    m = _MIG_PROFILE_RE.match(str(profile).strip().lower())
+    if m is None:
+        raise ValueError(f"{profile!r} is not a MIG profile name like 1g.10gb or 3g.40gb")
+    return int(m.group(1))
+
+
+def mig_milli(slices: int) -> int:
+    """Milli-GPU a MIG instance of ``slices`` compute slices counts as: ``slices / 7 * 1000``,
+    rounded (quotas and metrics; the device itself is booked by UUID, not by milli-GPU)."""
+    return min(GPU_MILLI, round(slices * GPU_MILLI / MIG_SLICES))
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """One MIG instance (a GPU instance with its compute instance) of a MIG-enabled GPU.
+
+    Attributes:
+        uuid: ``MIG-...`` as NVML's ``nvmlDeviceGetUUID`` returns it for the MIG device handle;
+            the identity in allocations, docker ``device_ids`` and ``NVIDIA_VISIBLE_DEVICES``.
+        profile: NVIDIA's profile name, e.g. ``"1g.10gb"`` (lower case).
+        memory_bytes: the instance's framebuffer, bytes.
+        slices: compute slices (of :data:`MIG_SLICES`); 0 = read from the profile name.
+        gpu: UUID of the parent GPU (filled in by :class:`GPU`).
+        index: NVML's MIG device index on the parent; informational only.
+    """
+
+    uuid: str
+    profile: str
+    memory_bytes: int = 0
+    slices: int = 0
+    gpu: str = ""
+    index: int = 0
+
+    def __post_init__(self) -> None:
+        profile = str(self.profile).strip().lower()
+        object.__setattr__(self, "profile", profile)
+        if not self.slices:
+            object.__setattr__(self, "slices", mig_slices(profile))
+        if not 1 <= self.slices <= 8:
+            raise ValueError(f"MIG instance {self.uuid}: slices must be 1..8, got {self.slices}")
+
+    @property
+    def milli(self) -> int:
+        """What the instance counts as in milli-GPU (:func:`mig_milli`)."""
+        return mig_milli(self.slices)
+
+
 @dataclass(frozen=True)
 class GPU:
     """One physical GPU (or a MIG instance, which NVML also names by a UUID).
@@ -94,6 +165,9 @@ class GPU:
             missing pair counts as ``GPULink.SYSTEM``.
         shareable: True if time-sliced sharing is allowed (capacity 1000 milli-GPU split among
             bundles asking for less than 1000); False for exclusive use only.
+        mig: the GPU's MIG instances (empty when MIG is off).
+        mig_mode: MIG mode is on (``nvmlDeviceGetMigMode`` current mode); implied by ``mig``.
+            A GPU with MIG mode on is never allocated whole or shared, only its instances.
     """
 
     uuid: str
@@ -104,6 +178,18 @@ class GPU:
     numa_node: int | None = 0
     links: Mapping[str, GPULink] = field(default_factory=dict, hash=False, compare=False)
     shareable: bool = False
+    mig: tuple[MigInstance, ...] = ()
+    mig_mode: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mig:
+            object.__setattr__(self, "mig", tuple(
+                m if m.gpu == self.uuid else replace(m, gpu=self.uuid) for m in self.mig))
+
+    @property
+    def mig_enabled(self) -> bool:
+        """True when MIG mode is on: only the instances are allocatable."""
+        return self.mig_mode or bool(self.mig)
 
     def link_to(self, other_uuid: str) -> GPULink:
         """Link level to another GPU of the same node (``SYSTEM`` when not recorded)."""
@@ -172,10 +258,14 @@ class Bundle:
         numa_policy: ``strict``: GPUs on the fewest NUMA nodes that can hold them and cores and
             memory on exactly those NUMA nodes, else refuse; ``prefer``: the same when any node
             allows it, else spill across NUMA nodes and say so; ``none``: ignore NUMA.
+        mig: a MIG profile name (``"1g.10gb"``): ``mig_count`` MIG instances of that profile
+            instead of GPUs; "" = none. ``gpu_models`` then filters the parent GPUs' models.
+        mig_count: how many instances of ``mig`` (default 1); ignored without ``mig``.
 
     Raises:
         InvalidBundle: on construction, for negative sizes, ``gpus`` and ``gpu_milli`` both set,
-            ``gpu_milli`` outside 1..999, or an unknown ``numa_policy``.
+            ``gpu_milli`` outside 1..999, ``mig`` with ``gpus`` or ``gpu_milli`` or not a MIG
+            profile name, ``mig_count`` below 1, or an unknown ``numa_policy``.
     """
 
     cores: int = 1
@@ -185,9 +275,11 @@ class Bundle:
     gpu_models: tuple[str, ...] = ()
     disk_bytes: int = 0
     numa_policy: NumaPolicy = "strict"
+    mig: str = ""
+    mig_count: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("cores", "memory_bytes", "gpus", "gpu_milli", "disk_bytes"):
+        for name in ("cores", "memory_bytes", "gpus", "gpu_milli", "disk_bytes", "mig_count"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise InvalidBundle(name, f"must be an integer, got {value!r}")
@@ -200,6 +292,19 @@ class Bundle:
             raise InvalidBundle("gpu_milli", f"a share must be 1..999 milli-GPU, got "
                                 f"{self.gpu_milli}; ask for gpus={self.gpu_milli // GPU_MILLI} "
                                 "whole GPUs instead")
+        if self.mig:
+            if not isinstance(self.mig, str):
+                raise InvalidBundle("mig", f"must be a MIG profile name, got {self.mig!r}")
+            try:
+                mig_slices(self.mig)
+            except ValueError as e:
+                raise InvalidBundle("mig", str(e)) from None
+            object.__setattr__(self, "mig", self.mig.strip().lower())
+            if self.gpus or self.gpu_milli:
+                raise InvalidBundle("mig", "set either mig (MIG instances) or gpus/gpu_milli, "
+                                    "not both")
+            if self.mig_count < 1:
+                raise InvalidBundle("mig_count", f"must be >= 1, got {self.mig_count}")
         if self.numa_policy not in NUMA_POLICIES:
             raise InvalidBundle("numa_policy", f"must be one of {', '.join(NUMA_POLICIES)}, "
                                 f"got {self.numa_policy!r}")
@@ -209,8 +314,16 @@ class Bundle:
             object.__setattr__(self, "gpu_models", tuple(self.gpu_models))
 
     @property
+    def mig_units(self) -> int:
+        """MIG instances asked for (0 without ``mig``)."""
+        return self.mig_count if self.mig else 0
+
+    @property
     def total_gpu_milli(self) -> int:
-        """GPU demand in milli-GPU: ``gpus * 1000`` or the share."""
+        """GPU demand in milli-GPU: ``gpus * 1000``, the share, or the MIG instances at
+        :func:`mig_milli` each."""
+        if self.mig:
+            return self.mig_count * mig_milli(mig_slices(self.mig))
         return self.gpus * GPU_MILLI + self.gpu_milli
 
     def describe(self) -> str:
@@ -223,6 +336,9 @@ class Bundle:
             parts.append(f"{self.gpus} x {models}")
         elif self.gpu_milli:
             parts.append(f"{self.gpu_milli / GPU_MILLI:.3g} of a {models}")
+        elif self.mig:
+            on = f" on {models}" if self.gpu_models else ""
+            parts.append(f"{self.mig_count} x MIG {self.mig}{on}")
         parts.append(f"{self.cores} cores")
         parts.append(format_bytes(self.memory_bytes))
         if self.disk_bytes:
@@ -252,6 +368,22 @@ class GPUShare:
 
 
 @dataclass(frozen=True)
+class MigShare:
+    """One MIG instance of an allocation: its ``MIG-`` UUID, the parent GPU's UUID, the
+    profile name and compute slices (the allocation holds the whole instance)."""
+
+    uuid: str
+    gpu: str
+    profile: str
+    slices: int
+
+    @property
+    def milli(self) -> int:
+        """What the instance counts as in milli-GPU (:func:`mig_milli`)."""
+        return mig_milli(self.slices)
+
+
+@dataclass(frozen=True)
 class Allocation:
     """What a reservation granted: exact devices on one node.
 
@@ -268,6 +400,8 @@ class Allocation:
         created: seconds since the epoch.
         numa_aligned: True when GPUs, cores and memory sit on the same fewest NUMA nodes.
         note: why placement was not aligned (``prefer`` spill), else "".
+        mig: MIG instances held (each whole); in JSON the key ``mig``, a list of
+            ``{"uuid", "gpu", "profile", "slices"}``, written only when not empty.
     """
 
     id: str
@@ -282,6 +416,7 @@ class Allocation:
     created: float = 0.0
     numa_aligned: bool = True
     note: str = ""
+    mig: tuple[MigShare, ...] = ()
 
     @staticmethod
     def new_id() -> str:
@@ -294,9 +429,20 @@ class Allocation:
         return [g.uuid for g in self.gpus]
 
     @property
+    def mig_uuids(self) -> list[str]:
+        """The allocated MIG instances' ``MIG-`` UUIDs, in allocation order."""
+        return [m.uuid for m in self.mig]
+
+    @property
+    def device_ids(self) -> list[str]:
+        """Every device UUID to hand to the container: GPUs, then MIG instances (docker
+        ``DeviceRequest.device_ids``, ``NVIDIA_VISIBLE_DEVICES``)."""
+        return [g.uuid for g in self.gpus] + [m.uuid for m in self.mig]
+
+    @property
     def total_gpu_milli(self) -> int:
-        """Milli-GPU held in all."""
-        return sum(g.milli for g in self.gpus)
+        """Milli-GPU held in all (a MIG instance counts :func:`mig_milli` of its slices)."""
+        return sum(g.milli for g in self.gpus) + sum(m.milli for m in self.mig)
 
     def cpuset_str(self) -> str:
         """The cpuset as docker's ``--cpuset-cpus`` list syntax, e.g. ``"0-3,8"``."""
@@ -311,6 +457,9 @@ class Allocation:
         gpus = ", ".join(
             (g.uuid if g.milli == GPU_MILLI else f"{g.uuid} ({g.milli} milli)") for g in self.gpus
         )
+        if self.mig:
+            migs = ", ".join(f"{m.uuid} ({m.profile})" for m in self.mig)
+            gpus = f"{gpus}, {migs}" if gpus else migs
         text = f"{self.node}: " + (gpus + ", " if gpus else "")
         text += f"cores {self.cpuset_str() or 'none'}, NUMA {self.mems_str() or 'none'}"
         if self.note:
@@ -319,7 +468,7 @@ class Allocation:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the inverse of :meth:`from_dict`)."""
-        return {
+        out: dict[str, Any] = {
             "id": self.id,
             "owner": {"user": self.owner.user, "server": self.owner.server,
                       "groups": list(self.owner.groups)},
@@ -334,6 +483,10 @@ class Allocation:
             "numa_aligned": self.numa_aligned,
             "note": self.note,
         }
+        if self.mig:
+            out["mig"] = [{"uuid": m.uuid, "gpu": m.gpu, "profile": m.profile,
+                           "slices": m.slices} for m in self.mig]
+        return out
 
     def to_json(self) -> str:
         """Compact JSON (stored as the container label ``gpuspawner.allocation``)."""
@@ -370,6 +523,9 @@ class Allocation:
                 created=float(data.get("created", 0.0)),
                 numa_aligned=bool(data.get("numa_aligned", True)),
                 note=str(data.get("note", "")),
+                mig=tuple(MigShare(str(m["uuid"]), str(m["gpu"]), str(m["profile"]),
+                                   int(m.get("slices") or mig_slices(m["profile"])))
+                          for m in data.get("mig") or ()),
             )
         except KeyError as e:
             raise ValueError(f"allocation is missing field {e.args[0]!r}") from None

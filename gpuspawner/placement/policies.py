@@ -31,7 +31,7 @@ from typing import Protocol
 
 from .devices import min_numa_count, plan, quick_fit
 from .fragmentation import Demand, FragmentationModel
-from .model import GPU_MILLI, Bundle
+from .model import GPU_MILLI, Bundle, mig_slices
 from .paper import (
     PaperNode,
     PodType,
@@ -160,7 +160,12 @@ def fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> C
 
     NUMA (ours): an aligned bundle of >= 2 whole GPUs first considers only nodes where the
     whole bundle (GPUs, cores, memory) fits one NUMA node, and the others only when none of
-    those has room, so its GPUs share one NUMA node whenever any node allows it."""
+    those has room, so its GPUs share one NUMA node whenever any node allows it.
+
+    MIG (ours, :func:`_fgd_mig`): a MIG bundle goes through :func:`_fgd_mig`; whole-GPU and
+    share bundles never see MIG GPUs (counted fully used), so their decisions are unchanged."""
+    if bundle.mig:
+        return _fgd_mig(c, bundle, spill, ok)
     if not spill and bundle.gpus >= 2 and _one_numa_possible(c, bundle):
         def one_numa(st: NodeState) -> bool:
             return (ok is None or ok(st)) and min_numa_count(st, bundle) == 1
@@ -169,6 +174,28 @@ def fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> C
         if got is not None:
             return got
     return _fgd(c, bundle, spill, ok)
+
+
+def _fgd_mig(c: ClusterView, bundle: Bundle, spill: bool,
+             ok: NodeFilter | None) -> Choice | None:
+    """FGD for a MIG bundle. How fragmentation counts MIG slices: frag.go's rule (Weng et al.,
+    ATC '23, section 3: the free GPU resource a task type cannot use is fragment for it)
+    applied to MIG's fixed partitions (NVIDIA MIG user guide: an instance is a static GPU
+    partition and a CUDA process sees only the instance it was given): a free instance counts
+    as a free device of its slice size (``slices / 7 * 1000`` milli-GPU,
+    :func:`~.model.mig_milli`) usable only by task types asking for its profile, so it is
+    fragment for every other task type, whole-GPU and share types included. Landing a MIG task
+    of profile p takes one free p instance: for task types not asking for p the node's
+    fragmentation falls by that instance's milli-GPU, for those asking for p it is unchanged.
+    The growth is the same on every node with a free p instance (the layout is static; we do
+    not repartition), so FGD's choice among them is decided by the tie-break, for which we
+    use best fit on slices (ours): the node with the fewest free MIG slices left after the
+    bundle lands, then the smallest node name (the simulator's ``selectHost``). Nodes are
+    asked through the device interface (:func:`~.devices.quick_fit`, :func:`~.devices.plan`)."""
+    need = bundle.mig_units * mig_slices(bundle.mig)
+    fits = [st for st in c.states if (ok is None or ok(st)) and quick_fit(st, bundle, not spill)]
+    fits.sort(key=lambda st: (st.free_mig_slices() - need, st.name))
+    return _try(fits, bundle, spill, None)
 
 
 def _one_numa_possible(c: ClusterView, bundle: Bundle) -> bool:

@@ -3,10 +3,10 @@ GPU UUID, free disk. Not thread-safe on its own: the :class:`~.ledger.Ledger` ho
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from .model import GPU, GPU_MILLI, Allocation, Node
+from .model import GPU, GPU_MILLI, Allocation, MigInstance, Node
 
 
 class Conflict(NamedTuple):
@@ -32,6 +32,7 @@ class Plan:
         memory_by_numa: (NUMA id, bytes) pairs; their NUMA ids are the ``mems``.
         aligned: GPUs, cores and memory sit on the same fewest NUMA nodes.
         note: why not aligned, else "".
+        mig: the MIG instances chosen (``MIG-`` UUIDs).
     """
 
     gpus: list[tuple[str, int]]
@@ -39,6 +40,7 @@ class Plan:
     memory_by_numa: list[tuple[int, int]]
     aligned: bool
     note: str = ""
+    mig: list[str] = field(default_factory=list)
 
 
 class NodeState:
@@ -46,11 +48,15 @@ class NodeState:
 
     GPUs whose NUMA node is unknown (``None``) are booked against the node's first NUMA node; on a
     one-NUMA-node host (the common case for unknown values) that is exact.
+
+    MIG: a GPU with MIG mode on counts as fully used in ``gpu_used`` (1000 milli-GPU, so no
+    whole-GPU or share placement, fragmentation signature or free-GPU count sees it as free);
+    its instances are booked by UUID in ``mig_used``, each whole.
     """
 
     __slots__ = ("node", "numa_ids", "free_cpus", "free_mem", "gpu_used", "free_disk",
                  "gpus_by_numa", "gpu_numa", "gpu_by_uuid", "sig", "allocation_ids", "order",
-                 "cpu_numa", "cache")
+                 "cpu_numa", "cache", "mig_by_uuid", "mig_used", "mig_by_numa")
 
     def __init__(self, node: Node, order: int = 0) -> None:
         self.node = node
@@ -60,7 +66,8 @@ class NodeState:
         self.cpu_numa: dict[int, int] = {c: n.id for n in node.numa_nodes for c in n.cpus}
         self.free_mem: dict[int, int] = {n.id: n.memory_bytes for n in node.numa_nodes}
         self.free_disk: int = node.disk_bytes
-        self.gpu_used: dict[str, int] = {g.uuid: 0 for g in node.gpus}
+        self.gpu_used: dict[str, int] = {g.uuid: GPU_MILLI if g.mig_enabled else 0
+                                         for g in node.gpus}
         first = self.numa_ids[0] if self.numa_ids else 0
         self.gpu_numa: dict[str, int] = {
             g.uuid: (g.numa_node if g.numa_node in self.free_cpus else first) for g in node.gpus
@@ -71,6 +78,13 @@ class NodeState:
             for nid in self.numa_ids
         }
         self.gpu_by_uuid: dict[str, GPU] = {g.uuid: g for g in node.gpus}
+        #: MIG instances by ``MIG-`` UUID, the booked ones, and per NUMA node (parent's order)
+        self.mig_by_uuid: dict[str, MigInstance] = {m.uuid: m for g in node.gpus for m in g.mig}
+        self.mig_used: set[str] = set()
+        self.mig_by_numa: dict[int, tuple[MigInstance, ...]] = {
+            nid: tuple(m for g in self.gpus_by_numa[nid] for m in g.mig)
+            for nid in self.numa_ids
+        }
         self.allocation_ids: set[str] = set()
         #: results that depend only on the node's hardware (see devices.min_numa_count)
         self.cache: dict = {}
@@ -98,6 +112,15 @@ class NodeState:
     def free_gpu_milli(self) -> int:
         """Free milli-GPU summed over the node's GPUs."""
         return len(self.gpu_used) * GPU_MILLI - sum(self.gpu_used.values())
+
+    def free_mig(self, profile: str) -> int:
+        """Free MIG instances of ``profile`` on the node."""
+        return sum(1 for m in self.mig_by_uuid.values()
+                   if m.profile == profile and m.uuid not in self.mig_used)
+
+    def free_mig_slices(self) -> int:
+        """Compute slices of the node's free MIG instances."""
+        return sum(m.slices for m in self.mig_by_uuid.values() if m.uuid not in self.mig_used)
 
     def refresh_signature(self) -> None:
         """Recompute :attr:`sig`, the node's GPU state as the fragmentation measure sees it: per
@@ -131,6 +154,17 @@ class NodeState:
                                 f"free, {g.milli} asked", held=True)
         if len({g.uuid for g in alloc.gpus}) != len(alloc.gpus):
             return Conflict("the same GPU appears twice")
+        for m in alloc.mig:
+            inst = self.mig_by_uuid.get(m.uuid)
+            if inst is None:
+                return Conflict(f"MIG instance {m.uuid} is not on node {self.name}")
+            if inst.profile != m.profile or inst.gpu != m.gpu:
+                return Conflict(f"MIG instance {m.uuid} is a {inst.profile} on GPU {inst.gpu}, "
+                                f"not a {m.profile} on GPU {m.gpu}")
+            if m.uuid in self.mig_used:
+                return Conflict(f"MIG instance {m.uuid} is already held", held=True)
+        if len({m.uuid for m in alloc.mig}) != len(alloc.mig):
+            return Conflict("the same MIG instance appears twice")
         for c in alloc.cpuset:
             if c not in self.cpu_numa:
                 return Conflict(f"CPU {c} is not on node {self.name}")
@@ -155,6 +189,8 @@ class NodeState:
         """Take the allocation's devices. The caller checked :meth:`conflict` first."""
         for g in alloc.gpus:
             self.gpu_used[g.uuid] += g.milli
+        for m in alloc.mig:
+            self.mig_used.add(m.uuid)
         for c in alloc.cpuset:
             self.free_cpus[self.cpu_numa[c]].discard(c)
         for nid, b in alloc.memory_by_numa:
@@ -168,6 +204,8 @@ class NodeState:
         """Give the allocation's devices back (the inverse of :meth:`book`)."""
         for g in alloc.gpus:
             self.gpu_used[g.uuid] -= g.milli
+        for m in alloc.mig:
+            self.mig_used.discard(m.uuid)
         for c in alloc.cpuset:
             self.free_cpus[self.cpu_numa[c]].add(c)
         for nid, b in alloc.memory_by_numa:

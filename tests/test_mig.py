@@ -1,0 +1,208 @@
+"""MIG instances as a device kind (issue 24 item 5): the model, the device level, the policies,
+the ledger's bookings, JSON round trip and restore, quotas. Pure placement, no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from gpuspawner.placement import (
+    GPU,
+    Allocation,
+    Bundle,
+    Ledger,
+    Node,
+    NumaNode,
+    Owner,
+    PlacementRefused,
+    QuotaExceeded,
+    QuotaTable,
+)
+from gpuspawner.placement.model import (
+    InvalidBundle,
+    MigInstance,
+    mig_milli,
+    mig_slices,
+)
+from gpuspawner.placement.policies import POLICIES
+from tests.factories import GiB, make_node
+
+
+def mig_layout(gpu: str, profiles: list[str]) -> tuple[MigInstance, ...]:
+    """MIG instances ``MIG-<gpu>-<i>`` of the given profiles on one GPU."""
+    return tuple(MigInstance(f"MIG-{gpu}-{i}", p, int(p.split(".")[1][:-2]) * GiB, index=i)
+                 for i, p in enumerate(profiles))
+
+
+def mig_node(name: str = "m1", layouts: list[list[str]] | None = None, *, plain: int = 0,
+             numa: int = 2, cores: int = 16) -> Node:
+    """A node whose first GPUs are MIG-enabled with ``layouts`` and then ``plain`` whole GPUs."""
+    layouts = layouts if layouts is not None else [["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]]
+    base = make_node(name, gpus=len(layouts) + plain, numa=numa, cores=cores)
+    gpus = []
+    for i, g in enumerate(base.gpus):
+        if i < len(layouts):
+            g = replace(g, mig=mig_layout(g.uuid, layouts[i]))
+        gpus.append(g)
+    return replace(base, gpus=tuple(gpus))
+
+
+# -- model -------------------------------------------------------------------------------------
+
+def test_profile_names_and_milli():
+    assert [mig_slices(p) for p in ("1g.5gb", "1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb",
+                                    "7g.80gb", "1g.10gb+me")] == [1, 1, 2, 3, 4, 7, 1]
+    assert [mig_milli(s) for s in (1, 2, 3, 4, 7)] == [143, 286, 429, 571, 1000]
+    with pytest.raises(ValueError, match="not a MIG profile"):
+        mig_slices("A100")
+
+
+def test_instance_knows_its_parent_and_slices():
+    g = GPU("GPU-a", mig=(MigInstance("MIG-x", "3G.40GB"),))
+    assert g.mig_enabled and g.mig[0].gpu == "GPU-a"
+    assert g.mig[0].profile == "3g.40gb" and g.mig[0].slices == 3 and g.mig[0].milli == 429
+    assert GPU("GPU-b", mig_mode=True).mig_enabled and not GPU("GPU-c").mig_enabled
+
+
+def test_bundle_mig_validation():
+    b = Bundle(cores=2, mig="1g.10gb", mig_count=2)
+    assert b.mig_units == 2 and b.total_gpu_milli == 286
+    assert "2 x MIG 1g.10gb" in b.describe()
+    assert Bundle(cores=1).mig_units == 0
+    with pytest.raises(InvalidBundle) as e:
+        Bundle(gpus=1, mig="1g.10gb")
+    assert e.value.field == "mig"
+    with pytest.raises(InvalidBundle) as e:
+        Bundle(mig="big")
+    assert e.value.field == "mig"
+    with pytest.raises(InvalidBundle) as e:
+        Bundle(mig="1g.10gb", mig_count=0)
+    assert e.value.field == "mig_count"
+
+
+# -- device level and policies ------------------------------------------------------------------
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_every_policy_places_a_mig_bundle_on_an_instance(policy):
+    ledger = Ledger([make_node("a", gpus=2), mig_node("b")], policy=policy, seed=1)
+    a = ledger.reserve(Bundle(cores=2, mig="2g.20gb"), Owner("u"))
+    assert a.node == "b" and a.gpus == ()
+    assert [(m.uuid, m.gpu, m.profile, m.slices) for m in a.mig] == [
+        ("MIG-GPU-b-00-1", "GPU-b-00", "2g.20gb", 2)]
+    assert a.device_ids == ["MIG-GPU-b-00-1"]
+    assert a.total_gpu_milli == 286
+
+
+def test_mig_gpu_is_never_allocated_whole_or_shared():
+    node = mig_node("b", plain=1)
+    ledger = Ledger([node])
+    whole = ledger.reserve(Bundle(cores=1, gpus=1, numa_policy="none"), Owner("u1"))
+    assert whole.gpu_uuids == ["GPU-b-01"]
+    with pytest.raises(PlacementRefused):
+        ledger.reserve(Bundle(cores=1, gpus=1, numa_policy="none"), Owner("u2"))
+    shared = Ledger([replace(node, gpus=tuple(replace(g, shareable=True) for g in node.gpus))])
+    shared.reserve(Bundle(cores=1, gpus=1, numa_policy="none"), Owner("u1"))
+    with pytest.raises(PlacementRefused):
+        shared.reserve(Bundle(cores=1, gpu_milli=100, numa_policy="none"), Owner("u2"))
+    # its instances are still there
+    assert ledger.reserve(Bundle(cores=1, mig="3g.40gb", numa_policy="none"), Owner("u3")).mig
+
+
+def test_instances_one_per_unit_until_none_left():
+    ledger = Ledger([mig_node("b")])
+    got = ledger.reserve(Bundle(cores=1, mig="1g.10gb", mig_count=2), Owner("u1"))
+    assert sorted(got.mig_uuids) == ["MIG-GPU-b-00-2", "MIG-GPU-b-00-3"]
+    with pytest.raises(PlacementRefused) as e:
+        ledger.reserve(Bundle(cores=1, mig="1g.10gb"), Owner("u2"))
+    assert "no node has 1 free MIG 1g.10gb instance" in str(e.value)
+    with pytest.raises(PlacementRefused) as e:
+        ledger.reserve(Bundle(cores=1, mig="7g.80gb"), Owner("u2"))
+    assert e.value.reason == "no_gpu_model" and "MIG profiles here" in str(e.value)
+    ledger.release(got.id)
+    assert ledger.reserve(Bundle(cores=1, mig="1g.10gb"), Owner("u2")).mig
+
+
+def test_device_level_packs_instances_on_the_fuller_gpu():
+    # GPU 0: two 1g free of 7 slices' layout; GPU 1: one 1g.10gb + 3g + 3g (more free slices)
+    node = mig_node("b", [["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"],
+                          ["1g.10gb", "3g.40gb", "3g.40gb"]], numa=1)
+    ledger = Ledger([node])
+    ledger.reserve(Bundle(cores=1, mig="3g.40gb"), Owner("u0"))  # GPU 0's 3g: GPU 0 fuller
+    got = ledger.reserve(Bundle(cores=1, mig="1g.10gb"), Owner("u1"))
+    assert got.mig[0].gpu == "GPU-b-00"
+
+
+def test_fgd_prefers_the_node_with_fewest_free_mig_slices_then_name():
+    a = mig_node("a", [["1g.10gb"] * 7])
+    b = mig_node("b", [["1g.10gb", "3g.40gb"]])
+    ledger = Ledger([a, b])
+    assert ledger.reserve(Bundle(cores=1, mig="1g.10gb"), Owner("u1")).node == "b"  # 3 vs 6 left
+    assert ledger.reserve(Bundle(cores=1, mig="1g.10gb"), Owner("u2")).node == "a"  # b has none
+    twins = Ledger([mig_node("y"), mig_node("x")])
+    assert twins.reserve(Bundle(cores=1, mig="1g.10gb"), Owner("u")).node == "x"  # tie: name
+
+
+def test_gpu_models_filter_the_parent():
+    ledger = Ledger([mig_node("b")])
+    with pytest.raises(PlacementRefused):
+        ledger.reserve(Bundle(cores=1, mig="1g.10gb", gpu_models=("H100",)), Owner("u"))
+    assert ledger.reserve(Bundle(cores=1, mig="1g.10gb", gpu_models=("a100",)), Owner("u")).mig
+
+
+def test_strict_numa_keeps_cores_with_the_instance():
+    node = mig_node("b", [["1g.10gb"], ["1g.10gb"]], numa=2, cores=16)  # GPU 1 on NUMA 1
+    ledger = Ledger([node])
+    ledger.reserve(Bundle(cores=1, mig="1g.10gb"), Owner("u0"))
+    got = ledger.reserve(Bundle(cores=4, mig="1g.10gb"), Owner("u1"))
+    assert got.mig[0].gpu == "GPU-b-01" and got.mems == (1,) and got.numa_aligned
+    assert all(c >= 8 for c in got.cpuset)
+
+
+def test_capacity_questions_answer_for_mig():
+    ledger = Ledger([mig_node("b")])
+    b = Bundle(cores=1, mig="1g.10gb", mig_count=2)
+    assert ledger.fits_now(b) == "b"
+    assert ledger.capacity_refusal(b) is None
+    assert ledger.nodes_that_could_take(b) == {"b"}
+    assert ledger.capacity_refusal(Bundle(cores=1, mig="1g.10gb", mig_count=3)) is not None
+    assert ledger.closest_node(b, ["b"]) == "b"
+
+
+# -- bookings: JSON, restore, quotas ------------------------------------------------------------
+
+def test_allocation_json_round_trip_and_restore():
+    ledger = Ledger([mig_node("b")])
+    a = ledger.reserve(Bundle(cores=2, mig="1g.10gb", mig_count=2), Owner("u", "s", ("g",)))
+    d = a.to_dict()
+    assert d["mig"] == [{"uuid": m.uuid, "gpu": "GPU-b-00", "profile": "1g.10gb", "slices": 1}
+                        for m in a.mig]
+    assert Allocation.from_json(a.to_json()) == a
+    assert "mig" not in replace(a, mig=()).to_dict()  # non-MIG labels unchanged
+
+    fresh = Ledger([mig_node("b")])
+    report = fresh.restore([a.to_json()])
+    assert report.restored == [a.id]
+    with pytest.raises(PlacementRefused):
+        fresh.reserve(Bundle(cores=1, mig="1g.10gb", mig_count=1), Owner("v"))
+    again = fresh.restore([replace(a, id="other", owner=Owner("w"))])
+    assert again.conflicts and "already held" in again.conflicts[0].problem
+    assert "u/s" in again.conflicts[0].problem
+    wrong = replace(a, id="x", owner=Owner("z"), mig=(replace(a.mig[0], profile="3g.40gb"),))
+    assert "is a 1g.10gb" in fresh.restore([wrong]).conflicts[0].problem
+
+
+def test_quota_counts_mig_slices_in_milli_gpu():
+    quotas = QuotaTable.from_config(users={"alice": {"gpu_milli": 500}})
+    ledger = Ledger([mig_node("b")], quotas=quotas)
+    ledger.reserve(Bundle(cores=1, mig="3g.40gb"), Owner("alice"))  # 429
+    assert ledger.usage("alice").gpu_milli == 429
+    with pytest.raises(QuotaExceeded):
+        ledger.reserve(Bundle(cores=1, mig="1g.10gb"), Owner("alice", "two"))  # +143 > 500
+
+
+def test_non_mig_nodes_are_unchanged_by_the_mig_fields():
+    plain = Node("p", (NumaNode(0, (0, 1), GiB),), (GPU("GPU-p"),))
+    ledger = Ledger([plain])
+    a = ledger.reserve(Bundle(cores=1, gpus=1), Owner("u"))
+    assert a.mig == () and "mig" not in a.to_dict() and a.device_ids == ["GPU-p"]
