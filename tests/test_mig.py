@@ -206,3 +206,31 @@ def test_non_mig_nodes_are_unchanged_by_the_mig_fields():
     ledger = Ledger([plain])
     a = ledger.reserve(Bundle(cores=1, gpus=1), Owner("u"))
     assert a.mig == () and "mig" not in a.to_dict() and a.device_ids == ["GPU-p"]
+
+
+# -- profiles ------------------------------------------------------------------------------------
+
+def test_a_profile_may_ask_for_mig_instances():
+    from gpuspawner.hub.profiles import load_profiles
+
+    [p, q] = load_profiles([{"slug": "mig", "cpu": 2, "mig": "1g.10gb"},
+                            {"slug": "mig2", "mig": "3g.40gb", "mig_count": 2,
+                             "gpu_models": "A100"}])
+    assert p.bundle.mig == "1g.10gb" and p.bundle.mig_count == 1 and p.queue
+    assert q.bundle.mig_units == 2 and q.bundle.total_gpu_milli == 858
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"slug": "x", "mig": "1g.10gb", "gpus": 1}, "profiles[0] (x).mig: MIG instances and gpus"),
+    ({"slug": "x", "mig": "1g.10gb", "gpus": 0.5}, "profiles[0] (x).mig: MIG instances and"),
+    ({"slug": "x", "mig": "1g.10gb", "gpu_milli": 100}, "profiles[0] (x).mig: MIG"),
+    ({"slug": "x", "mig_count": 2}, "profiles[0] (x).mig_count: only with mig"),
+    ({"slug": "x", "mig": "A100"}, "profiles[0] (x).mig: 'A100' does not match"),
+    ({"slug": "x", "mig": "1g.10gb", "mig_count": 0}, "profiles[0] (x).mig_count: 0 is less"),
+])
+def test_profile_mig_refusals_name_the_field(entry, message):
+    from gpuspawner.hub.profiles import ProfileConfigError, load_profiles
+
+    with pytest.raises(ProfileConfigError) as e:
+        load_profiles([entry])
+    assert str(e.value).startswith(message), str(e.value)

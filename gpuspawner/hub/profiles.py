@@ -4,8 +4,10 @@ validation of ``user_options``.
 A profile is a named bundle, in the spirit of KubeSpawner's ``profile_list``: ``slug``,
 ``display_name``, ``description``, ``cpu`` (cores), ``memory`` and ``disk`` (sizes such as "4G"),
 ``gpus`` (a whole number of GPUs, or a milli-GPU share written ``gpu_milli: 250``, or
-``gpus: 0.25``), ``gpu_models``, ``image``, ``numa_policy``, ``groups`` (who may use it; empty =
-everyone), ``nodes`` (restrict to these node names; empty = any) and ``default``.
+``gpus: 0.25``), or ``mig`` (a MIG profile name such as ``1g.10gb``, with ``mig_count``,
+default 1; exclusive with ``gpus``), ``gpu_models``, ``image``, ``numa_policy``, ``groups``
+(who may use it; empty = everyone), ``nodes`` (restrict to these node names; empty = any) and
+``default``.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ PROFILES_HELP = """Profiles users choose from: a list of dicts or the path of a 
 
 Keys: slug, display_name, description, cpu (whole cores), memory and disk (bytes, or sizes like
 "4G": K, M, G, T are powers of 1024), gpus (whole GPUs, or a fraction below 1 for a share) or
-gpu_milli (milli-GPU, 1..999: a share of one GPU), gpu_models (list), image, numa_policy
+gpu_milli (milli-GPU, 1..999: a share of one GPU) or mig (a MIG profile name such as 1g.10gb,
+with mig_count, default 1), gpu_models (list), image, numa_policy
 (strict | prefer | none), groups (who may use it; empty = everyone), nodes (node names it may
 run on; empty = any), queue (wait when the bundle is not free now), default.
 """
@@ -78,7 +81,8 @@ def _bundle_from(entry: Mapping[str, Any], where: str) -> Bundle:
 
     Raises:
         ProfileConfigError: a rule the schema cannot express: a fraction of a GPU above 1
-            or together with ``gpu_milli``.
+            or together with ``gpu_milli``; ``mig`` together with ``gpus`` or ``gpu_milli``,
+            or ``mig_count`` without ``mig``.
     """
     def size(key: str) -> int:
         try:
@@ -93,10 +97,17 @@ def _bundle_from(entry: Mapping[str, Any], where: str) -> Bundle:
             raise ProfileConfigError(f"{where}.gpus: a fraction must be below 1 (a share of one "
                                      f"GPU) and not given with gpu_milli, got {gpus_raw}")
         milli, gpus_raw = round(gpus_raw * GPU_MILLI), 0
+    mig = entry.get("mig") or ""
+    if mig and (gpus_raw or milli):
+        raise ProfileConfigError(f"{where}.mig: MIG instances and gpus/gpu_milli are exclusive; "
+                                 "set one of them")
+    if "mig_count" in entry and not mig:
+        raise ProfileConfigError(f"{where}.mig_count: only with mig (a MIG profile name)")
     return Bundle(cores=int(entry.get("cpu", 1)), memory_bytes=size("memory"),
                   gpus=int(gpus_raw), gpu_milli=milli,
                   gpu_models=_names(entry.get("gpu_models")), disk_bytes=size("disk"),
-                  numa_policy=entry.get("numa_policy", "strict"))
+                  numa_policy=entry.get("numa_policy", "strict"),
+                  mig=mig, mig_count=int(entry.get("mig_count", 1)))
 
 
 def _names(value: str | Sequence[str] | None) -> tuple[str, ...]:
