@@ -104,3 +104,19 @@ def test_disk_rules():
     assert opt == {} and "accounted only" in msg
     with pytest.raises(DiskLimitUnsupported, match="overlay2 cannot limit disk"):
         disk_rule(64 * MiB, supported=False, driver="overlay2", image_bytes=0, mode="refuse")
+
+
+def test_mig_instances_go_to_the_container_by_uuid():
+    from dataclasses import replace
+
+    from gpuspawner.placement import MigShare
+
+    mig = (MigShare("MIG-1111", "GPU-aaaa", "1g.10gb", 1),
+           MigShare("MIG-2222", "GPU-aaaa", "2g.20gb", 2))
+    s = spec(allocation=replace(alloc(gpus=()), mig=mig))
+    assert s.env["NVIDIA_VISIBLE_DEVICES"] == "MIG-1111,MIG-2222"
+    assert json.loads(s.labels[ALLOCATION_LABEL])["mig"][0]["uuid"] == "MIG-1111"
+    _create, host = container_config(s)
+    (req,) = host["device_requests"]
+    assert req["Driver"] == "nvidia" and req["DeviceIDs"] == ["MIG-1111", "MIG-2222"]
+    assert "gpu" in req["Capabilities"][0]  # the same capabilities as a whole GPU

@@ -71,9 +71,12 @@ def container_config(spec: LaunchSpec, *, network: str | None = None,
         "auto_remove": False,
         "network_mode": network,
     })
-    if alloc.gpus:
+    if alloc.gpus or alloc.mig:
+        # GPUs and MIG instances alike by UUID: the NVIDIA container toolkit takes a MIG
+        # device's "MIG-<uuid>" in device_ids / NVIDIA_VISIBLE_DEVICES as it takes "GPU-<uuid>"
+        # (NVIDIA MIG user guide, "Running CUDA Applications as Containers")
         host["device_requests"] = [DeviceRequest(
-            driver="nvidia", device_ids=[g.uuid for g in alloc.gpus],
+            driver="nvidia", device_ids=alloc.device_ids,
             capabilities=GPU_CAPABILITIES)]
     if storage_opt:
         host["storage_opt"] = dict(storage_opt)

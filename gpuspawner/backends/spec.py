@@ -74,14 +74,15 @@ def allocation_env(alloc: Allocation) -> dict[str, str]:
     """The allocation as environment variables: ``CUDA_DEVICE_ORDER=PCI_BUS_ID``,
     ``OMP_NUM_THREADS`` and ``CPU_LIMIT`` (cores), ``MEM_LIMIT`` (bytes), as
     jupyter-resource-usage reads them, ``GPUSPAWNER_ALLOCATION`` (JSON) and
-    ``NVIDIA_VISIBLE_DEVICES`` (GPU UUIDs, or ``void``; NVIDIA container toolkit docs)."""
+    ``NVIDIA_VISIBLE_DEVICES`` (GPU and ``MIG-`` instance UUIDs, or ``void``; NVIDIA
+    container toolkit docs)."""
     return {
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "OMP_NUM_THREADS": str(max(1, len(alloc.cpuset))),
         "MEM_LIMIT": str(alloc.memory_bytes),
         "CPU_LIMIT": str(len(alloc.cpuset)),
         "GPUSPAWNER_ALLOCATION": alloc.to_json(),
-        "NVIDIA_VISIBLE_DEVICES": ",".join(alloc.gpu_uuids) or "void",
+        "NVIDIA_VISIBLE_DEVICES": ",".join(alloc.device_ids) or "void",
     }
 
 
