@@ -234,3 +234,58 @@ def test_profile_mig_refusals_name_the_field(entry, message):
     with pytest.raises(ProfileConfigError) as e:
         load_profiles([entry])
     assert str(e.value).startswith(message), str(e.value)
+
+
+# -- topology files ------------------------------------------------------------------------------
+
+TOPOLOGIES = __import__("pathlib").Path(__file__).parent / "data" / "topologies"
+
+
+def test_a_topology_file_declares_a_mig_layout_and_round_trips():
+    import yaml
+
+    from gpuspawner.inventory.topology import dump_topology, load_topology_file, node_from_dict
+
+    node = load_topology_file(TOPOLOGIES / "mig-a100.yaml")
+    mig_gpu, whole = node.gpus
+    assert mig_gpu.mig_enabled and not whole.mig_enabled
+    assert [(m.profile, m.slices, m.memory_bytes // GiB, m.gpu) for m in mig_gpu.mig] == [
+        ("3g.40gb", 3, 40, mig_gpu.uuid), ("1g.10gb", 1, 10, mig_gpu.uuid)]
+    assert mig_gpu.mig[1].files[0] == "/dev/nvidia0"
+    again = node_from_dict(yaml.safe_load(dump_topology(node)))
+    assert again == node and again.gpus[0].mig[1].files == mig_gpu.mig[1].files
+    ledger = Ledger([node])
+    assert ledger.reserve(Bundle(cores=1, mig="1g.10gb"), Owner("u")).mig_uuids == [
+        "MIG-aaaaaaaa-0000-0000-0000-000000000002"]
+    assert ledger.reserve(Bundle(cores=1, gpus=1), Owner("v")).gpu_uuids == [whole.uuid]
+
+
+def test_mig_on_with_no_instances_is_not_a_whole_gpu():
+    from gpuspawner.inventory.topology import node_from_dict
+
+    node = node_from_dict({"name": "n", "numa_nodes": [{"id": 0, "cpus": "0-1", "memory": "1G"}],
+                           "gpus": [{"uuid": "GPU-a", "mig": []}]})
+    assert node.gpus[0].mig_enabled and node.gpus[0].mig == ()
+    with pytest.raises(PlacementRefused):
+        Ledger([node]).reserve(Bundle(cores=1, gpus=1), Owner("u"))
+
+
+@pytest.mark.parametrize("mig, field, text", [
+    ([{"uuid": "GPU-x", "profile": "1g.10gb"}], "gpus[0].mig[0].uuid", "MIG-..."),
+    ([{"uuid": "MIG-x", "profile": "big"}], "gpus[0].mig[0].profile", "not a MIG profile"),
+    ([{"uuid": "MIG-x", "profile": "1g.10gb"}, {"uuid": "MIG-x", "profile": "1g.10gb"}],
+     "gpus[0].mig[1].uuid", "duplicate MIG UUID"),
+    ([{"uuid": "MIG-x", "profile": "7g.80gb"}, {"uuid": "MIG-y", "profile": "4g.40gb"}],
+     "gpus[0].mig", "11 compute slices"),
+    ([{"uuid": "MIG-x", "profile": "1g.10gb", "files": ["dev/nvidia0"]}],
+     "gpus[0].mig[0].files", "absolute"),
+    ([{"uuid": "MIG-x", "profile": "1g.10gb", "colour": "red"}], "gpus[0].mig[0]", "colour"),
+    ("1g.10gb", "gpus[0].mig", "must be a list"),
+])
+def test_topology_mig_errors_name_the_field(mig, field, text):
+    from gpuspawner.inventory.topology import TopologyError, node_from_dict
+
+    with pytest.raises(TopologyError) as e:
+        node_from_dict({"name": "n", "numa_nodes": [{"id": 0, "cpus": "0-1", "memory": "1G"}],
+                        "gpus": [{"uuid": "GPU-a", "mig": mig}]}, "t.yaml")
+    assert field in str(e.value) and text in str(e.value), str(e.value)

@@ -12,6 +12,10 @@ look at the hardware itself (remote nodes) and in tests. The schema is documente
     gpus:
       - {uuid: GPU-..., index: 0, model: A100, memory: 80G, pci_bus_id: "00000000:3B:00.0",
          numa_node: 0, shareable: false}
+      - uuid: GPU-...                     # a MIG-enabled GPU: only its instances are allocated
+        mig:
+          - {uuid: MIG-..., profile: 3g.40gb, memory: 40G}
+          - {uuid: MIG-..., profile: 1g.10gb, memory: 10G, slices: 1}
     links:
       - [GPU-a, GPU-b, nvlink]
 
@@ -31,7 +35,17 @@ from typing import Any, NoReturn
 
 import yaml
 
-from ..placement.model import GPU, GPULink, Node, NumaNode, format_cpu_list, parse_cpu_list
+from ..placement.model import (
+    GPU,
+    MIG_SLICES,
+    GPULink,
+    MigInstance,
+    Node,
+    NumaNode,
+    format_cpu_list,
+    mig_slices,
+    parse_cpu_list,
+)
 from ..placement.units import parse_bytes
 
 __all__ = [
@@ -45,7 +59,8 @@ __all__ = [
 
 _NODE_KEYS = {"name", "labels", "disk", "numa_nodes", "gpus", "links"}
 _NUMA_KEYS = {"id", "cpus", "memory"}
-_GPU_KEYS = {"uuid", "index", "model", "memory", "pci_bus_id", "numa_node", "shareable"}
+_GPU_KEYS = {"uuid", "index", "model", "memory", "pci_bus_id", "numa_node", "shareable", "mig"}
+_MIG_KEYS = {"uuid", "profile", "memory", "slices", "index", "files"}
 
 
 class TopologyError(ValueError):
@@ -164,6 +179,7 @@ def node_from_dict(data: Any, source: str = "<dict>") -> Node:
 
 def _replace_links(g: GPU, links: Mapping[str, GPULink]) -> GPU:
     return GPU(uuid=g.uuid, index=g.index, model=g.model, memory_bytes=g.memory_bytes,
+               mig=g.mig, mig_mode=g.mig_mode,
                pci_bus_id=g.pci_bus_id, numa_node=g.numa_node, links=dict(links),
                shareable=g.shareable)
 
@@ -279,6 +295,7 @@ class _Parser:
         numa_ids = [n.id for n in numa_nodes]
         out: list[GPU] = []
         uuids: dict[str, int] = {}
+        uuids_seen: dict[str, str] = {}
         indices: dict[int, int] = {}
         for i, item in enumerate(value):
             f = f"gpus[{i}]"
@@ -322,9 +339,61 @@ class _Parser:
             shareable = m.get("shareable", False)
             if not isinstance(shareable, bool):
                 self.fail(f"{f}.shareable", f"must be true or false, got {shareable!r}")
+            mig: tuple[MigInstance, ...] = ()
+            mig_mode = "mig" in m
+            if mig_mode:
+                if shareable:
+                    self.fail(f"{f}.shareable", "a MIG-enabled GPU is never shared; its MIG "
+                              "instances are the devices")
+                mig = self.mig(m["mig"], f"{f}.mig", uuids_seen)
             out.append(GPU(uuid=uuid, index=index, model=str(model).strip(), memory_bytes=mem,
-                           pci_bus_id=bus.strip(), numa_node=numa, shareable=shareable))
+                           pci_bus_id=bus.strip(), numa_node=numa, shareable=shareable,
+                           mig=mig, mig_mode=mig_mode))
         return out
+
+    def mig(self, value: Any, field: str, seen: dict[str, str]) -> tuple[MigInstance, ...]:
+        """A GPU's MIG layout: a list of ``{uuid, profile, memory, slices, index, files}``."""
+        if value is None:
+            return ()
+        if not isinstance(value, list):
+            self.fail(field, f"must be a list of MIG instances, got {type(value).__name__}")
+        out: list[MigInstance] = []
+        total = 0
+        for i, item in enumerate(value):
+            f = f"{field}[{i}]"
+            m = self.mapping(item, f, required={"uuid", "profile"}, allowed=_MIG_KEYS)
+            uuid = m["uuid"]
+            if not isinstance(uuid, str) or not uuid.strip().startswith("MIG-"):
+                self.fail(f"{f}.uuid", f"must be the instance's UUID as NVML reports it "
+                          f"(MIG-...), got {uuid!r}")
+            uuid = uuid.strip()
+            if uuid in seen:
+                self.fail(f"{f}.uuid", f"duplicate MIG UUID {uuid} (also {seen[uuid]})")
+            seen[uuid] = f
+            profile = m["profile"]
+            try:
+                slices = mig_slices(str(profile))
+            except ValueError as e:
+                self.fail(f"{f}.profile", str(e))
+            if "slices" in m:
+                slices = self.nonneg_int(m["slices"], f"{f}.slices")
+                if not 1 <= slices <= MIG_SLICES + 1:
+                    self.fail(f"{f}.slices", f"must be 1..{MIG_SLICES + 1}, got {slices}")
+            total += slices
+            mem = self.size(m["memory"], f"{f}.memory") if "memory" in m else 0
+            index = self.nonneg_int(m["index"], f"{f}.index") if "index" in m else i
+            files = m.get("files") or []
+            if not isinstance(files, list) or not all(
+                    isinstance(p, str) and p.startswith("/") and not any(c.isspace() for c in p)
+                    for p in files):
+                self.fail(f"{f}.files", f"must be a list of absolute device file paths, "
+                          f"got {files!r}")
+            out.append(MigInstance(uuid, str(profile), mem, slices, index=index,
+                                   files=tuple(files)))
+        if total > MIG_SLICES + 1:
+            self.fail(field, f"the instances hold {total} compute slices; a GPU has at most "
+                      f"{MIG_SLICES} (8 on some products)")
+        return tuple(out)
 
     def links(self, value: Any, gpus: list[GPU]) -> dict[frozenset[str], GPULink]:
         if value is None:
@@ -407,6 +476,14 @@ def node_to_dict(node: Node) -> dict[str, Any]:
              "numa_node": g.numa_node, "shareable": g.shareable}
             for g in node.gpus
         ]
+        for entry, g in zip(data["gpus"], node.gpus, strict=True):
+            if g.mig_enabled:
+                entry["mig"] = [
+                    {"uuid": m.uuid, "profile": m.profile, "memory": _size_text(m.memory_bytes),
+                     "slices": m.slices, "index": m.index,
+                     **({"files": list(m.files)} if m.files else {})}
+                    for m in g.mig
+                ]
     links = []
     for i, a in enumerate(node.gpus):
         for b in node.gpus[i + 1:]:

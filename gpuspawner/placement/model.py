@@ -127,6 +127,9 @@ class MigInstance:
         slices: compute slices (of :data:`MIG_SLICES`); 0 = read from the profile name.
         gpu: UUID of the parent GPU (filled in by :class:`GPU`).
         index: NVML's MIG device index on the parent; informational only.
+        files: the device files a job needs for this instance (the parent's ``/dev/nvidiaN``
+            and its ``/dev/nvidia-caps/nvidia-capN`` files), for Slurm's gres.conf
+            ``MultipleFiles=``; empty when unknown.
     """
 
     uuid: str
@@ -135,6 +138,7 @@ class MigInstance:
     slices: int = 0
     gpu: str = ""
     index: int = 0
+    files: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         profile = str(self.profile).strip().lower()
