@@ -57,21 +57,26 @@ def notebook(*sources: str, params: str = "x = 1") -> dict:
     return json.loads(nbformat.writes(nb))
 
 
+#: the id of this module's hub (its objects' gpuspawner.hub label): another run of these
+#: tests on the same engine has its own, and neither touches the other's containers
+HUB_ID: list[str] = []
+
+
 def job_containers(engine, user: str) -> list[dict]:
-    return [c for c in engine.containers(all=True, filters={"label": f"gpuspawner.user={user}"})
-            if c["Labels"].get("gpuspawner.server", "").startswith("job/")]
+    return [c for c in engine.containers(all=True, filters={"label": [
+        f"gpuspawner.user={user}", f"gpuspawner.hub={HUB_ID[0]}"]})
+        if c["Labels"].get("gpuspawner.server", "").startswith("job/")]
 
 
 def remove_jobs(engine) -> None:
-    for c in engine.containers(all=True, filters={"label": "gpuspawner.managed=1"}):
+    for c in engine.containers(all=True, filters={"label": f"gpuspawner.hub={HUB_ID[0]}"}):
         if c["Labels"].get("gpuspawner.user", "").startswith("jb-"):
             engine.remove_container(c["Id"], force=True)
-    for n in engine.networks(filters={"label": "gpuspawner.user"}):
-        if n["Labels"].get("gpuspawner.user", "").startswith("jb-"):
-            try:
-                engine.remove_network(n["Id"])
-            except docker.errors.APIError:
-                pass
+    for n in engine.networks(filters={"label": f"gpuspawner.hub={HUB_ID[0]}"}):
+        try:
+            engine.remove_network(n["Id"])
+        except docker.errors.APIError:
+            pass
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +92,7 @@ def hub(engine, tmp_path_factory):
     h = Hub(tmp, nodes, PROFILES, extra_config=EXTRA)
     h.env["GPUSPAWNER_CULLER"] = "off"
     h.start()
+    HUB_ID[:] = [(tmp / "hub" / "gpuspawner-hub-id").read_text().strip()]
     yield h
     h.stop()
     remove_jobs(engine)
@@ -177,7 +183,8 @@ def test_a_job_completes_into_the_users_home_and_releases(hub, engine):
     assert "x is 21" in files["job.log"].read_text()
     # the ledger is empty again, no container or network is left
     wait_until(lambda: released(hub, engine, "jb-alice"), 30, 0.3, "released")
-    assert not engine.networks(filters={"label": "gpuspawner.user=jb-alice"})
+    assert not engine.networks(filters={"label": ["gpuspawner.user=jb-alice",
+                                                  f"gpuspawner.hub={HUB_ID[0]}"]})
     # the user sees it in the list; the CLI-style listing is newest first
     r = u.call("GET", "api/jobs")
     assert [j["id"] for j in r.json()["jobs"]] == [job["id"]]
@@ -252,6 +259,8 @@ BAD = [
     ({"name": "a/b"}, "name: "),
     ({"name": ".."}, "name: "),
     ({"colour": "red"}, "colour: unknown field"),
+    ({"at": "2001-01-01T00:00:00Z"}, "at: 2001-01-01T00:00:00Z is in the past"),
+    ({"at": "2999-01-01T00:00:00"}, "at: '2999-01-01T00:00:00' has no time zone"),
 ]
 
 
@@ -303,8 +312,29 @@ def test_the_cli_submits_shows_and_downloads(hub, tmp_path):
     assert "42\n" in ["".join(o.get("text", "")) for c in nb["cells"] for o in c["outputs"]]
     p = cli("submit", str(path), "--time-limit", "100000")
     assert p.returncode == 1 and "HTTP 400: time_limit: at most 600" in p.stderr
+    p = cli("submit", str(path), "--at", "2001-01-01T00:00:00Z")
+    assert p.returncode == 1 and "HTTP 400: at: 2001-01-01T00:00:00Z is in the past" in \
+        p.stderr, p.stderr
     p = cli("cancel", job_id)
     assert p.returncode == 1 and "HTTP 409" in p.stderr
+
+
+def test_a_job_at_a_later_time_starts_then(hub, engine):
+    import time
+    from datetime import datetime, timezone
+
+    u = User(hub, "jb-later")
+    due = datetime.fromtimestamp(int(time.time()) + 5, timezone.utc)
+    job = u.submit(notebook("print('on time')"), name="later",
+                   at=due.isoformat().replace("+00:00", "Z"))
+    assert job["at"] == due.strftime("%Y-%m-%dT%H:%M:%SZ")
+    early = u.job(job["id"])
+    assert early["state"] == "queued" and early["message"].startswith("scheduled for "), early
+    assert early["started"] is None and not admin_allocations(hub, "jb-later")
+    done = u.wait_state(job["id"], ("completed", "failed", "lost"), 90)
+    assert done["state"] == "completed", done
+    assert done["started"] >= job["at"]  # ISO 8601 in UTC compares as text
+    wait_until(lambda: released(hub, engine, "jb-later"), 30, 0.3, "released")
 
 
 def test_jobs_wait_in_the_one_queue_for_their_bundle(hub, engine):

@@ -30,6 +30,7 @@ from gpuspawner.jobs.model import (  # noqa: E402
     OUTPUT_END,
     JobInputError,
     Limits,
+    check_at,
     check_time_limit,
     notebook_env,
     output_dir,
@@ -109,6 +110,11 @@ BAD = [
     (with_(name=""), "name", "no '/'"),
     (with_(name="x" * 101), "name", "at most 100"),
     (with_(name=7), "name", "string"),
+    (with_(at=1700000000), "at", "ISO 8601"),
+    (with_(at="tomorrow 10:00"), "at", "not an ISO 8601 time"),
+    (with_(at="2999-01-01T10:00:00"), "at", "no time zone"),
+    (with_(at="2001-01-01T10:00:00+00:00"), "at", "in the past"),
+    (with_(at="2999-01-01T10:00:00Z"), "at", "days ahead"),
 ]
 
 
@@ -244,3 +250,30 @@ def test_settings_time_limits_per_profile():
         GPUJobs(profile_time_limits={"gpu": {"max": 0}})
     with pytest.raises(TraitError, match="poll_interval"):
         GPUJobs(poll_interval=0)
+
+
+def test_a_one_off_start_time():
+    now = 1_800_000_000.0
+    assert check_at("2027-01-15T08:00:00Z", now) == 1_800_000_000.0
+    assert check_at("2027-01-15T09:00:00+01:00", now) == 1_800_000_000.0
+    assert check_at("2027-01-15T09:00:00+01:00", now + 0.5) == now  # a second's grace
+    with pytest.raises(JobInputError, match="at: .* is in the past"):
+        check_at("2027-01-15T08:00:00Z", now + 60)
+
+
+def test_a_version_1_database_is_brought_up(tmp_path):
+    sqlalchemy = pytest.importorskip("sqlalchemy")
+    from gpuspawner.hub.jobs.store import SCHEMA_VERSION, JobStore
+
+    url = f"sqlite:///{tmp_path / 'jobs.sqlite'}"
+    store = JobStore(url)
+    with store.engine.begin() as c:  # what the first version made: no column of "at"
+        c.execute(sqlalchemy.text("ALTER TABLE gpuspawner_jobs DROP COLUMN not_before"))
+        c.execute(sqlalchemy.text("UPDATE gpuspawner_jobs_schema SET version = 1"))
+    store.close()
+    store = JobStore(url)
+    cols = {c["name"] for c in sqlalchemy.inspect(store.engine).get_columns("gpuspawner_jobs")}
+    assert "not_before" in cols
+    assert store.session.execute(sqlalchemy.text(
+        "SELECT version FROM gpuspawner_jobs_schema")).scalar() == SCHEMA_VERSION == 2
+    assert store.list() == []

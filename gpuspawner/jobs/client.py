@@ -104,8 +104,11 @@ class JobsClient:
         return json.loads(text) if text else None
 
     def submit(self, notebook: dict[str, Any], profile: str | None,
-               parameters: dict[str, Any], time_limit: int | None, name: str) -> Any:
+               parameters: dict[str, Any], time_limit: int | None, name: str,
+               at: str | None = None) -> Any:
         body: dict[str, Any] = {"notebook": notebook, "parameters": parameters, "name": name}
+        if at:
+            body["at"] = at
         if profile:
             body["profile"] = profile
         if time_limit is not None:
@@ -135,7 +138,7 @@ def _client() -> JobsClient:
 
 def _print_job(job: dict[str, Any]) -> None:
     for key in ("id", "name", "state", "message", "profile", "user", "time_limit",
-                "parameters", "created", "started", "finished", "node", "gpu_uuids",
+                "parameters", "created", "at", "started", "finished", "node", "gpu_uuids",
                 "exit_code", "output_dir", "queue_position"):
         value = job.get(key)
         if value not in (None, "", [], {}):
@@ -150,7 +153,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         raise ClientError(f"{args.notebook}: cannot read a notebook: {e}") from None
     params = dict(parse_parameter(p) for p in args.parameter or [])
     job = _client().submit(notebook, args.profile, params, args.time_limit,
-                           args.name or default_name(args.notebook))
+                           args.name or default_name(args.notebook), args.at)
     print(json.dumps(job, indent=1, sort_keys=True) if args.json else job["id"])
     return 0
 
@@ -225,6 +228,9 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
                    help="stop it after this many seconds (default: the profile's)")
     s.add_argument("--name", default=None,
                    help="the job's name (default: the notebook's file name)")
+    s.add_argument("--at", default=None, metavar="ISO8601",
+                   help="start it then instead of now: a time with its zone, e.g. "
+                   "2026-03-01T22:00:00+01:00")
     s.add_argument("--json", action="store_true", help="print the whole job")
     s.set_defaults(func=_run(_cmd_submit))
 

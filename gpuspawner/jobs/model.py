@@ -6,7 +6,8 @@ A job runs one notebook once. The submission carries the notebook's content (sna
 outputs are dropped, later edits of the file do not change the job), ``parameters`` (injected
 by papermill after the cell tagged ``parameters``), a ``profile`` (the same profiles as
 servers), a ``time_limit`` in seconds and a ``name`` (one path component: the job's outputs go
-to ``~/jobs/<name>/<UTC start time>-<id>/``).
+to ``~/jobs/<name>/<UTC start time>-<id>/``) and optionally ``at``, a one-off start time
+(ISO 8601 with a time zone).
 
 The notebook goes to the container in environment variables (zlib, then base64, in chunks of
 at most :data:`ENV_CHUNK` characters: one variable may hold at most 128 KiB on Linux); the
@@ -30,7 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["ACTIVE_STATES", "ENV_CHUNK", "FINAL_STATES", "JobInputError", "JobRequest",
-           "Limits", "OUTPUT_BEGIN", "OUTPUT_END", "STATES", "check_name", "check_notebook",
+           "Limits", "OUTPUT_BEGIN", "OUTPUT_END", "STATES", "check_at", "check_name",
+           "check_notebook",
            "check_parameters", "check_time_limit", "encode_notebook", "notebook_env",
            "output_dir", "parse_output", "parse_submission"]
 
@@ -43,7 +45,9 @@ ACTIVE_STATES = frozenset({"queued", "waiting", "starting", "running"})
 FINAL_STATES = frozenset({"completed", "failed", "timed_out", "cancelled", "lost"})
 
 #: the keys a submission may have
-SUBMISSION_KEYS = ("notebook", "parameters", "profile", "time_limit", "name")
+SUBMISSION_KEYS = ("notebook", "parameters", "profile", "time_limit", "name", "at")
+#: how far ahead a job may be scheduled (seconds)
+MAX_AHEAD_S = 366 * 24 * 3600
 #: a job's name: one path component of letters, digits, ".", "_" and "-"
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 #: the name of a job submitted without one
@@ -96,6 +100,7 @@ class JobRequest:
         profile: the profile's slug, or None for the default profile.
         time_limit: seconds, or None for the profile's default.
         name: the job's name (one path component).
+        at: when to start it (seconds since the epoch), or None for now.
     """
 
     notebook: dict[str, Any]
@@ -103,6 +108,7 @@ class JobRequest:
     profile: str | None = None
     time_limit: int | None = None
     name: str = DEFAULT_NAME
+    at: float | None = None
 
 
 def check_name(value: Any) -> str:
@@ -185,6 +191,37 @@ def check_time_limit(value: Any, default: int, maximum: int, where: str = "") ->
     return value
 
 
+def check_at(value: Any, now: float | None = None, max_ahead: float = MAX_AHEAD_S) -> float:
+    """A one-off start time: ISO 8601 with a time zone (``2026-03-01T22:00:00+01:00``,
+    ``...Z``), not in the past, at most ``max_ahead`` seconds ahead. Returns seconds since
+    the epoch.
+
+    Raises:
+        JobInputError: field ``at``.
+    """
+    from datetime import datetime
+
+    if not isinstance(value, str):
+        raise JobInputError("at", f"must be an ISO 8601 time with a time zone, e.g. "
+                                  f"2026-03-01T22:00:00+01:00, got {type(value).__name__}")
+    try:
+        when = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise JobInputError("at", f"{value[:60]!r} is not an ISO 8601 time, e.g. "
+                                  "2026-03-01T22:00:00+01:00") from None
+    if when.tzinfo is None or when.utcoffset() is None:
+        raise JobInputError("at", f"{value[:60]!r} has no time zone: add one, e.g. +01:00 "
+                                  "or Z")
+    t = when.timestamp()
+    now = time.time() if now is None else now
+    if t < now - 1:
+        raise JobInputError("at", f"{value[:60]} is in the past")
+    if t > now + max_ahead:
+        raise JobInputError("at", f"{value[:60]} is more than {max_ahead / 86400:g} days "
+                                  "ahead")
+    return t
+
+
 def check_notebook(value: Any, max_bytes: int) -> dict[str, Any]:
     """The snapshot of a submitted notebook: a JSON object that nbformat reads and validates
     as version 4 (an older version is converted), with the code cells' outputs and execution
@@ -246,11 +283,12 @@ def parse_submission(body: Any, limits: Limits) -> JobRequest:
         check_time_limit(limit, 1, 2**62)
         limit = int(limit)
     name = check_name(body["name"]) if body.get("name") is not None else DEFAULT_NAME
+    at = check_at(body["at"]) if body.get("at") is not None else None
     if len(notebook_env(nb)[1]) > limits.max_env_bytes:
         raise JobInputError("notebook", f"more than {limits.max_env_bytes} bytes even "
                                         "compressed; make it smaller")
     return JobRequest(notebook=nb, parameters=params, profile=profile, time_limit=limit,
-                      name=name)
+                      name=name, at=at)
 
 
 # -- how the notebook travels -----------------------------------------------------------------

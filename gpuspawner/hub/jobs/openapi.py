@@ -40,6 +40,8 @@ JOB_SUBMISSION: dict[str, Any] = {
                        "description": "seconds; default and maximum per profile"},
         "name": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
                  "description": "one folder name: ~/jobs/<name>/<UTC start>-<id>/"},
+        "at": {"type": "string", "description": "start it then, not now: ISO 8601 with a time "
+                                                "zone, in the future, at most 366 days ahead"},
     },
 }
 
@@ -55,6 +57,8 @@ JOB: dict[str, Any] = {
         "time_limit": {"type": "integer"},
         "parameters": {"type": "object", "additionalProperties": _VALUE},
         "created": {"type": "string", "description": "ISO 8601, UTC"},
+        "at": {"type": "string", "nullable": True,
+               "description": "its one-off start time (ISO 8601, UTC), or null: now"},
         "started": _STR_OR_NULL, "finished": _STR_OR_NULL,
         "history": {"type": "array", "items": {
             "type": "object", "required": ["state", "time"],

@@ -136,7 +136,8 @@ class JobRunner:
         if problem is not None:
             raise JobInputError("profile", f"{profile.slug!r} can never be placed: {problem}")
         try:
-            cluster.ledger.check_quota(profile.bundle, owner)
+            if req.at is None:  # a later start is checked then (its turn may find room)
+                cluster.ledger.check_quota(profile.bundle, owner)
         except QuotaExceeded as e:
             raise JobInputError("profile", f"{profile.slug!r}: {e}") from None
         active = len(self.store.active(user))
@@ -146,7 +147,8 @@ class JobRunner:
                                   "or cancel one")
         now = time.time()
         row = JobRow(id=job_id, user=user, name=req.name, profile=profile.slug, state="queued",
-                     message="", time_limit=limit, notebook=pack(req.notebook), created=now)
+                     message="", time_limit=limit, notebook=pack(req.notebook), created=now,
+                     not_before=req.at)
         row.set_json("groups", list(groups))
         row.set_json("parameters", req.parameters)
         row.set_json("gpu_uuids", [])
@@ -229,6 +231,11 @@ class JobRunner:
             await self._end(row, "failed", str(e))
             return
         owner = Owner(row.user, job_server(row.id), tuple(row.get_json("groups", [])))
+        if row.not_before is not None and row.not_before > time.time():
+            row.message = f"scheduled for {iso(row.not_before)}"
+            self.store.save()
+            while (left := row.not_before - time.time()) > 0:  # a cancel interrupts it
+                await asyncio.sleep(min(left, 60.0))
 
         def waiting(entry: Any, position: int, length: int) -> None:
             text = f"waiting: position {position} of {length} for {profile.bundle.describe()}"
@@ -341,11 +348,12 @@ class JobRunner:
             try:
                 code = await backend.poll(state)
                 silent_since = None
-            except BackendUnavailable as e:
+            except Exception as e:  # BackendUnavailable, or an engine's error or timeout
                 # one failed call (a dropped connection) is no lost node: lost_after seconds
                 silent_since = silent_since or time.time()
                 if time.time() - silent_since >= self.settings.lost_after:
-                    self.cluster.mark_suspect(e.node, str(e))
+                    if isinstance(e, BackendUnavailable):
+                        self.cluster.mark_suspect(e.node, str(e))
                     await self._end(row, "lost", f"node {row.node} has not answered for "
                                     f"{self.settings.lost_after:g} s: {e}")
                     return
@@ -478,7 +486,7 @@ class JobRunner:
             if code is not None:  # it ended while the hub was down: its result is there
                 log.info("job %s of %s ended with %s while the hub was down", row.id,
                          row.user, code)
-                self._start_task(row.id, self._collect(row, code))
+                self._start_task(row.id, self._collected(row, code))
                 return
             if found is None:  # runs, but its labels were not read: book it from the row
                 alloc = Allocation.from_dict(row.get_json("allocation"))
@@ -500,6 +508,14 @@ class JobRunner:
         await self._end(row, "lost", f"the hub restarted while it was {row.state} and its "
                                      "container was not found")
 
+    async def _collected(self, row: JobRow, code: int) -> None:
+        try:
+            await self._collect(row, code)
+        except Exception as e:
+            log.exception("job %s failed in the hub", row.id)
+            if row.active:
+                await self._end(row, "failed", f"the hub could not collect it: {e}")
+
     async def _adopted(self, row: JobRow) -> None:
         try:
             await self._watch(row)
@@ -508,6 +524,10 @@ class JobRunner:
             if by is None:
                 raise
             await self._end(row, "cancelled", f"cancelled by {by}")
+        except Exception as e:
+            log.exception("job %s failed in the hub", row.id)
+            if row.active:
+                await self._end(row, "failed", f"the hub could not watch it: {e}")
 
     async def stop(self) -> None:
         """Stop watching (tests; at hub shutdown the jobs run on)."""
@@ -525,16 +545,18 @@ class JobRunner:
         return q.position(entry.id) if entry is not None else None
 
 
+def iso(t: float | None) -> str | None:
+    """Seconds since the epoch as ISO 8601 in UTC (None stays None)."""
+    return None if t is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
 def job_view(row: JobRow, position: tuple[int, int] | None = None) -> dict[str, Any]:
     """A job as the REST API answers it."""
-    def iso(t: float | None) -> str | None:
-        return None if t is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
-
     return {
         "id": row.id, "user": row.user, "name": row.name, "profile": row.profile,
         "state": row.state, "message": row.message, "time_limit": row.time_limit,
         "parameters": row.get_json("parameters", {}),
-        "created": iso(row.created), "started": iso(row.started),
+        "created": iso(row.created), "at": iso(row.not_before), "started": iso(row.started),
         "finished": iso(row.finished),
         "history": [{"state": s, "time": iso(t)} for s, t in row.get_json("history", [])],
         "node": row.node or None, "gpu_uuids": row.get_json("gpu_uuids", []),

@@ -4,7 +4,8 @@ Default: SQLite, ``gpuspawner-jobs.sqlite`` in the state folder (``GPUSpawner.st
 made empty with mode 0600 before SQLAlchemy opens it; ``c.GPUJobs.db_url`` names another
 database. The schema is made with ``create_all`` and its version is kept in the table
 ``gpuspawner_jobs_schema`` (:data:`SCHEMA_VERSION`): a database of a newer version is refused
-at start, one of an older version is brought up by the steps in :data:`UPGRADES` (none yet).
+at start, one of an older version is brought up by the steps in :data:`UPGRADES` (1 -> 2: the
+column of ``at``).
 No alembic: the schema is one table, and a version row with explicit steps is what it needs.
 
 The hub process is the only writer; calls are short and synchronous on the event loop, as
@@ -20,7 +21,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Float, Integer, LargeBinary, String, Text, create_engine, select
+from sqlalchemy import Float, Integer, LargeBinary, String, Text, create_engine, select, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from ...jobs.model import ACTIVE_STATES
@@ -29,9 +30,16 @@ from ..state import STATE_FILE_MODE, sqlite_file
 __all__ = ["JobRow", "JobStore", "SCHEMA_VERSION", "StoreError"]
 
 #: the schema this code writes
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+
+def _add_not_before(session: Session) -> None:
+    """1 -> 2: the one-off start time (``at``) of a job."""
+    session.execute(text("ALTER TABLE gpuspawner_jobs ADD COLUMN not_before FLOAT"))
+
+
 #: version -> the step that brings a database of that version to the next one
-UPGRADES: dict[int, Callable[[Session], None]] = {}
+UPGRADES: dict[int, Callable[[Session], None]] = {1: _add_not_before}
 
 
 class StoreError(RuntimeError):
@@ -62,6 +70,7 @@ class JobRow(Base):
     parameters: Mapped[str] = mapped_column(Text, default="{}")
     notebook: Mapped[bytes] = mapped_column(LargeBinary)
     created: Mapped[float] = mapped_column(Float)
+    not_before: Mapped[float | None] = mapped_column(Float, nullable=True)
     started: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished: Mapped[float | None] = mapped_column(Float, nullable=True)
     history: Mapped[str] = mapped_column(Text, default="[]")
