@@ -13,6 +13,11 @@ pairwise ``nvmlDeviceGetTopologyCommonAncestor`` levels, an error at ``nvmlInit`
 ``nvmlDeviceGetNumaNodeId`` at all, and ``bytes`` instead of ``str`` returns (older bindings).
 Health (:mod:`gpuspawner.inventory.health`): per-device ECC counts, retired pages, pending
 retirement and remapped rows (each may be NotSupported), and XID events through event sets:
+MIG: a GPU's MIG mode (``nvmlDeviceGetMigMode``; NotSupported when the GPU has none) and its
+MIG devices (:class:`FakeMIG`, in slots ``0 .. nvmlDeviceGetMaxMigDeviceCount - 1``; an empty
+slot raises NotFound from ``nvmlDeviceGetMigDeviceHandleByIndex``, as the real NVML does), each
+answering ``nvmlDeviceGetUUID`` (``MIG-...``), ``nvmlDeviceGetName``, ``nvmlDeviceGetMemoryInfo``,
+``nvmlDeviceGetAttributes`` (slice counts, ``memorySizeMB``) and the instance ids.
 :meth:`FakeNVML.emit_xid` is the test's "the driver reported XID n on GPU i".
 It records calls (``init_calls``, ``shutdown_calls``, ``calls``, ``waits``) for assertions.
 """
@@ -38,6 +43,8 @@ NVML_ERROR_UNKNOWN = 999
 
 NVML_FEATURE_DISABLED = 0
 NVML_FEATURE_ENABLED = 1
+NVML_DEVICE_MIG_DISABLE = 0
+NVML_DEVICE_MIG_ENABLE = 1
 NVML_NVLINK_MAX_LINKS = 18
 
 NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
@@ -107,6 +114,32 @@ GiB = 1024**3
 
 
 @dataclass
+class FakeMIG:
+    """One simulated MIG device (a GPU instance with one compute instance).
+
+    Attributes:
+        uuid: what ``nvmlDeviceGetUUID`` returns for its handle (``MIG-...``).
+        profile: NVIDIA's profile name; ``nvmlDeviceGetName`` answers
+            ``"<parent name> MIG <profile>"`` (as ``nvidia-smi -L`` shows MIG devices).
+        memory_total: bytes (``nvmlDeviceGetMemoryInfo(h).total``).
+        slices: ``gpuInstanceSliceCount`` of ``nvmlDeviceGetAttributes`` (0: from the profile).
+        gpu_instance_id / compute_instance_id: ``nvmlDeviceGetGpuInstanceId`` /
+            ``nvmlDeviceGetComputeInstanceId``.
+        name: overrides the ``nvmlDeviceGetName`` answer when not empty.
+        fail: function name -> NVML error code, as :attr:`FakeGPU.fail`.
+    """
+
+    uuid: str
+    profile: str = "1g.10gb"
+    memory_total: int = 9856 * 1024**2
+    slices: int = 0
+    gpu_instance_id: int = 0
+    compute_instance_id: int = 0
+    name: str = ""
+    fail: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
 class FakeGPU:
     """One simulated device.
 
@@ -131,6 +164,10 @@ class FakeGPU:
             failure)``; None: NotSupported (before Ampere).
         xid_events: ``nvmlDeviceRegisterEvents`` accepts ``nvmlEventTypeXidCriticalError``
             (False: NotSupported).
+        mig_mode: current MIG mode (``NVML_DEVICE_MIG_ENABLE``/``DISABLE``); None: the GPU has
+            no MIG (NotSupported, as on a T4 or V100).
+        mig: the MIG device slots; None marks an empty slot.
+        max_mig: ``nvmlDeviceGetMaxMigDeviceCount`` (7 on A100/H100).
     """
 
     uuid: str
@@ -147,6 +184,9 @@ class FakeGPU:
     retired_pending: bool | None = False
     remapped_rows: tuple[int, int, int, int] | None = None
     xid_events: bool = True
+    mig_mode: int | None = None
+    mig: list[FakeMIG | None] = field(default_factory=list)
+    max_mig: int = 7
 
 
 @dataclass
@@ -161,9 +201,11 @@ class _EventSet:
 
 @dataclass
 class _Handle:
-    """Stands in for pynvml's ``c_nvmlDevice_t`` handle."""
+    """Stands in for pynvml's ``c_nvmlDevice_t`` handle; ``mig`` is the MIG slot of a MIG
+    device handle (None for a GPU's)."""
 
     index: int
+    mig: int | None = None
 
 
 class _Struct:
@@ -191,6 +233,8 @@ class FakeNVML:
     NVML_SUCCESS = NVML_SUCCESS
     NVML_FEATURE_DISABLED = NVML_FEATURE_DISABLED
     NVML_FEATURE_ENABLED = NVML_FEATURE_ENABLED
+    NVML_DEVICE_MIG_DISABLE = NVML_DEVICE_MIG_DISABLE
+    NVML_DEVICE_MIG_ENABLE = NVML_DEVICE_MIG_ENABLE
     NVML_NVLINK_MAX_LINKS = NVML_NVLINK_MAX_LINKS
     NVML_ERROR_UNINITIALIZED = NVML_ERROR_UNINITIALIZED
     NVML_ERROR_INVALID_ARGUMENT = NVML_ERROR_INVALID_ARGUMENT
@@ -241,7 +285,9 @@ class FakeNVML:
         "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRetiredPages",
         "nvmlDeviceGetRetiredPagesPendingStatus", "nvmlDeviceGetRemappedRows",
         "nvmlEventSetCreate", "nvmlDeviceRegisterEvents", "nvmlEventSetWait",
-        "nvmlEventSetFree",
+        "nvmlEventSetFree", "nvmlDeviceGetMigMode", "nvmlDeviceGetMaxMigDeviceCount",
+        "nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetAttributes",
+        "nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId",
     )
 
     def __init__(self, gpus: list[FakeGPU] | tuple[FakeGPU, ...] = (), *,
@@ -272,16 +318,38 @@ class FakeNVML:
     def _s(self, text: str) -> str | bytes:
         return text.encode() if self.return_bytes else text
 
-    def _device(self, fn: str, handle: Any, *args: Any) -> FakeGPU:
+    def _device(self, fn: str, handle: Any, *args: Any) -> Any:
+        """The FakeGPU (or, for a MIG device handle, the FakeMIG) a handle names."""
         self.calls.append((fn, (handle, *args)))
         if not self.initialized:
             raise NVMLError(NVML_ERROR_UNINITIALIZED)
         if not isinstance(handle, _Handle) or not 0 <= handle.index < len(self.gpus):
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         gpu = self.gpus[handle.index]
+        if handle.mig is not None:
+            mig = gpu.mig[handle.mig] if handle.mig < len(gpu.mig) else None
+            if mig is None:
+                raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+            if fn in mig.fail:
+                raise NVMLError(mig.fail[fn])
+            return mig
         if fn in gpu.fail:
             raise NVMLError(gpu.fail[fn])
         return gpu
+
+    def _gpu(self, fn: str, device: Any) -> FakeGPU:
+        """The FakeGPU of a GPU handle; a MIG device handle is an invalid argument here."""
+        g = self._device(fn, device)
+        if not isinstance(g, FakeGPU):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return g
+
+    def _mig(self, fn: str, device: Any) -> FakeMIG:
+        """The FakeMIG of a MIG device handle; a GPU handle is an invalid argument here."""
+        m = self._device(fn, device)
+        if not isinstance(m, FakeMIG):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return m
 
     # ----------------------------------------------------------------- API
     def nvmlInit(self) -> None:
@@ -312,7 +380,48 @@ class FakeNVML:
         return self._s(self._device("nvmlDeviceGetUUID", handle).uuid)
 
     def nvmlDeviceGetName(self, handle: _Handle) -> str | bytes:
-        return self._s(self._device("nvmlDeviceGetName", handle).name)
+        d = self._device("nvmlDeviceGetName", handle)
+        if isinstance(d, FakeMIG):
+            return self._s(d.name or f"{self.gpus[handle.index].name} MIG {d.profile}")
+        return self._s(d.name)
+
+    # MIG (NVML API reference, "Multi Instance GPU Management")
+    def nvmlDeviceGetMigMode(self, device: _Handle) -> list[int]:
+        g = self._gpu("nvmlDeviceGetMigMode", device)
+        if g.mig_mode is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return [g.mig_mode, g.mig_mode]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: _Handle) -> int:
+        g = self._gpu("nvmlDeviceGetMaxMigDeviceCount", device)
+        if g.mig_mode is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return g.max_mig
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: _Handle, index: int) -> _Handle:
+        g = self._gpu("nvmlDeviceGetMigDeviceHandleByIndex", device)
+        if g.mig_mode is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        if not 0 <= index < g.max_mig:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        if g.mig_mode != NVML_DEVICE_MIG_ENABLE or index >= len(g.mig) or g.mig[index] is None:
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+        return _Handle(device.index, index)
+
+    def nvmlDeviceGetAttributes(self, device: _Handle) -> _Struct:
+        m = self._mig("nvmlDeviceGetAttributes", device)
+        slices = m.slices or int(m.profile.split("g.")[0])
+        return _Struct(multiprocessorCount=14 * slices, sharedCopyEngineCount=slices,
+                       sharedDecoderCount=0, sharedEncoderCount=0, sharedJpegCount=0,
+                       sharedOfaCount=0, gpuInstanceSliceCount=slices,
+                       computeInstanceSliceCount=slices,
+                       memorySizeMB=m.memory_total // 1024**2)
+
+    def nvmlDeviceGetGpuInstanceId(self, device: _Handle) -> int:
+        return self._mig("nvmlDeviceGetGpuInstanceId", device).gpu_instance_id
+
+    def nvmlDeviceGetComputeInstanceId(self, device: _Handle) -> int:
+        return self._mig("nvmlDeviceGetComputeInstanceId", device).compute_instance_id
 
     def nvmlDeviceGetMemoryInfo(self, handle: _Handle, version: int | None = None) -> _Struct:
         g = self._device("nvmlDeviceGetMemoryInfo", handle)

@@ -169,6 +169,7 @@ def test_double_matches_real_pynvml() -> None:
         if name.startswith(("NVML_ERROR_", "NVML_TOPOLOGY_", "NVML_FEATURE_", "NVML_SUCCESS",
                             "NVML_MEMORY_ERROR_TYPE_", "NVML_VOLATILE_ECC",
                             "NVML_AGGREGATE_ECC", "NVML_PAGE_RETIREMENT_CAUSE_",
+                            "NVML_DEVICE_MIG_",
                             "nvmlEventType")):
             assert getattr(pynvml, name) == value, name
         if name.startswith("NVMLError_"):

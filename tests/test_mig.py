@@ -289,3 +289,105 @@ def test_topology_mig_errors_name_the_field(mig, field, text):
         node_from_dict({"name": "n", "numa_nodes": [{"id": 0, "cpus": "0-1", "memory": "1G"}],
                         "gpus": [{"uuid": "GPU-a", "mig": mig}]}, "t.yaml")
     assert field in str(e.value) and text in str(e.value), str(e.value)
+
+
+# -- NVML inventory (through the NVML test double; the real-GPU test is marked gpu) --------------
+
+def _mig_nvml():
+    from tests.nvml_double import NVML_DEVICE_MIG_ENABLE, FakeGPU, FakeMIG, FakeNVML
+
+    mig_gpu = FakeGPU("GPU-00000000-aaaa-bbbb-cccc-000000000000", mig_mode=NVML_DEVICE_MIG_ENABLE,
+                      mig=[FakeMIG("MIG-11111111-aaaa-bbbb-cccc-000000000000", "3g.40gb",
+                                   40192 * 1024**2, gpu_instance_id=2),
+                           None,  # an empty slot: NotFound
+                           FakeMIG("MIG-22222222-aaaa-bbbb-cccc-000000000000", "1g.10gb",
+                                   gpu_instance_id=9),
+                           FakeMIG("MIG-33333333-aaaa-bbbb-cccc-000000000000", "2g.20gb",
+                                   19968 * 1024**2, name="MIG device")])  # name without profile
+    off = FakeGPU("GPU-11111111-aaaa-bbbb-cccc-000000000000", pci_bus_id="00000000:0F:00.0",
+                  mig_mode=0)  # MIG-capable, mode off: a whole GPU
+    t4 = FakeGPU("GPU-22222222-aaaa-bbbb-cccc-000000000000", name="Tesla T4",
+                 pci_bus_id="00000000:47:00.0")  # no MIG at all: NotSupported
+    return FakeNVML([mig_gpu, off, t4])
+
+
+def test_nvml_inventory_reads_mig_instances():
+    from gpuspawner.inventory.local import read_gpus
+
+    nvml = _mig_nvml()
+    mig_gpu, off, t4 = read_gpus(nvml, numa_ids=[0])
+    assert mig_gpu.mig_enabled and not off.mig_enabled and not t4.mig_enabled
+    assert [(m.uuid[:12], m.profile, m.slices, m.memory_bytes >> 20, m.index, m.gpu)
+            for m in mig_gpu.mig] == [
+        ("MIG-11111111", "3g.40gb", 3, 40192, 0, mig_gpu.uuid),
+        ("MIG-22222222", "1g.10gb", 1, 9856, 2, mig_gpu.uuid),
+        ("MIG-33333333", "2g.20gb", 2, 19968, 3, mig_gpu.uuid),  # from the attributes
+    ]
+    assert (nvml.init_calls, nvml.shutdown_calls) == (1, 1)
+    node = Node("n", (NumaNode(0, (0, 1, 2, 3), 8 * GiB),), (mig_gpu, off, t4))
+    ledger = Ledger([node])
+    assert ledger.reserve(Bundle(cores=1, mig="1g.10gb"), Owner("u")).mig_uuids == [
+        "MIG-22222222-aaaa-bbbb-cccc-000000000000"]
+    assert ledger.reserve(Bundle(cores=1, gpus=2), Owner("v")).gpu_uuids == [off.uuid, t4.uuid]
+
+
+def test_nvml_mig_errors_skip_one_instance_and_bytes_bindings_work():
+    from gpuspawner.inventory.local import read_gpus
+    from tests.nvml_double import NVML_ERROR_GPU_IS_LOST, NVML_ERROR_UNKNOWN
+
+    nvml = _mig_nvml()
+    nvml.return_bytes = True
+    nvml.gpus[0].mig[0].fail["nvmlDeviceGetAttributes"] = NVML_ERROR_UNKNOWN
+    mig_gpu, _off, _t4 = read_gpus(nvml, numa_ids=[0])
+    assert [m.profile for m in mig_gpu.mig] == ["1g.10gb", "2g.20gb"]
+    nvml.gpus[0].fail["nvmlDeviceGetMigMode"] = NVML_ERROR_GPU_IS_LOST
+    assert not read_gpus(nvml, numa_ids=[0])[0].mig_enabled  # logged, taken as off
+
+
+def test_nvml_inventory_dumps_the_mig_layout_as_a_topology_file():
+    import yaml
+
+    from gpuspawner.inventory.local import read_gpus
+    from gpuspawner.inventory.topology import dump_topology, node_from_dict
+
+    node = Node("n", (NumaNode(0, (0, 1), GiB),), read_gpus(_mig_nvml(), numa_ids=[0]))
+    assert node_from_dict(yaml.safe_load(dump_topology(node))) == node
+
+
+@pytest.mark.gpu
+def test_real_nvml_mig():
+    """On a real GPU: every MIG device NVML lists is read, with a MIG- UUID and a profile."""
+    pynvml = pytest.importorskip("pynvml")
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        pytest.skip(f"nvmlInit() failed: {e}")
+    try:
+        expected: dict[str, list[str]] = {}
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            uuid = pynvml.nvmlDeviceGetUUID(h)
+            uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+            try:
+                on = pynvml.nvmlDeviceGetMigMode(h)[0] == pynvml.NVML_DEVICE_MIG_ENABLE
+            except pynvml.NVMLError:
+                on = False
+            expected[uuid] = []
+            if on:
+                for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(h)):
+                    try:
+                        m = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, j)
+                    except pynvml.NVMLError:
+                        continue
+                    u = pynvml.nvmlDeviceGetUUID(m)
+                    expected[uuid].append(u.decode() if isinstance(u, bytes) else u)
+    finally:
+        pynvml.nvmlShutdown()
+    from gpuspawner.inventory.local import read_gpus
+
+    gpus = read_gpus()
+    assert {g.uuid: [m.uuid for m in g.mig] for g in gpus} == expected
+    for g in gpus:
+        for m in g.mig:
+            assert m.uuid.startswith("MIG-") and m.slices >= 1 and m.memory_bytes > 0
+            assert mig_slices(m.profile) >= 1

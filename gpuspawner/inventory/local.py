@@ -36,6 +36,18 @@ a common remote end that is not a GPU (an NVSwitch, as in DGX/HGX systems). Othe
 level of ``nvmlDeviceGetTopologyCommonAncestor``, whose ``nvmlGpuTopologyLevel_t`` values are
 the values of :class:`~gpuspawner.placement.model.GPULink`.
 
+MIG rule (NVML API reference, "Multi Instance GPU Management"): a GPU whose
+``nvmlDeviceGetMigMode`` current mode is ``NVML_DEVICE_MIG_ENABLE`` is MIG-enabled; its MIG
+devices are the handles ``nvmlDeviceGetMigDeviceHandleByIndex(h, i)`` for ``i`` below
+``nvmlDeviceGetMaxMigDeviceCount(h)`` (an empty slot raises NotFound and is skipped). Each is a
+:class:`~gpuspawner.placement.model.MigInstance`: ``nvmlDeviceGetUUID`` (``MIG-...``),
+``nvmlDeviceGetMemoryInfo(m).total`` (bytes), ``nvmlDeviceGetAttributes(m)``
+``.gpuInstanceSliceCount`` (compute slices) and the profile name: the ``<n>g.<m>gb`` part of
+``nvmlDeviceGetName(m)`` (``"NVIDIA A100-SXM4-80GB MIG 1g.10gb"``), else made from the
+attributes (``<gpuInstanceSliceCount>g.<memorySizeMB / 1024, rounded up>gb``, NVIDIA's MIG user
+guide, "MIG Device Names"). NotSupported from ``nvmlDeviceGetMigMode`` (a GPU without MIG) or a
+binding without these functions means no MIG; an error on one MIG device skips that device.
+
 Failure rule: NVML missing or unusable at ``nvmlInit`` (library not found, driver not loaded, no
 permission, ``pynvml`` not importable) means a host without GPUs: zero GPUs, logged at INFO.
 An NVML error for one device logs a warning and skips that device. ``nvmlShutdown`` is always
@@ -53,7 +65,7 @@ from collections.abc import Iterable
 from types import ModuleType
 from typing import Any
 
-from ..placement.model import GPU, GPULink, Node, NumaNode, parse_cpu_list
+from ..placement.model import GPU, GPULink, MigInstance, Node, NumaNode, parse_cpu_list
 
 __all__ = ["gpu_model_alias", "read_gpus", "read_local_node", "read_numa_nodes",
            "sysfs_pci_address"]
@@ -271,6 +283,50 @@ def _nvlink_remotes(nvml: Any, handle: Any) -> set[str]:
     return out
 
 
+_MIG_NAME = re.compile(r"(\d+g\.\d+gb(?:\+[a-z]+)?)", re.IGNORECASE)
+
+
+def read_mig(nvml: ModuleType | Any, handle: Any) -> tuple[bool, tuple[MigInstance, ...]]:
+    """(MIG mode on, its MIG instances) of one GPU handle, by the MIG rule of the module
+    docstring; ``(False, ())`` for a GPU without MIG or a binding without the MIG functions."""
+    try:
+        mode = nvml.nvmlDeviceGetMigMode(handle)[0]
+    except AttributeError:
+        return False, ()
+    except nvml.NVMLError as e:
+        if not isinstance(e, getattr(nvml, "NVMLError_NotSupported", ())):
+            log.warning("nvmlDeviceGetMigMode failed (%s); MIG taken as off", e)
+        return False, ()
+    if mode != getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1):
+        return False, ()
+    try:
+        count = int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))
+    except nvml.NVMLError as e:
+        log.warning("nvmlDeviceGetMaxMigDeviceCount failed (%s); no MIG devices read", e)
+        return True, ()
+    out: list[MigInstance] = []
+    for i in range(count):
+        try:
+            mh = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
+        except nvml.NVMLError as e:
+            if not isinstance(e, getattr(nvml, "NVMLError_NotFound", ())):
+                log.warning("MIG device %d: %s; skipped", i, e)
+            continue
+        try:
+            uuid = _text(nvml.nvmlDeviceGetUUID(mh))
+            memory = int(nvml.nvmlDeviceGetMemoryInfo(mh).total)
+            attrs = nvml.nvmlDeviceGetAttributes(mh)
+            slices = int(attrs.gpuInstanceSliceCount)
+            found = _MIG_NAME.search(_text(nvml.nvmlDeviceGetName(mh)))
+            profile = (found.group(1).lower() if found else
+                       f"{slices}g.{-(-int(attrs.memorySizeMB) // 1024)}gb")
+            out.append(MigInstance(uuid=uuid, profile=profile, memory_bytes=memory,
+                                   slices=slices, index=i))
+        except (nvml.NVMLError, ValueError) as e:
+            log.warning("MIG device %d: NVML error (%s); skipped", i, e)
+    return True, tuple(out)
+
+
 def read_gpus(nvml: ModuleType | Any | None = None, *, sysfs_root: str = "/sys",
               numa_ids: Iterable[int] = (0,)) -> tuple[GPU, ...]:
     """The host's GPUs as NVML reports them, links filled for every pair.
@@ -316,8 +372,10 @@ def read_gpus(nvml: ModuleType | Any | None = None, *, sysfs_root: str = "/sys",
                 memory = int(nvml.nvmlDeviceGetMemoryInfo(handle).total)
                 bus_id = _text(nvml.nvmlDeviceGetPciInfo(handle).busId)
                 numa = _gpu_numa_node(nvml, handle, bus_id, sysfs_root, numa_list)
+                mig_mode, mig = read_mig(nvml, handle)
                 gpu = GPU(uuid=uuid, index=i, model=gpu_model_alias(name),
-                          memory_bytes=memory, pci_bus_id=bus_id, numa_node=numa)
+                          memory_bytes=memory, pci_bus_id=bus_id, numa_node=numa,
+                          mig=mig, mig_mode=mig_mode)
                 dev = _Dev(handle, gpu)
             except (nvml.NVMLError, ValueError) as e:
                 log.warning("GPU %d: NVML error (%s); device skipped", i, e)
@@ -336,7 +394,8 @@ def read_gpus(nvml: ModuleType | Any | None = None, *, sysfs_root: str = "/sys",
             g = d.gpu
             out.append(GPU(uuid=g.uuid, index=g.index, model=g.model,
                            memory_bytes=g.memory_bytes, pci_bus_id=g.pci_bus_id,
-                           numa_node=g.numa_node, links=links, shareable=False))
+                           numa_node=g.numa_node, links=links, shareable=False,
+                           mig=g.mig, mig_mode=g.mig_mode))
         return tuple(out)
     finally:
         try:
