@@ -9,7 +9,9 @@ Subcommands:
   [--numbering {sequential,index}]``: the gres.conf of a Slurm cluster whose nodes the topology
   files describe, one GRES Type per GPU (:mod:`gpuspawner.backends.slurm.gres`), followed by one
   comment line per node, ``# slurm.conf NodeName=NAME Gres=VALUE``, giving the ``Gres=`` value
-  of that node's line in slurm.conf (``scripts/slurm.sh`` reads it from there).
+  of that node's line in slurm.conf (``scripts/slurm.sh`` reads it from there). A MIG-enabled
+  GPU's instances get one line each, ``MultipleFiles=`` from the topology's ``mig[].files``
+  (docs/mig.md).
 * ``gpuspawner health``, ``gpuspawner drain-gpu UUID --reason TEXT``, ``gpuspawner undrain-gpu
   UUID``: GPU health of this host and drains through the hub (:mod:`gpuspawner.health_cli`).
 * ``gpuspawner generate-config [--culler] [-o FILE]``: a commented ``jupyterhub_config.py``
@@ -74,7 +76,7 @@ def _add_inventory(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_slurm_gres(args: argparse.Namespace) -> int:
-    from .backends.slurm.gres import GresError, check_types, gres_conf, node_gres
+    from .backends.slurm.gres import GresError, check_types, gres_conf, gres_devices, node_gres
 
     args.topology = list(args.topology or [])
     if not args.topology and not args.model_topology:
@@ -103,7 +105,7 @@ def _cmd_slurm_gres(args: argparse.Namespace) -> int:
              "AutoDetect=off"]
     try:
         # per-GPU types are cluster-wide
-        check_types(g.uuid for n in nodes if modes[n.name] == "exact" for g in n.gpus)
+        check_types(u for n in nodes if modes[n.name] == "exact" for u, _g, _m in gres_devices(n))
         number = 0
         for node in nodes:
             files = {}

@@ -391,3 +391,104 @@ def test_real_nvml_mig():
         for m in g.mig:
             assert m.uuid.startswith("MIG-") and m.slices >= 1 and m.memory_bytes > 0
             assert mig_slices(m.profile) >= 1
+
+
+# -- Slurm: GRES types for MIG instances, gres.conf, the job's --gres and read-back -------------
+
+MIG_A = "MIG-aaaaaaaa-0000-0000-0000-000000000001"  # 3g.40gb, no device files in the topology
+MIG_B = "MIG-aaaaaaaa-0000-0000-0000-000000000002"  # 1g.10gb, with device files
+WHOLE = "GPU-66666666-2222-3333-4444-555555555555"
+
+
+def _slurm_node():
+    from gpuspawner.inventory.topology import load_topology_file
+
+    return load_topology_file(TOPOLOGIES / "mig-a100.yaml")
+
+
+def test_gres_devices_put_mig_instances_in_place_of_their_gpu():
+    from gpuspawner.backends.slurm.gres import gres_devices
+    from gpuspawner.backends.slurm.job import gpu_positions
+
+    node = _slurm_node()
+    assert [u for u, _g, _m in gres_devices(node)] == [MIG_A, MIG_B, WHOLE]
+    assert gpu_positions(node) == {MIG_A: 0, MIG_B: 1, WHOLE: 2}
+
+
+def test_gres_conf_and_node_gres_for_a_mig_layout():
+    from gpuspawner.backends.slurm.gres import GresError, gres_conf, gres_type, node_gres
+
+    node = _slurm_node()
+    caps = "/dev/nvidia0,/dev/nvidia-caps/nvidia-cap30,/dev/nvidia-caps/nvidia-cap31"
+    lines = gres_conf(node, {MIG_A: caps, WHOLE: "/dev/nvidia1"})
+    assert lines == [
+        f"NodeName=mig1 Name=gpu Type={gres_type(MIG_A)} MultipleFiles={caps} Cores=0-7",
+        f"NodeName=mig1 Name=gpu Type={gres_type(MIG_B)} MultipleFiles=/dev/nvidia0,"
+        "/dev/nvidia-caps/nvidia-cap21,/dev/nvidia-caps/nvidia-cap22 Cores=0-7",
+        f"NodeName=mig1 Name=gpu Type={gres_type(WHOLE)} File=/dev/nvidia1 Cores=0-7",
+    ]
+    assert gres_type(MIG_A) == MIG_A.lower()
+    assert node_gres(node) == (f"gpu:{gres_type(MIG_A)}:1,gpu:{gres_type(MIG_B)}:1,"
+                               f"gpu:{gres_type(WHOLE)}:1")
+    # model mode: the MIG profile is the type (Slurm's own MIG names, AutoDetect=nvml)
+    model = gres_conf(node, {MIG_A: caps, WHOLE: "/dev/nvidia1"}, mode="model")
+    assert [ln.split()[2] for ln in model] == ["Type=3g.40gb", "Type=1g.10gb", "Type=A100"]
+    assert node_gres(node, mode="model") == "gpu:3g.40gb:1,gpu:1g.10gb:1,gpu:A100:1"
+    with pytest.raises(GresError, match=f"MIG instance {MIG_A} has no device files"):
+        gres_conf(node, {WHOLE: "/dev/nvidia1"})
+
+
+def test_cli_slurm_gres_for_a_mig_layout(capsys, tmp_path):
+    from gpuspawner.cli import main
+
+    topo = tmp_path / "mig.yaml"
+    topo.write_text((TOPOLOGIES / "mig-a100.yaml").read_text().replace(
+        "profile: 3g.40gb, memory: 40G}",
+        "profile: 3g.40gb, memory: 40G, files: [/dev/nvidia0, /dev/nvidia-caps/nvidia-cap30]}"))
+    assert main(["slurm-gres", "--topology", str(topo), "--dev-dir", "/dev"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    body = [ln for ln in out if ln.startswith("NodeName=")]
+    assert body[0].startswith(f"NodeName=mig1 Name=gpu Type={MIG_A.lower()} MultipleFiles="
+                              "/dev/nvidia0,/dev/nvidia-caps/nvidia-cap30")
+    assert body[2] == f"NodeName=mig1 Name=gpu Type={WHOLE.lower()} File=/dev/nvidia1 Cores=0-7"
+    assert any(ln.startswith("# slurm.conf NodeName=mig1 Gres=gpu:mig-aaaaaaaa") for ln in out)
+    assert main(["slurm-gres", "--model-topology", str(topo), "--dev-dir", "/dev"]) == 0
+    assert "# slurm.conf NodeName=mig1 Gres=gpu:3g.40gb:1,gpu:1g.10gb:1,gpu:A100:1" in (
+        capsys.readouterr().out)
+    assert main(["slurm-gres", "--topology", str(TOPOLOGIES / "mig-a100.yaml"),
+                 "--dev-dir", "/dev"]) == 1
+    assert "has no device files" in capsys.readouterr().err
+
+
+def test_slurm_job_asks_for_the_booked_instance_and_reads_it_back():
+    from gpuspawner.backends.slurm.commands import parse_job
+    from gpuspawner.backends.slurm.gres import gres_type
+    from gpuspawner.backends.slurm.job import admin_comment, check_readback, plan_job
+    from gpuspawner.backends.spec import launch_spec
+
+    node = _slurm_node()
+    alloc = Ledger([node]).reserve(Bundle(cores=1, memory_bytes=300 << 20, mig="1g.10gb"),
+                                   Owner("ann"))
+
+    def spec(a):
+        return launch_spec(name="jupyter-ann", user="ann", server="", allocation=a, image="x",
+                           cmd=["/opt/jh/bin/jupyterhub-singleuser"], env={}, uid=2001,
+                           gid=2001, port=8888)
+
+    plan = plan_job(spec(alloc), node)
+    assert plan.gres == f"gpu:{gres_type(MIG_B)}:1" and plan.binding
+    assert f"--gres=gpu:{gres_type(MIG_B)}:1" in plan.options
+    with pytest.raises(ValueError, match="gpu_mode 'exact'"):
+        plan_job(spec(alloc), node, mode="model")
+    def job(idx: int):
+        return parse_job(f"""JobId=7 JobName=jupyter-ann
+   UserId=ann(2001) GroupId=ann(2001) MCS_label=N/A
+   JobState=RUNNING Reason=None Dependency=(null)
+   NodeList=mig1
+     Nodes=mig1 CPU_IDs={alloc.cpuset_str()} Mem=300 GRES=gpu:{gres_type(MIG_B)}:1(IDX:{idx})
+   Comment=gpuspawner-port=40001
+   AdminComment={admin_comment(alloc)}
+""")
+
+    assert check_readback(job(1), alloc, node, 300) == []  # IDX 1: the second MIG device
+    assert "(IDX:0)" in "; ".join(check_readback(job(0), alloc, node, 300))

@@ -8,6 +8,15 @@ cores of its NUMA node, so ``--gres-flags=enforce-binding`` gives the job exactl
 
 Everything here is pure: topology in, configuration text out.
 
+MIG: a MIG-enabled GPU has no line of its own; each of its MIG instances is a GRES device of
+name ``gpu`` (Slurm treats MIG devices as GPUs, Slurm's gres.html "MIG Management"), in
+:func:`gres_devices` order. Exact mode gives each instance its own Type from its ``MIG-`` UUID,
+as for GPUs; model mode gives it its profile name (``gpu:1g.10gb:2``), the name the MIG
+devices go by in Slurm's own MIG configuration (``AutoDetect=nvml``, whose detected types
+contain the profile name and are matched by it). A MIG device needs several device files
+(the parent's ``/dev/nvidiaN`` and its ``/dev/nvidia-caps/nvidia-capN`` files), written as
+gres.conf ``MultipleFiles=``; they come from the topology file's ``mig[].files``.
+
 Rules for a Type name (Slurm 22.05 ``src/common/gres.c``, gres.conf(5), slurm.conf(5)):
 
 * ``,`` separates GRES entries and ``:`` separates name, type and count in both the job request
@@ -29,13 +38,14 @@ import re
 import string
 from collections.abc import Iterable, Mapping
 
-from ...placement import GPU, Node
+from ...placement import GPU, MigInstance, Node
 from ...placement.model import format_cpu_list
 
 __all__ = [
     "GresError",
     "check_types",
     "gres_conf",
+    "gres_devices",
     "gres_type",
     "node_gres",
     "slurm_gres_id",
@@ -146,22 +156,48 @@ def _sorted_gpus(node: Node) -> tuple[GPU, ...]:
     return tuple(sorted(node.gpus, key=lambda g: g.index))
 
 
+Device = tuple[str, GPU, "MigInstance | None"]
+
+
+def gres_devices(node: Node) -> tuple[Device, ...]:
+    """The node's GRES devices in gres.conf order, as ``(uuid, gpu, mig instance or None)``:
+    the GPUs by ``index``, a MIG-enabled GPU replaced by its MIG instances by their index
+    (Slurm's ``IDX`` of a device is its position here)."""
+    out: list[Device] = []
+    for g in _sorted_gpus(node):
+        if g.mig_enabled:
+            out.extend((m.uuid, g, m) for m in sorted(g.mig, key=lambda m: (m.index, m.uuid)))
+        else:
+            out.append((g.uuid, g, None))
+    return tuple(out)
+
+
 #: a GPU model usable as a GRES Type (model mode: ``gpu:<model>:N``)
 _MODEL = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
+#: a MIG profile as a GRES Type (``1g.10gb``: not a number for Slurm's ``_is_valid_number``)
+_PROFILE = re.compile(r"^[0-9]g\.[0-9]+gb(\+[a-z]+)?$")
 
 
-def _types(node: Node, gpus: Iterable[GPU], mode: str) -> dict[str, str]:
-    """GRES Type per GPU UUID: its own (exact) or its model (model)."""
-    gpus = list(gpus)
+def _types(node: Node, devices: Iterable[Device], mode: str) -> dict[str, str]:
+    """GRES Type per device UUID: its own (exact) or its model / MIG profile (model)."""
+    devices = list(devices)
     if mode == "exact":
-        return check_types(g.uuid for g in gpus)
+        return check_types(u for u, _g, _m in devices)
     if mode != "model":
         raise GresError(f"mode must be exact or model, got {mode!r}")
-    for g in gpus:
+    out: dict[str, str] = {}
+    for uuid, g, m in devices:
+        if m is not None:
+            if not _PROFILE.match(m.profile):
+                raise GresError(f"node {node.name}: MIG instance {uuid}: profile "
+                                f"{m.profile!r} is no valid GRES Type")
+            out[uuid] = m.profile
+            continue
         if not _MODEL.match(g.model or ""):
             raise GresError(f"node {node.name}: GPU {g.uuid}: model {g.model!r} is no valid "
                             "GRES Type (a letter, then letters, digits, _ . -)")
-    return {g.uuid: g.model for g in gpus}
+        out[uuid] = g.model
+    return out
 
 
 def gres_conf(node: Node, device_files: Mapping[str, str], mode: str = "exact") -> list[str]:
@@ -187,22 +223,43 @@ def gres_conf(node: Node, device_files: Mapping[str, str], mode: str = "exact") 
     ``a100``: a job asks for a count of a model and Slurm picks the devices; the Slurm backend's
     ``gpu_mode = "model"``).
 
+    A MIG instance (module docstring) gets ``MultipleFiles=`` with its device files: the
+    instance's ``files`` (topology ``mig[].files``), else ``device_files[its MIG- UUID]``
+    (comma-separated paths).
+
     Raises:
         GresError: a GPU has no device file, a path is not absolute or holds white space, or
-            the types clash (:func:`check_types`), or a model is no valid Type.
+            the types clash (:func:`check_types`), or a model is no valid Type; a MIG instance
+            without device files.
     """
-    gpus = _sorted_gpus(node)
-    types = _types(node, gpus, mode)
+    devices = gres_devices(node)
+    types = _types(node, devices, mode)
     numa = {n.id: n for n in node.numa_nodes}
     lines = []
-    for g in gpus:
-        path = device_files.get(g.uuid)
-        if not path:
-            raise GresError(f"node {node.name}: GPU {g.uuid} has no device file")
-        if not path.startswith("/") or any(c.isspace() for c in path):
-            raise GresError(f"node {node.name}: device file {path!r} must be an absolute path "
-                            f"without white space (gres.conf File=)")
-        line = f"NodeName={node.name} Name=gpu Type={types[g.uuid]} File={path}"
+    for uuid, g, m in devices:
+        if m is not None:
+            paths = list(m.files) or [p for p in (device_files.get(uuid) or "").split(",") if p]
+            if not paths:
+                raise GresError(f"node {node.name}: MIG instance {uuid} has no device files: "
+                                "list them in the topology file's mig[].files (the GPU's "
+                                "/dev/nvidiaN and the instance's /dev/nvidia-caps/nvidia-capN, "
+                                "see /proc/driver/nvidia-caps/mig-minors), or let slurmd find "
+                                "them (AutoDetect=nvml, docs/mig.md)")
+            for path in paths:
+                if not path.startswith("/") or any(c.isspace() for c in path):
+                    raise GresError(f"node {node.name}: device file {path!r} must be an "
+                                    "absolute path without white space (gres.conf "
+                                    "MultipleFiles=)")
+            line = (f"NodeName={node.name} Name=gpu Type={types[uuid]} "
+                    f"MultipleFiles={','.join(paths)}")
+        else:
+            path = device_files.get(g.uuid)
+            if not path:
+                raise GresError(f"node {node.name}: GPU {g.uuid} has no device file")
+            if not path.startswith("/") or any(c.isspace() for c in path):
+                raise GresError(f"node {node.name}: device file {path!r} must be an absolute "
+                                f"path without white space (gres.conf File=)")
+            line = f"NodeName={node.name} Name=gpu Type={types[g.uuid]} File={path}"
         if g.numa_node is not None and g.numa_node in numa and numa[g.numa_node].cpus:
             line += f" Cores={format_cpu_list(numa[g.numa_node].cpus)}"
         lines.append(line)
@@ -223,11 +280,11 @@ def node_gres(node: Node, mode: str = "exact") -> str:
     Raises:
         GresError: the types clash (:func:`check_types`).
     """
-    gpus = _sorted_gpus(node)
-    if mode == "model":  # one count per model, e.g. gpu:a100:4
+    devices = gres_devices(node)
+    if mode == "model":  # one count per model or MIG profile, e.g. gpu:a100:4,gpu:1g.10gb:2
         counts: dict[str, int] = {}
-        for t in _types(node, gpus, mode).values():
+        for t in _types(node, devices, mode).values():
             counts[t] = counts.get(t, 0) + 1
         return ",".join(f"gpu:{t}:{n}" for t, n in counts.items())
-    types = check_types(g.uuid for g in gpus)
-    return ",".join(f"gpu:{types[g.uuid]}:1" for g in gpus)
+    types = check_types(u for u, _g, _m in devices)
+    return ",".join(f"gpu:{types[u]}:1" for u, _g, _m in devices)

@@ -32,7 +32,7 @@ from ...placement import Allocation, Node
 from ...placement.units import GPU_MILLI
 from ..spec import LaunchSpec
 from .commands import JobInfo
-from .gres import gres_type
+from .gres import gres_devices, gres_type
 
 __all__ = [
     "ADMIN_MARKER",
@@ -84,9 +84,11 @@ def mem_mib(memory_bytes: int) -> int:
 
 
 def gpu_positions(node: Node) -> dict[str, int]:
-    """Each GPU's ``IDX`` as Slurm reports it: its position among the node's GPUs in gres.conf,
-    which :func:`~gpuspawner.backends.slurm.gres.gres_conf` writes in the order of ``index``."""
-    return {g.uuid: i for i, g in enumerate(sorted(node.gpus, key=lambda g: g.index))}
+    """Each GPU's (or MIG instance's) ``IDX`` as Slurm reports it: its position among the
+    node's GRES devices in gres.conf, which :func:`~gpuspawner.backends.slurm.gres.gres_conf`
+    writes in :func:`~gpuspawner.backends.slurm.gres.gres_devices` order (GPUs by ``index``,
+    a MIG-enabled GPU replaced by its instances)."""
+    return {u: i for i, (u, _g, _m) in enumerate(gres_devices(node))}
 
 
 def check_extra_options(options: Sequence[str]) -> None:
@@ -130,15 +132,30 @@ def _gres(alloc: Allocation, node: Node, mode: str) -> tuple[str, bool]:
     only when every GPU sits on one NUMA node: Slurm 22.05 refused two GPUs of different
     sockets with enforce-binding outright (``FAILED BadConstraints``, docs/slurm.md).
 
+    MIG instances (exact mode only): ``gpu:<gres_type(MIG uuid)>:1`` each, bound like GPUs by
+    their parent GPU's NUMA node. Model mode refuses them: there Slurm picks the devices and
+    the ledger adopts its pick, which it can do for whole GPUs only.
+
     Raises:
-        ValueError: a GPU share (milli < 1000), a GPU the node does not have, or a model that
-            is no valid GRES type.
+        ValueError: a GPU share (milli < 1000), a GPU or MIG instance the node does not have,
+            a MIG instance in model mode, or a model that is no valid GRES type.
     """
-    if not alloc.gpus:
+    if not alloc.gpus and not alloc.mig:
         return "", False
     parts: list[str] = []
     numa: set[int | None] = set()
     models: dict[str, int] = {}
+    if alloc.mig:
+        if mode != "exact":
+            raise ValueError("MIG instances need the Slurm backend's gpu_mode 'exact' (one "
+                             "GRES type per device); gpu_mode 'model' lets Slurm pick devices, "
+                             "which the ledger can adopt for whole GPUs only")
+        parents = {m.uuid: g for _u, g, m in gres_devices(node) if m is not None}
+        for inst in alloc.mig:
+            if inst.uuid not in parents:
+                raise ValueError(f"node {node.name} has no MIG instance {inst.uuid}")
+            numa.add(parents[inst.uuid].numa_node)
+            parts.append(f"gpu:{gres_type(inst.uuid)}:1")
     for share in alloc.gpus:
         if share.milli != GPU_MILLI:
             raise ValueError(f"GPU {share.uuid}: a share of {share.milli} milli-GPU cannot be "
@@ -392,7 +409,7 @@ def check_readback(job: JobInfo, alloc: Allocation, node: Node, memory_mb: int,
                             f"allocated cores {alloc.cpuset_str()}")
         pos = gpu_positions(node)
         want: dict[str, tuple[int, ...]] = {}
-        for uuid in alloc.gpu_uuids:
+        for uuid in alloc.device_ids:
             t = gres_type(uuid)
             want[t] = tuple(sorted(want.get(t, ()) + (pos.get(uuid, -1),)))
         got = {t.lower(): i for t, i in gpus.items()}
@@ -402,8 +419,8 @@ def check_readback(job: JobInfo, alloc: Allocation, node: Node, memory_mb: int,
         if len(d.cpu_ids) != len(alloc.cpuset):
             problems.append(f"{len(d.cpu_ids)} CPUs, not {len(alloc.cpuset)}")
         count = sum(len(i) for i in gpus.values())
-        if count != len(alloc.gpus):
-            problems.append(f"{count} GPUs, not {len(alloc.gpus)}")
+        if count != len(alloc.device_ids):
+            problems.append(f"{count} GPUs, not {len(alloc.device_ids)}")
     return problems
 
 
