@@ -415,3 +415,21 @@ def test_a_job_that_ends_while_the_hub_is_down_completes(hub, engine):
     assert done["state"] == "completed" and done["exit_code"] == 0, done
     assert u.call("GET", f"api/jobs/{job['id']}/output").status_code == 200
     wait_until(lambda: released(hub, engine, "jb-down"), 30, 0.3, "released")
+
+
+def test_a_waiting_job_keeps_its_place_across_a_hub_restart(hub, engine):
+    u = User(hub, "jb-wait")
+    first = u.submit(notebook("import time\ntime.sleep(15)"), profile="tiny", name="holder")
+    u.wait_state(first["id"], ("running",), 90)
+    second = u.submit(notebook("print('next')"), profile="tiny", name="next")
+    assert u.wait_state(second["id"], ("waiting",), 30)["queue_position"] == [1, 1]
+    hub.stop()
+    hub.start()
+    # the restored queue entry is the job's again (not spawned as a server), still first
+    again = u.job(second["id"])
+    assert again["state"] == "waiting" and again["queue_position"] == [1, 1], again
+    assert "spawning " + f"jb-wait/job/{second['id']}" not in hub.tail(400)
+    for job in (first, second):
+        done = u.wait_state(job["id"], ("completed", "failed", "lost", "cancelled"), 90)
+        assert done["state"] == "completed", done
+    wait_until(lambda: released(hub, engine, "jb-wait"), 30, 0.3, "released")
