@@ -121,6 +121,11 @@ ALLOCATION = {
         "gpus": {"type": "array", "items": {"type": "object", "required": ["uuid", "milli"],
                                             "properties": {"uuid": _STR, "milli": _INT}}},
         "cpuset": {"type": "array", "items": _INT},
+        "mig": {"type": "array", "description": "MIG instances held (only when any; each "
+                "counts slices / 7 * 1000 in gpu_milli)",
+                "items": {"type": "object", "required": ["uuid", "gpu", "profile", "slices"],
+                          "properties": {"uuid": _STR, "gpu": _STR, "profile": _STR,
+                                         "slices": _INT}}},
         "mems": {"type": "array", "items": _INT},
         "memory_bytes": _INT,
         "memory_by_numa": {"type": "object", "additionalProperties": _INT},
