@@ -277,3 +277,34 @@ def test_a_version_1_database_is_brought_up(tmp_path):
     assert store.session.execute(sqlalchemy.text(
         "SELECT version FROM gpuspawner_jobs_schema")).scalar() == SCHEMA_VERSION == 2
     assert store.list() == []
+
+
+async def test_the_restore_leaves_a_jobs_allocation_to_the_job_runner():
+    """A restored allocation whose owner is no hub server is released and its container
+    removed, unless it is a job's (owner server job/<id>: the job runner adopts it)."""
+    from gpuspawner.backends.base import Backend, Managed, NodeRuntime
+    from gpuspawner.hub.cluster import Cluster
+    from gpuspawner.placement import Bundle, Ledger, Owner
+    from tests.factories import make_node
+
+    node = make_node("n1")
+    scratch = Ledger([node], policy="first-fit")
+    job = scratch.reserve(Bundle(cores=1), Owner("jb-u", job_server("a" * 32)))
+    server = scratch.reserve(Bundle(cores=1), Owner("jb-u", "gone"))
+
+    class Found(Backend):
+        removed: list[str] = []
+
+        async def list_managed(self) -> list[Managed]:
+            return [Managed("n1", job.to_json(), "c-job"), Managed("n1", server.to_json(),
+                                                                    "c-server")]
+
+        async def remove_managed(self, found: Managed) -> None:
+            self.removed.append(found.handle)
+
+    backend = Found()
+    backend.bind({"n1": NodeRuntime("n1", "127.0.0.1", "test", node)})
+    c = Cluster({"n1": backend.nodes["n1"]}, Ledger([node], policy="first-fit"), backend)
+    await c.ensure_restored(lambda user, srv: False)  # no hub server exists
+    assert backend.removed == ["c-server"]
+    assert [a.id for a in c.ledger.allocations()] == [job.id]
