@@ -492,3 +492,37 @@ def test_slurm_job_asks_for_the_booked_instance_and_reads_it_back():
 
     assert check_readback(job(1), alloc, node, 300) == []  # IDX 1: the second MIG device
     assert "(IDX:0)" in "; ".join(check_readback(job(0), alloc, node, 300))
+
+
+# -- what people see: the spawn form's cards, the queue's words, the metrics' milli-GPU ---------
+
+def test_form_cards_and_queue_words_for_a_mig_profile():
+    from gpuspawner.hub.form import profile_cards, resources_line
+    from gpuspawner.hub.profiles import load_profiles
+    from gpuspawner.placement.queue import QueueEntry, WaitQueue
+
+    node = mig_node("b", [["1g.10gb", "1g.10gb", "3g.40gb"]], plain=1)
+    ledger = Ledger([node])
+    small, big, none = load_profiles([
+        {"slug": "small", "mig": "1g.10gb", "queue": False},
+        {"slug": "big", "mig": "3g.40gb", "mig_count": 2},
+        {"slug": "none", "mig": "7g.80gb"}])
+    assert resources_line(small.bundle, ledger.nodes) == "1 x MIG 1g.10gb · 1 core"
+    ledger.reserve(Bundle(cores=1, mig="1g.10gb"), Owner("x"))
+    cards = {c["slug"]: c for c in profile_cards([small, big, none], ledger, "u", [])}
+    assert cards["small"]["availability"] == "1 of 2 MIG 1g.10gb free now"
+    assert cards["small"]["free"] and cards["small"]["available"]
+    assert cards["big"]["never"] and cards["big"]["reason"] == "larger than any node of this hub"
+    assert cards["none"]["reason"] == "no MIG 7g.80gb instance on this hub"
+    assert ledger.free_gpus() == (1, 1)  # the whole GPU only: MIG GPUs are not whole GPUs
+    entry = QueueEntry(id="e", owner=Owner("u"), bundle=small.bundle)
+    assert WaitQueue(ledger).gpus_wanted(entry) == "1 x MIG 1g.10gb"
+
+
+def test_gpu_milli_allocated_counts_booked_instances():
+    ledger = Ledger([mig_node("b", [["1g.10gb", "3g.40gb"]], plain=1)])
+    assert ledger.gpu_milli_allocated() == 0
+    ledger.reserve(Bundle(cores=1, mig="3g.40gb"), Owner("u"))
+    ledger.reserve(Bundle(cores=1, gpus=1, numa_policy="none"), Owner("v"))
+    assert ledger.gpu_milli_allocated() == 429 + 1000
+    assert ledger.gpu_milli_capacity() == 2000

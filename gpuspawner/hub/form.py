@@ -53,7 +53,10 @@ def resources_line(bundle: Bundle, nodes: Sequence[Node] = ()) -> str:
         sizes = sorted({g.memory_bytes for g in matching if g.memory_bytes})
         mem = "/".join(gpu_memory_text(m).removesuffix(" GB") for m in sizes)
         what = " ".join(x for x in (model, f"{mem} GB" if mem else "") if x)
-        if bundle.gpus:
+        if bundle.mig:
+            on = f" on {model}" if model else ""
+            parts.append(f"{bundle.mig_count} x MIG {bundle.mig}{on}")
+        elif bundle.gpus:
             parts.append(f"{bundle.gpus} x {what}" if what else plural(bundle.gpus, "GPU"))
         else:
             share = share_words(bundle.gpu_milli)
@@ -82,12 +85,18 @@ def never_reason(profile: Profile, nodes: Sequence[Node]) -> str:
             return f"no {models} on this hub"
         if b.gpu_milli and not any(g.shareable for g in matching):
             return f"no shared {models} on this hub"
+        if b.mig and not any(m.profile == b.mig for g in matching for m in g.mig):
+            return f"no MIG {b.mig} instance on this hub"
     for n in usable:
         gpus = _matching_gpus([n], b)
         if b.gpu_milli:
             gpus = [g for g in gpus if g.shareable][:1]
+        if b.mig:  # MIG instances of the profile count as the devices
+            gpus = [g for g in gpus for m in g.mig if m.profile == b.mig]
+        elif b.gpus:
+            gpus = [g for g in gpus if not g.mig_enabled]
         if (n.cpu_count >= b.cores and n.memory_bytes >= b.memory_bytes
-                and len(gpus) >= (b.gpus or (1 if b.gpu_milli else 0))):
+                and len(gpus) >= (b.gpus or (1 if b.gpu_milli else b.mig_units))):
             return ""
     return "larger than any node of this hub"
 
@@ -121,8 +130,8 @@ def profile_cards(profiles: Sequence[Profile], ledger: Ledger, user: str,
                                 "queue": p.queue, "waits": False}
         never = never_reason(p, nodes)
         if b.total_gpu_milli:
-            free, total = ledger.free_gpus(b.gpu_models, p.nodes)
-            models = "/".join(b.gpu_models) or "GPU"
+            free, total = ledger.free_gpus(b.gpu_models, p.nodes, b.mig)
+            models = f"MIG {b.mig}" if b.mig else "/".join(b.gpu_models) or "GPU"
             if total:
                 card["availability"] = f"{free} of {plural(total, models, models)} free now"
         if never:

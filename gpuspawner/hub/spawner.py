@@ -178,8 +178,9 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
         text = f"waiting: position {position} of {length} for {wants}"
         b = entry.bundle
         if b.total_gpu_milli:
-            free, total = self.cluster.ledger.free_gpus(b.gpu_models, entry.nodes)
-            models = "/".join(b.gpu_models) if b.gpu_models else "GPUs"
+            free, total = self.cluster.ledger.free_gpus(b.gpu_models, entry.nodes, b.mig)
+            models = (f"MIG {b.mig}" if b.mig else
+                      "/".join(b.gpu_models) if b.gpu_models else "GPUs")
             text += f"; {free} of {total} {models} free now"
         text += "; you keep your place until a server stops (the stop button cancels)"
         if not self._events or self._events[-1]["message"] != text:

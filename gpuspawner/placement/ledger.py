@@ -377,16 +377,24 @@ class Ledger:
         return sum(len(st.gpu_used) for st in self._c.states) * GPU_MILLI
 
     def gpu_milli_allocated(self) -> int:
-        """Milli-GPU booked now."""
+        """Milli-GPU booked now (a MIG-enabled GPU counts its booked instances'
+        :func:`~.model.mig_milli`, not the 1000 its NodeState holds against whole-GPU use)."""
         with self._lock:
             held = sum(d[2] for d in self._drained.values())
-            return sum(sum(st.gpu_used.values()) for st in self._c.states) - held
+            total = 0
+            for st in self._c.states:
+                total += sum(st.gpu_used.values())
+                if st.mig_by_uuid or any(g.mig_mode for g in st.node.gpus):
+                    total -= sum(GPU_MILLI for g in st.node.gpus if g.mig_enabled)
+                    total += sum(st.mig_by_uuid[u].milli for u in st.mig_used)
+            return total - held
 
     def free_gpus(self, models: Iterable[str] = (),
-                  nodes: Iterable[str] = ()) -> tuple[int, int]:
+                  nodes: Iterable[str] = (), mig: str = "") -> tuple[int, int]:
         """(untouched GPUs, all GPUs) of the given models (empty = any) on the given nodes
         (a profile's node selector; empty = all nodes); what the spawn form and a waiting
-        spawn's progress show as "3 of 8 A100 free now"."""
+        spawn's progress show as "3 of 8 A100 free now". With ``mig`` (a MIG profile name):
+        (free, all) MIG instances of that profile on GPUs of those models instead."""
         probe = Bundle(cores=0, gpus=1, gpu_models=tuple(models))
         only = set(nodes)
         free = total = 0
@@ -395,7 +403,14 @@ class Ledger:
                 if only and st.node.name not in only:
                     continue
                 for g in st.node.gpus:
-                    if model_allowed(g, probe):
+                    if not model_allowed(g, probe):
+                        continue
+                    if mig:
+                        for m in g.mig:
+                            if m.profile == mig:
+                                total += 1
+                                free += m.uuid not in st.mig_used
+                    elif not g.mig_enabled:
                         total += 1
                         free += st.gpu_used[g.uuid] == 0
         return free, total

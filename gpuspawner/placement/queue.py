@@ -405,12 +405,14 @@ class WaitQueue:
         return gone
 
     def gpus_wanted(self, entry: QueueEntry) -> str:
-        """What the entry waits for in words, e.g. ``"2 x A100"`` or ``"0.25 GPU"``; "" for
-        no GPU."""
+        """What the entry waits for in words, e.g. ``"2 x A100"``, ``"0.25 GPU"`` or
+        ``"1 x MIG 1g.10gb"``; "" for no GPU."""
         b = entry.bundle
         models = "|".join(b.gpu_models) if b.gpu_models else "GPU"
         if b.gpus:
             return f"{b.gpus} x {models}"
         if b.gpu_milli:
             return f"{b.gpu_milli / GPU_MILLI:g} {models}"
+        if b.mig:
+            return f"{b.mig_count} x MIG {b.mig}"
         return ""
