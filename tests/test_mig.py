@@ -526,3 +526,21 @@ def test_gpu_milli_allocated_counts_booked_instances():
     ledger.reserve(Bundle(cores=1, gpus=1, numa_policy="none"), Owner("v"))
     assert ledger.gpu_milli_allocated() == 429 + 1000
     assert ledger.gpu_milli_capacity() == 2000
+
+
+def test_a_drained_mig_gpu_offers_none_of_its_instances():
+    ledger = Ledger([mig_node("b", [["1g.10gb", "1g.10gb"], ["1g.10gb"]], numa=1)])
+    running = ledger.reserve(Bundle(cores=1, mig="1g.10gb"), Owner("u"))
+    assert running.mig[0].gpu == "GPU-b-01"  # best fit: the GPU with fewer free slices
+    assert ledger.drain_gpu("GPU-b-00", "XID 79") == "b"
+    with pytest.raises(PlacementRefused):  # GPU 0's two free instances are drained
+        ledger.reserve(Bundle(cores=1, mig="1g.10gb"), Owner("v"))
+    assert ledger.free_gpus(mig="1g.10gb") == (0, 3)
+    ledger.release(running.id)
+    assert ledger.free_gpus(mig="1g.10gb") == (1, 3)
+    assert ledger.capacity_refusal(Bundle(cores=1, mig="1g.10gb", mig_count=2)) is not None
+    with pytest.raises(KeyError, match="MIG instance; drain its GPU GPU-b-01"):
+        ledger.drain_gpu(running.mig[0].uuid, "x")
+    ledger.undrain_gpu("GPU-b-00")
+    assert ledger.free_gpus(mig="1g.10gb") == (3, 3)
+    assert ledger.reserve(Bundle(cores=1, mig="1g.10gb", mig_count=2), Owner("w")).mig

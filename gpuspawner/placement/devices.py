@@ -112,14 +112,14 @@ def mig_candidates(state: NodeState, bundle: Bundle,
     """Free MIG instances of the bundle's profile on the given NUMA nodes, on parent GPUs of an
     allowed model, best fit first (rule 5): the parent with the fewest free slices, then the
     parent's index, then the instance's index and UUID."""
-    used = state.mig_used
+    free = state.mig_free
     out = [m for nid in numa_ids for m in state.mig_by_numa[nid]
-           if m.profile == bundle.mig and m.uuid not in used
+           if m.profile == bundle.mig and free(m)
            and model_allowed(state.gpu_by_uuid[m.gpu], bundle)]
     if len(out) > 1:
         free_slices: dict[str, int] = {}
         for m in state.mig_by_uuid.values():
-            if m.uuid not in used:
+            if free(m):
                 free_slices[m.gpu] = free_slices.get(m.gpu, 0) + m.slices
         out.sort(key=lambda m: (free_slices[m.gpu], state.gpu_by_uuid[m.gpu].index, m.gpu,
                                 m.index, m.uuid))
@@ -381,8 +381,7 @@ def _gpus_fit(state: NodeState, bundle: Bundle, gpus: tuple[GPU, ...]) -> bool:
         n = 0
         for g in gpus:
             if g.mig and model_allowed(g, bundle):
-                n += sum(1 for m in g.mig
-                         if m.profile == bundle.mig and m.uuid not in state.mig_used)
+                n += sum(1 for m in g.mig if m.profile == bundle.mig and state.mig_free(m))
         return n >= bundle.mig_count
     if bundle.gpus:
         n = 0

@@ -280,6 +280,8 @@ class Ledger:
             fresh = NodeState(st.node, order=st.order)
             for u in drained:
                 fresh.gpu_used[u] = GPU_MILLI
+                if fresh.gpu_by_uuid[u].mig_enabled:
+                    fresh.mig_drained.add(u)
             fresh.refresh_signature()
             cache[key] = fresh
         return cache[key]
@@ -409,7 +411,7 @@ class Ledger:
                         for m in g.mig:
                             if m.profile == mig:
                                 total += 1
-                                free += m.uuid not in st.mig_used
+                                free += st.mig_free(m)
                     elif not g.mig_enabled:
                         total += 1
                         free += st.gpu_used[g.uuid] == 0
@@ -790,17 +792,26 @@ class Ledger:
         it; allocations already on it keep running and what they give back is held too.
         Returns the GPU's node. Draining a drained GPU updates the reason.
 
+        A MIG-enabled GPU drained offers none of its MIG instances (those in use keep running).
+
         Raises:
-            KeyError: no node has that GPU.
+            KeyError: no node has that GPU (a MIG instance's UUID: the message names its GPU,
+                which is what is drained).
         """
         with self._lock:
             st = next((s for s in self._c.states if uuid in s.gpu_used), None)
             if st is None:
+                parent = next((s.mig_by_uuid[uuid].gpu for s in self._c.states
+                               if uuid in s.mig_by_uuid), None)
+                if parent is not None:
+                    raise KeyError(f"{uuid} is a MIG instance; drain its GPU {parent}")
                 raise KeyError(f"no node has GPU {uuid}")
             if uuid in self._drained:
                 self._drained[uuid][1] = reason
                 return st.name
             old = self._bucket_key(st)
+            if st.gpu_by_uuid[uuid].mig_enabled:
+                st.mig_drained.add(uuid)
             free = GPU_MILLI - st.gpu_used[uuid]
             st.gpu_used[uuid] += free
             self._drained[uuid] = [st.name, reason, free]
@@ -816,6 +827,7 @@ class Ledger:
                 return
             st = self._by_name[entry[0]]
             old = self._bucket_key(st)
+            st.mig_drained.discard(uuid)
             st.gpu_used[uuid] -= entry[2]
             st.refresh_signature()
             self._rebucket(st, old, grew=True)
@@ -878,7 +890,7 @@ def _gpu_free(st: NodeState, bundle: Bundle, strict: bool) -> int:
     bundle when ``strict``), or for a share the most free milli-GPU of one shareable GPU."""
     if bundle.mig:
         per = [sum(1 for m in st.mig_by_numa[n] if m.profile == bundle.mig
-                   and m.uuid not in st.mig_used and model_allowed(st.gpu_by_uuid[m.gpu], bundle))
+                   and st.mig_free(m) and model_allowed(st.gpu_by_uuid[m.gpu], bundle))
                for n in st.numa_ids]
         if not strict:
             return sum(per)

@@ -51,12 +51,13 @@ class NodeState:
 
     MIG: a GPU with MIG mode on counts as fully used in ``gpu_used`` (1000 milli-GPU, so no
     whole-GPU or share placement, fragmentation signature or free-GPU count sees it as free);
-    its instances are booked by UUID in ``mig_used``, each whole.
+    its instances are booked by UUID in ``mig_used``, each whole; a drained MIG-enabled GPU
+    (``mig_drained``) offers none of its instances.
     """
 
     __slots__ = ("node", "numa_ids", "free_cpus", "free_mem", "gpu_used", "free_disk",
                  "gpus_by_numa", "gpu_numa", "gpu_by_uuid", "sig", "allocation_ids", "order",
-                 "cpu_numa", "cache", "mig_by_uuid", "mig_used", "mig_by_numa")
+                 "cpu_numa", "cache", "mig_by_uuid", "mig_used", "mig_by_numa", "mig_drained")
 
     def __init__(self, node: Node, order: int = 0) -> None:
         self.node = node
@@ -81,6 +82,8 @@ class NodeState:
         #: MIG instances by ``MIG-`` UUID, the booked ones, and per NUMA node (parent's order)
         self.mig_by_uuid: dict[str, MigInstance] = {m.uuid: m for g in node.gpus for m in g.mig}
         self.mig_used: set[str] = set()
+        #: MIG-enabled GPUs that are drained: none of their instances is placed
+        self.mig_drained: set[str] = set()
         self.mig_by_numa: dict[int, tuple[MigInstance, ...]] = {
             nid: tuple(m for g in self.gpus_by_numa[nid] for m in g.mig)
             for nid in self.numa_ids
@@ -113,14 +116,19 @@ class NodeState:
         """Free milli-GPU summed over the node's GPUs."""
         return len(self.gpu_used) * GPU_MILLI - sum(self.gpu_used.values())
 
+    def mig_free(self, m: MigInstance) -> bool:
+        """True when MIG instance ``m`` of this node may be placed now: not booked, its GPU
+        not drained."""
+        return m.uuid not in self.mig_used and m.gpu not in self.mig_drained
+
     def free_mig(self, profile: str) -> int:
         """Free MIG instances of ``profile`` on the node."""
         return sum(1 for m in self.mig_by_uuid.values()
-                   if m.profile == profile and m.uuid not in self.mig_used)
+                   if m.profile == profile and self.mig_free(m))
 
     def free_mig_slices(self) -> int:
         """Compute slices of the node's free MIG instances."""
-        return sum(m.slices for m in self.mig_by_uuid.values() if m.uuid not in self.mig_used)
+        return sum(m.slices for m in self.mig_by_uuid.values() if self.mig_free(m))
 
     def refresh_signature(self) -> None:
         """Recompute :attr:`sig`, the node's GPU state as the fragmentation measure sees it: per
