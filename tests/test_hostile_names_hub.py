@@ -302,10 +302,8 @@ def test_a_new_name_equal_to_another_users_0x_home_does_not_get_it(hub, engine):
 @pytest.mark.docker
 @pytest.mark.hub
 def test_with_distinct_uids_the_0x_home_of_another_uid_is_refused(hub, engine):
-    """The same attack where uids differ (uid_map; LDAP's uidNumber alike): 409, the victim's
-    0.x folder untouched, no container."""
-    from tests.test_hub_e2e import containers_of
-
+    """The same attack where uids differ (uid_map; LDAP's uidNumber alike): the attacker
+    gets a home of its own, the victim's 0.x folder stays untouched."""
     victim, attacker = UID_VICTIM, UID_ATTACKER
     folder = homes(hub) / legacy_safe_name(victim)
     assert escape_name(attacker) == folder.name != safe_name(attacker)
