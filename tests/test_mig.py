@@ -1,4 +1,4 @@
-"""MIG instances as a device kind (issue 24 item 5): the model, the device level, the policies,
+"""MIG instances as a device kind: the model, the device level, the policies,
 the ledger's bookings, JSON round trip and restore, quotas. Pure placement, no I/O."""
 
 from __future__ import annotations
