@@ -1,5 +1,6 @@
 """MIG instances as a device kind: the model, the device level, the policies,
-the ledger's bookings, JSON round trip and restore, quotas. Pure placement, no I/O."""
+the ledger's bookings, JSON round trip and restore, quotas; topology files, NVML inventory
+(through the NVML test double), the Docker and Slurm backends, the form and progress words."""
 
 from __future__ import annotations
 
@@ -544,3 +545,13 @@ def test_a_drained_mig_gpu_offers_none_of_its_instances():
     ledger.undrain_gpu("GPU-b-00")
     assert ledger.free_gpus(mig="1g.10gb") == (3, 3)
     assert ledger.reserve(Bundle(cores=1, mig="1g.10gb", mig_count=2), Owner("w")).mig
+
+
+def test_progress_names_the_mig_instances():
+    from gpuspawner.hub.progress import placement_message
+
+    node = mig_node("b", [["1g.10gb", "1g.10gb"]], numa=1)
+    a = Ledger([node]).reserve(Bundle(cores=2, memory_bytes=GiB, mig="1g.10gb", mig_count=2),
+                               Owner("u"))
+    assert placement_message(a, node) == "2 x MIG 1g.10gb (A100 GPU 0), 2 cores, 1 GiB memory"
+    assert placement_message(a).startswith("2 x MIG 1g.10gb, 2 cores")

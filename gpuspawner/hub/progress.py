@@ -25,7 +25,8 @@ def placement_message(alloc: Allocation, node: Node | None = None, *,
                       show_node: bool = False) -> str:
     """Where a server was placed, in the words of the spawn form, for the progress page, e.g.
     ``"1 x A100 80 GB (GPU 3), 8 cores on NUMA node 1, 64 GiB memory"``; a share reads
-    ``"¼ of a shared T4 16 GB (GPU 0), ..."``. ``node`` (the allocation's node) gives GPU models,
+    ``"¼ of a shared T4 16 GB (GPU 0), ..."``, MIG instances ``"1 x MIG 1g.10gb (A100 GPU 0),
+    ..."``. ``node`` (the allocation's node) gives GPU models,
     memory and indices, and whether NUMA is worth naming (a node with one NUMA node: not);
     without it GPUs are counted only. ``show_node`` appends ``" on node <name>"`` (hubs with
     several nodes). A placement that spilt across NUMA nodes ends with the ledger's note."""
@@ -53,6 +54,18 @@ def placement_message(alloc: Allocation, node: Node | None = None, *,
         else:
             n = len(alloc.gpus)
             parts.append((f"{n} x {what}" if what else plural(n, "GPU")) + where)
+    if alloc.mig:  # e.g. "2 x MIG 1g.10gb (A100 GPU 0)"
+        profiles = sorted({m.profile for m in alloc.mig})
+        on = []
+        for gpu_uuid in dict.fromkeys(m.gpu for m in alloc.mig):
+            try:
+                g = node.gpu(gpu_uuid) if node is not None else None
+            except KeyError:
+                g = None
+            if g is not None:
+                on.append(f"{g.model} GPU {g.index}".strip())
+        parts.append(f"{len(alloc.mig)} x MIG {'/'.join(profiles)}"
+                     + (f" ({', '.join(on)})" if on else ""))
     cores = plural(len(alloc.cpuset), "core")
     if node is None or len(node.numa_nodes) > 1:
         mems = list(alloc.mems)
