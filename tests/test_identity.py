@@ -191,3 +191,15 @@ def test_a_0x_home_moves_only_when_it_is_the_users(tmp_path):
     home.rmdir()
     assert ensure_home(str(home), 4001, 4001, legacy=str(legacy)) == "moved"
     assert (home / "work.ipynb").exists() and not legacy.exists()
+
+
+@needs_root
+def test_servers_of_one_user_starting_together_share_the_new_home(tmp_path):
+    """Two named servers of one user spawn at once: both see their home, neither fails on
+    the other's mkdir (a CI failure on Slurm before the fix: "cannot make the home")."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    home = tmp_path / "alice"
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: ensure_home(str(home), 4001, 4001), range(16)))
+    assert results.count("made") == 1 and set(results) == {"made", "kept"}

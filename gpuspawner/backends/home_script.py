@@ -42,11 +42,19 @@ def prepare(path: str, uid: int, gid: int, legacy: str | None = None,
     if not os.path.isdir(parent):
         return {"error": NO_PARENT, "parent": parent}
     if legacy and legacy != path and _folder_of(legacy, uid) == (True, uid):
-        os.rename(legacy, path)
+        try:
+            os.rename(legacy, path)
+        except OSError:
+            if not os.path.lexists(path):
+                raise
+            return prepare(path, uid, gid, None, create)  # moved by a concurrent spawn
         return {"result": "moved"}
     if not create:
         return {"result": "absent"}
-    os.mkdir(path, 0o700)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:  # another server of the same user made it meanwhile
+        return prepare(path, uid, gid, None, create)
     os.chown(path, uid, gid)
     return {"result": "made"}
 

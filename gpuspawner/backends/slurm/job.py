@@ -251,10 +251,11 @@ def home_lines(spec: LaunchSpec) -> list[str]:
     if legacy and legacy != home:
         lines += [f"  gps_legacy={q(legacy)}",
                   '  if [ -d "$gps_legacy" ] && [ ! -L "$gps_legacy" ] && [ -O "$gps_legacy" ];'
-                  ' then mv -T -- "$gps_legacy" "$gps_home"; fi']
+                  ' then mv -T -- "$gps_legacy" "$gps_home" 2>/dev/null || true; fi']
     lines += [
-        '  [ -e "$gps_home" ] || mkdir -m 0700 -- "$gps_home" || { echo "gpuspawner: node'
-        ' $gps_node: cannot make the home $gps_home" >&2; exit 73; }',
+        # another server of the same user may make it at the same time: that is fine
+        '  mkdir -m 0700 -- "$gps_home" 2>/dev/null || [ -d "$gps_home" ] || { echo'
+        ' "gpuspawner: node $gps_node: cannot make the home $gps_home" >&2; exit 73; }',
         "fi",
         'if [ -L "$gps_home" ] || [ ! -d "$gps_home" ] || [ ! -O "$gps_home" ]; then',
         '  echo "gpuspawner: node $gps_node: home $gps_home belongs to uid'
