@@ -23,7 +23,7 @@ import yaml
 docker = pytest.importorskip("docker")
 
 from tests.hubrunner import Hub, free_port  # noqa: E402
-from tests.test_hub_e2e import _engine, containers_of  # noqa: E402
+from tests.test_hub_e2e import _engine, containers_of, remove_objects_of  # noqa: E402
 from tests.waiting import wait_until  # noqa: E402
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
@@ -68,14 +68,7 @@ def hub(engine, tmp_path_factory):
     h.start()
     yield h
     h.stop()
-    for user in USERS:
-        for c in engine.containers(all=True, filters={"label": f"gpuspawner.user={user}"}):
-            engine.remove_container(c["Id"], force=True)
-        for n in engine.networks(filters={"label": f"gpuspawner.user={user}"}):
-            try:
-                engine.remove_network(n["Id"])
-            except docker.errors.APIError:
-                pass
+    remove_objects_of(engine, USERS)
 
 
 def culls(hub: Hub) -> list[dict]:

@@ -195,6 +195,23 @@ HEALTH_TRAITS = ("state_dir", "gpu_drains_file", "gpu_health_interval", "gpu_hea
                  "gpu_health_max_uncorrected_ecc", "gpu_health_max_retired_pages")
 
 
+def spawner_values(app: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    """The hub spawner class's trait values ``names`` from the hub application's
+    configuration, as traitlets resolves them for that class: the sections of its MRO, the
+    most derived last, over the traits' defaults. For code in the hub process that is no
+    spawner (the REST service, notebook jobs)."""
+    cls = app.spawner_class
+    traits = cls.class_traits()
+    values: dict[str, Any] = {name: traits[name].default() for name in names}
+    for klass in reversed(cls.mro()):
+        section = klass.__name__
+        if section in app.config:
+            for name in values:
+                if name in app.config[section]:
+                    values[name] = app.config[section][name]
+    return values
+
+
 def hub_db_url() -> str | None:
     """The running hub's ``db_url``, or None outside a hub."""
     try:

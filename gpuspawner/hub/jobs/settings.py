@@ -10,6 +10,7 @@ from traitlets import Bool, Dict, Float, Int, TraitError, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
 from ...jobs.model import Limits
+from ..settings import spawner_values as hub_spawner_values
 
 #: the jobs database's file in the state folder (GPUSpawner.state_dir)
 JOBS_DB_FILE = "gpuspawner-jobs.sqlite"
@@ -88,16 +89,6 @@ SPAWNER_TRAITS = ("nodes", "placement_policy", "quotas", "profiles", "backend", 
 
 
 def spawner_values(app: Any, names: tuple[str, ...] = SPAWNER_TRAITS) -> dict[str, Any]:
-    """The hub spawner class's trait values ``names`` from the hub's configuration: the
-    sections of the class's MRO, the most derived last, over the traits' defaults (as
-    :func:`gpuspawner.hub.service.app.hub_cluster` reads them)."""
-    cls = app.spawner_class
-    traits = cls.class_traits()
-    values: dict[str, Any] = {name: traits[name].default() for name in names}
-    for klass in reversed(cls.mro()):
-        section = klass.__name__
-        if section in app.config:
-            for name in values:
-                if name in app.config[section]:
-                    values[name] = app.config[section][name]
-    return values
+    """The hub spawner class's trait values a job reads (``names``,
+    :func:`gpuspawner.hub.settings.spawner_values`)."""
+    return hub_spawner_values(app, names)

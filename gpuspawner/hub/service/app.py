@@ -87,7 +87,13 @@ def hub_cluster() -> Cluster:
         web.HTTPError(503): the hub does not use GPUSpawner.
     """
     from ..runtime import hub_runtime
-    from ..settings import HEALTH_TRAITS, QUEUE_TRAITS, health_settings, queue_settings
+    from ..settings import (
+        HEALTH_TRAITS,
+        QUEUE_TRAITS,
+        health_settings,
+        queue_settings,
+        spawner_values,
+    )
     from ..spawner import GPUSpawner
 
     app = _hub_app()
@@ -97,16 +103,8 @@ def hub_cluster() -> Cluster:
     cls = app.spawner_class
     if not (isinstance(cls, type) and issubclass(cls, GPUSpawner)):
         raise web.HTTPError(503, f"the hub's spawner_class is {cls!r}, not a GPUSpawner")
-    traits = cls.class_traits()
-    names = ("nodes", "placement_policy", "quotas", "profiles", "backend", *HEALTH_TRAITS,
-             *QUEUE_TRAITS)
-    values: dict[str, Any] = {name: traits[name].default() for name in names}
-    for klass in reversed(cls.mro()):
-        section = klass.__name__
-        if section in app.config:
-            for name in values:
-                if name in app.config[section]:
-                    values[name] = app.config[section][name]
+    values = spawner_values(app, ("nodes", "placement_policy", "quotas", "profiles", "backend",
+                                  *HEALTH_TRAITS, *QUEUE_TRAITS))
     return get_cluster(values["nodes"], values["placement_policy"], values["quotas"],
                        values["profiles"], values["backend"], app.config,
                        health=lambda: health_settings(values, str(app.db_url)),
