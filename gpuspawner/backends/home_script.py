@@ -9,6 +9,7 @@ import json
 import os
 import stat
 import sys
+import time
 from typing import Any
 
 #: keys of a failure's ``error``
@@ -33,6 +34,13 @@ def prepare(path: str, uid: int, gid: int, legacy: str | None = None,
     None, "parent": folder}``; raises only OSError (a folder that cannot be made or moved).
     """
     found = _folder_of(path, uid)
+    # a folder of this process's euid that is not the user's: another spawn of the same user
+    # made it and gives it away right after mkdir; wait for that (1 s at most)
+    for _ in range(50):
+        if found is None or found[0] or found[1] != os.geteuid():
+            break
+        time.sleep(0.02)
+        found = _folder_of(path, uid)
     if found is not None:
         mine, owner = found
         if mine:
