@@ -21,6 +21,7 @@ nbformat = pytest.importorskip("nbformat")
 from gpuspawner.hub.identity import safe_name  # noqa: E402
 from tests.hubrunner import Hub  # noqa: E402
 from tests.test_hub_e2e import _engine, topology  # noqa: E402
+from tests.test_jobs_units import notebook  # noqa: E402
 from tests.waiting import wait_until  # noqa: E402
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
@@ -47,14 +48,6 @@ PROFILES = [
 ]
 MiB = 2**20
 
-
-def notebook(*sources: str, params: str = "x = 1") -> dict:
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                 "language": "python"}
-    nb.cells = [nbformat.v4.new_code_cell(params, metadata={"tags": ["parameters"]})]
-    nb.cells += [nbformat.v4.new_code_cell(s) for s in sources]
-    return json.loads(nbformat.writes(nb))
 
 
 #: the id of this module's hub (its objects' gpuspawner.hub label): another run of these

@@ -126,16 +126,12 @@ def check_spawner_settings(settings: Mapping[str, Any], config: Any = None) -> C
         raise HubConfigError(f"GPUSpawner.state_dir: {e}") from None
     for line in changed:
         logging.getLogger("gpuspawner").info("state folder: %s", line)
-    hub_id = ""
-    if db_url or hub_db_url():  # inside a hub: its id, made once in the state folder
-        from .hub_id import HUB_ID_FILE, load_or_create
-        from .state import state_file
+    from .hub_id import hub_id as hub_id_of
 
-        try:
-            hub_id = load_or_create(state_file(str(get("state_dir") or ""),
-                                               db_url or hub_db_url(), HUB_ID_FILE))
-        except (OSError, ValueError) as e:
-            raise HubConfigError(f"GPUSpawner.state_dir: {e}") from None
+    try:  # inside a hub: its id, made once in the state folder
+        hub_id = hub_id_of(str(get("state_dir") or ""), db_url or hub_db_url())
+    except (OSError, ValueError) as e:
+        raise HubConfigError(f"GPUSpawner.state_dir: {e}") from None
     try:
         # builds the hub's cluster: every topology is read here, once, before any spawn; the
         # drains file is checked and applied to the new ledger

@@ -10,7 +10,9 @@ import os
 import re
 import secrets
 
-__all__ = ["HUB_ID_FILE", "HubIdError", "load_or_create"]
+from .state import state_file
+
+__all__ = ["HUB_ID_FILE", "HubIdError", "hub_id", "load_or_create"]
 
 #: the file's name in the state folder
 HUB_ID_FILE = "gpuspawner-hub-id"
@@ -44,3 +46,16 @@ def load_or_create(path: str) -> str:
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(new + "\n")
     return new
+
+
+def hub_id(state_dir: str, db_url: str | None) -> str:
+    """The id of the hub whose ``GPUSpawner.state_dir`` and ``JupyterHub.db_url`` these are
+    (:data:`HUB_ID_FILE` in the state folder, :func:`~gpuspawner.hub.state.state_file`),
+    made there on first use; "" when ``db_url`` is None (no hub).
+
+    Raises:
+        HubIdError, OSError: as :func:`load_or_create`.
+    """
+    if db_url is None:
+        return ""
+    return load_or_create(state_file(state_dir, db_url, HUB_ID_FILE))

@@ -28,7 +28,7 @@ from ..server_state import ServerState
 from . import certs
 from .cluster import Cluster, get_cluster
 from .form import OptionsFormMixin
-from .hub_id import HUB_ID_FILE, load_or_create
+from .hub_id import hub_id
 from .identity import home_path, legacy_home_to_move, object_name, safe_name
 from .metrics import placement_refused
 from .profiles import Profile
@@ -37,7 +37,6 @@ from .readiness import wait_for_own_server
 from .runtime import hub_runtime
 from .settings import SpawnerSettings, hub_db_url
 from .spawn_queue import QueueTimeout
-from .state import state_file
 from .user_options import install_user_options_guard
 
 __all__ = ["GPUSpawner", "safe_name"]
@@ -87,12 +86,9 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
                            queue=self.queue_settings, hub_id=self._hub_id)
 
     def _hub_id(self) -> str:
-        """This hub's id (:mod:`~gpuspawner.hub.hub_id`), kept in ``state_dir``; "" outside a
-        hub."""
-        db_url = hub_db_url()
-        if db_url is None:
-            return ""
-        return load_or_create(state_file(self.state_dir, db_url, HUB_ID_FILE))
+        """This hub's id (:func:`~gpuspawner.hub.hub_id.hub_id`), kept in ``state_dir``; ""
+        outside a hub."""
+        return hub_id(self.state_dir, hub_db_url())
 
     @property
     def backend_obj(self) -> Backend:
