@@ -162,7 +162,7 @@ def _schema_tables() -> None:
     head = ["| Field | Type | Description |", "| --- | --- | --- |"]
     for name in SCHEMA_NAMES:
         schema = load_schema(name)
-        root = "" if name == "culler-policies" else name
+        root = "" if name in ("culler-policies", "user-options") else name
         lines = [schema["description"], "", *head, *_schema_rows(schema, schema, root), ""]
         for definition in schema.get("$defs", {}).values():
             if "properties" in definition:

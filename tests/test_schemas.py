@@ -60,7 +60,8 @@ def test_load_schema_returns_a_copy_and_refuses_unknown_names():
     a = load_schema("profiles")
     a["title"] = "changed"
     assert load_schema("profiles")["title"] == "GPUSpawner.profiles"
-    with pytest.raises(KeyError, match="known: profiles, nodes, quotas, culler-policies"):
+    with pytest.raises(KeyError,
+                       match="known: profiles, nodes, quotas, culler-policies, user-options"):
         load_schema("nope")
     with pytest.raises(KeyError, match="no definition 'nope'"):
         validate("profiles", [], where="x", definition="nope")

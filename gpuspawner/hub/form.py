@@ -15,7 +15,8 @@ from traitlets.config import LoggingConfigurable
 from ..placement import GPU, GPU_MILLI, Bundle, Ledger, Node, format_bytes
 from ..placement.devices import model_allowed
 from ..placement.units import share_words
-from .profiles import OptionsError, Profile, ProfileConfigError, choose_profile, load_profiles
+from .profiles import OptionsError, Profile, ProfileConfigError, load_profiles
+from .request import ServerRequest, checked_request
 from .user_options import pending_refusal, watch_spawn
 
 
@@ -254,15 +255,23 @@ class OptionsFormMixin(LoggingConfigurable):
         if refused is not None:
             raise refused
 
-    def chosen_profile(self) -> Profile:
-        """The profile ``user_options`` ask for. Raises web.HTTPError 400 (bad options, the
-        field named) or 500 (bad profile configuration)."""
+    def server_request(self) -> ServerRequest:
+        """This spawn's checked request (:mod:`gpuspawner.hub.request`: the ``user_options``
+        against their schema, the profiles and the user's groups), parsed once for the
+        spawn (:func:`~gpuspawner.hub.request.checked_request`). Raises web.HTTPError 400
+        (bad options, the field named) or 500 (bad profile configuration)."""
         try:
-            return choose_profile(self.user_options, self.load_profile_list(), self.group_names)
+            return checked_request(self.user_options, self.load_profile_list(),
+                                   self.group_names,
+                                   self.user_options_max_bytes)  # type: ignore[attr-defined]
         except ProfileConfigError as e:
             raise web.HTTPError(500, f"profile configuration: {e}") from None
         except OptionsError as e:
             raise web.HTTPError(400, str(e)) from None
+
+    def chosen_profile(self) -> Profile:
+        """The profile of :meth:`server_request`. Raises as that."""
+        return self.server_request().profile
 
     def load_profile_list(self) -> list[Profile]:
         """The validated profiles. Raises ProfileConfigError for bad configuration."""

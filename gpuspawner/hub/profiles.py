@@ -1,5 +1,5 @@
 """Profiles (what a user may pick in the spawn form or name in ``user_options``) and the
-validation of ``user_options``.
+choice of one (the shape of ``user_options`` is checked before, in :mod:`gpuspawner.hub.request`).
 
 A profile is a named bundle, in the spirit of KubeSpawner's ``profile_list``: ``slug``,
 ``display_name``, ``description``, ``cpu`` (cores), ``memory`` and ``disk`` (sizes such as "4G"),
@@ -12,6 +12,7 @@ default 1; exclusive with ``gpus``), ``gpu_models``, ``image``, ``numa_policy``,
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,8 +37,12 @@ with mig_count, default 1), gpu_models (list), image, numa_policy
 run on; empty = any), queue (wait when the bundle is not free now), default.
 """
 
-#: keys a client may send in ``user_options``
-USER_OPTION_KEYS = frozenset({"profile", "queue"})
+#: keys a client may send in ``user_options`` (the ``user-options`` schema's)
+USER_OPTION_KEYS = frozenset(load_schema("user-options")["properties"])
+
+#: loaded configurations (:func:`load_profiles`), by :func:`_config_key`; a few at most
+_LOADED: dict[tuple[Any, ...], tuple[Profile, ...]] = {}
+_LOADED_MAX = 8
 
 
 class ProfileConfigError(ValueError):
@@ -131,10 +136,29 @@ def _schema_error(e: ConfigSchemaError, config: Sequence[Any], source: str
     return ProfileConfigError(str(e))
 
 
+def _config_key(config: Any) -> tuple[Any, ...] | None:
+    """What identifies one profile configuration: a file by path, size and modification time
+    (nanoseconds), a list by its JSON text; None when it cannot be told (not cached)."""
+    if isinstance(config, (str, os.PathLike)):
+        try:
+            st = os.stat(config)
+        except OSError:
+            return None
+        return ("file", os.fspath(config), st.st_size, st.st_mtime_ns)
+    try:
+        return ("list", json.dumps(config, sort_keys=True))
+    except (TypeError, ValueError):
+        return None
+
+
 def load_profiles(config: Sequence[Mapping[str, Any]] | str | os.PathLike[str]
                   ) -> list[Profile]:
     """Validate profiles from ``c.GPUSpawner.profiles``: a list of dicts, or the path of a YAML
     file holding such a list (or ``{"profiles": [...]}``).
+
+    Each configuration is loaded once: while the list's contents or the file's size and
+    modification time are the same, the same :class:`Profile` objects come back (frozen; the
+    list is new). A configuration that fails is checked again on every call.
 
     First the ``profiles`` JSON Schema (:mod:`gpuspawner.schemas`: keys, types, ranges, the
     form of slugs and sizes, ``numa_policy``), then what it cannot express: unique slugs, at
@@ -145,6 +169,20 @@ def load_profiles(config: Sequence[Mapping[str, Any]] | str | os.PathLike[str]
             message names the profile (``profiles[2] (a100)``, or the file:
             ``/etc/p.yaml[2] (a100)``, ``/etc/p.yaml: profiles[2] (a100)``) and the field.
     """
+    key = _config_key(config)
+    if key is not None and key in _LOADED:
+        return list(_LOADED[key])
+    out = _load_profiles(config)
+    if key is not None:
+        if len(_LOADED) >= _LOADED_MAX:
+            _LOADED.pop(next(iter(_LOADED)))
+        _LOADED[key] = tuple(out)
+    return out
+
+
+def _load_profiles(config: Sequence[Mapping[str, Any]] | str | os.PathLike[str]
+                   ) -> list[Profile]:
+    """:func:`load_profiles` without the cache."""
     source = "profiles"
     if isinstance(config, (str, os.PathLike)):
         source = os.fspath(config)
@@ -188,36 +226,24 @@ def load_profiles(config: Sequence[Mapping[str, Any]] | str | os.PathLike[str]
     return out
 
 
-def choose_profile(user_options: Any, profiles: Sequence[Profile],
+def choose_profile(user_options: Mapping[str, Any] | None, profiles: Sequence[Profile],
                    groups: Iterable[str]) -> Profile:
-    """Check ``user_options`` (from the form or the REST API) and return the chosen profile.
+    """The profile ``user_options`` name (their ``profile`` key), for a user in ``groups``.
 
-    Empty options choose the default profile (the one marked ``default``, else the first the
-    user may use).
+    ``user_options`` are expected in the ``user-options`` schema's shape already (checked by
+    :func:`gpuspawner.hub.request.parse_request`; a job's request is made by the hub). No
+    ``profile`` key chooses the default profile (the one marked ``default``, else the first
+    the user may use).
 
     Raises:
-        OptionsError: options not an object, an unknown key, a non-boolean ``queue``, a
-            null, non-string or unknown profile, or a profile the user's groups may not use.
+        OptionsError: field ``profile``: no profiles, an unknown profile, or one the user's
+            groups may not use.
     """
     groups = set(groups)
-    if user_options is None:
-        user_options = {}
-    if not isinstance(user_options, Mapping):
-        raise OptionsError("user_options", f"must be a JSON object, got "
-                                           f"{type(user_options).__name__}")
-    unknown = set(user_options) - USER_OPTION_KEYS
-    if unknown:
-        raise OptionsError(sorted(unknown)[0], f"unknown option; allowed: "
-                                               f"{', '.join(sorted(USER_OPTION_KEYS))}")
-    if "queue" in user_options and not isinstance(user_options["queue"], bool):
-        raise OptionsError("queue", f"must be true (wait when the GPUs are busy) or false "
-                                    f"(fail now), got {user_options['queue']!r}")
+    user_options = user_options or {}
     if not profiles:
         raise OptionsError("profile", "no profiles are configured")
     visible = [p for p in profiles if p.allowed_for(groups)]
-    if "profile" in user_options and user_options["profile"] is None:
-        raise OptionsError("profile", "must be a string (a profile slug), got null; leave "
-                                      "the key out for the default profile")
     slug = user_options.get("profile")
     if slug is None:
         chosen = next((p for p in visible if p.default), None) or (visible[0] if visible
@@ -225,9 +251,6 @@ def choose_profile(user_options: Any, profiles: Sequence[Profile],
         if chosen is None:
             raise OptionsError("profile", "no profile is available to your groups")
         return chosen
-    if not isinstance(slug, str):
-        raise OptionsError("profile", f"must be a string (a profile slug), got "
-                                      f"{type(slug).__name__}")
     match = next((p for p in profiles if p.slug == slug), None)
     if match is None:
         names = ", ".join(p.slug for p in visible) or "none"

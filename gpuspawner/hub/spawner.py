@@ -133,16 +133,17 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
             return self._prepared
         self._events = []
         self.raise_options_refusal()
-        profile, cluster = self.chosen_profile(), self.cluster
+        request, cluster = self.server_request(), self.cluster
+        profile = request.profile
         await cluster.ensure_restored(self._owner_exists)
         await cluster.refresh_health()
         await self._release_stale()
         owner = Owner(self.user.name, self.name or "", tuple(self.group_names))
-        wait = profile.queue and self.user_options.get("queue", True) is not False
         try:
             alloc = await cluster.queue.acquire(
                 owner, profile.bundle, profile=profile.slug, nodes=profile.nodes,
-                options=dict(self.user_options or {}), wait=wait, on_wait=self._queue_progress)
+                options=dict(request.options), wait=request.queue,
+                on_wait=self._queue_progress)
         except QueueTimeout as e:
             placement_refused(e)
             raise self.refused(503, f"profile {profile.slug!r}: {e}", profile.slug) from None

@@ -31,7 +31,6 @@ for quota or capacity would otherwise keep the new ones as the next start's defa
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import time
 import weakref
@@ -39,7 +38,8 @@ from typing import Any
 
 from tornado import web
 
-from .profiles import OptionsError, choose_profile, load_profiles
+from .profiles import OptionsError, load_profiles
+from .request import checked_request
 
 _installed: dict[str, Any] = {}
 #: refusals recorded during a spawn, by ``orm.Spawner`` row; raised by :func:`pending_refusal`
@@ -63,7 +63,8 @@ def pending_refusal(orm_spawner: Any) -> web.HTTPError | None:
 
 def check_user_options(options: Any, profiles_config: Any, groups: list[str],
                        max_bytes: int) -> None:
-    """Check ``options`` against the size limit and the profiles.
+    """Check ``options`` as the spawner will (:func:`gpuspawner.hub.request.checked_request`:
+    size, the ``user-options`` schema, the profiles; the result is kept for the spawn).
 
     Args:
         options: the decoded ``user_options`` (dict or None).
@@ -72,17 +73,13 @@ def check_user_options(options: Any, profiles_config: Any, groups: list[str],
         max_bytes: largest JSON encoding accepted, bytes.
 
     Raises:
-        web.HTTPError(400): too large (message ``user_options: ...``) or a field the profiles
-            refuse (message ``<field>: <reason>``).
+        web.HTTPError(400): too large (message ``user_options: ...``) or a field the schema
+            or the profiles refuse (message ``<field>: <reason>``).
     """
     if options is None:
         return
-    size = len(json.dumps(options, default=str).encode())
-    if size > max_bytes:
-        raise web.HTTPError(400, f"user_options: {size} bytes is more than the "
-                                 f"{max_bytes} allowed")
     try:
-        choose_profile(options, load_profiles(profiles_config), groups)
+        checked_request(options, load_profiles(profiles_config), groups, max_bytes)
     except OptionsError as e:
         raise web.HTTPError(400, str(e)) from None
 

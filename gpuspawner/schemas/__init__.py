@@ -8,7 +8,9 @@ spawner's trait validators (:mod:`gpuspawner.hub.config_check`), the idle culler
 - ``profiles``: ``c.GPUSpawner.profiles`` (a list of profiles),
 - ``nodes``: ``c.GPUSpawner.nodes`` (a list of node entries),
 - ``quotas``: ``c.GPUSpawner.quotas`` (``users`` / ``groups`` / ``default_user``),
-- ``culler-policies``: the idle culler's policy document (``--policies`` YAML file).
+- ``culler-policies``: the idle culler's policy document (``--policies`` YAML file),
+- ``user-options``: what a user sends to start a server (``Spawner.user_options``: the
+  spawn form or the REST API), checked once by :mod:`gpuspawner.hub.request`.
 
 A schema checks structure, types, ranges and the form of strings (sizes, durations, slugs);
 the rules it cannot express (unique slugs and node names, at most one default profile, what a
@@ -32,7 +34,8 @@ from jsonschema.exceptions import ValidationError, best_match
 from referencing import Registry, Resource
 
 #: the shipped schemas, by name (``<name>.json`` in this package)
-SCHEMA_NAMES: tuple[str, ...] = ("profiles", "nodes", "quotas", "culler-policies")
+SCHEMA_NAMES: tuple[str, ...] = ("profiles", "nodes", "quotas", "culler-policies",
+                                 "user-options")
 
 #: JSON Schema dialect of every shipped schema
 DIALECT = "https://json-schema.org/draft/2020-12/schema"

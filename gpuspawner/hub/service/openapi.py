@@ -331,7 +331,8 @@ def _document(prefix: str) -> dict[str, Any]:
                 "security": [],
                 "parameters": [{"name": "name", "in": "path", "required": True,
                                 "schema": {"type": "string"},
-                                "description": "profiles, nodes, quotas or culler-policies"}],
+                                "description": "profiles, nodes, quotas, culler-policies "
+                                               "or user-options"}],
                 "responses": {
                     "200": _resp("the JSON Schema", {
                         "type": "object", "required": ["$schema", "$id", "title"],

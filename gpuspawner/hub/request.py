@@ -1,0 +1,145 @@
+"""One spawn request, checked once: ``user_options`` -> :class:`ServerRequest`.
+
+What a user sends to start a server (the spawn form's fields through ``options_from_form``, or
+the JSON body of the hub's REST ``POST /hub/api/users/{name}/servers/{server_name}``) becomes
+``Spawner.user_options``. :func:`parse_request` is the one place that checks it:
+
+1. its size (``c.GPUSpawner.user_options_max_bytes``, bytes of its JSON encoding);
+2. its shape, against the shipped ``user-options`` JSON Schema (:mod:`gpuspawner.schemas`:
+   an object with ``profile`` (a string) and ``queue`` (a boolean), nothing else);
+3. what a schema cannot say: the profile exists, and the user's groups may use it
+   (:func:`~gpuspawner.hub.profiles.choose_profile`).
+
+The result is a frozen :class:`ServerRequest` that everything after the boundary receives
+(the user_options guard before JupyterHub stores the options, the spawner's trait,
+``apply_user_options``, the spawner's placement); :func:`checked_request` keeps recent ones,
+so a spawn parses its options once, not once per step. Profiles come from
+:func:`~gpuspawner.hub.profiles.load_profiles`, which loads each configuration once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..schemas import ConfigSchemaError, load_schema, validate
+from .profiles import OptionsError, Profile, choose_profile
+
+#: the schema's name in :mod:`gpuspawner.schemas`
+SCHEMA = "user-options"
+
+
+@dataclass(frozen=True)
+class ServerRequest:
+    """A checked spawn request.
+
+    Attributes:
+        profile: the chosen profile (its bundle: cores, bytes of memory, milli-GPU, MIG).
+        queue: wait in the fair wait queue when the bundle is not free now (the profile's
+            ``queue`` and the options' ``queue``, both must allow it).
+        options: the ``user_options`` it was made from (a copy, JSON values only).
+        groups: the user's JupyterHub group names it was checked with (sorted).
+    """
+
+    profile: Profile
+    queue: bool
+    options: Mapping[str, Any] = field(default_factory=dict)
+    groups: tuple[str, ...] = ()
+
+
+def _schema_message(e: ConfigSchemaError, options: Any) -> OptionsError:
+    """The schema's refusal as an :class:`OptionsError` naming the field, with the words the
+    API has always used (``cpu: unknown option; allowed: profile, queue``, ``queue: must be
+    true (...) or false (...), got 'x'``): the field's ``title`` in the schema says what it
+    must be."""
+    properties = load_schema(SCHEMA)["properties"]
+    if not e.path:
+        return OptionsError("user_options", f"must be a JSON object, got "
+                                            f"{type(options).__name__}")
+    key = str(e.path[0])
+    options = options if isinstance(options, Mapping) else {}
+    if key not in properties:
+        return OptionsError(key, f"unknown option; allowed: {', '.join(sorted(properties))}")
+    value = options.get(key)
+    got = "null" if value is None else repr(value)
+    hint = "; leave the key out for the default profile" if key == "profile" and value is None \
+        else ""
+    return OptionsError(key, f"must be {properties[key]['title']}, got {got}{hint}")
+
+
+def parse_request(options: Any, profiles: Sequence[Profile], groups: Sequence[str],
+                  max_bytes: int | None = None) -> ServerRequest:
+    """Check ``options`` and return the request it makes.
+
+    Args:
+        options: the decoded ``user_options`` (None = empty: the default profile).
+        profiles: the validated profiles (:func:`~gpuspawner.hub.profiles.load_profiles`).
+        groups: the user's JupyterHub group names.
+        max_bytes: the largest JSON encoding accepted, bytes; None = no limit.
+
+    Raises:
+        OptionsError: too large (field ``user_options``), not the schema's shape (the field
+            named: an unknown key, a non-string ``profile``, a non-boolean ``queue``), an
+            unknown profile or one the user's groups may not use (field ``profile``). The
+            hub answers HTTP 400 with its message ``<field>: <reason>``.
+    """
+    if options is None:
+        options = {}
+    if max_bytes is not None:
+        size = len(json.dumps(options, default=str).encode())
+        if size > max_bytes:
+            raise OptionsError("user_options", f"{size} bytes is more than the {max_bytes} "
+                                               f"allowed")
+    try:
+        validate(SCHEMA, options, where="")
+    except ConfigSchemaError as e:
+        raise _schema_message(e, options) from None
+    if not isinstance(options, Mapping):  # the schema's "object" is any Mapping
+        raise OptionsError("user_options", f"must be a JSON object, got "
+                                           f"{type(options).__name__}")
+    profile = choose_profile(options, profiles, groups)
+    return ServerRequest(profile=profile,
+                         queue=profile.queue and options.get("queue", True) is not False,
+                         options=json.loads(json.dumps(dict(options))),
+                         groups=tuple(sorted(groups)))
+
+
+#: checked requests by their inputs, newest last (:func:`checked_request`)
+_CHECKED: OrderedDict[tuple[Any, ...], tuple[tuple[Profile, ...], ServerRequest]] = \
+    OrderedDict()
+#: how many distinct (options, profiles, groups) are kept
+CACHE_SIZE = 512
+
+
+def checked_request(options: Any, profiles: Sequence[Profile], groups: Sequence[str],
+                    max_bytes: int | None = None) -> ServerRequest:
+    """:func:`parse_request`, once per distinct input.
+
+    A spawn meets its options at several steps (the guard before JupyterHub stores them, the
+    spawner's trait, ``apply_user_options``, placement); all of them ask here, and only the
+    first parses. Inputs are equal when the options have the same JSON text, the groups are
+    the same set, the limit is the same and the profiles are the same objects
+    (:func:`~gpuspawner.hub.profiles.load_profiles` returns the same ones while the
+    configuration is unchanged; a kept entry holds them, so their ids stay unique). The last
+    :data:`CACHE_SIZE` inputs are kept; a refusal is not.
+
+    Raises:
+        OptionsError: as :func:`parse_request`.
+    """
+    try:
+        text = json.dumps(options, sort_keys=True)
+    except (TypeError, ValueError):  # not JSON: parse_request says why
+        return parse_request(options, profiles, groups, max_bytes)
+    key = (text, tuple(id(p) for p in profiles), tuple(sorted(groups)), max_bytes)
+    hit = _CHECKED.get(key)
+    if hit is not None:
+        _CHECKED.move_to_end(key)
+        return hit[1]
+    request = parse_request(options, profiles, groups, max_bytes)
+    _CHECKED[key] = (tuple(profiles), request)
+    if len(_CHECKED) > CACHE_SIZE:
+        _CHECKED.popitem(last=False)
+    return request
