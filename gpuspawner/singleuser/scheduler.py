@@ -1,0 +1,600 @@
+"""jupyter-scheduler's JupyterLab UI backed by the hub's notebook jobs: nothing runs in the
+user's server.
+
+jupyter-scheduler (2.x, JupyterLab 4) gives JupyterLab "Create a notebook job" (file browser,
+notebook toolbar) and the "Notebook Jobs" panel; its server extension hands every request to a
+``SchedulerApp.scheduler_class`` (a :class:`~jupyter_scheduler.scheduler.BaseScheduler`) and
+lists environments with ``SchedulerApp.environment_manager_class``. Here:
+
+- :class:`HubScheduler` sends each job to the hub's ``gpuspawner`` service (``POST api/jobs``,
+  with the notebook's content: a snapshot, as jupyter-scheduler's staging copy is) and reads
+  jobs back from it; the job runs in a container of its own with its profile's bundle
+  (docs/jobs.md). It holds no database and starts no process or task runner.
+- :class:`HubEnvironmentManager` lists the profiles the user may use (``GET api/profiles``) as
+  the environments: an environment's name is a profile's slug.
+- :class:`HubJobFilesManager` answers the UI's "download" by writing the executed notebook
+  from ``GET api/jobs/{id}/output`` where the job's files are shown.
+
+Where and who: the service's URL is ``GPUSPAWNER_SERVICE_URL``, else derived from
+``JUPYTERHUB_API_URL``, and the token is ``JUPYTERHUB_API_TOKEN`` (the server's own token,
+which needs the scope ``access:services!service=gpuspawner``), as for ``gpuspawner jobs``
+(:mod:`gpuspawner.jobs.client`, whose :class:`~gpuspawner.jobs.client.JobsClient` does the
+requests, in a worker thread).
+
+How jupyter-scheduler's models map to ours (:func:`describe_job`, :func:`submission`):
+
+=================================  ===================================================
+jupyter-scheduler                  hub job
+=================================  ===================================================
+``job_id`` (must contain ``-``:    ``id`` (32 hex digits), written as a UUID
+its routes' pattern)               (:func:`scheduler_id` / :func:`hub_id`)
+``runtime_environment_name``       ``profile``
+``name`` (may hold spaces)         ``name`` (one folder name: other characters -> ``-``)
+``parameters`` (strings)           ``parameters``: JSON scalars or lists where the
+                                   string is one, else the string (as ``-p``)
+``runtime_environment_parameters   ``time_limit`` (seconds)
+["time_limit"]``
+``output_formats``                 ``["ipynb"]`` only: the job writes the executed
+                                   notebook (and the snapshot and a log)
+``status``                         :data:`STATUS_OF` (state kept in ``status_message``
+                                   where the status loses it)
+``job_files``                      the files in ``~/jobs/<name>/<UTC start>-<id>/``
+                                   (:func:`job_files`)
+=================================  ===================================================
+
+Not supported (a :class:`~jupyter_scheduler.exceptions.SchedulerError` with the reason, shown
+by the UI): renaming a job; "Run job with input folder" (the job gets the notebook only; it
+runs with the home mounted, so absolute paths work); output formats other than ``ipynb``; job
+definitions (schedules) until the hub's service offers ``api/job_definitions``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import uuid
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any
+
+from jupyter_core.paths import jupyter_data_dir
+from jupyter_scheduler.environments import EnvironmentManager, EnvironmentRetrievalError
+from jupyter_scheduler.exceptions import SchedulerError
+from jupyter_scheduler.job_files_manager import JobFilesManager
+from jupyter_scheduler.models import (
+    CountJobsQuery,
+    CreateJob,
+    CreateJobDefinition,
+    CreateJobFromDefinition,
+    DescribeJob,
+    DescribeJobDefinition,
+    JobFile,
+    ListJobDefinitionsQuery,
+    ListJobDefinitionsResponse,
+    ListJobsQuery,
+    ListJobsResponse,
+    RuntimeEnvironment,
+    SortDirection,
+    Status,
+    UpdateJob,
+    UpdateJobDefinition,
+)
+from jupyter_scheduler.scheduler import BaseScheduler
+from traitlets import Float, Unicode, default
+
+from ..jobs.client import ClientError, JobsClient, default_name, parse_parameter, service_url
+
+__all__ = ["HubEnvironmentManager", "HubJobFilesManager", "HubScheduler", "OUTPUT_FORMATS",
+           "STATUS_OF", "describe_job", "hub_client", "hub_id", "job_files", "scheduler_id",
+           "status_of", "submission"]
+
+#: our states -> jupyter-scheduler's statuses. The UI offers "Stop" for IN_PROGRESS only and
+#: output links for COMPLETED and FAILED; a job that waits for its bundle is QUEUED.
+STATUS_OF: dict[str, Status] = {
+    "queued": Status.QUEUED, "waiting": Status.QUEUED, "starting": Status.IN_PROGRESS,
+    "running": Status.IN_PROGRESS, "completed": Status.COMPLETED, "failed": Status.FAILED,
+    "timed_out": Status.FAILED, "lost": Status.FAILED, "cancelled": Status.STOPPED,
+}
+#: states whose status does not say them: ``status_message`` starts with the state
+_SAID_IN_MESSAGE = frozenset({"waiting", "starting", "timed_out", "lost"})
+#: what a job writes, by jupyter-scheduler's output format name -> its label
+OUTPUT_FORMATS: dict[str, str] = {"ipynb": "Notebook"}
+#: the file of the service's API that each request goes to
+_JOBS = "api/jobs"
+_PROFILES = "api/profiles"
+_DEFINITIONS = "api/job_definitions"
+_HEX32 = re.compile(r"[0-9a-f]{32}")
+#: sort keys of ListJobsQuery that a job view answers (ms timestamps or text)
+_SORT_KEYS = frozenset({"create_time", "update_time", "start_time", "end_time", "name",
+                        "status", "runtime_environment_name", "input_filename"})
+
+
+def scheduler_id(job_id: str) -> str:
+    """Our job id (32 hex digits) as jupyter-scheduler's: the same UUID with dashes (its
+    routes only match ids with a ``-``). Other ids are returned unchanged."""
+    return str(uuid.UUID(job_id)) if _HEX32.fullmatch(job_id) else job_id
+
+
+def hub_id(job_id: str) -> str:
+    """jupyter-scheduler's job id back to ours (:func:`scheduler_id` reversed).
+
+    Raises:
+        SchedulerError: not a UUID (no job of the hub has it).
+    """
+    plain = job_id.replace("-", "").lower()
+    if not _HEX32.fullmatch(plain):
+        raise SchedulerError(f"no job {job_id!r}: the hub's job ids are UUIDs")
+    return plain
+
+
+def status_of(state: str) -> Status:
+    """jupyter-scheduler's status of one of our states (:data:`STATUS_OF`; an unknown one,
+    from a newer hub, is IN_PROGRESS)."""
+    return STATUS_OF.get(state, Status.IN_PROGRESS)
+
+
+def _ms(iso: str | None) -> int | None:
+    """An ISO 8601 time of the API (``2026-03-01T21:15:00Z``) as epoch milliseconds."""
+    if not iso:
+        return None
+    return int(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def _text(value: Any) -> str:
+    """A parameter's value as jupyter-scheduler shows it: a string as is, else its JSON."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def job_files(job: Mapping[str, Any], root_dir: str, home: str) -> tuple[list[JobFile], bool]:
+    """The files a job wrote, as jupyter-scheduler lists them: the executed notebook
+    (``ipynb``), the snapshot it ran (``input``), ``job.log`` (``log``) and the folder
+    (``files``, opened in the file browser), each with its path relative to ``root_dir`` when
+    it exists there, else None (the UI then shows no link). The folder is the job's
+    ``output_dir`` (``~/jobs/<name>/<UTC start>-<id>``) under ``home``; when that is outside
+    ``root_dir``, the same relative folder under ``root_dir`` (where
+    :class:`HubJobFilesManager` downloads the notebook).
+
+    Returns:
+        (files, downloaded): downloaded is True when the executed notebook is there.
+    """
+    folder = _local_folder(job, root_dir, home)
+    name = job.get("name") or "notebook"
+    root = os.path.abspath(root_dir)
+
+    def rel(path: str | None, isdir: bool = False) -> str | None:
+        if path is None:
+            return None
+        found = os.path.isdir(path) if isdir else os.path.isfile(path)
+        return os.path.relpath(path, root).replace(os.sep, "/") if found else None
+
+    def inside(sub: str) -> str | None:
+        return os.path.join(folder, sub) if folder else None
+
+    files = [
+        JobFile(display_name=OUTPUT_FORMATS["ipynb"], file_format="ipynb",
+                file_path=rel(inside(f"{name}.ipynb"))),
+        JobFile(display_name="Input", file_format="input",
+                file_path=rel(inside(f"{name}.input.ipynb"))),
+        JobFile(display_name="Log", file_format="log", file_path=rel(inside("job.log"))),
+        JobFile(display_name="Files", file_format="files", file_path=rel(folder, isdir=True)),
+    ]
+    return files, files[0].file_path is not None
+
+
+def _local_folder(job: Mapping[str, Any], root_dir: str, home: str) -> str | None:
+    """The job's output folder on this server's disk (absolute), inside ``root_dir``, or None
+    before the job has one."""
+    out = job.get("output_dir") or ""
+    if not out:
+        return None
+    relative = out[2:] if out.startswith("~/") else out.lstrip("/")
+    root = os.path.abspath(root_dir)
+    for base in (home, root):
+        path = os.path.abspath(os.path.join(base, relative))
+        if path.startswith(root + os.sep):
+            return path
+    return None
+
+
+def describe_job(job: Mapping[str, Any], root_dir: str, home: str,
+                 files: bool = True) -> DescribeJob:
+    """One job of the service's API (``GET api/jobs/{id}``) as jupyter-scheduler's
+    :class:`~jupyter_scheduler.models.DescribeJob`: times as epoch milliseconds, the state as
+    a :class:`~jupyter_scheduler.models.Status` (:data:`STATUS_OF`) with the state named in
+    ``status_message`` where the status loses it (``timed_out: ...``), ``url`` the job's API
+    path, and with ``files`` its :func:`job_files`."""
+    state = str(job.get("state") or "")
+    message = str(job.get("message") or "")
+    if state in _SAID_IN_MESSAGE and not message.startswith(state):
+        message = f"{state}: {message}" if message else state
+    error = job.get("error")
+    if isinstance(error, dict) and error.get("ename") and error["ename"] not in message:
+        message = (message + "; " if message else "") + (
+            f"cell {error.get('cell')}: {error['ename']}: {error.get('evalue', '')}")
+    created = _ms(job.get("created")) or 0
+    history = [_ms(h.get("time")) for h in job.get("history") or []]
+    updated = max([t for t in history if t] + [created, _ms(job.get("started")) or 0,
+                                                _ms(job.get("finished")) or 0])
+    name = str(job.get("name") or "notebook")
+    model = DescribeJob(
+        job_id=scheduler_id(str(job["id"])), name=name,
+        input_filename=f"{name}.input.ipynb",
+        runtime_environment_name=str(job.get("profile") or ""),
+        runtime_environment_parameters={"time_limit": int(job.get("time_limit") or 0)},
+        output_formats=list(OUTPUT_FORMATS),
+        parameters={k: _text(v) for k, v in (job.get("parameters") or {}).items()},
+        url=f"{_JOBS}/{job['id']}", create_time=created, update_time=updated,
+        start_time=_ms(job.get("started")), end_time=_ms(job.get("finished")),
+        status=status_of(state), status_message=message or None,
+    )
+    if files:
+        model.job_files, model.downloaded = job_files(job, root_dir, home)
+    return model
+
+
+def submission(model: CreateJob, notebook: dict[str, Any]) -> dict[str, Any]:
+    """The body of ``POST api/jobs`` for jupyter-scheduler's :class:`CreateJob` and the
+    notebook's content: ``profile`` = the environment's name, ``name`` made one folder name
+    (:func:`gpuspawner.jobs.client.default_name`), each parameter read as ``-p NAME=VALUE``
+    is (JSON scalar or list, else the string), ``time_limit`` from
+    ``runtime_environment_parameters["time_limit"]`` when given.
+
+    Raises:
+        SchedulerError: an output format other than ``ipynb``, "Run job with input folder",
+            a time limit that is no whole number, or a parameter name with ``=``.
+    """
+    formats = [f for f in (model.output_formats or []) if f not in OUTPUT_FORMATS]
+    if formats:
+        raise SchedulerError(f"output formats {', '.join(formats)}: a job on this hub writes "
+                             "the executed notebook (ipynb) only")
+    if model.package_input_folder:
+        raise SchedulerError("'Run job with input folder' is not supported on this hub: the "
+                             "job gets the notebook only, and runs with your home mounted "
+                             "(refer to other files by their path in your home)")
+    body: dict[str, Any] = {"notebook": notebook,
+                            "name": default_name(model.name or model.input_filename or "")}
+    if model.runtime_environment_name:
+        body["profile"] = model.runtime_environment_name
+    params: dict[str, Any] = {}
+    for key, value in (model.parameters or {}).items():
+        if "=" in key:
+            raise SchedulerError(f"parameter {key!r}: a name is a Python identifier")
+        name, parsed = parse_parameter(f"{key}={value}")
+        params[name] = parsed
+    body["parameters"] = params
+    limit = (model.runtime_environment_parameters or {}).get("time_limit")
+    if limit not in (None, ""):
+        try:
+            body["time_limit"] = int(limit)
+        except (TypeError, ValueError):
+            raise SchedulerError(f"time_limit: {limit!r} is not a whole number of "
+                                 "seconds") from None
+    return body
+
+
+def hub_client(env: Mapping[str, str] | None = None, timeout: float = 60.0) -> JobsClient:
+    """A :class:`~gpuspawner.jobs.client.JobsClient` for the server's own token
+    (``JUPYTERHUB_API_TOKEN``) and the service's URL (``GPUSPAWNER_SERVICE_URL`` or derived
+    from ``JUPYTERHUB_API_URL``, :func:`gpuspawner.jobs.client.service_url`).
+
+    Raises:
+        SchedulerError: no token, or no URL to derive.
+    """
+    env = dict(os.environ if env is None else env)
+    token = env.get("JUPYTERHUB_API_TOKEN", "")
+    if not token:
+        raise SchedulerError("JUPYTERHUB_API_TOKEN is not set: notebook jobs run through the "
+                             "hub, from a server the hub started")
+    try:
+        return JobsClient(service_url(env), token, timeout=timeout)
+    except ClientError as e:
+        raise SchedulerError(str(e)) from None
+
+
+async def _call(client: JobsClient, method: str, path: str, body: Any = None) -> Any:
+    """One request of the service's API in a worker thread (the client blocks); a refusal
+    becomes :class:`SchedulerError` with the service's message, which the UI shows."""
+    try:
+        return await asyncio.to_thread(client.request, method, path, body)
+    except ClientError as e:
+        raise SchedulerError(str(e)) from None
+
+
+def _sort_key(field: str) -> Callable[[DescribeJob], tuple[bool, Any]]:
+    def key(job: DescribeJob) -> tuple[bool, Any]:
+        value = getattr(job, field, None)
+        value = value.value if isinstance(value, Status) else value
+        return value is None, value if value is not None else 0
+    return key
+
+
+class HubScheduler(BaseScheduler):
+    """jupyter-scheduler's scheduler that runs every job on the hub (``SchedulerApp.
+    scheduler_class``); see the module's documentation for the mapping. Every method is a
+    coroutine (the extension's handlers await them); a refusal of the service raises
+    :class:`~jupyter_scheduler.exceptions.SchedulerError` with its message (HTTP 500 in
+    jupyter-scheduler's API, shown in the UI)."""
+
+    #: no task runner in this server: the hub starts jobs (the extension checks this)
+    task_runner = None
+
+    request_timeout = Float(60.0, config=True,
+                            help="Seconds one request to the hub's service may take.")
+    hidden_jobs_file = Unicode(
+        config=True,
+        help="JSON file of the job ids deleted in the UI: the hub keeps every job's record "
+             "(an admin deletes them), deleting one in JupyterLab hides it from this list "
+             "(and cancels it when it has not ended). Default: "
+             "<jupyter data dir>/gpuspawner-hidden-jobs.json.")
+
+    @default("hidden_jobs_file")
+    def _default_hidden_jobs_file(self) -> str:
+        return os.path.join(jupyter_data_dir(), "gpuspawner-hidden-jobs.json")
+
+    def __init__(self, root_dir: str, environments_manager: EnvironmentManager,
+                 config: Any = None, db_url: str | None = None,
+                 client: JobsClient | None = None, home: str | None = None,
+                 **kwargs: Any) -> None:
+        # db_url: SchedulerApp passes its database; no table of it is used here
+        super().__init__(root_dir=root_dir, environments_manager=environments_manager,
+                         config=config, **kwargs)
+        self._client = client
+        self.home = os.path.abspath(home or os.path.expanduser("~"))
+
+    @property
+    def client(self) -> JobsClient:
+        """The service's client, made on first use (:func:`hub_client`)."""
+        if self._client is None:
+            self._client = hub_client(timeout=self.request_timeout)
+        return self._client
+
+    # -- hidden jobs ----------------------------------------------------------------------
+    def _hidden(self) -> set[str]:
+        try:
+            with open(self.hidden_jobs_file, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            return set()
+        return {str(i) for i in data} if isinstance(data, list) else set()
+
+    def _hide(self, job_id: str) -> None:
+        ids = self._hidden() | {job_id}
+        os.makedirs(os.path.dirname(self.hidden_jobs_file) or ".", exist_ok=True)
+        tmp = self.hidden_jobs_file + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(sorted(ids), f)
+        os.replace(tmp, self.hidden_jobs_file)
+
+    # -- jobs -----------------------------------------------------------------------------
+    def _read_notebook(self, input_uri: str) -> dict[str, Any]:
+        if not self.file_exists(input_uri):
+            raise SchedulerError(f"{input_uri}: no such file in this server's folder")
+        path = os.path.join(os.path.abspath(self.root_dir), input_uri.lstrip("/"))
+        try:
+            with open(path, encoding="utf-8") as f:
+                nb = json.load(f)
+        except (OSError, ValueError) as e:
+            raise SchedulerError(f"{input_uri}: cannot read a notebook: {e}") from None
+        if not isinstance(nb, dict):
+            raise SchedulerError(f"{input_uri}: not a notebook (a JSON object)")
+        return nb
+
+    async def create_job(self, model: CreateJob) -> str:
+        """Submit the notebook at ``model.input_uri`` (relative to the server's root) as a
+        job; returns its id (:func:`scheduler_id`)."""
+        body = submission(model, self._read_notebook(model.input_uri))
+        job = await _call(self.client, "POST", _JOBS, body)
+        self.log.info("notebook job %s (%s) submitted to the hub", job["id"], job["name"])
+        return scheduler_id(job["id"])
+
+    async def update_job(self, job_id: str, model: UpdateJob) -> None:
+        """Only a stop (``status`` STOPPED) is possible: the hub's jobs have no rename."""
+        if model.status == Status.STOPPED:
+            await self.stop_job(job_id)
+            return
+        if model.name is not None or model.compute_type is not None:
+            raise SchedulerError("a job of the hub cannot be renamed or changed once "
+                                 "submitted")
+
+    async def _jobs(self) -> list[dict[str, Any]]:
+        data = await _call(self.client, "GET", _JOBS)
+        hidden = self._hidden()
+        return [j for j in data.get("jobs", []) if j.get("id") not in hidden]
+
+    async def list_jobs(self, query: ListJobsQuery) -> ListJobsResponse:
+        """The user's jobs, filtered by ``status``, ``name`` (prefix), ``start_time`` (at or
+        after, ms) and ``job_definition_id`` (none: jobs made here have no definition),
+        sorted by ``sort_by``, ``max_items`` per page with ``next_token`` the next offset.
+        ``tags`` match nothing (jobs of the hub have no tags)."""
+        if query.job_definition_id or query.tags:
+            return ListJobsResponse(jobs=[], total_count=0)
+        pairs = [(j, describe_job(j, self.root_dir, self.home, files=False))
+                 for j in await self._jobs()]
+        if query.status is not None:
+            pairs = [(j, m) for j, m in pairs if m.status == query.status]
+        if query.name:
+            pairs = [(j, m) for j, m in pairs if m.name.startswith(query.name)]
+        if query.start_time:
+            pairs = [(j, m) for j, m in pairs if (m.start_time or 0) >= query.start_time]
+        for field in reversed(query.sort_by or []):
+            if field.name in _SORT_KEYS:
+                key = _sort_key(field.name)
+                pairs.sort(key=lambda pair, key=key: key(pair[1]),
+                           reverse=field.direction == SortDirection.desc)
+        total = len(pairs)
+        start = int(query.next_token) if (query.next_token or "").isdigit() else 0
+        size = int(query.max_items if query.max_items is not None else total)
+        page = pairs[start:start + size]
+        for job, model in page:
+            model.job_files, model.downloaded = job_files(job, self.root_dir, self.home)
+        end = start + len(page)
+        return ListJobsResponse(jobs=[m for _, m in page], total_count=total,
+                                next_token=str(end) if size and end < total else None)
+
+    async def count_jobs(self, query: CountJobsQuery) -> int:
+        """How many of the user's jobs have ``query.status``."""
+        return sum(1 for j in await self._jobs() if status_of(j.get("state", "")) ==
+                   query.status)
+
+    async def _job(self, job_id: str) -> dict[str, Any]:
+        return dict(await _call(self.client, "GET", f"{_JOBS}/{hub_id(job_id)}"))
+
+    async def get_job(self, job_id: str, job_files: bool | None = True) -> DescribeJob:
+        """One job (:func:`describe_job`), with its files when ``job_files``."""
+        return describe_job(await self._job(job_id), self.root_dir, self.home,
+                            files=bool(job_files))
+
+    async def stop_job(self, job_id: str) -> None:
+        """Cancel the job on the hub (``DELETE api/jobs/{id}``): it stops and its bundle is
+        freed. A job that has ended already is left as it is."""
+        job = await self._job(job_id)
+        if job.get("state") in ("completed", "failed", "timed_out", "cancelled", "lost"):
+            return
+        await _call(self.client, "DELETE", f"{_JOBS}/{hub_id(job_id)}")
+
+    async def delete_job(self, job_id: str) -> None:
+        """Cancel the job if it has not ended and hide it from this list (the hub keeps its
+        record; see :attr:`hidden_jobs_file`)."""
+        await self.stop_job(job_id)
+        self._hide(hub_id(job_id))
+
+    def get_staging_paths(self, model: DescribeJob | DescribeJobDefinition) -> dict[str, str]:
+        """Where the executed notebook can be fetched: the service's ``api/jobs/{id}/output``
+        (no staging folder here: :class:`HubJobFilesManager` downloads it)."""
+        if not isinstance(model, DescribeJob):
+            return {}
+        return {"ipynb": f"{self.client.url}{_JOBS}/{hub_id(model.job_id)}/output"}
+
+    async def download_output(self, job_id: str, redownload: bool = False) -> str | None:
+        """Write the executed notebook of the job from the service where :func:`job_files`
+        shows it (the job's folder in the home, or the same folder under the server's root);
+        unless ``redownload``, only when it is not there yet.
+
+        Returns:
+            the path written, or None when nothing was written.
+
+        Raises:
+            SchedulerError: the job has no folder yet, or the service has no executed
+                notebook for it.
+        """
+        job = await self._job(job_id)
+        folder = _local_folder(job, self.root_dir, self.home)
+        if folder is None:
+            raise SchedulerError(f"job {job_id} has no output folder yet ({job.get('state')})")
+        path = os.path.join(folder, f"{job.get('name') or 'notebook'}.ipynb")
+        if os.path.isfile(path) and not redownload:
+            return None
+        nb = await _call(self.client, "GET", f"{_JOBS}/{hub_id(job_id)}/output")
+        os.makedirs(folder, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(nb, f, indent=1)
+            f.write("\n")
+        return path
+
+    # -- job definitions ------------------------------------------------------------------
+    def _no_definitions(self) -> SchedulerError:
+        return SchedulerError("schedules (job definitions) are not supported by this hub "
+                              "yet: choose 'Run now', or run it later with `gpuspawner jobs "
+                              "submit NOTEBOOK --at TIME` in a terminal")
+
+    async def create_job_definition(self, model: CreateJobDefinition) -> str:
+        raise self._no_definitions()
+
+    async def update_job_definition(self, job_definition_id: str,
+                                    model: UpdateJobDefinition) -> None:
+        raise self._no_definitions()
+
+    async def delete_job_definition(self, job_definition_id: str) -> None:
+        raise self._no_definitions()
+
+    async def get_job_definition(self, job_definition_id: str) -> DescribeJobDefinition:
+        raise self._no_definitions()
+
+    async def list_job_definitions(self, query: ListJobDefinitionsQuery
+                                   ) -> ListJobDefinitionsResponse:
+        """None yet (the panel's "Notebook Job Definitions" tab shows an empty list)."""
+        return ListJobDefinitionsResponse(job_definitions=[], total_count=0)
+
+    async def create_job_from_definition(self, job_definition_id: str,
+                                         model: CreateJobFromDefinition) -> str:
+        raise self._no_definitions()
+
+
+class HubJobFilesManager(JobFilesManager):
+    """The UI's "download output" (``GET scheduler/jobs/{id}/download_files``): the executed
+    notebook from the hub's service into the job's folder (:meth:`HubScheduler.
+    download_output`), in this process (one small file), instead of jupyter-scheduler's copy
+    from a staging area in a child process."""
+
+    async def copy_from_staging(self, job_id: str, redownload: bool | None = False) -> None:
+        scheduler = self.scheduler
+        if not isinstance(scheduler, HubScheduler):
+            await super().copy_from_staging(job_id, redownload)
+            return
+        await scheduler.download_output(job_id, bool(redownload))
+
+
+class HubEnvironmentManager(EnvironmentManager):
+    """The profiles the user may use (``GET api/profiles`` of the hub's service) as
+    jupyter-scheduler's environments: ``name`` and ``label`` are the slug (the UI shows the
+    name and selects by the label), ``description`` the display name, the bundle and the jobs'
+    time limits; output format ``ipynb`` only.
+
+    Args:
+        client: the service's client (default :func:`hub_client`, made on first use).
+    """
+
+    def __init__(self, client: JobsClient | None = None) -> None:
+        self._client = client
+
+    @property
+    def client(self) -> JobsClient:
+        if self._client is None:
+            try:
+                self._client = hub_client()
+            except SchedulerError as e:
+                raise EnvironmentRetrievalError(str(e)) from None
+        return self._client
+
+    async def list_environments(self) -> list[RuntimeEnvironment]:
+        """The environments (one per profile, in the hub's order, the default profile first).
+
+        Raises:
+            EnvironmentRetrievalError: the service did not answer or refused.
+        """
+        try:
+            data = await asyncio.to_thread(self.client.request, "GET", _PROFILES)
+        except ClientError as e:
+            raise EnvironmentRetrievalError(f"the hub's profiles: {e}") from None
+        profiles = list(data.get("profiles", []))
+        profiles.sort(key=lambda p: not p.get("default"))  # the UI preselects the first
+        return [environment(p) for p in profiles]
+
+    def manage_environments_command(self) -> str:
+        return ""
+
+    def output_formats_mapping(self) -> dict[str, str]:
+        return dict(OUTPUT_FORMATS)
+
+
+def environment(profile: Mapping[str, Any]) -> RuntimeEnvironment:
+    """One profile of ``api/profiles`` as a :class:`RuntimeEnvironment` (see
+    :class:`HubEnvironmentManager`)."""
+    slug = str(profile["slug"])
+    parts = [str(profile.get("display_name") or slug)]
+    if profile.get("summary"):
+        parts.append(str(profile["summary"]))
+    limits = profile.get("time_limit") or {}
+    if limits:
+        parts.append(f"time limit {limits.get('default')} s (at most {limits.get('max')} s)")
+    if profile.get("description"):
+        parts.append(str(profile["description"]))
+    return RuntimeEnvironment(
+        name=slug, label=slug, description="; ".join(parts), file_extensions=["ipynb"],
+        output_formats=list(OUTPUT_FORMATS),
+        metadata={"display_name": str(profile.get("display_name") or slug),
+                  "summary": str(profile.get("summary") or "")},
+        compute_types=None, default_compute_type=None, utc_only=None)
+

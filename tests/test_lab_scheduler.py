@@ -1,0 +1,470 @@
+"""gpuspawner.singleuser.scheduler: jupyter-scheduler's models mapped to the hub's notebook jobs,
+and :class:`HubScheduler` / :class:`HubEnvironmentManager` / :class:`HubJobFilesManager`
+against :class:`FakeJobsService`, a test double of the ``gpuspawner`` service's ``api/jobs``
+and ``api/profiles`` served by Tornado on 127.0.0.1 (its own thread and loop, so the scheduler's
+blocking client reaches it from a worker thread as it reaches the real service).
+
+jupyter-scheduler's REST handlers in a real jupyter_server, with these classes configured, are
+in tests/test_lab_scheduler_server.py; the real hub and browser in
+tests/test_lab_scheduler_browser.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("jupyter_scheduler")
+
+from jupyter_scheduler.environments import EnvironmentRetrievalError  # noqa: E402
+from jupyter_scheduler.exceptions import SchedulerError  # noqa: E402
+from jupyter_scheduler.models import (  # noqa: E402
+    CountJobsQuery,
+    CreateJob,
+    CreateJobDefinition,
+    ListJobDefinitionsQuery,
+    ListJobsQuery,
+    SortDirection,
+    SortField,
+    Status,
+    UpdateJob,
+)
+from tornado import httpserver, ioloop, netutil, web  # noqa: E402
+
+from gpuspawner.jobs.client import JobsClient  # noqa: E402
+from gpuspawner.jobs.model import FINAL_STATES, STATES  # noqa: E402
+from gpuspawner.singleuser.scheduler import (  # noqa: E402
+    STATUS_OF,
+    HubEnvironmentManager,
+    HubJobFilesManager,
+    HubScheduler,
+    describe_job,
+    hub_client,
+    hub_id,
+    job_files,
+    scheduler_id,
+    submission,
+)
+
+TOKEN = "t0ken-of-the-server"
+PROFILES = [
+    {"slug": "cpu", "display_name": "CPU only", "description": "", "default": False,
+     "summary": "2 cores, 4.0 GiB", "cores": 2, "memory": 4 << 30, "gpus": 0, "gpu_milli": 0,
+     "mig": None, "mig_count": 0, "gpu_models": [],
+     "time_limit": {"default": 600, "max": 3600}},
+    {"slug": "a100-1", "display_name": "One A100", "description": "for training",
+     "default": True, "summary": "1 x A100, 8 cores, 32.0 GiB", "cores": 8,
+     "memory": 32 << 30, "gpus": 1, "gpu_milli": 0, "mig": None, "mig_count": 0,
+     "gpu_models": ["A100"], "time_limit": None},
+]
+
+
+def iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def notebook(source: str = "x = 1") -> dict[str, Any]:
+    return {"nbformat": 4, "nbformat_minor": 5, "metadata": {},
+            "cells": [{"cell_type": "code", "id": "c1", "metadata": {"tags": ["parameters"]},
+                       "source": source, "outputs": [], "execution_count": None}]}
+
+
+# -- the test double of the service ----------------------------------------------------------
+class FakeJobsService:
+    """A test double of the hub's ``gpuspawner`` service: ``api/jobs`` (POST, GET),
+    ``api/jobs/{id}`` (GET, DELETE = cancel, 409 once ended), ``api/jobs/{id}/output`` and
+    ``api/profiles``, answering as the real one does (``{"status", "message"}`` errors, 401
+    without the token). Jobs stay ``queued`` until a test moves them with :meth:`set`.
+    ``requests`` records (method, path, body) of each call."""
+
+    def __init__(self, profiles: list[dict[str, Any]] = PROFILES) -> None:
+        self.profiles = profiles
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.outputs: dict[str, dict[str, Any]] = {}
+        self.requests: list[tuple[str, str, Any]] = []
+        self.lock = threading.Lock()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        ready = threading.Event()
+        self.thread = threading.Thread(target=self._serve, args=(ready,), daemon=True)
+        self.thread.start()
+        assert ready.wait(10), "the fake service did not start"
+        self.url = f"http://127.0.0.1:{self.port}/services/gpuspawner/"
+
+    def _serve(self, ready: threading.Event) -> None:
+        self.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self.loop)
+        sockets = netutil.bind_sockets(0, "127.0.0.1")
+        self.port = sockets[0].getsockname()[1]
+        p = "/services/gpuspawner/"
+        kw = {"fake": self}
+        app = web.Application([
+            (p + "api/jobs", _Jobs, kw), (p + r"api/jobs/([0-9a-f]{32})", _Job, kw),
+            (p + r"api/jobs/([0-9a-f]{32})/output", _Output, kw),
+            (p + "api/profiles", _Profiles, kw)])
+        self.server = httpserver.HTTPServer(app)
+        self.server.add_sockets(sockets)
+        ready.set()
+        ioloop.IOLoop.current().start()
+
+    def stop(self) -> None:
+        assert self.loop is not None
+        self.loop.call_soon_threadsafe(self.server.stop)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+    def set(self, job_id: str, **fields: Any) -> dict[str, Any]:
+        """Move a job (state, started, finished, output_dir, message, error...)."""
+        with self.lock:
+            self.jobs[job_id].update(fields)
+            if "state" in fields:
+                self.jobs[job_id]["history"].append({"state": fields["state"],
+                                                     "time": iso(time.time())})
+            return dict(self.jobs[job_id])
+
+
+class _Base(web.RequestHandler):
+    def initialize(self, fake: FakeJobsService) -> None:
+        self.fake = fake
+
+    def prepare(self) -> None:
+        body = json.loads(self.request.body) if self.request.body else None
+        self.fake.requests.append((self.request.method, self.request.path.split(
+            "/services/gpuspawner/")[1], body))
+        if self.request.headers.get("Authorization") != f"token {TOKEN}":
+            raise web.HTTPError(401, "log in to the hub or send a JupyterHub API token")
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        message = getattr(exc, "log_message", None) or self._reason
+        self.finish({"status": status_code, "message": message})
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        job = self.fake.jobs.get(job_id)
+        if job is None:
+            raise web.HTTPError(404, f"no job {job_id}")
+        return job
+
+
+class _Profiles(_Base):
+    def get(self) -> None:
+        self.finish({"profiles": self.fake.profiles})
+
+
+class _Jobs(_Base):
+    def get(self) -> None:
+        jobs = sorted(self.fake.jobs.values(), key=lambda j: j["created"], reverse=True)
+        self.finish({"jobs": jobs})
+
+    def post(self) -> None:
+        body = json.loads(self.request.body)
+        slugs = [p["slug"] for p in self.fake.profiles]
+        profile = body.get("profile") or next(p["slug"] for p in self.fake.profiles
+                                              if p["default"])
+        if profile not in slugs:
+            raise web.HTTPError(400, f"profile: unknown profile {profile!r}")
+        job_id = uuid.uuid4().hex
+        now = time.time() + len(self.fake.jobs)  # distinct creation times, in order
+        job = {"id": job_id, "user": "alice", "name": body.get("name", "notebook"),
+               "profile": profile, "state": "queued", "message": "",
+               "time_limit": body.get("time_limit", 600),
+               "parameters": body.get("parameters", {}), "created": iso(now), "at": None,
+               "started": None, "finished": None,
+               "history": [{"state": "queued", "time": iso(now)}], "node": None,
+               "gpu_uuids": [], "exit_code": None, "error": None, "output_dir": None,
+               "has_output": False, "queue_position": None, "notebook": body["notebook"]}
+        with self.fake.lock:
+            self.fake.jobs[job_id] = job
+        self.set_status(201)
+        self.finish(job)
+
+
+class _Job(_Base):
+    def get(self, job_id: str) -> None:
+        self.finish(self.job(job_id))
+
+    def delete(self, job_id: str) -> None:
+        job = self.job(job_id)
+        if job["state"] in FINAL_STATES:
+            raise web.HTTPError(409, f"job {job_id} has ended ({job['state']})")
+        self.finish(self.fake.set(job_id, state="cancelled", message="cancelled by alice"))
+
+
+class _Output(_Base):
+    def get(self, job_id: str) -> None:
+        self.job(job_id)
+        if job_id not in self.fake.outputs:
+            raise web.HTTPError(404, f"job {job_id} has no executed notebook here")
+        self.finish(self.fake.outputs[job_id])
+
+
+@pytest.fixture(scope="module")
+def fake():
+    service = FakeJobsService()
+    yield service
+    service.stop()
+
+
+@pytest.fixture
+def home(tmp_path) -> Path:
+    (tmp_path / "home").mkdir()
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def scheduler(fake, home, tmp_path) -> HubScheduler:
+    fake.jobs.clear()
+    fake.requests.clear()
+    client = JobsClient(fake.url, TOKEN, timeout=10)
+    s = HubScheduler(root_dir=str(home), environments_manager=HubEnvironmentManager(client),
+                     client=client, home=str(home))
+    s.hidden_jobs_file = str(tmp_path / "data" / "hidden.json")
+    return s
+
+
+def create(name: str = "train", path: str = "train.ipynb", **kw: Any) -> CreateJob:
+    return CreateJob(input_uri=path, runtime_environment_name=kw.pop("env", "cpu"),
+                     name=name, output_formats=kw.pop("output_formats", ["ipynb"]), **kw)
+
+
+# -- the mapping -----------------------------------------------------------------------------
+def test_ids_are_uuids_for_jupyter_scheduler_and_back():
+    ours = uuid.uuid4().hex
+    theirs = scheduler_id(ours)
+    assert "-" in theirs and uuid.UUID(theirs).hex == ours  # its routes need a "-"
+    assert hub_id(theirs) == ours and hub_id(ours) == ours
+    with pytest.raises(SchedulerError, match="UUID"):
+        hub_id("not-a-job")
+
+
+def test_every_state_has_a_status_and_the_ui_can_stop_what_runs():
+    assert set(STATUS_OF) == set(STATES)
+    assert {s for s, v in STATUS_OF.items() if v == Status.IN_PROGRESS} == {"starting",
+                                                                             "running"}
+    assert {s for s, v in STATUS_OF.items() if v == Status.QUEUED} == {"queued", "waiting"}
+    assert STATUS_OF["cancelled"] == Status.STOPPED
+    for state in FINAL_STATES - {"cancelled"}:
+        assert STATUS_OF[state] in (Status.COMPLETED, Status.FAILED)  # output links shown
+
+
+def test_describe_job_keeps_times_parameters_and_the_lost_state(home):
+    t0 = 1_770_000_000
+    job = {"id": "ab" * 16, "name": "train", "profile": "a100-1", "state": "timed_out",
+           "message": "stopped at its time limit of 60 s", "time_limit": 60,
+           "parameters": {"lr": 0.01, "tag": "7", "sizes": [1, 2]}, "created": iso(t0),
+           "started": iso(t0 + 5), "finished": iso(t0 + 65),
+           "history": [{"state": "queued", "time": iso(t0)},
+                       {"state": "timed_out", "time": iso(t0 + 66)}],
+           "error": None, "output_dir": "~/jobs/train/20260202T000005Z-" + "ab" * 16}
+    m = describe_job(job, str(home), str(home), files=False)
+    assert m.job_id == str(uuid.UUID("ab" * 16))
+    assert (m.create_time, m.start_time, m.end_time, m.update_time) == (
+        t0 * 1000, (t0 + 5) * 1000, (t0 + 65) * 1000, (t0 + 66) * 1000)
+    assert m.status == Status.FAILED
+    assert m.status_message == "timed_out: stopped at its time limit of 60 s"
+    assert m.parameters == {"lr": "0.01", "tag": "7", "sizes": "[1, 2]"}
+    assert m.runtime_environment_name == "a100-1"
+    assert m.runtime_environment_parameters == {"time_limit": 60}
+    failed = describe_job({**job, "state": "failed", "message": "",
+                           "error": {"ename": "ZeroDivisionError", "evalue": "division by zero",
+                                     "cell": 3}}, str(home), str(home), files=False)
+    assert failed.status_message == "cell 3: ZeroDivisionError: division by zero"
+
+
+def test_job_files_link_what_the_job_wrote_in_the_home(home):
+    job_id = "cd" * 16
+    job = {"id": job_id, "name": "train", "output_dir": f"~/jobs/train/20260202T000005Z-{job_id}"}
+    files, downloaded = job_files(job, str(home), str(home))
+    assert [f.file_path for f in files] == [None] * 4 and not downloaded
+    folder = home / "jobs" / "train" / f"20260202T000005Z-{job_id}"
+    folder.mkdir(parents=True)
+    for name in ("train.ipynb", "train.input.ipynb", "job.log"):
+        (folder / name).write_text("{}")
+    files, downloaded = job_files(job, str(home), str(home))
+    rel = f"jobs/train/20260202T000005Z-{job_id}"
+    assert {f.file_format: f.file_path for f in files} == {
+        "ipynb": f"{rel}/train.ipynb", "input": f"{rel}/train.input.ipynb",
+        "log": f"{rel}/job.log", "files": rel}
+    assert downloaded
+    # a server whose root is a sub-folder of the home: the same layout under the root
+    root = home / "work"
+    root.mkdir()
+    files, downloaded = job_files(job, str(root), str(home))
+    assert not downloaded and files[0].file_path is None
+    # a job with no folder yet (queued) and an output_dir that climbs out: no link
+    assert job_files({"id": job_id, "name": "x", "output_dir": None}, str(home),
+                     str(home))[0][0].file_path is None
+    assert job_files({"id": job_id, "name": "x", "output_dir": "~/../../etc"}, str(home),
+                     str(home))[0][3].file_path is None
+
+
+def test_submission_maps_the_create_job_model():
+    body = submission(create(name="my run 1", parameters={"lr": "0.01", "flag": "true",
+                                                         "word": "hello", "xs": "[1, 2]"},
+                             runtime_environment_parameters={"time_limit": "120"}),
+                      notebook())
+    assert body == {"notebook": notebook(), "name": "my-run-1", "profile": "cpu",
+                    "parameters": {"lr": 0.01, "flag": True, "word": "hello", "xs": [1, 2]},
+                    "time_limit": 120}
+    with pytest.raises(SchedulerError, match="html"):
+        submission(create(output_formats=["ipynb", "html"]), notebook())
+    with pytest.raises(SchedulerError, match="input folder"):
+        submission(create(package_input_folder=True), notebook())
+    with pytest.raises(SchedulerError, match="time_limit"):
+        submission(create(runtime_environment_parameters={"time_limit": "soon"}), notebook())
+
+
+def test_hub_client_reads_the_servers_environment():
+    c = hub_client({"JUPYTERHUB_API_TOKEN": "x",
+                    "JUPYTERHUB_API_URL": "http://10.0.0.1:8081/hub/api"})
+    assert c.url == "http://10.0.0.1:8081/services/gpuspawner/" and c.token == "x"
+    c = hub_client({"JUPYTERHUB_API_TOKEN": "x", "GPUSPAWNER_SERVICE_URL": "http://h/s/g"})
+    assert c.url == "http://h/s/g/"
+    with pytest.raises(SchedulerError, match="JUPYTERHUB_API_TOKEN"):
+        hub_client({"JUPYTERHUB_API_URL": "http://10.0.0.1:8081/hub/api"})
+    with pytest.raises(SchedulerError, match="GPUSPAWNER_SERVICE_URL"):
+        hub_client({"JUPYTERHUB_API_TOKEN": "x"})
+
+
+# -- the scheduler against the test double ---------------------------------------------------
+async def test_create_job_sends_the_notebook_to_the_hub(scheduler, fake, home):
+    (home / "train.ipynb").write_text(json.dumps(notebook("lr = 0.1")))
+    job_id = await scheduler.create_job(create(parameters={"lr": "0.5"}))
+    ours = hub_id(job_id)
+    method, path, body = fake.requests[-1]
+    assert (method, path) == ("POST", "api/jobs")
+    assert body["notebook"] == notebook("lr = 0.1") and body["profile"] == "cpu"
+    assert body["parameters"] == {"lr": 0.5} and body["name"] == "train"
+    assert fake.jobs[ours]["state"] == "queued"
+    job = await scheduler.get_job(job_id)
+    assert job.status == Status.QUEUED and job.name == "train"
+    assert [f.file_path for f in job.job_files] == [None] * 4
+
+
+async def test_refusals_of_the_hub_reach_the_ui_with_their_message(scheduler, home):
+    (home / "train.ipynb").write_text(json.dumps(notebook()))
+    with pytest.raises(SchedulerError, match="HTTP 400: profile: unknown profile 'gpu9'"):
+        await scheduler.create_job(create(env="gpu9"))
+    with pytest.raises(SchedulerError, match="no such file"):
+        await scheduler.create_job(create(path="missing.ipynb"))
+    with pytest.raises(SchedulerError, match="no such file"):
+        await scheduler.create_job(create(path="../outside.ipynb"))
+    with pytest.raises(SchedulerError, match="HTTP 404"):
+        await scheduler.get_job(str(uuid.uuid4()))
+    bad = HubScheduler(root_dir=str(home), environments_manager=HubEnvironmentManager(),
+                       client=JobsClient(scheduler.client.url, "wrong-token", timeout=10))
+    with pytest.raises(SchedulerError, match="HTTP 401"):
+        await bad.list_jobs(ListJobsQuery())
+
+
+async def test_list_filter_sort_page_and_count(scheduler, fake, home):
+    (home / "a.ipynb").write_text(json.dumps(notebook()))
+    ids = [hub_id(await scheduler.create_job(create(name=n, path="a.ipynb")))
+           for n in ("alpha", "beta", "gamma")]
+    fake.set(ids[1], state="running", started=iso(time.time()))
+    everything = await scheduler.list_jobs(ListJobsQuery())
+    assert [j.name for j in everything.jobs] == ["gamma", "beta", "alpha"]  # newest first
+    assert everything.total_count == 3 and everything.next_token is None
+    probe = await scheduler.list_jobs(ListJobsQuery(max_items=0))  # the UI's start-up probe
+    assert probe.jobs == [] and probe.total_count == 3
+    running = await scheduler.list_jobs(ListJobsQuery(status=Status.IN_PROGRESS))
+    assert [j.name for j in running.jobs] == ["beta"]
+    assert [j.name for j in (await scheduler.list_jobs(ListJobsQuery(name="ga"))).jobs] == [
+        "gamma"]
+    by_name = ListJobsQuery(sort_by=[SortField(name="name", direction=SortDirection.asc)],
+                            max_items=2)
+    first = await scheduler.list_jobs(by_name)
+    assert [j.name for j in first.jobs] == ["alpha", "beta"] and first.next_token == "2"
+    second = await scheduler.list_jobs(ListJobsQuery(**{**by_name.dict(), "next_token": "2"}))
+    assert [j.name for j in second.jobs] == ["gamma"] and second.next_token is None
+    assert await scheduler.count_jobs(CountJobsQuery(status=Status.IN_PROGRESS)) == 1
+    assert await scheduler.count_jobs(CountJobsQuery(status=Status.QUEUED)) == 2
+    assert (await scheduler.list_jobs(ListJobsQuery(tags=["x"]))).jobs == []
+
+
+async def test_stop_cancels_on_the_hub_and_delete_hides(scheduler, fake, home):
+    (home / "a.ipynb").write_text(json.dumps(notebook()))
+    run, done = [await scheduler.create_job(create(name=n, path="a.ipynb"))
+                 for n in ("run", "done")]
+    fake.set(hub_id(run), state="running")
+    await scheduler.update_job(run, UpdateJob(status=Status.STOPPED))
+    assert fake.jobs[hub_id(run)]["state"] == "cancelled"
+    assert (await scheduler.get_job(run)).status == Status.STOPPED
+    assert ("DELETE", f"api/jobs/{hub_id(run)}", None) in fake.requests
+    fake.set(hub_id(done), state="completed")
+    calls = len(fake.requests)
+    await scheduler.stop_job(done)  # ended: nothing to cancel, no 409 for the UI
+    assert not [r for r in fake.requests[calls:] if r[0] == "DELETE"]
+    await scheduler.delete_job(done)
+    assert fake.jobs[hub_id(done)]["state"] == "completed"  # the hub keeps the record
+    assert [j.name for j in (await scheduler.list_jobs(ListJobsQuery())).jobs] == ["run"]
+    with pytest.raises(SchedulerError, match="renamed"):
+        await scheduler.update_job(run, UpdateJob(name="other"))
+
+
+async def test_a_finished_job_shows_its_files_and_downloads_its_notebook(scheduler, fake,
+                                                                         home):
+    (home / "a.ipynb").write_text(json.dumps(notebook()))
+    job_id = await scheduler.create_job(create(name="train", path="a.ipynb"))
+    ours = hub_id(job_id)
+    out = f"~/jobs/train/20260202T000005Z-{ours}"
+    fake.set(ours, state="completed", started=iso(time.time()), finished=iso(time.time()),
+             output_dir=out, has_output=True)
+    executed = notebook("x = 2")
+    fake.outputs[ours] = executed
+    job = await scheduler.get_job(job_id)
+    assert job.status == Status.COMPLETED and not job.downloaded
+    # the UI's download button: the executed notebook, from the hub, where the link points
+    await HubJobFilesManager(scheduler).copy_from_staging(job_id)
+    path = home / out[2:] / "train.ipynb"
+    assert json.loads(path.read_text()) == executed
+    job = await scheduler.get_job(job_id)
+    assert job.downloaded and job.job_files[0].file_path == f"{out[2:]}/train.ipynb"
+    listed = (await scheduler.list_jobs(ListJobsQuery())).jobs[0]
+    assert listed.downloaded and listed.job_files[0].file_path == f"{out[2:]}/train.ipynb"
+    path.write_text("{}")  # already there: kept unless redownload
+    await HubJobFilesManager(scheduler).copy_from_staging(job_id)
+    assert path.read_text() == "{}"
+    await HubJobFilesManager(scheduler).copy_from_staging(job_id, redownload=True)
+    assert json.loads(path.read_text()) == executed
+
+
+async def test_definitions_say_they_are_not_supported_yet(scheduler):
+    assert (await scheduler.list_job_definitions(ListJobDefinitionsQuery())).total_count == 0
+    with pytest.raises(SchedulerError, match="not supported by this hub yet"):
+        await scheduler.create_job_definition(CreateJobDefinition(
+            input_uri="a.ipynb", runtime_environment_name="cpu", name="nightly",
+            schedule="0 3 * * *", timezone="UTC"))
+
+
+async def test_environments_are_the_users_profiles(fake):
+    manager = HubEnvironmentManager(JobsClient(fake.url, TOKEN, timeout=10))
+    envs = await manager.list_environments()
+    assert [e.name for e in envs] == ["a100-1", "cpu"]  # the default profile first
+    assert all(e.label == e.name for e in envs)  # the UI shows the name, selects the label
+    assert envs[0].description == "One A100; 1 x A100, 8 cores, 32.0 GiB; for training"
+    assert "time limit 600 s (at most 3600 s)" in envs[1].description
+    assert envs[1].output_formats == ["ipynb"] and manager.output_formats_mapping() == {
+        "ipynb": "Notebook"}
+    refused = HubEnvironmentManager(JobsClient(fake.url, "wrong", timeout=10))
+    with pytest.raises(EnvironmentRetrievalError, match="HTTP 401"):
+        await refused.list_environments()
+
+
+def test_the_module_needs_no_hub_code():
+    code = ("import sys, gpuspawner.singleuser.scheduler; "
+            "print(sorted(m for m in sys.modules if m.startswith(('gpuspawner.hub', "
+            "'jupyterhub'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert out.stdout.strip() == "[]"
