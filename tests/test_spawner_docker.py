@@ -424,3 +424,44 @@ async def test_host_network_mode_is_an_explicit_opt_out(make_spawner, client):
         assert client.inspect_container(container_id(sp))["HostConfig"]["NetworkMode"] == "host"
     finally:
         await sp.stop()
+
+
+async def test_datasets_are_read_only_and_projects_only_for_members(make_spawner, client,
+                                                                     tmp_path):
+    """A dataset mounted ro cannot be written (the engine's read-only bind: EROFS); a group's
+    project folder is in its member's server and absent from a non-member's."""
+    data = tmp_path / "datasets"
+    data.mkdir()
+    (data / "labels.txt").write_text("cat\ndog\n")
+    projects = tmp_path / "projects"
+    (projects / "physics").mkdir(parents=True)
+    (projects / "physics" / "plan.txt").write_text("secret plan\n")
+    settings = dict(volumes={str(data): {"bind": "/data", "mode": "ro"}},
+                    group_volumes={"physics": {str(projects) + "/{group}":
+                                               {"bind": "/projects/{group}", "mode": "rw"}}})
+    member = make_spawner("ann", **settings)
+    member.user = FakeUser("ann", groups=("physics",))
+    other = make_spawner("bob", **settings)
+
+    def run(sp, cmd: str) -> tuple[int, str]:
+        ex = client.exec_create(container_id(sp), ["sh", "-c", cmd])
+        out = client.exec_start(ex).decode().strip()
+        return client.exec_inspect(ex["Id"])["ExitCode"], out
+
+    await asyncio.wait_for(member.start(), 90)
+    try:
+        await asyncio.wait_for(other.start(), 90)
+        try:
+            assert run(member, "cat /data/labels.txt") == (0, "cat\ndog")
+            code, out = run(member, "echo x > /data/new.txt")
+            assert code != 0 and "Read-only file system" in out, out
+            assert not (data / "new.txt").exists()
+            assert run(member, "cat /projects/physics/plan.txt") == (0, "secret plan")
+            code, out = run(other, "ls /projects/physics 2>&1; cat /projects/physics/plan.txt")
+            assert code != 0 and "secret plan" not in out, out
+            assert run(other, "cat /data/labels.txt")[0] == 0  # the site's data: everyone
+        finally:
+            await other.stop()
+    finally:
+        await member.stop()
+    assert member.cluster.ledger.allocations() == []

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..placement import format_bytes
 from .spec import LaunchSpec
 
 #: capabilities asked of the NVIDIA container runtime (docker docs, "--gpus": capabilities
@@ -85,6 +86,11 @@ def container_config(spec: LaunchSpec, *, network: str | None = None,
         binds[spec.home.host_path] = {"bind": spec.home.mount_point, "mode": "rw"}
     if spec.certs_dir:
         binds[spec.certs_dir] = {"bind": CERTS_MOUNT, "mode": "ro"}
+    for m in spec.mounts:  # the site's data (gpuspawner.hub.volumes); "ro": a read-only bind
+        if m.source in binds:
+            raise ValueError(f"{m.source} is mounted twice (at {binds[m.source]['bind']} and "
+                             f"{m.target})")
+        binds[m.source] = {"bind": m.target, "mode": "ro" if m.read_only else "rw"}
     for path in binds:
         if "docker.sock" in str(path):
             raise ValueError(f"refusing to mount the Docker socket ({path})")
@@ -121,8 +127,6 @@ def disk_rule(disk_bytes: int, *, supported: bool, driver: str, image_bytes: int
     Raises:
         DiskLimitUnsupported: ``mode`` is "refuse" and the driver cannot limit disk.
     """
-    from ..placement import format_bytes
-
     if not disk_bytes:
         return {}, ""
     if supported:

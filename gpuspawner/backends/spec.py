@@ -34,6 +34,17 @@ class HomeMount:
 
 
 @dataclass(frozen=True)
+class Mount:
+    """A folder of the node mounted into the server (the site's data: datasets, project
+    folders; :mod:`gpuspawner.hub.volumes`): ``source`` on the node, ``target`` in the server,
+    read-only when ``read_only`` (enforced by the engine: a write fails with EROFS)."""
+
+    source: str
+    target: str
+    read_only: bool = True
+
+
+@dataclass(frozen=True)
 class LaunchSpec:
     """One user server, as any backend needs it.
 
@@ -52,6 +63,7 @@ class LaunchSpec:
             listens (a notebook job's spec, made by replacing the port: no port is exposed).
         labels: labels every engine object of this server carries (allocation included).
         certs_dir: host folder with the server's internal_ssl files (read-only mount), or "".
+        mounts: the site's folders mounted beside the home (:class:`Mount`), in order.
     """
 
     name: str
@@ -68,6 +80,7 @@ class LaunchSpec:
     working_dir: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     certs_dir: str = ""
+    mounts: tuple[Mount, ...] = ()
 
 
 def allocation_env(alloc: Allocation) -> dict[str, str]:
@@ -88,7 +101,8 @@ def allocation_env(alloc: Allocation) -> dict[str, str]:
 
 def launch_spec(*, name: str, user: str, server: str, allocation: Allocation, image: str,
                 cmd: Sequence[str], env: Mapping[str, str], uid: int, gid: int, port: int,
-                home: HomeMount | None = None, certs_dir: str = "") -> LaunchSpec:
+                home: HomeMount | None = None, certs_dir: str = "",
+                mounts: Sequence[Mount] = ()) -> LaunchSpec:
     """Build the spec of one server: the environment gains the allocation's variables (and
     ``HOME`` with a home mount), the labels name the owner and carry the allocation, the
     working directory is the home.
@@ -111,4 +125,4 @@ def launch_spec(*, name: str, user: str, server: str, allocation: Allocation, im
     return LaunchSpec(name=name, user=user, server=server, allocation=allocation, image=image,
                       cmd=tuple(cmd), env=full_env, uid=uid, gid=gid, port=port, home=home,
                       working_dir=home.mount_point if home else None, labels=labels,
-                      certs_dir=certs_dir)
+                      certs_dir=certs_dir, mounts=tuple(mounts))

@@ -98,6 +98,7 @@ def check_spawner_settings(settings: Mapping[str, Any], config: Any = None) -> C
     if not isinstance(get("nodes"), list) or not get("nodes"):
         raise HubConfigError("GPUSpawner.nodes: must be a non-empty list of node entries")
     from .drains import DrainFileError
+    from .profiles import load_profiles
     from .settings import (
         HEALTH_TRAITS,
         QUEUE_TRAITS,
@@ -106,7 +107,8 @@ def check_spawner_settings(settings: Mapping[str, Any], config: Any = None) -> C
         queue_settings,
     )
     from .spawn_queue import QueueFileError
-    from .state import prepare_state_dir
+    from .state import prepare_state_dir, resolve_state_dir
+    from .volumes import VolumeConfigError, check_volume_settings
 
     try:
         db_url = None
@@ -126,6 +128,16 @@ def check_spawner_settings(settings: Mapping[str, Any], config: Any = None) -> C
         raise HubConfigError(f"GPUSpawner.state_dir: {e}") from None
     for line in changed:
         logging.getLogger("gpuspawner").info("state folder: %s", line)
+    try:  # the site's mounts: gpuspawner.hub.volumes (a profile's parsed by load_profiles)
+        check_volume_settings(get("volumes"), get("group_volumes"),
+                              load_profiles(get("profiles")),
+                              home_path_template=get("home_path_template"),
+                              home_mount_point=get("home_mount_point"),
+                              state_dir=resolve_state_dir(str(get("state_dir") or ""),
+                                                          db_url or hub_db_url()),
+                              backend=get("backend"))
+    except VolumeConfigError as e:
+        raise HubConfigError(str(e)) from None
     from .hub_id import hub_id as hub_id_of
 
     try:  # inside a hub: its id, made once in the state folder

@@ -22,6 +22,7 @@ import yaml
 
 from ..placement import GPU_MILLI, Bundle, parse_bytes
 from ..schemas import ConfigSchemaError, format_field, load_schema, validate
+from .volumes import VolumeConfigError, VolumeSpec, parse_volumes
 
 #: the keys of a profile (the ``profiles`` schema's)
 PROFILE_KEYS = frozenset(load_schema("profiles")["$defs"]["profile"]["properties"])
@@ -32,7 +33,8 @@ PROFILES_HELP = """Profiles users choose from: a list of dicts or the path of a 
 Keys: slug, display_name, description, cpu (whole cores), memory and disk (bytes, or sizes like
 "4G": K, M, G, T are powers of 1024), gpus (whole GPUs, or a fraction below 1 for a share) or
 gpu_milli (milli-GPU, 1..999: a share of one GPU) or mig (a MIG profile name such as 1g.10gb,
-with mig_count, default 1), gpu_models (list), image, numa_policy
+with mig_count, default 1), gpu_models (list), image, volumes (mounts beside
+c.GPUSpawner.volumes, same shape), numa_policy
 (strict | prefer | none), groups (who may use it; empty = everyone), nodes (node names it may
 run on; empty = any), queue (wait when the bundle is not free now), default.
 """
@@ -73,6 +75,8 @@ class Profile:
     default: bool = False
     #: wait in the queue when the bundle fits the capacity but not what is free now
     queue: bool = False
+    #: the profile's own mounts (:mod:`gpuspawner.hub.volumes`), beside the site's
+    volumes: tuple[VolumeSpec, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def allowed_for(self, groups: Iterable[str]) -> bool:
@@ -113,6 +117,17 @@ def _bundle_from(entry: Mapping[str, Any], where: str) -> Bundle:
                   gpu_models=_names(entry.get("gpu_models")), disk_bytes=size("disk"),
                   numa_policy=entry.get("numa_policy", "strict"),
                   mig=mig, mig_count=int(entry.get("mig_count", 1)))
+
+
+def _volumes_from(value: Any, where: str) -> list[VolumeSpec]:
+    """A profile's ``volumes`` (:func:`~gpuspawner.hub.volumes.parse_volumes`).
+
+    Raises:
+        ProfileConfigError: a path or mode the mount rules refuse, the field named."""
+    try:
+        return parse_volumes(value, where)
+    except VolumeConfigError as e:
+        raise ProfileConfigError(str(e)) from None
 
 
 def _names(value: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -220,6 +235,7 @@ def _load_profiles(config: Sequence[Mapping[str, Any]] | str | os.PathLike[str]
             nodes=_names(entry.get("nodes")),
             default=entry.get("default", False),
             queue=bool(entry.get("queue", bundle.total_gpu_milli > 0)),
+            volumes=tuple(_volumes_from(entry.get("volumes"), f"{where}.volumes")),
         ))
     if sum(p.default for p in out) > 1:
         raise ProfileConfigError(f"{source}: more than one profile has default: true")

@@ -68,6 +68,18 @@ class SpawnerSettings(LoggingConfigurable):
         """).tag(config=True)
     home_mount_point = Unicode("/home/{username}", help="Where the home is mounted in the "
                                "server; also its HOME.").tag(config=True)
+    volumes = Dict(help="""Folders of the node mounted into every server and notebook job,
+        beside the home (shared datasets, software), in DockerSpawner's shape:
+        {host_path: container_path} or {host_path: {"bind": container_path, "mode": "ro"|"rw"}}
+        (mode left out: rw; {username}: the escaped user name). "ro" is enforced by the
+        engine. Checked at hub start: absolute paths without "..", an untemplated host
+        folder must exist, never the Docker socket, the hub's state folder, another user's home
+        or the folder of all homes (docs/data-mounts.md). Not with the Slurm backend. A
+        profile's "volumes" add to these.""").tag(config=True)
+    group_volumes = Dict(help="""Mounts only members of a JupyterHub group get (a project
+        folder per group): {group: volumes}, each value in the shape of ``volumes``;
+        {group} in a path is the group's name, {username} the escaped user name.
+        """).tag(config=True)
     uid_map = Union([Dict(), Callable()], default_value={}, help="""uid/gid for users whose
         authenticator gives none in auth_state: {username: {"uid": N, "gid": M}} or a
         callable(spawner) returning (uid, gid).""").tag(config=True)

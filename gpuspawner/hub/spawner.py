@@ -21,7 +21,7 @@ from tornado import web
 from traitlets import default
 
 from ..backends.base import Backend, BackendError, BackendUnavailable, ServerRef, current_spawner
-from ..backends.spec import HomeMount, launch_spec
+from ..backends.spec import HomeMount, Mount, launch_spec
 from ..placement import Allocation, Owner, PlacementError, QuotaExceeded
 from ..placement.queue import QueueEntry
 from ..server_state import ServerState
@@ -38,6 +38,7 @@ from .runtime import hub_runtime
 from .settings import SpawnerSettings, hub_db_url
 from .spawn_queue import QueueTimeout
 from .user_options import install_user_options_guard
+from .volumes import VolumeConfigError, mounts_for, parse_volumes
 
 __all__ = ["GPUSpawner", "safe_name"]
 
@@ -121,6 +122,20 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
                 legacy = None
         return HomeMount(host_home, self.home_mount_point.format(username=self.escaped_name),
                          legacy)
+
+    def mounts(self, profile: Profile) -> tuple[Mount, ...]:
+        """The site's folders for this server: ``volumes``, the profile's, and the
+        ``group_volumes`` of the user's groups (:func:`~gpuspawner.hub.volumes.mounts_for`;
+        checked at hub start). Raises web.HTTPError(500) for a setting that does not parse
+        (a hub started without the start-up check)."""
+        try:
+            specs = parse_volumes(self.volumes, "GPUSpawner.volumes")
+            for group, value in (self.group_volumes or {}).items():
+                specs += parse_volumes(value, f"GPUSpawner.group_volumes[{group!r}]",
+                                       group=str(group))
+        except VolumeConfigError as e:
+            raise web.HTTPError(500, str(e)) from None
+        return mounts_for([*specs, *profile.volumes], self.escaped_name, self.group_names)
 
     def _ref(self) -> ServerRef:
         return ServerRef(self.user.name, self.name or "", self.object_name)
@@ -243,7 +258,7 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
                     allocation=alloc, image=image, cmd=[*self.cmd, *self.get_args()],
                     env={**self.get_env(), "JUPYTER_IMAGE_SPEC": image}, uid=uid, gid=gid,
                     port=self.port, home=self._home_mount(),
-                    certs_dir=self.certs_dir)
+                    certs_dir=self.certs_dir, mounts=self.mounts(profile))
                 ip, port = await self.backend_obj.launch(spec, self.backend_state, self._emit)
                 self.allocation = self.cluster.ledger.get(alloc.id) or alloc  # adopted?
                 self._emit(60, f"Server started ({self.object_name} at {ip}:{port}), "

@@ -1,0 +1,136 @@
+"""The site's data beside the home (gpuspawner.hub.volumes): the mount rules checked at hub
+start and the mounts a server gets (the real engine's test, a read-only dataset and a group's
+project folder: tests/test_spawner_docker.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuspawner.backends.docker import container_config
+from gpuspawner.backends.spec import Mount
+from gpuspawner.hub.config_check import HubConfigError, check_spawner_settings
+from gpuspawner.hub.profiles import ProfileConfigError, load_profiles
+from gpuspawner.hub.volumes import (
+    VolumeConfigError,
+    VolumeSpec,
+    check_volume_settings,
+    mounts_for,
+    parse_volumes,
+)
+from tests.test_launch_spec import spec as make_spec  # a spec without an engine
+
+HOMES = "/shared/home/{username}"
+
+
+def check(volumes=None, group_volumes=None, profiles=(), **kw):
+    kw.setdefault("home_path_template", HOMES)
+    kw.setdefault("check_exists", False)
+    return check_volume_settings(volumes, group_volumes, profiles, **kw)
+
+
+def test_dockerspawner_shapes_are_read() -> None:
+    specs = parse_volumes({"/data/imagenet": {"bind": "/data/imagenet", "mode": "ro"},
+                           "/opt/tools": "/opt/tools",
+                           "/scratch/{username}": {"bind": "/scratch"}}, "GPUSpawner.volumes")
+    assert specs == [VolumeSpec("/data/imagenet", "/data/imagenet", True),
+                     VolumeSpec("/opt/tools", "/opt/tools", False),  # mode left out: rw
+                     VolumeSpec("/scratch/{username}", "/scratch", False)]
+
+
+@pytest.mark.parametrize(("volumes", "group_volumes", "kw", "message"), [
+    ({"data": "/data"}, None, {}, "GPUSpawner.volumes['data']: host path 'data' must be an "
+                                  "absolute path"),
+    ({"/data/../etc": "/data"}, None, {}, "must not contain '..'"),
+    ({"/data": {"bind": "/d", "mode": "rx"}}, None, {},
+     "GPUSpawner.volumes['/data'].mode: must be 'ro' or 'rw', got 'rx'"),
+    ({"/data": {"target": "/d"}}, None, {}, "unknown key 'target'; known: bind, mode"),
+    ({"/data": 3}, None, {}, "must be the path in the server or"),
+    ({"/data/{user}": "/d"}, None, {}, "unknown template {user}; allowed: {username}"),
+    ({"/data/{group}": "/d"}, None, {}, "unknown template {group}"),
+    (["/data"], None, {}, "GPUSpawner.volumes: must be a dict"),
+    ({"/data": "/"}, None, {}, "would cover a system folder"),
+    ({"/data": "/proc/x"}, None, {}, "would cover a system folder"),
+    ({"/data": "/home/{username}"}, None, {}, "is the home's mount point"),
+    ({"/var/run/docker.sock": "/d"}, None, {}, "refusing to mount the Docker socket"),
+    ({"/run/docker": "/d"}, None, {}, "refusing to mount the Docker socket"),
+    ({"/srv/hub/state": "/d"}, None, {"state_dir": "/srv/hub/state"},
+     "the hub's state folder (/srv/hub/state) must not be mounted"),
+    ({"/srv": "/d"}, None, {"state_dir": "/srv/hub/state"}, "the hub's state folder"),
+    ({"/shared/home/alice": "/alice"}, None, {},
+     "is inside the homes (/shared/home) but not the user's own home"),
+    ({"/shared/home/{username}x": "/x"}, None, {}, "not the user's own home"),
+    ({"/shared": "/shared"}, None, {}, "holds every user's home (/shared/home)"),
+    ({"/shared/home/{username}": "/h"}, None, {}, "is the user's home itself"),
+    ({"/a": "/data", "/b": "/data"}, None, {}, "bind '/data' is already the mount point of"),
+    (None, {"physics": {"/p/{group}": "/p"}}, {"backend": "slurm"},
+     "GPUSpawner.group_volumes['physics']: mounts are not supported with the Slurm backend"),
+    (None, {"../x": {"/p/{group}": "/p"}}, {}, "a group name with '/' or '..'"),
+    (None, ["x"], {}, "GPUSpawner.group_volumes: must be a dict {group: volumes}"),
+])
+def test_each_bad_mount_is_refused_with_its_setting(volumes, group_volumes, kw, message):
+    with pytest.raises(VolumeConfigError) as e:
+        check(volumes, group_volumes, **kw)
+    assert message in str(e.value), str(e.value)
+
+
+def test_good_mounts_pass(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    specs = check({str(tmp_path / "data"): {"bind": "/data", "mode": "ro"},
+                   "/shared/home/{username}/big": "/big",
+                   "/scratch/{username}": "/scratch"},
+                  {"physics": {"/projects/{group}": "/projects/{group}"}},
+                  state_dir=str(tmp_path / "state"), check_exists=True)
+    assert len(specs) == 4
+    # an untemplated folder must exist on the hub's host
+    with pytest.raises(VolumeConfigError, match="the host folder does not exist"):
+        check({str(tmp_path / "missing"): "/m"}, check_exists=True)
+
+
+def test_a_profiles_mounts_are_checked_with_its_name() -> None:
+    with pytest.raises(ProfileConfigError, match=r"profiles\[0\] \(a\)\.volumes\['rel'\]: host "
+                                                 "path 'rel' must be an absolute path"):
+        load_profiles([{"slug": "a", "volumes": {"rel": "/x"}}])
+    (p,) = load_profiles([{"slug": "a", "volumes": {"/shared/home/bob": "/bob"}}])
+    with pytest.raises(VolumeConfigError, match=r"GPUSpawner.profiles \(a\).volumes.*not the "
+                                                "user's own home"):
+        check(profiles=[p])
+
+
+def test_mounts_follow_groups_templates_and_profiles() -> None:
+    site = parse_volumes({"/data": {"bind": "/data", "mode": "ro"},
+                          "/scratch/{username}": "/scratch"}, "v")
+    groups = parse_volumes({"/projects/{group}": "/projects/{group}"}, "g", group="physics") + \
+        parse_volumes({"/projects/{group}": "/projects/{group}"}, "g", group="chem")
+    profile = parse_volumes({"/data-v2": {"bind": "/data", "mode": "ro"}}, "p")
+    got = mounts_for([*site, *groups, *profile], "ann", ["physics", "staff"])
+    assert got == (Mount("/data-v2", "/data", True),  # the profile's replaces the site's
+                   Mount("/scratch/ann", "/scratch", False),
+                   Mount("/projects/physics", "/projects/physics", False))
+    assert all("chem" not in m.source for m in mounts_for(groups, "bob", ["physics"]))
+    assert mounts_for(groups, "eve", []) == ()
+
+
+def test_docker_binds_carry_the_mode() -> None:
+    spec = make_spec(mounts=(Mount("/data", "/data", True), Mount("/s/ann", "/scratch", False)))
+    binds = container_config(spec, network="n")[1]["binds"]
+    assert binds["/data"] == {"bind": "/data", "mode": "ro"}
+    assert binds["/s/ann"] == {"bind": "/scratch", "mode": "rw"}
+    with pytest.raises(ValueError, match="mounted twice"):
+        container_config(make_spec(mounts=(Mount("/data", "/a"), Mount("/data", "/b"))),
+                         network="n")
+
+
+def test_the_hub_refuses_a_bad_mount_at_start(tmp_path: Path) -> None:
+    from gpuspawner.hub.cluster import reset_clusters
+
+    reset_clusters()
+    with pytest.raises(HubConfigError, match=r"^GPUSpawner.volumes\['/shared'\]: holds every "
+                                             "user's home"):
+        check_spawner_settings({"profiles": [{"slug": "cpu", "cpu": 1}],
+                                "home_path_template": "/shared/home/{username}",
+                                "volumes": {"/shared": "/shared"},
+                                "state_dir": str(tmp_path)})
+    reset_clusters()
+
