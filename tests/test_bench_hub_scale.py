@@ -1,0 +1,94 @@
+"""benchmarks/hub_scale.py at a tiny size: both hubs start, every phase runs, the table has both
+columns and the run exits 0 (about 40 s on a 2-CPU machine: two hub starts dominate).
+
+Also the fake engine's doubles on their own (no hub): FakeBackend's record of what runs and
+FakeDockerClient's answers in docker-py's shapes."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from docker.errors import NotFound
+
+from benchmarks.fake_backend import FakeBackend, FakeDockerClient
+from benchmarks.hub_scale import CHP, fake_node
+from gpuspawner.backends.base import ServerRef
+from gpuspawner.backends.spec import launch_spec
+from gpuspawner.inventory.topology import node_from_dict
+from gpuspawner.placement import Bundle, Ledger, Owner
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_fake_backend_records_launch_poll_stop_and_restore_listing() -> None:
+    backend = FakeBackend(responder_port=4242)
+    backend.check_config()
+    ledger = Ledger([node_from_dict(fake_node(0))])
+    alloc = ledger.reserve(Bundle(cores=1, memory_bytes=1 << 30, gpu_milli=250), Owner("ann"))
+    spec = launch_spec(name="jupyter-ann", user="ann", server="", allocation=alloc, image="i",
+                       cmd=["x"], env={}, uid=1000, gid=100, port=8888)
+    state: dict = {}
+
+    async def scenario() -> None:
+        assert await backend.launch(spec, state, lambda p, m: None) == ("127.0.0.1", 4242)
+        assert await backend.poll(state) is None
+        assert await backend.exit_report(state) is None
+        [found] = await backend.list_managed()
+        assert found.node == "fake-000" and alloc.id in found.allocation
+        await backend.remove_server("fake-000", ServerRef("bob", "", "jupyter-bob"))
+        assert await backend.poll(state) is None  # another owner's removal leaves it
+        await backend.stop(state)
+        assert await backend.poll(state) == 0
+        assert "gone" in (await backend.exit_report(state) or "")
+        assert await backend.list_managed() == []
+
+    asyncio.run(scenario())
+
+
+def test_fake_backend_without_responder_port_is_refused() -> None:
+    with pytest.raises(ValueError, match="responder_port"):
+        FakeBackend().check_config()
+
+
+def test_fake_docker_client_answers_as_docker_py() -> None:
+    c = FakeDockerClient("127.0.0.1", 4242)
+    cid = c.create_container(name="jupyter-ann", image="i",
+                             host_config=c.create_host_config(mem_limit="1G"))["Id"]
+    assert c.inspect_container("jupyter-ann")["State"]["Running"] is False
+    c.start(cid)
+    assert c.inspect_container(cid)["State"]["Running"] is True
+    assert c.port(cid, 8888) == [{"HostIp": "127.0.0.1", "HostPort": "4242"}]
+    c.stop(cid)
+    c.remove_container(cid)
+    with pytest.raises(NotFound) as e:
+        c.inspect_container("jupyter-ann")
+    assert e.value.status_code == 404  # DockerSpawner reads e.response.status_code
+
+
+@pytest.mark.hub
+@pytest.mark.skipif(not CHP.exists(), reason="configurable-http-proxy not installed (make chp)")
+def test_hub_scale_tiny_run_prints_both_columns() -> None:
+    r = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "hub_scale.py"), "--servers", "3",
+         "--requests", "3", "--culler-repeat", "1", "--concurrency", "2",
+         "--time-limit", "150"],
+        cwd=REPO, capture_output=True, text=True, timeout=200)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if "gpuspawner" in line
+                  and "dockerspawner" in line and not line.startswith(("hub_scale", "(*)")))
+    table = lines[header:]
+    for label in ("spawn: servers/s", "spawn: p50 / p99", "hub /hub/api/users",
+                  "all 3 servers", "gpuspawner service api/nodes", "idle_culler",
+                  "jupyterhub-idle-culler"):
+        row = next((line for line in table if label in line), None)
+        assert row is not None, (label, r.stdout)
+    # every row of a phase both sides ran has a number in both columns
+    spawn = next(line for line in table if "spawn: servers/s" in line).split()
+    assert float(spawn[-1]) > 0 and float(spawn[-2]) > 0
+    culler = next(line for line in table if line.strip().startswith("idle_culler")).split()
+    assert float(culler[-1]) > 0 and float(culler[-2]) > 0
