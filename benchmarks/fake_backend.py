@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jupyterhub
 from docker.errors import NotFound
 from docker.types import HostConfig
 from dockerspawner import DockerSpawner
@@ -211,6 +212,7 @@ class FakeDockerSpawner(DockerSpawner):
 class _Answer(web.RequestHandler):
     def get(self, *_: Any) -> None:
         self.set_header("Content-Type", "application/json")
+        self.set_header("X-JupyterHub-Version", jupyterhub.__version__)  # as the server's
         self.finish(RESPONDER_BODY)
 
     head = get

@@ -61,6 +61,7 @@ import math
 import os
 import platform
 import secrets
+import shutil
 import signal
 import socket
 import statistics
@@ -108,7 +109,7 @@ c.JupyterHub.bind_url = "http://127.0.0.1:{port}"
 c.JupyterHub.hub_ip = "127.0.0.1"
 c.JupyterHub.hub_port = {hub_api_port}
 c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{proxy_api_port}"
-c.ConfigurableHTTPProxy.command = [{chp!r}]
+c.ConfigurableHTTPProxy.command = [{chp!r}, "--log-level", "warn"]
 c.ConfigurableHTTPProxy.pid_file = "proxy.pid"
 c.JupyterHub.pid_file = "jupyterhub.pid"
 c.JupyterHub.db_url = "sqlite:///jupyterhub.sqlite"
@@ -497,6 +498,8 @@ async def culler_phase(hub: Hub, names: list[str], uuids: list[str], repeat: int
             out["idle_culler"].append(time.perf_counter() - t0)
             assert len(ds) == len(names), (len(ds), ours.last_pass)
             assert not any(d.action == "cull" for d in ds)
+            if uuids:  # the GPU signal read GPUSpawner's state and the history
+                assert any(d.figures.get("gpu_mean_percent") == 40.0 for d in ds)
             t0 = time.perf_counter()
             await clock.bound(f"{hub.side}: culler", cull_idle(
                 hub.api_url, hub.ref_token, inactive_limit=86400, logger=ref_log,
@@ -527,23 +530,37 @@ async def run_side(side: str, folder: Path, responder_port: int, args: argparse.
     conn = aiohttp.TCPConnector(limit=args.concurrency + 4)
     async with aiohttp.ClientSession(connector=conn,
                                      timeout=aiohttp.ClientTimeout(total=120)) as session:
+        t0 = time.perf_counter()
+
+        def done(what: str) -> None:
+            print(f"  {side}: {what} ({time.perf_counter() - t0:.1f} s)", flush=True)
+
         try:
             await hub.start(session, clock)
+            done("hub up")
             await clock.bound(f"{side}: users", make_users(session, hub, names))
+            done(f"{len(names)} users made")
             times, wall = await spawn_all(session, hub, names, body, args.concurrency, clock)
             ready = await clock.bound(f"{side}: count", count_ready(session, hub))
             if ready != args.servers:
                 raise RuntimeError(f"{side}: {ready} of {args.servers} servers ready")
+            done(f"{ready} servers spawned and ready")
             rss = hub.rss_mib()
             rest = await rest_phase(session, hub, args.requests, clock)
+            done("REST measured")
             uuids = await clock.bound(f"{side}: allocations", gpu_uuids(session, hub))
             culler = await culler_phase(hub, names, uuids, args.culler_repeat, clock)
+            done("culler passes measured")
         except BaseException:
             if hub.process is not None:
                 print(f"--- {side} hub log (tail) ---\n{hub.process.tail()}", file=sys.stderr)
             raise
         finally:
             hub.stop()
+            done("hub stopped")
+            if args.log_dir is not None:
+                args.log_dir.mkdir(parents=True, exist_ok=True)
+                shutil.copy(folder / "hub.log", args.log_dir / f"{side}-hub.log")
     return SideResult(times, wall, rest, culler, rss)
 
 
@@ -592,6 +609,7 @@ def report(results: dict[str, SideResult], args: argparse.Namespace) -> list[str
 
 async def run(args: argparse.Namespace) -> int:
     clock = Clock(time.monotonic() + args.time_limit)
+    load_before = os.getloadavg()[0]
     results: dict[str, SideResult] = {}
     with tempfile.TemporaryDirectory(prefix="hub-scale-") as tmp:
         folder = Path(tmp)
@@ -599,13 +617,12 @@ async def run(args: argparse.Namespace) -> int:
         try:
             for side in SIDES:
                 results[side] = await run_side(side, folder / side, port, args, clock)
-                print(f"{side}: done, {time.monotonic() - clock.deadline + args.time_limit:.0f}"
-                      f" s into the run", flush=True)
         finally:
             responder.stop(5)
     print(f"hub_scale: {args.servers} servers per side, fake engine (no Docker), "
           f"JupyterHub {jupyterhub.__version__}, Python {platform.python_version()}, "
-          f"{os.cpu_count()} CPUs")
+          f"{os.cpu_count()} CPUs, load average {load_before:.1f} before / "
+          f"{os.getloadavg()[0]:.1f} after")
     for line in report(results, args):
         print(line)
     return 0
@@ -619,6 +636,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--culler-repeat", type=int, default=3, help="passes per culler")
     ap.add_argument("--time-limit", type=float, default=900.0,
                     help="seconds for the whole run (exit 2 when exceeded)")
+    ap.add_argument("--log-dir", type=Path, default=None,
+                    help="copy each side's hub log here (the temporary folder goes)")
     args = ap.parse_args(argv)
     if args.servers < 1 or args.concurrency < 1 or args.requests < 1 or args.culler_repeat < 1:
         ap.error("--servers, --concurrency, --requests and --culler-repeat must be >= 1")
