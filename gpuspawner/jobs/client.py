@@ -1,6 +1,7 @@
 """``gpuspawner jobs``: submit, list, show, cancel notebook jobs and fetch their executed
-notebooks through the hub's ``gpuspawner`` service (standard library only: it runs in a
-user's server and on a laptop alike).
+notebooks, make job definitions (``submit --cron``), pause and resume them, through the hub's
+``gpuspawner`` service (standard library only: it runs in a user's server and on a laptop
+alike).
 
 Where: ``GPUSPAWNER_SERVICE_URL`` (the service's URL, e.g.
 ``https://hub.example.org/services/gpuspawner/``), else derived from ``JUPYTERHUB_API_URL``
@@ -127,6 +128,68 @@ class JobsClient:
     def output(self, job_id: str) -> Any:
         return self.request("GET", f"api/jobs/{job_id}/output")
 
+    def text(self, path: str) -> str:
+        """``GET path`` answered as text (a job's log, its HTML export).
+
+        Raises:
+            ClientError: an HTTP error (with the service's message) or no answer.
+        """
+        req = urllib.request.Request(self.url + path, method="GET", headers={
+            "Authorization": f"token {self.token}", "Accept": "text/plain, text/html"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as r:
+                return str(r.read().decode("utf-8", "replace"))
+        except urllib.error.HTTPError as e:
+            raw = e.read()
+            try:
+                message = json.loads(raw).get("message") or raw.decode("utf-8", "replace")
+            except (ValueError, AttributeError):
+                message = raw.decode("utf-8", "replace")[:500]
+            raise ClientError(f"HTTP {e.code}: {message}") from None
+        except (urllib.error.URLError, OSError) as e:
+            raise ClientError(f"{self.url}: {getattr(e, 'reason', e)}") from None
+
+    def logs(self, job_id: str) -> str:
+        """The job's log (every attempt's)."""
+        return self.text(f"api/jobs/{job_id}/log")
+
+
+    # -- job definitions (a notebook on a schedule) --------------------------------------
+    def create_definition(self, notebook: dict[str, Any], profile: str | None,
+                          parameters: dict[str, Any], time_limit: int | None, name: str,
+                          schedule: str, timezone: str | None = None,
+                          concurrency_policy: str | None = None,
+                          starting_deadline: int | None = None, paused: bool = False) -> Any:
+        """``POST api/job_definitions``: the definition (with its ``id``)."""
+        body: dict[str, Any] = {"notebook": notebook, "parameters": parameters, "name": name,
+                                "schedule": schedule}
+        for key, value in (("profile", profile), ("time_limit", time_limit),
+                           ("timezone", timezone), ("concurrency_policy", concurrency_policy),
+                           ("starting_deadline", starting_deadline)):
+            if value is not None:
+                body[key] = value
+        if paused:
+            body["paused"] = True
+        return self.request("POST", "api/job_definitions", body)
+
+    def definitions(self) -> list[dict[str, Any]]:
+        return list(self.request("GET", "api/job_definitions")["job_definitions"])
+
+    def definition(self, definition_id: str) -> Any:
+        return self.request("GET", f"api/job_definitions/{definition_id}")
+
+    def update_definition(self, definition_id: str, **changes: Any) -> Any:
+        """``PATCH api/job_definitions/{id}`` with ``changes`` (paused, schedule, timezone,
+        concurrency_policy, starting_deadline)."""
+        return self.request("PATCH", f"api/job_definitions/{definition_id}", changes)
+
+    def delete_definition(self, definition_id: str) -> Any:
+        return self.request("DELETE", f"api/job_definitions/{definition_id}")
+
+    def jobs_of(self, definition_id: str) -> list[dict[str, Any]]:
+        """The jobs a definition made, newest first."""
+        return list(self.request("GET", f"api/jobs?definition_id={definition_id}")["jobs"])
+
 
 # -- the subcommands -------------------------------------------------------------------------
 def _client() -> JobsClient:
@@ -152,6 +215,8 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         raise ClientError(f"{args.notebook}: cannot read a notebook: {e}") from None
     params = dict(parse_parameter(p) for p in args.parameter or [])
+    if args.cron is not None or args.at is None and _schedule_options(args):
+        return _submit_definition(args, notebook, params)
     job = _client().submit(notebook, args.profile, params, args.time_limit,
                            args.name or default_name(args.notebook), args.at)
     print(json.dumps(job, indent=1, sort_keys=True) if args.json else job["id"])
@@ -201,6 +266,74 @@ def _cmd_output(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_logs(args: argparse.Namespace) -> int:
+    text = _client().logs(args.id)
+    sys.stdout.write(text if text.endswith("\n") or not text else text + "\n")
+    return 0
+
+
+def _schedule_options(args: argparse.Namespace) -> list[str]:
+    """The options of a schedule given to ``submit`` (they need ``--cron``)."""
+    return [o for o, v in (("--timezone", args.timezone),
+                           ("--concurrency-policy", args.concurrency_policy),
+                           ("--starting-deadline", args.starting_deadline),
+                           ("--paused", args.paused or None)) if v is not None]
+
+
+def _submit_definition(args: argparse.Namespace, notebook: dict[str, Any],
+                       params: dict[str, Any]) -> int:
+    if args.at is not None:
+        raise ClientError("submit: --at or --cron, not both")
+    if args.cron is None:
+        raise ClientError(f"submit: {', '.join(_schedule_options(args))} need --cron")
+    d = _client().create_definition(
+        notebook, args.profile, params, args.time_limit,
+        args.name or default_name(args.notebook), args.cron, args.timezone,
+        args.concurrency_policy, args.starting_deadline, args.paused)
+    print(json.dumps(d, indent=1, sort_keys=True) if args.json else d["id"])
+    return 0
+
+
+def _cmd_definitions(args: argparse.Namespace) -> int:
+    defs = _client().definitions()
+    if args.json:
+        print(json.dumps(defs, indent=1, sort_keys=True))
+        return 0
+    print(f"{'ID':32}  {'SCHEDULE':16}  {'TIME ZONE':16}  {'NEXT RUN':20}  NAME")
+    for d in defs:
+        nxt = "paused" if d.get("paused") else d.get("next_tick") or "-"
+        print(f"{d['id']:32}  {d['schedule']:16}  {d['timezone']:16}  {nxt:20}  {d['name']}")
+    return 0
+
+
+def _set_paused(paused: bool) -> Any:
+    def command(args: argparse.Namespace) -> int:
+        d = _client().update_definition(args.id, paused=paused)
+        if args.json:
+            print(json.dumps(d, indent=1, sort_keys=True))
+        else:
+            print(f"{d['id']}: {'paused' if d['paused'] else 'next run ' + str(d['next_tick'])}")
+        return 0
+    return command
+
+
+def _cmd_delete_definition(args: argparse.Namespace) -> int:
+    d = _client().delete_definition(args.id)
+    print(f"{d['id']}: deleted (its jobs stay)")
+    return 0
+
+
+def _cmd_definition_jobs(args: argparse.Namespace) -> int:
+    jobs = _client().jobs_of(args.id)
+    if args.json:
+        print(json.dumps(jobs, indent=1, sort_keys=True))
+        return 0
+    print(f"{'ID':32}  {'STATE':10}  {'AT':20}  NAME")
+    for j in jobs:
+        print(f"{j['id']:32}  {j['state']:10}  {j.get('at') or '-':20}  {j['name']}")
+    return 0
+
+
 def _run(func: Any) -> Any:
     def wrapped(args: argparse.Namespace) -> int:
         try:
@@ -212,7 +345,8 @@ def _run(func: Any) -> Any:
 
 
 def add_subcommands(sub: argparse._SubParsersAction) -> None:
-    """``gpuspawner jobs submit|list|show|cancel|output``."""
+    """``gpuspawner jobs submit|list|show|cancel|output``, and for job definitions
+    (``submit --cron``) ``definitions|pause|resume|delete-definition|definition-jobs``."""
     p = sub.add_parser("jobs", help="notebook jobs: run a notebook once in its own bundle",
                        description="Notebook jobs through the hub's gpuspawner service "
                        "(JUPYTERHUB_API_URL or GPUSPAWNER_SERVICE_URL, JUPYTERHUB_API_TOKEN).")
@@ -231,6 +365,20 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--at", default=None, metavar="ISO8601",
                    help="start it then instead of now: a time with its zone, e.g. "
                    "2026-03-01T22:00:00+01:00")
+    s.add_argument("--cron", default=None, metavar="EXPR",
+                   help="run it on this schedule instead (a job definition; prints its id): "
+                   "a cron expression, e.g. '0 2 * * *' for every day at 02:00")
+    s.add_argument("--timezone", default=None, metavar="TZ",
+                   help="the time zone of --cron (IANA name, e.g. Europe/Rome; default UTC)")
+    s.add_argument("--concurrency-policy", default=None, choices=["Allow", "Forbid",
+                                                                   "Replace"],
+                   help="with --cron: while a run is still active, a tick starts another "
+                   "(Allow), is skipped (Forbid, the default) or replaces it (Replace)")
+    s.add_argument("--starting-deadline", type=int, default=None, metavar="SECONDS",
+                   help="with --cron: a tick missed by more than this (the hub was down) is "
+                   "skipped (default: the latest missed tick runs once, late)")
+    s.add_argument("--paused", action="store_true", default=None,
+                   help="with --cron: make it paused (gpuspawner jobs resume ID starts it)")
     s.add_argument("--json", action="store_true", help="print the whole job")
     s.set_defaults(func=_run(_cmd_submit))
 
@@ -253,6 +401,32 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("-o", "--output-dir", default=".", metavar="DIR",
                    help="folder to write <name>.ipynb into (default: here)")
     s.set_defaults(func=_run(_cmd_output))
+
+    s = jsub.add_parser("logs", help="print the job's log (papermill's lines and the cells' "
+                        "output; each attempt's after a retry)")
+    s.add_argument("id", metavar="ID")
+    s.set_defaults(func=_run(_cmd_logs))
+
+
+    s = jsub.add_parser("definitions", help="your job definitions (notebooks on a schedule)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=_run(_cmd_definitions))
+
+    for verb, paused in (("pause", True), ("resume", False)):
+        s = jsub.add_parser(verb, help=f"{verb} a job definition's schedule")
+        s.add_argument("id", metavar="DEFINITION")
+        s.add_argument("--json", action="store_true")
+        s.set_defaults(func=_run(_set_paused(paused)))
+
+    s = jsub.add_parser("delete-definition",
+                        help="delete a job definition (its jobs stay and run to their end)")
+    s.add_argument("id", metavar="DEFINITION")
+    s.set_defaults(func=_run(_cmd_delete_definition))
+
+    s = jsub.add_parser("definition-jobs", help="the jobs a job definition made")
+    s.add_argument("id", metavar="DEFINITION")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=_run(_cmd_definition_jobs))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,11 +30,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ACTIVE_STATES", "ENV_CHUNK", "FINAL_STATES", "JobInputError", "JobRequest",
-           "Limits", "OUTPUT_BEGIN", "OUTPUT_END", "STATES", "check_at", "check_name",
-           "check_notebook",
-           "check_parameters", "check_time_limit", "encode_notebook", "notebook_env",
-           "output_dir", "parse_output", "parse_submission"]
+__all__ = ["ACTIVE_STATES", "CONCURRENCY_POLICIES", "DefinitionRequest", "ENV_CHUNK",
+           "FINAL_STATES", "JobInputError", "JobRequest", "Limits", "OUTPUT_BEGIN",
+           "OUTPUT_END", "STATES", "check_at", "check_concurrency_policy", "check_name",
+           "check_notebook", "check_parameters", "check_schedule", "check_starting_deadline",
+           "check_time_limit", "check_timezone", "encode_notebook", "notebook_env",
+           "output_dir", "parse_definition", "parse_definition_update", "parse_output",
+           "parse_submission"]
 
 #: every state, in the order a job passes them
 STATES = ("queued", "waiting", "starting", "running", "completed", "failed", "timed_out",
@@ -101,6 +103,7 @@ class JobRequest:
         time_limit: seconds, or None for the profile's default.
         name: the job's name (one path component).
         at: when to start it (seconds since the epoch), or None for now.
+        definition_id: the job definition whose tick made it, or None (a job of its own).
     """
 
     notebook: dict[str, Any]
@@ -109,6 +112,7 @@ class JobRequest:
     time_limit: int | None = None
     name: str = DEFAULT_NAME
     at: float | None = None
+    definition_id: str | None = None
 
 
 def check_name(value: Any) -> str:
@@ -289,6 +293,195 @@ def parse_submission(body: Any, limits: Limits) -> JobRequest:
                                         "compressed; make it smaller")
     return JobRequest(notebook=nb, parameters=params, profile=profile, time_limit=limit,
                       name=name, at=at)
+
+
+# -- job definitions: a notebook on a schedule ------------------------------------------------
+#: Kubernetes CronJob's ``concurrencyPolicy`` values: what a tick does while a job of the same
+#: definition is still active (Allow: start another; Forbid: skip the tick; Replace: cancel
+#: the active one(s), then start)
+CONCURRENCY_POLICIES = ("Allow", "Forbid", "Replace")
+#: the keys a definition may have (a job's, without ``at``, and the schedule's)
+DEFINITION_KEYS = ("notebook", "parameters", "profile", "time_limit", "name", "schedule",
+                   "timezone", "concurrency_policy", "starting_deadline", "paused")
+#: the keys ``PATCH api/job_definitions/{id}`` may change
+DEFINITION_UPDATE_KEYS = ("schedule", "timezone", "concurrency_policy", "starting_deadline",
+                          "paused")
+#: the longest cron expression accepted (characters)
+MAX_SCHEDULE_CHARS = 200
+#: the longest starting deadline accepted (seconds; a year)
+MAX_STARTING_DEADLINE_S = 366 * 24 * 3600
+
+
+@dataclass(frozen=True)
+class DefinitionRequest:
+    """A job definition that passed :func:`parse_definition`: what each of its jobs runs
+    (``job``, whose ``at`` is None) and when.
+
+    Attributes:
+        job: the notebook snapshot, parameters, profile, time limit and name of every run.
+        schedule: a cron expression (5 fields; 6 with seconds last where the hub allows it).
+        timezone: an IANA time zone name (``Europe/Rome``) the expression is read in.
+        concurrency_policy: one of :data:`CONCURRENCY_POLICIES`.
+        starting_deadline: seconds after its time a tick may still start (a tick missed
+            longer ago, e.g. while the hub was down, is skipped), or None: no deadline.
+        paused: made paused (no tick runs until it is resumed).
+    """
+
+    job: JobRequest
+    schedule: str
+    timezone: str = "UTC"
+    concurrency_policy: str = "Forbid"
+    starting_deadline: int | None = None
+    paused: bool = False
+
+
+def check_timezone(value: Any) -> str:
+    """An IANA time zone name that :mod:`zoneinfo` knows (``UTC``, ``Europe/Rome``).
+
+    Raises:
+        JobInputError: field ``timezone``.
+    """
+    from zoneinfo import ZoneInfo
+
+    if not isinstance(value, str) or not value.strip():
+        raise JobInputError("timezone", "must be an IANA time zone name such as UTC or "
+                                        f"Europe/Rome, got {value!r}"[:200])
+    try:
+        ZoneInfo(value.strip())
+    except (KeyError, ValueError, OSError):  # not found: KeyError; a bad key: ValueError
+        raise JobInputError("timezone", f"unknown time zone {value[:60]!r}: use an IANA "
+                                        "name such as UTC or Europe/Rome") from None
+    return value.strip()
+
+
+def check_schedule(value: Any, seconds: bool = False) -> str:
+    """A cron expression as croniter reads it: 5 fields (minute hour day-of-month month
+    day-of-week) or an alias such as ``@daily``; with ``seconds`` also 6 fields, the sixth
+    being seconds (croniter's order, e.g. ``* * * * * */10``: every 10 s). It must match
+    some time in the next 50 years (``0 0 31 2 *`` never does).
+
+    Raises:
+        JobInputError: field ``schedule``.
+    """
+    from croniter import croniter
+
+    if not isinstance(value, str) or not value.strip():
+        raise JobInputError("schedule", "must be a cron expression such as '0 2 * * *' "
+                                        f"(every day at 02:00), got {value!r}"[:200])
+    expr = " ".join(value.split())
+    if len(expr) > MAX_SCHEDULE_CHARS:
+        raise JobInputError("schedule", f"longer than {MAX_SCHEDULE_CHARS} characters")
+    fields = len(expr.split())
+    allowed = (5, 6) if seconds else (5,)
+    if not expr.startswith("@") and fields not in allowed:
+        six = " (or 6 with seconds last)" if seconds else ""
+        raise JobInputError("schedule", f"{expr[:60]!r} has {fields} fields; a cron "
+                                        f"expression has 5{six}: minute hour day-of-month "
+                                        "month day-of-week")
+    if "R" in re.split(r"[\s,/-]+", expr.upper()):  # croniter's random: not one time
+        raise JobInputError("schedule", f"{expr[:60]!r}: 'R' (a random time) is not "
+                                        "supported; name the time")
+    if not croniter.is_valid(expr):
+        raise JobInputError("schedule", f"{expr[:60]!r} is not a valid cron expression "
+                                        "(minute hour day-of-month month day-of-week)")
+    try:
+        croniter(expr, 0.0).get_next(float)
+    except (ValueError, KeyError, OverflowError):  # CroniterBadDateError is a ValueError
+        raise JobInputError("schedule", f"{expr[:60]!r} never matches a time") from None
+    return expr
+
+
+def check_concurrency_policy(value: Any) -> str:
+    """One of :data:`CONCURRENCY_POLICIES` (Kubernetes CronJob's ``concurrencyPolicy``).
+
+    Raises:
+        JobInputError: field ``concurrency_policy``.
+    """
+    if value not in CONCURRENCY_POLICIES:
+        raise JobInputError("concurrency_policy", f"must be one of "
+                                                  f"{', '.join(CONCURRENCY_POLICIES)}, got "
+                                                  f"{value!r}"[:200])
+    return str(value)
+
+
+def check_starting_deadline(value: Any) -> int | None:
+    """Whole seconds >= 0 (Kubernetes CronJob's ``startingDeadlineSeconds``), at most a
+    year, or None (no deadline: the latest missed tick always runs once late).
+
+    Raises:
+        JobInputError: field ``starting_deadline``.
+    """
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise JobInputError("starting_deadline", "must be a whole number of seconds or null, "
+                                                 f"got {value!r}"[:200])
+    if value < 0:
+        raise JobInputError("starting_deadline", f"must be 0 or more seconds, got {value}")
+    if value > MAX_STARTING_DEADLINE_S:
+        raise JobInputError("starting_deadline", f"at most {MAX_STARTING_DEADLINE_S} "
+                                                 f"seconds, got {value}")
+    return value
+
+
+def _check_paused(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise JobInputError("paused", f"must be true or false, got {value!r}"[:200])
+    return value
+
+
+def parse_definition(body: Any, limits: Limits, seconds: bool = False) -> DefinitionRequest:
+    """A job definition (the body of ``POST api/job_definitions``) checked field by field:
+    the job's fields as :func:`parse_submission` checks them (no ``at``), then ``schedule``
+    (:func:`check_schedule`; ``seconds`` allows a sixth field), ``timezone`` (default UTC),
+    ``concurrency_policy`` (default Forbid), ``starting_deadline`` (default null) and
+    ``paused`` (default false).
+
+    Raises:
+        JobInputError: the field and the reason, first problem first.
+    """
+    if not isinstance(body, dict):
+        raise JobInputError("body", "must be a JSON object with notebook, schedule, "
+                                    "timezone, profile, parameters, time_limit, name")
+    for key in body:
+        if key not in DEFINITION_KEYS:
+            raise JobInputError(str(key)[:60], f"unknown field; known: "
+                                               f"{', '.join(DEFINITION_KEYS)}")
+    if "schedule" not in body:
+        raise JobInputError("schedule", "missing: a cron expression is required")
+    job = parse_submission({k: v for k, v in body.items() if k in SUBMISSION_KEYS}, limits)
+    return DefinitionRequest(
+        job=job, schedule=check_schedule(body["schedule"], seconds),
+        timezone=check_timezone(body.get("timezone", "UTC")),
+        concurrency_policy=check_concurrency_policy(body.get("concurrency_policy",
+                                                             "Forbid")),
+        starting_deadline=check_starting_deadline(body.get("starting_deadline")),
+        paused=_check_paused(body.get("paused", False)))
+
+
+def parse_definition_update(body: Any, seconds: bool = False) -> dict[str, Any]:
+    """The changes of ``PATCH api/job_definitions/{id}``: any of
+    :data:`DEFINITION_UPDATE_KEYS`, each checked as :func:`parse_definition` does. Returns
+    field -> checked value.
+
+    Raises:
+        JobInputError: the field and the reason.
+    """
+    if not isinstance(body, dict) or not body:
+        raise JobInputError("body", "must be a JSON object with one or more of "
+                                    f"{', '.join(DEFINITION_UPDATE_KEYS)}")
+    for key in body:
+        if key not in DEFINITION_UPDATE_KEYS:
+            raise JobInputError(str(key)[:60], "cannot be changed; make a new definition "
+                                               "instead. Changeable: "
+                                               f"{', '.join(DEFINITION_UPDATE_KEYS)}")
+    checks: dict[str, Any] = {
+        "schedule": lambda v: check_schedule(v, seconds), "timezone": check_timezone,
+        "concurrency_policy": check_concurrency_policy,
+        "starting_deadline": check_starting_deadline, "paused": _check_paused}
+    return {key: checks[key](value) for key, value in body.items()}
 
 
 # -- how the notebook travels -----------------------------------------------------------------

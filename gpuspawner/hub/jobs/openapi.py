@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...jobs.model import STATES
+from ...jobs.model import CONCURRENCY_POLICIES, STATES
 
 _STR = {"type": "string"}
 _STR_OR_NULL = {"type": "string", "nullable": True}
@@ -75,10 +75,80 @@ JOB: dict[str, Any] = {
                        "description": "the executed notebook can be downloaded"},
         "queue_position": {"type": "array", "nullable": True, "items": {"type": "integer"},
                            "description": "[position, length] while it waits"},
+        "definition_id": {"type": "string", "nullable": True,
+                          "description": "the job definition whose tick made it, or null"},
     },
 }
 
-SCHEMAS = {"JobSubmission": JOB_SUBMISSION, "Job": JOB}
+_SCHEDULE_FIELDS: dict[str, Any] = {
+    "schedule": {"type": "string", "maxLength": 200,
+                 "description": "a cron expression: minute hour day-of-month month "
+                                "day-of-week (e.g. '0 2 * * *'), or an alias such as "
+                                "@daily; a sixth field, seconds, last, where the hub allows "
+                                "it (c.GPUJobs.cron_seconds)"},
+    "timezone": {"type": "string", "description": "IANA time zone the schedule is read in; "
+                                                  "default UTC"},
+    "concurrency_policy": {"type": "string", "enum": list(CONCURRENCY_POLICIES),
+                           "description": "while a job of the definition is active, a tick "
+                                          "starts another (Allow), is skipped (Forbid, the "
+                                          "default) or cancels it and starts (Replace)"},
+    "starting_deadline": {"type": "integer", "minimum": 0, "nullable": True,
+                          "description": "seconds a tick may start late (the hub was down); "
+                                         "a tick later than this is skipped; null: no "
+                                         "deadline (the latest missed tick runs once)"},
+    "paused": {"type": "boolean", "description": "no tick runs while paused; ticks that pass "
+                                                 "while paused never run"},
+}
+
+JOB_DEFINITION_SUBMISSION: dict[str, Any] = {
+    "type": "object",
+    "required": ["notebook", "schedule"],
+    "additionalProperties": False,
+    "description": "A notebook on a schedule: each tick makes an ordinary job "
+                   "(docs/jobs.md, 'On a schedule').",
+    "properties": {**{k: v for k, v in JOB_SUBMISSION["properties"].items() if k != "at"},
+                   **_SCHEDULE_FIELDS},
+}
+
+JOB_DEFINITION_UPDATE: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "minProperties": 1,
+    "description": "What PATCH may change: pause or resume, a new schedule (counted from "
+                   "now), time zone, policy, deadline.",
+    "properties": _SCHEDULE_FIELDS,
+}
+
+JOB_DEFINITION: dict[str, Any] = {
+    "type": "object",
+    "required": ["id", "user", "name", "profile", "time_limit", "parameters", "schedule",
+                 "timezone", "concurrency_policy", "paused", "created", "updated",
+                 "last_tick", "message", "runs", "skipped", "active_jobs"],
+    "properties": {
+        "id": _STR, "user": _STR, "name": _STR, "profile": _STR,
+        "time_limit": {"type": "integer"},
+        "parameters": {"type": "object", "additionalProperties": _VALUE},
+        **_SCHEDULE_FIELDS,
+        "created": _STR, "updated": _STR,
+        "last_tick": {"type": "string", "description": "the latest tick handled (run, "
+                                                       "skipped or refused), ISO 8601 UTC"},
+        "next_tick": {"type": "string", "nullable": True,
+                      "description": "the next tick (ISO 8601 UTC); null while paused"},
+        "message": {"type": "string", "description": "what the latest tick did"},
+        "last_job_id": _STR_OR_NULL,
+        "runs": {"type": "integer", "description": "jobs it made"},
+        "skipped": {"type": "integer", "description": "ticks it skipped or that were "
+                                                      "refused"},
+        "active_jobs": {"type": "array", "items": _STR,
+                        "description": "its jobs that are queued, waiting, starting or "
+                                       "running"},
+    },
+}
+
+SCHEMAS = {"JobSubmission": JOB_SUBMISSION, "Job": JOB,
+           "JobDefinitionSubmission": JOB_DEFINITION_SUBMISSION,
+           "JobDefinitionUpdate": JOB_DEFINITION_UPDATE, "JobDefinition": JOB_DEFINITION}
+_DEF = {"$ref": "#/components/schemas/JobDefinition"}
 
 _OFF = {"404": _resp("notebook jobs are off on this hub", _ERR),
         "503": _resp("notebook jobs are not ready, or cannot run on this backend", _ERR)}
@@ -99,7 +169,10 @@ def paths() -> dict[str, Any]:
                 "summary": "Your notebook jobs, newest first (admins: everyone's)",
                 "parameters": [{"name": "user", "in": "query", "required": False,
                                 "schema": _STR,
-                                "description": "one user's jobs (yourself, or admins)"}],
+                                "description": "one user's jobs (yourself, or admins)"},
+                               {"name": "definition_id", "in": "query", "required": False,
+                                "schema": _STR,
+                                "description": "the jobs one job definition made"}],
                 "responses": {"200": _resp("the jobs", {
                     "type": "object", "required": ["jobs"],
                     "properties": {"jobs": {"type": "array", "items": _JOB}}}),
@@ -140,5 +213,55 @@ def paths() -> dict[str, Any]:
                         **_DENIED,
                         "404": _resp("no such job, or no executed notebook (yet)", _ERR),
                         "503": _OFF["503"]}},
+        },
+        **definition_paths(),
+    }
+
+
+_DEF_GONE = {"404": _resp("no such job definition of yours (or jobs are off)", _ERR),
+             "503": _OFF["503"]}
+_BAD = {"400": _resp("a bad field, named first in the message; nothing stored", _ERR)}
+
+
+def definition_paths() -> dict[str, Any]:
+    """The ``api/job_definitions`` paths."""
+    return {
+        "/api/job_definitions": {
+            "get": {
+                "operationId": "listJobDefinitions",
+                "summary": "Your job definitions, newest first (admins: everyone's)",
+                "parameters": [{"name": "user", "in": "query", "required": False,
+                                "schema": _STR,
+                                "description": "one user's (yourself, or admins)"}],
+                "responses": {"200": _resp("the definitions", {
+                    "type": "object", "required": ["job_definitions"],
+                    "properties": {"job_definitions": {"type": "array", "items": _DEF}}}),
+                    **_DENIED, **_OFF},
+            },
+            "post": {
+                "operationId": "createJobDefinition",
+                "summary": "Run a notebook on a cron schedule, each tick in its own bundle",
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/JobDefinitionSubmission"}}}},
+                "responses": {
+                    "201": _resp("the definition", _DEF), **_BAD, **_DENIED,
+                    "429": _resp("as many definitions as allowed", _ERR), **_OFF},
+            },
+        },
+        "/api/job_definitions/{id}": {
+            "parameters": _ID,
+            "get": {"operationId": "getJobDefinition", "summary": "One job definition",
+                    "responses": {"200": _resp("the definition", _DEF), **_DENIED,
+                                  **_DEF_GONE}},
+            "patch": {"operationId": "updateJobDefinition",
+                      "summary": "Pause or resume it, or change its schedule",
+                      "requestBody": {"required": True, "content": {"application/json": {
+                          "schema": {"$ref": "#/components/schemas/JobDefinitionUpdate"}}}},
+                      "responses": {"200": _resp("the definition", _DEF), **_BAD,
+                                    **_DENIED, **_DEF_GONE}},
+            "delete": {"operationId": "deleteJobDefinition",
+                       "summary": "Delete it; its jobs stay and run to their end",
+                       "responses": {"200": _resp("the definition, as it was", _DEF),
+                                     **_DENIED, **_DEF_GONE}},
         },
     }

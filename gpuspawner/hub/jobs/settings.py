@@ -49,6 +49,58 @@ class GPUJobs(LoggingConfigurable):
         questions unanswered before the job counts as lost (it is then stopped where it can
         be, and released).""").tag(config=True)
 
+    # -- the job runner: limits on concurrent jobs, retries, logs --------------------------
+    max_active_jobs_per_group = Dict(help="""Per group: {group: jobs each of its members
+        may have active (queued, waiting, starting, running) at once}; a user in several
+        named groups gets the largest, 0 = no limit. Users in none of them get
+        max_active_jobs_per_user. What the jobs hold counts in GPUSpawner.quotas with the
+        servers (a group's quota there caps its members together).""").tag(config=True)
+    default_max_retries = Int(3, help="""How often a lost job (its node failed, its
+        container vanished or was killed from outside, its GPU drained as unhealthy) is run
+        again on a healthy node when its submission names no max_retries (Kubernetes Job
+        backoffLimit: retries after the first run; 0 = never). A failed notebook (a cell
+        raised) is never retried.""").tag(config=True)
+    max_retries_max = Int(10, help="Most max_retries a submission may ask for.").tag(
+        config=True)
+    retry_backoff = Float(10.0, help="""Seconds before the first retry of a lost job; each
+        further retry waits twice as long, at most 360 s (Kubernetes Job's back-off).
+        """).tag(config=True)
+    max_log_bytes = Int(4 * 2**20, help="""Most characters of a job attempt's log kept
+        in the jobs database (the last ones; GET api/jobs/{id}/log, gpuspawner jobs logs).
+        The whole log is job.log in the job's folder.""").tag(config=True)
+
+    @validate("default_max_retries", "max_retries_max", "retry_backoff")
+    def _runner_not_negative(self, proposal: Any) -> Any:
+        if proposal.value < 0:
+            raise TraitError(f"GPUJobs.{proposal.trait.name}: must be >= 0, got "
+                             f"{proposal.value}")
+        return proposal.value
+
+    @validate("max_log_bytes")
+    def _positive_log(self, proposal: Any) -> Any:
+        if proposal.value < 1:
+            raise TraitError(f"GPUJobs.max_log_bytes: must be > 0, got {proposal.value}")
+        return proposal.value
+
+    @validate("max_active_jobs_per_group")
+    def _active_group_limits(self, proposal: Any) -> dict[str, Any]:
+        for group, n in proposal.value.items():
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise TraitError(f"GPUJobs.max_active_jobs_per_group.{group}: must be a "
+                                 f"whole number >= 0 (0 = no limit), got {n!r}")
+        return proposal.value
+
+    def active_jobs_limit(self, groups: list[str] | tuple[str, ...]) -> tuple[int, str]:
+        """(how many active jobs a member of ``groups`` may have, 0 = no limit; the setting
+        that says so): the largest of ``max_active_jobs_per_group`` over the named groups
+        (0 wins), else ``max_active_jobs_per_user``."""
+        named = {g: int(self.max_active_jobs_per_group[g]) for g in groups
+                 if g in self.max_active_jobs_per_group}
+        if not named:
+            return int(self.max_active_jobs_per_user), "GPUJobs.max_active_jobs_per_user"
+        group = max(named, key=lambda g: (named[g] == 0, named[g]))
+        return named[group], f'GPUJobs.max_active_jobs_per_group["{group}"]'
+
     @validate("time_limit_default", "time_limit_max", "poll_interval", "lost_after",
               "max_notebook_bytes",
               "max_parameters_bytes", "max_output_bytes", "max_active_jobs_per_user")
@@ -80,6 +132,52 @@ class GPUJobs(LoggingConfigurable):
         entry = self.profile_time_limits.get(profile) or {}
         maximum = int(entry.get("max", self.time_limit_max))
         return min(int(entry.get("default", self.time_limit_default)), maximum), maximum
+
+    # -- job definitions (a notebook on a cron schedule) -----------------------------------
+    max_definitions_per_user = Int(20, help="""Job definitions (notebooks on a schedule) a
+        user may have; more are refused with HTTP 429. 0 = no limit. A group's own number
+        in max_definitions_per_group wins.""").tag(config=True)
+    max_definitions_per_group = Dict(help="""Per group: {group: number of job definitions
+        each of its members may have}; a user in several named groups gets the largest,
+        0 = no limit. Users in none of them get max_definitions_per_user.""").tag(
+        config=True)
+    schedule_interval = Float(30.0, help="""Most seconds the scheduler of job definitions
+        sleeps between two looks; it wakes at the earliest next tick anyway, and when a
+        definition is made or changed.""").tag(config=True)
+    cron_seconds = Bool(False, help="""Accept a sixth cron field, seconds, last (croniter's
+        order: '* * * * * */30' is every 30 seconds). Off: 5 fields, minute resolution, as
+        in cron and Kubernetes CronJobs.""").tag(config=True)
+
+    @validate("max_definitions_per_user")
+    def _not_negative(self, proposal: Any) -> Any:
+        if proposal.value < 0:
+            raise TraitError(f"GPUJobs.{proposal.trait.name}: must be >= 0 (0 = no limit), "
+                             f"got {proposal.value}")
+        return proposal.value
+
+    @validate("schedule_interval")
+    def _positive_interval(self, proposal: Any) -> Any:
+        if not proposal.value > 0:
+            raise TraitError(f"GPUJobs.schedule_interval: must be > 0, got {proposal.value}")
+        return proposal.value
+
+    @validate("max_definitions_per_group")
+    def _group_limits(self, proposal: Any) -> dict[str, Any]:
+        for group, n in proposal.value.items():
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise TraitError(f"GPUJobs.max_definitions_per_group.{group}: must be a "
+                                 f"whole number >= 0 (0 = no limit), got {n!r}")
+        return proposal.value
+
+    def definition_limit(self, groups: list[str] | tuple[str, ...]) -> int:
+        """How many job definitions a member of ``groups`` may have (0 = no limit): the
+        largest of ``max_definitions_per_group`` over the named groups (0 wins: no limit),
+        else ``max_definitions_per_user``."""
+        named = [int(self.max_definitions_per_group[g]) for g in groups
+                 if g in self.max_definitions_per_group]
+        if not named:
+            return int(self.max_definitions_per_user)
+        return 0 if 0 in named else max(named)
 
 
 #: the GPUSpawner traits a job reads

@@ -1,12 +1,13 @@
-"""The jobs database (SQLAlchemy): one row per job, and its schema version.
+"""The jobs database (SQLAlchemy): one row per job, one per job definition, and the schema
+version.
 
 Default: SQLite, ``gpuspawner-jobs.sqlite`` in the state folder (``GPUSpawner.state_dir``),
 made empty with mode 0600 before SQLAlchemy opens it; ``c.GPUJobs.db_url`` names another
 database. The schema is made with ``create_all`` and its version is kept in the table
 ``gpuspawner_jobs_schema`` (:data:`SCHEMA_VERSION`): a database of a newer version is refused
 at start, one of an older version is brought up by the steps in :data:`UPGRADES` (1 -> 2: the
-column of ``at``).
-No alembic: the schema is one table, and a version row with explicit steps is what it needs.
+column of ``at``; 2 -> 3: a job's ``definition_id``; the definitions' table itself is made by
+``create_all``). No alembic yet: a version row with explicit steps is what this needs so far.
 
 The hub process is the only writer; calls are short and synchronous on the event loop, as
 JupyterHub's own database calls are.
@@ -21,16 +22,28 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Float, Integer, LargeBinary, String, Text, create_engine, select, text
+from sqlalchemy import (
+    Boolean,
+    Float,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    create_engine,
+    func,
+    inspect,
+    select,
+    text,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from ...jobs.model import ACTIVE_STATES
 from ..state import STATE_FILE_MODE, sqlite_file
 
-__all__ = ["JobRow", "JobStore", "SCHEMA_VERSION", "StoreError"]
+__all__ = ["DefinitionRow", "JobRow", "JobRun", "JobStore", "SCHEMA_VERSION", "StoreError"]
 
 #: the schema this code writes
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def _add_not_before(session: Session) -> None:
@@ -38,8 +51,19 @@ def _add_not_before(session: Session) -> None:
     session.execute(text("ALTER TABLE gpuspawner_jobs ADD COLUMN not_before FLOAT"))
 
 
+def _add_definition_id(session: Session) -> None:
+    """2 -> 3: the job definition whose tick made a job (the definitions' table is new: made
+    by ``create_all``)."""
+    columns = {c["name"] for c in inspect(session.connection()).get_columns("gpuspawner_jobs")}
+    if "definition_id" not in columns:
+        session.execute(text("ALTER TABLE gpuspawner_jobs ADD COLUMN definition_id "
+                             "VARCHAR(32)"))
+    session.execute(text("CREATE INDEX IF NOT EXISTS ix_gpuspawner_jobs_definition_id ON "
+                         "gpuspawner_jobs (definition_id)"))
+
+
 #: version -> the step that brings a database of that version to the next one
-UPGRADES: dict[int, Callable[[Session], None]] = {1: _add_not_before}
+UPGRADES: dict[int, Callable[[Session], None]] = {1: _add_not_before, 2: _add_definition_id}
 
 
 class StoreError(RuntimeError):
@@ -82,6 +106,7 @@ class JobRow(Base):
     backend_state: Mapped[str | None] = mapped_column(Text, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     output: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    definition_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
 
     # -- JSON columns ----------------------------------------------------------------------
     def get_json(self, column: str, default: Any = None) -> Any:
@@ -116,6 +141,74 @@ class JobRow(Base):
 def pack(value: Any) -> bytes:
     """JSON, compressed, for the notebook columns."""
     return zlib.compress(json.dumps(value).encode("utf-8"), 6)
+
+
+class JobRun(Base):
+    """The job runner's record of one job's attempts (one row per job, made at submission):
+    its retry budget, the attempt it is on, what each earlier attempt did, and each attempt's
+    log and the HTML export of its executed notebook. A table of its own, so the job's row
+    stays as it is (no schema version step: ``create_all`` makes it in an older database;
+    a job without a row here is on attempt 1 with no retries) and the big columns are read
+    only when asked for.
+
+    ``attempts`` is a JSON list of the ended attempts, oldest first: ``{"attempt", "state",
+    "message", "node", "gpu_uuids", "started", "finished", "exit_code", "output_dir"}``;
+    ``logs`` is compressed JSON ``{"<attempt>": text}``; ``html`` the compressed export of the
+    last attempt that made one (JSON string).
+    """
+
+    __tablename__ = "gpuspawner_job_runs"
+    job_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    max_retries: Mapped[int] = mapped_column(Integer, default=0)
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    attempts: Mapped[str] = mapped_column(Text, default="[]")
+    logs: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    html: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+
+
+class DefinitionRow(Base):
+    """One job definition: what each of its jobs runs (the snapshot, parameters, profile,
+    time limit, name) and its schedule. Times are seconds since the epoch.
+
+    ``last_tick`` is the latest tick handled (run, skipped or refused; at first the creation
+    time, on resume the resume time): a tick at or before it never runs again, also after a
+    restart. ``next_tick`` is the first tick after it (None while paused): the scheduler
+    reads only definitions whose ``next_tick`` has come.
+    """
+
+    __tablename__ = "gpuspawner_job_definitions"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    user: Mapped[str] = mapped_column(String(255), index=True)
+    groups: Mapped[str] = mapped_column(Text, default="[]")
+    name: Mapped[str] = mapped_column(String(100))
+    profile: Mapped[str] = mapped_column(String(255))
+    time_limit: Mapped[int] = mapped_column(Integer)
+    parameters: Mapped[str] = mapped_column(Text, default="{}")
+    notebook: Mapped[bytes] = mapped_column(LargeBinary)
+    schedule: Mapped[str] = mapped_column(String(200))
+    timezone: Mapped[str] = mapped_column(String(64), default="UTC")
+    concurrency_policy: Mapped[str] = mapped_column(String(16), default="Forbid")
+    starting_deadline: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    paused: Mapped[bool] = mapped_column(Boolean, default=False)
+    created: Mapped[float] = mapped_column(Float)
+    updated: Mapped[float] = mapped_column(Float)
+    last_tick: Mapped[float] = mapped_column(Float)
+    next_tick: Mapped[float | None] = mapped_column(Float, nullable=True, index=True)
+    message: Mapped[str] = mapped_column(Text, default="")
+    last_job_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    runs: Mapped[int] = mapped_column(Integer, default=0)
+    skipped: Mapped[int] = mapped_column(Integer, default=0)
+
+    def get_json(self, column: str, default: Any = None) -> Any:
+        text = getattr(self, column)
+        return json.loads(text) if text else default
+
+    def set_json(self, column: str, value: Any) -> None:
+        setattr(self, column, None if value is None else json.dumps(value, sort_keys=True))
+
+    @property
+    def notebook_dict(self) -> dict[str, Any]:
+        return json.loads(zlib.decompress(self.notebook))
 
 
 class JobStore:
@@ -164,11 +257,15 @@ class JobStore:
     def get(self, job_id: str) -> JobRow | None:
         return self.session.get(JobRow, job_id)
 
-    def list(self, user: str | None = None) -> list[JobRow]:
-        """Jobs, newest first; a user's only when ``user`` is given."""
+    def list(self, user: str | None = None,
+             definition_id: str | None = None) -> list[JobRow]:
+        """Jobs, newest first; a user's only when ``user`` is given, one definition's only
+        when ``definition_id`` is."""
         q = select(JobRow).order_by(JobRow.created.desc())
         if user is not None:
             q = q.where(JobRow.user == user)
+        if definition_id is not None:
+            q = q.where(JobRow.definition_id == definition_id)
         return list(self.session.scalars(q))
 
     def active(self, user: str | None = None) -> list[JobRow]:
@@ -178,6 +275,51 @@ class JobStore:
         if user is not None:
             q = q.where(JobRow.user == user)
         return list(self.session.scalars(q))
+
+    # -- job definitions -------------------------------------------------------------------
+    def add_definition(self, row: DefinitionRow) -> DefinitionRow:
+        self.session.add(row)
+        self.session.commit()
+        return row
+
+    def get_definition(self, definition_id: str) -> DefinitionRow | None:
+        return self.session.get(DefinitionRow, definition_id)
+
+    def definitions(self, user: str | None = None) -> list[DefinitionRow]:
+        """Definitions, newest first; a user's only when ``user`` is given."""
+        q = select(DefinitionRow).order_by(DefinitionRow.created.desc())
+        if user is not None:
+            q = q.where(DefinitionRow.user == user)
+        return list(self.session.scalars(q))
+
+    def count_definitions(self, user: str) -> int:
+        return int(self.session.scalar(select(func.count()).select_from(DefinitionRow).where(
+            DefinitionRow.user == user)) or 0)
+
+    def due_definitions(self, now: float) -> list[DefinitionRow]:
+        """Definitions not paused whose next tick is at or before ``now``, earliest first."""
+        q = select(DefinitionRow).where(DefinitionRow.paused.is_(False),
+                                        DefinitionRow.next_tick.is_not(None),
+                                        DefinitionRow.next_tick <= now).order_by(
+            DefinitionRow.next_tick)
+        return list(self.session.scalars(q))
+
+    def next_tick(self) -> float | None:
+        """The earliest next tick of the definitions not paused (None: none)."""
+        return self.session.scalar(select(func.min(DefinitionRow.next_tick)).where(
+            DefinitionRow.paused.is_(False)))
+
+    def active_of(self, definition_id: str) -> list[JobRow]:
+        """The active jobs a definition made, oldest first."""
+        q = select(JobRow).where(JobRow.definition_id == definition_id,
+                                 JobRow.state.in_(sorted(ACTIVE_STATES))).order_by(
+            JobRow.created)
+        return list(self.session.scalars(q))
+
+    def delete_definition(self, row: DefinitionRow) -> None:
+        """Remove a definition (its jobs stay, with their ``definition_id``)."""
+        self.session.delete(row)
+        self.session.commit()
 
     def close(self) -> None:
         self.session.close()

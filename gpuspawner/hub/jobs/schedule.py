@@ -1,0 +1,379 @@
+"""Job definitions: a notebook on a cron schedule, each tick an ordinary job.
+
+A definition (:class:`~gpuspawner.hub.jobs.store.DefinitionRow`) carries what every run runs
+(the notebook snapshot, parameters, profile, time limit, name) and when: a cron expression
+read by croniter in an IANA time zone, with Kubernetes CronJob's conventions
+(https://kubernetes.io/docs/concepts/workloads/controllers/cron-jobs/):
+
+- ``concurrency_policy``: while a job the definition made is still active, a tick starts
+  another (``Allow``), is skipped (``Forbid``, the default here: a GPU bundle should not pile
+  up), or cancels the active one(s) and then starts (``Replace``).
+- ``starting_deadline`` (``startingDeadlineSeconds``): a tick that comes later than this many
+  seconds after its time (the hub was down) is skipped; of several missed ticks only the
+  latest may run (once, late), the older ones are skipped. None: no deadline.
+- ``paused`` (``suspend``): no tick runs; ticks that pass while paused never run (resume
+  counts from the resume time).
+
+Exactly-once per tick: ``last_tick`` (the latest tick handled) is stored on the definition and
+written in the same database commit as the job the tick makes (the store has one session:
+:meth:`JobRunner.submit`'s commit of the new job carries the definition's change), so a
+restart of the hub never runs a tick twice; a crash between can only lose a tick, never
+repeat one.
+
+Each local wall-clock time runs at most once: on the day a time zone's clocks go back, a time
+of the repeated hour does not run twice (croniter would give both).
+
+The :class:`Scheduler` is driven by :meth:`Scheduler.tick` with an injectable clock (unit
+tests call it with made-up times); in the hub it runs as one asyncio task
+(:meth:`Scheduler.run`) that sleeps until the earliest next tick, at most
+``c.GPUJobs.schedule_interval`` seconds, and wakes when a definition is made or changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from croniter import croniter
+
+from ...jobs.model import (
+    DefinitionRequest,
+    JobInputError,
+    JobRequest,
+    check_time_limit,
+)
+from ..profiles import OptionsError, choose_profile
+from .runner import JobRefused, JobRunner, iso
+from .store import DefinitionRow, JobRow, JobStore, pack
+
+log = logging.getLogger("gpuspawner")
+
+__all__ = ["Scheduler", "TickOutcome", "definition_view", "latest_tick", "next_tick"]
+
+#: ticks of one wall-clock time skipped at most while looking for the next one (the repeated
+#: hour of a DST fall-back holds 3600 of a seconds schedule)
+MAX_REPEATS = 4000
+#: missed ticks counted one by one before the latest is found from the other end
+MAX_CATCH_UP = 100
+
+
+def next_tick(schedule: str, timezone: str, after: float) -> float | None:
+    """The first tick of ``schedule`` (read in ``timezone``) strictly after ``after``
+    (seconds since the epoch), as seconds since the epoch; a tick whose local wall-clock time
+    is not after ``after``'s (the repeated hour when the clocks go back) is passed over.
+    None when croniter finds none (it looks 50 years ahead)."""
+    tz = ZoneInfo(timezone)
+    start = datetime.fromtimestamp(after, tz)
+    wall = start.replace(tzinfo=None)
+    it = croniter(schedule, start)
+    try:
+        for _ in range(MAX_REPEATS):
+            n = it.get_next(datetime)
+            if n.replace(tzinfo=None) > wall:
+                return float(n.timestamp())
+    except (ValueError, KeyError, OverflowError):  # CroniterBadDateError: no next date
+        return None
+    return None
+
+
+def latest_tick(schedule: str, timezone: str, first: float, now: float
+                ) -> tuple[float, int]:
+    """The latest tick at or before ``now``, counting from ``first`` (a tick, <= ``now``),
+    and how many ticks there are from ``first`` to it (1: ``first`` itself; more than
+    :data:`MAX_CATCH_UP` are not counted one by one)."""
+    t, count = first, 1
+    while count <= MAX_CATCH_UP:
+        n = next_tick(schedule, timezone, t)
+        if n is None or n > now:
+            return t, count
+        t, count = n, count + 1
+    # a long downtime: the latest one from the other end
+    prev = croniter(schedule, datetime.fromtimestamp(now, ZoneInfo(timezone))).get_prev(
+        datetime).timestamp()
+    n = next_tick(schedule, timezone, prev)
+    if n is not None and n <= now:
+        prev = n
+    return max(t, float(prev)), count
+
+
+@dataclass(frozen=True)
+class TickOutcome:
+    """What one tick of one definition did.
+
+    Attributes:
+        definition_id: the definition.
+        tick: the tick's time (seconds since the epoch).
+        action: ``run`` (a job was made), ``skipped`` (starting deadline passed, or
+            ``Forbid`` with an active job) or ``refused`` (the job was refused: profile no
+            longer allowed, too many active jobs, ...).
+        job_id: the job made, for ``run``.
+        message: what happened, as the definition's ``message`` says it.
+    """
+
+    definition_id: str
+    tick: float
+    action: str
+    job_id: str | None
+    message: str
+
+
+class Scheduler:
+    """Makes the jobs of the job definitions on their ticks.
+
+    Args:
+        runner: the job runner (its store holds the definitions too; its ``submit`` makes
+            each tick's job, its ``cancel`` ends the jobs a ``Replace`` tick replaces).
+        clock: seconds since the epoch (tests inject their own).
+        groups_of: user name -> the user's groups now (the hub's database), or None for
+            the groups stored with the definition.
+    """
+
+    def __init__(self, runner: JobRunner, clock: Callable[[], float] = time.time,
+                 groups_of: Callable[[str], list[str] | None] | None = None) -> None:
+        self.runner = runner
+        self.clock = clock
+        self._groups_of = groups_of
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def store(self) -> JobStore:
+        return self.runner.store
+
+    # -- definitions -----------------------------------------------------------------------
+    def check(self, groups: list[str], req: DefinitionRequest) -> tuple[str, int]:
+        """The profile and time limit of a definition's jobs, checked as a job's are at
+        submission (profile allowed for ``groups``, a bundle some node can ever hold, time
+        limit within the profile's maximum). The quota is checked at each tick.
+
+        Returns:
+            (profile slug, time limit in seconds).
+
+        Raises:
+            JobInputError: field ``profile`` or ``time_limit``.
+            JobRefused: 503, jobs cannot run on this hub's backend.
+        """
+        job = req.job
+        try:
+            profile = choose_profile({"profile": job.profile} if job.profile else {},
+                                     self.runner.profiles(), groups)
+        except OptionsError as e:
+            raise JobInputError("profile", e.reason) from None
+        default, maximum = self.runner.settings.time_limits(profile.slug)
+        limit = check_time_limit(job.time_limit, default, maximum,
+                                 f"profile {profile.slug!r}")
+        cluster = self.runner.cluster
+        if cluster.backend.backend_name != "docker":
+            raise JobRefused(503, f"notebook jobs run on the Docker backend only; this hub "
+                                  f"uses {cluster.backend.backend_name!r}")
+        problem = cluster.ledger.capacity_refusal(profile.bundle, profile.nodes or None)
+        if problem is not None:
+            raise JobInputError("profile", f"{profile.slug!r} can never be placed: {problem}")
+        return profile.slug, limit
+
+    def create(self, user: str, groups: list[str], req: DefinitionRequest) -> DefinitionRow:
+        """Check and store a definition (its first tick is the first after now).
+
+        Raises:
+            JobInputError: a field (HTTP 400), see :meth:`check`.
+            JobRefused: 429, the user has as many definitions as allowed
+                (``c.GPUJobs.max_definitions_per_user`` / ``max_definitions_per_group``);
+                503 as :meth:`check`.
+        """
+        slug, limit = self.check(groups, req)
+        allowed = self.runner.settings.definition_limit(groups)
+        have = self.store.count_definitions(user)
+        if allowed and have >= allowed:
+            raise JobRefused(429, f"{user} has {have} job definitions, the most allowed "
+                                  "(GPUJobs.max_definitions_per_user); delete one first")
+        now = self.clock()
+        job = req.job
+        row = DefinitionRow(
+            id=secrets.token_hex(16), user=user, name=job.name, profile=slug,
+            time_limit=limit, notebook=pack(job.notebook), schedule=req.schedule,
+            timezone=req.timezone, concurrency_policy=req.concurrency_policy,
+            starting_deadline=req.starting_deadline, paused=req.paused, created=now,
+            updated=now, last_tick=now,
+            next_tick=None if req.paused else next_tick(req.schedule, req.timezone, now),
+            message="paused" if req.paused else "", runs=0, skipped=0)
+        row.set_json("groups", list(groups))
+        row.set_json("parameters", job.parameters)
+        self.store.add_definition(row)
+        log.info("job definition %s of %s: %s, %r in %s, profile %s", row.id, user, row.name,
+                 row.schedule, row.timezone, slug)
+        self.wake()
+        return row
+
+    def update(self, row: DefinitionRow, changes: dict[str, Any]) -> DefinitionRow:
+        """Apply checked changes (:func:`~gpuspawner.jobs.model.parse_definition_update`):
+        a new schedule or time zone counts from now; resuming counts from now (ticks that
+        passed while paused never run); pausing clears the next tick."""
+        now = self.clock()
+        resumed = row.paused and changes.get("paused") is False
+        for key, value in changes.items():
+            setattr(row, key, value)
+        if resumed or "schedule" in changes or "timezone" in changes:
+            row.last_tick = max(row.last_tick, now)
+        if row.paused:
+            row.next_tick = None
+            row.message = "paused"
+        else:
+            row.next_tick = next_tick(row.schedule, row.timezone, row.last_tick)
+            if resumed:
+                row.message = f"resumed at {iso(now)}"
+        row.updated = now
+        self.store.save()
+        self.wake()
+        return row
+
+    def delete(self, row: DefinitionRow) -> None:
+        """Remove a definition; its jobs stay (and run to their end)."""
+        self.store.delete_definition(row)
+        self.wake()
+
+    # -- ticks -----------------------------------------------------------------------------
+    async def tick(self, now: float | None = None) -> list[TickOutcome]:
+        """Handle every definition whose next tick has come by ``now`` (default: the
+        clock): at most one job per definition and tick, see the module's docstring."""
+        now = self.clock() if now is None else now
+        outcomes = []
+        for row in self.store.due_definitions(now):
+            try:
+                outcomes.append(await self._tick_one(row, now))
+            except Exception as e:  # the tick counts as handled: never retried in a loop
+                log.exception("job definition %s: its tick failed", row.id)
+                due = row.next_tick or now
+                self._advance(row, due)
+                row.message = f"tick {iso(due)} failed in the hub: {e}"
+                self.store.save()
+                outcomes.append(TickOutcome(row.id, due, "refused", None, row.message))
+        return outcomes
+
+    def _advance(self, row: DefinitionRow, due: float) -> None:
+        row.last_tick = due
+        row.next_tick = next_tick(row.schedule, row.timezone, due)
+
+    def _groups(self, row: DefinitionRow) -> list[str]:
+        if self._groups_of is not None:
+            try:
+                groups = self._groups_of(row.user)
+            except Exception as e:
+                log.warning("job definition %s: the groups of %s: %s", row.id, row.user, e)
+                groups = None
+            if groups is not None:
+                return list(groups)
+        return list(row.get_json("groups", []))
+
+    def _skip(self, row: DefinitionRow, due: float, why: str) -> TickOutcome:
+        self._advance(row, due)
+        row.skipped += 1
+        row.message = f"tick {iso(due)} skipped: {why}"
+        self.store.save()
+        log.info("job definition %s: %s", row.id, row.message)
+        return TickOutcome(row.id, due, "skipped", None, row.message)
+
+    async def _tick_one(self, row: DefinitionRow, now: float) -> TickOutcome:
+        assert row.next_tick is not None
+        due, count = latest_tick(row.schedule, row.timezone, row.next_tick, now)
+        missed = ""
+        if count > 1:
+            row.skipped += count - 1
+            more = "more than " if count > MAX_CATCH_UP else ""
+            missed = f"; {more}{count - 1} earlier missed tick(s) skipped"
+        late = now - due
+        if row.starting_deadline is not None and late > row.starting_deadline:
+            return self._skip(row, due, f"{late:.0f} s late, more than its starting_deadline "
+                                        f"of {row.starting_deadline} s{missed}")
+        active = self.store.active_of(row.id)
+        if active and row.concurrency_policy == "Forbid":
+            return self._skip(row, due, f"job {active[0].id} is still {active[0].state} "
+                                        f"(concurrency_policy Forbid){missed}")
+        replaced = ""
+        if active and row.concurrency_policy == "Replace":
+            for job in active:
+                await self._replace(row, job)
+            replaced = f"; replaced job(s) {', '.join(j.id for j in active)}"
+        self._advance(row, due)  # committed with the job's row (one session)
+        req = JobRequest(notebook=row.notebook_dict, parameters=row.get_json("parameters", {}),
+                         profile=row.profile, time_limit=row.time_limit, name=row.name,
+                         at=due, definition_id=row.id)
+        try:
+            job = await self.runner.submit(row.user, self._groups(row), req)
+        except (JobInputError, JobRefused) as e:
+            row.skipped += 1
+            row.message = f"tick {iso(due)} not run: {e}{missed}"
+            self.store.save()
+            log.warning("job definition %s: %s", row.id, row.message)
+            return TickOutcome(row.id, due, "refused", None, row.message)
+        job.definition_id = row.id  # (a runner that does not store req.definition_id)
+        row.last_job_id = job.id
+        row.runs += 1
+        row.message = (f"tick {iso(due)}: job {job.id}"
+                       + (f", {late:.0f} s late" if late >= 1 else "") + replaced + missed)
+        self.store.save()
+        log.info("job definition %s: %s", row.id, row.message)
+        return TickOutcome(row.id, due, "run", job.id, row.message)
+
+    async def _replace(self, row: DefinitionRow, job: JobRow) -> None:
+        try:
+            await self.runner.cancel(job, f"job definition {row.id} (concurrency_policy "
+                                          "Replace)")
+        except JobRefused:  # it ended meanwhile
+            pass
+
+    # -- in the hub ------------------------------------------------------------------------
+    def wake(self) -> None:
+        """Look again now (a definition was made or changed)."""
+        self._wake.set()
+
+    def start(self) -> None:
+        """Run :meth:`run` as a task on the running loop."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self.run())
+
+    async def run(self) -> None:
+        """Tick, then sleep until the earliest next tick (at most
+        ``c.GPUJobs.schedule_interval`` seconds) or a :meth:`wake`; forever."""
+        interval = float(self.runner.settings.schedule_interval)
+        while True:
+            self._wake.clear()
+            try:
+                await self.tick()
+                nxt = self.store.next_tick()
+            except Exception:
+                log.exception("job definitions: a tick failed")
+                nxt = None
+            wait = interval if nxt is None else min(interval, max(0.0, nxt - self.clock()))
+            try:
+                await asyncio.wait_for(self._wake.wait(), wait + 0.01)
+            except asyncio.TimeoutError:
+                pass
+
+    async def stop(self) -> None:
+        """Stop :meth:`run` (tests; at hub shutdown)."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+
+def definition_view(row: DefinitionRow, active: list[JobRow] | None = None) -> dict[str, Any]:
+    """A definition as the REST API answers it (``active``: its active jobs)."""
+    return {
+        "id": row.id, "user": row.user, "name": row.name, "profile": row.profile,
+        "time_limit": row.time_limit, "parameters": row.get_json("parameters", {}),
+        "schedule": row.schedule, "timezone": row.timezone,
+        "concurrency_policy": row.concurrency_policy,
+        "starting_deadline": row.starting_deadline, "paused": bool(row.paused),
+        "created": iso(row.created), "updated": iso(row.updated),
+        "last_tick": iso(row.last_tick), "next_tick": iso(row.next_tick),
+        "message": row.message, "last_job_id": row.last_job_id, "runs": row.runs,
+        "skipped": row.skipped, "active_jobs": [j.id for j in active or []],
+    }
