@@ -294,9 +294,13 @@ async def test_ticks_in_a_time_zone_and_when_the_clocks_go_back():
         seen.append(datetime.fromtimestamp(t, ZoneInfo(rome)).isoformat())
     assert seen == ["2026-10-25T02:00:00+02:00", "2026-10-25T02:30:00+02:00",
                     "2026-10-25T03:00:00+01:00", "2026-10-25T03:30:00+01:00"]
-    # the clocks go forward: 02:30 does not exist on 2026-03-29; croniter's next is 03:00
+    # the clocks go forward: 02:30 does not exist on 2026-03-29: it runs at 03:30, once
     t = next_tick("30 2 * * *", rome, ts("2026-03-28T12:00:00+01:00"))
-    assert datetime.fromtimestamp(t, ZoneInfo(rome)).date().isoformat() == "2026-03-29"
+    assert t == ts("2026-03-29T03:30:00+02:00")
+    assert next_tick("30 2 * * *", rome, t) == ts("2026-03-30T02:30:00+02:00")
+    # a tick after one of the repeated hour's second pass is not a time gone by
+    assert next_tick("*/30 * * * *", rome, ts("2026-10-25T02:10:00+01:00")) == \
+        ts("2026-10-25T03:00:00+01:00")
     # seconds, last (c.GPUJobs.cron_seconds)
     assert next_tick("* * * * * */10", "UTC", ts("2026-01-01T00:00:01+00:00")) == \
         ts("2026-01-01T00:00:10+00:00")

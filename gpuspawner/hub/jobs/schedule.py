@@ -21,7 +21,8 @@ restart of the hub never runs a tick twice; a crash between can only lose a tick
 repeat one.
 
 Each local wall-clock time runs at most once: on the day a time zone's clocks go back, a time
-of the repeated hour does not run twice (croniter would give both).
+of the repeated hour runs once, at its first occurrence (croniter 7 with a tz-aware start gives
+both); a time the clocks skip runs at the same distance after the change (02:30 -> 03:30).
 
 The :class:`Scheduler` is driven by :meth:`Scheduler.tick` with an injectable clock (unit
 tests call it with made-up times); in the hub it runs as one asyncio task
@@ -64,20 +65,30 @@ MAX_REPEATS = 4000
 MAX_CATCH_UP = 100
 
 
+def _instant(wall: datetime, tz: ZoneInfo) -> float:
+    """A local wall-clock time as seconds since the epoch: its first occurrence when the
+    clocks go back (fold 0); a time the clocks skip counts with the offset before the change
+    (02:30 that does not exist is 03:30 of the new offset)."""
+    return float(wall.replace(tzinfo=tz, fold=0).timestamp())
+
+
 def next_tick(schedule: str, timezone: str, after: float) -> float | None:
-    """The first tick of ``schedule`` (read in ``timezone``) strictly after ``after``
-    (seconds since the epoch), as seconds since the epoch; a tick whose local wall-clock time
-    is not after ``after``'s (the repeated hour when the clocks go back) is passed over.
-    None when croniter finds none (it looks 50 years ahead)."""
+    """The first tick of ``schedule`` read in ``timezone`` strictly after ``after`` (seconds
+    since the epoch), as seconds since the epoch; None when croniter finds none (it looks
+    50 years ahead).
+
+    croniter walks the local wall clock (naive times: the same in croniter 1.4, which
+    jupyter-scheduler pins, and 7), and each wall-clock time is mapped to its instant by
+    :func:`_instant`: when the clocks go back, the repeated hour's times run once (their
+    first occurrence); a tick that would fall before ``after`` is passed over."""
     tz = ZoneInfo(timezone)
-    start = datetime.fromtimestamp(after, tz)
-    wall = start.replace(tzinfo=None)
-    it = croniter(schedule, start)
+    wall = datetime.fromtimestamp(after, tz).replace(tzinfo=None)
+    it = croniter(schedule, wall)
     try:
         for _ in range(MAX_REPEATS):
-            n = it.get_next(datetime)
-            if n.replace(tzinfo=None) > wall:
-                return float(n.timestamp())
+            t = _instant(it.get_next(datetime), tz)
+            if t > after:
+                return t
     except (ValueError, KeyError, OverflowError):  # CroniterBadDateError: no next date
         return None
     return None
@@ -95,12 +106,13 @@ def latest_tick(schedule: str, timezone: str, first: float, now: float
             return t, count
         t, count = n, count + 1
     # a long downtime: the latest one from the other end
-    prev = croniter(schedule, datetime.fromtimestamp(now, ZoneInfo(timezone))).get_prev(
-        datetime).timestamp()
+    tz = ZoneInfo(timezone)
+    wall = datetime.fromtimestamp(now, tz).replace(tzinfo=None)
+    prev = _instant(croniter(schedule, wall).get_prev(datetime), tz)
     n = next_tick(schedule, timezone, prev)
     if n is not None and n <= now:
         prev = n
-    return max(t, float(prev)), count
+    return (prev if t < prev <= now else t), count
 
 
 @dataclass(frozen=True)
