@@ -33,12 +33,14 @@ from jupyter_scheduler.models import (  # noqa: E402
     CountJobsQuery,
     CreateJob,
     CreateJobDefinition,
+    CreateJobFromDefinition,
     ListJobDefinitionsQuery,
     ListJobsQuery,
     SortDirection,
     SortField,
     Status,
     UpdateJob,
+    UpdateJobDefinition,
 )
 from tornado import httpserver, ioloop, netutil, web  # noqa: E402
 
@@ -82,16 +84,20 @@ def notebook(source: str = "x = 1") -> dict[str, Any]:
 
 # -- the test double of the service ----------------------------------------------------------
 class FakeJobsService:
-    """A test double of the hub's ``gpuspawner`` service: ``api/jobs`` (POST, GET),
-    ``api/jobs/{id}`` (GET, DELETE = cancel, 409 once ended), ``api/jobs/{id}/output`` and
+    """A test double of the hub's ``gpuspawner`` service: ``api/jobs`` (POST, GET with
+    ``?definition_id=``), ``api/jobs/{id}`` (GET, DELETE = cancel, 409 once ended),
+    ``api/jobs/{id}/output`` (``?format=html``), ``api/job_definitions`` (POST, GET),
+    ``api/job_definitions/{id}`` (GET, PATCH of schedule/timezone/paused, DELETE) and
     ``api/profiles``, answering as the real one does (``{"status", "message"}`` errors, 401
     without the token). Jobs stay ``queued`` until a test moves them with :meth:`set`.
-    ``requests`` records (method, path, body) of each call."""
+    ``requests`` records (method, path with its query, body) of each call."""
 
     def __init__(self, profiles: list[dict[str, Any]] = PROFILES) -> None:
         self.profiles = profiles
         self.jobs: dict[str, dict[str, Any]] = {}
         self.outputs: dict[str, dict[str, Any]] = {}
+        self.html: dict[str, str] = {}
+        self.definitions: dict[str, dict[str, Any]] = {}
         self.requests: list[tuple[str, str, Any]] = []
         self.lock = threading.Lock()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -111,6 +117,8 @@ class FakeJobsService:
         app = web.Application([
             (p + "api/jobs", _Jobs, kw), (p + r"api/jobs/([0-9a-f]{32})", _Job, kw),
             (p + r"api/jobs/([0-9a-f]{32})/output", _Output, kw),
+            (p + "api/job_definitions", _Definitions, kw),
+            (p + r"api/job_definitions/([0-9a-f]{32})", _Definition, kw),
             (p + "api/profiles", _Profiles, kw)])
         self.server = httpserver.HTTPServer(app)
         self.server.add_sockets(sockets)
@@ -139,7 +147,7 @@ class _Base(web.RequestHandler):
 
     def prepare(self) -> None:
         body = json.loads(self.request.body) if self.request.body else None
-        self.fake.requests.append((self.request.method, self.request.path.split(
+        self.fake.requests.append((self.request.method, self.request.uri.split(
             "/services/gpuspawner/")[1], body))
         if self.request.headers.get("Authorization") != f"token {TOKEN}":
             raise web.HTTPError(401, "log in to the hub or send a JupyterHub API token")
@@ -164,6 +172,9 @@ class _Profiles(_Base):
 class _Jobs(_Base):
     def get(self) -> None:
         jobs = sorted(self.fake.jobs.values(), key=lambda j: j["created"], reverse=True)
+        wanted = self.get_query_argument("definition_id", None)
+        if wanted:
+            jobs = [j for j in jobs if j["definition_id"] == wanted]
         self.finish({"jobs": jobs})
 
     def post(self) -> None:
@@ -182,7 +193,8 @@ class _Jobs(_Base):
                "started": None, "finished": None,
                "history": [{"state": "queued", "time": iso(now)}], "node": None,
                "gpu_uuids": [], "exit_code": None, "error": None, "output_dir": None,
-               "has_output": False, "queue_position": None, "notebook": body["notebook"]}
+               "has_output": False, "queue_position": None, "definition_id": None,
+               "notebook": body["notebook"]}
         with self.fake.lock:
             self.fake.jobs[job_id] = job
         self.set_status(201)
@@ -203,9 +215,61 @@ class _Job(_Base):
 class _Output(_Base):
     def get(self, job_id: str) -> None:
         self.job(job_id)
+        if self.get_query_argument("format", "ipynb") == "html":
+            if job_id not in self.fake.html:
+                raise web.HTTPError(404, f"job {job_id} has no HTML export here")
+            self.set_header("Content-Type", "text/html; charset=UTF-8")
+            self.finish(self.fake.html[job_id])
+            return
         if job_id not in self.fake.outputs:
             raise web.HTTPError(404, f"job {job_id} has no executed notebook here")
         self.finish(self.fake.outputs[job_id])
+
+
+class _Definitions(_Base):
+    def get(self) -> None:
+        self.finish({"job_definitions": sorted(self.fake.definitions.values(),
+                                               key=lambda d: d["created"], reverse=True)})
+
+    def post(self) -> None:
+        body = json.loads(self.request.body)
+        if not body.get("schedule"):
+            raise web.HTTPError(400, "schedule: missing: a cron expression is required")
+        def_id = uuid.uuid4().hex
+        now = iso(time.time() + len(self.fake.definitions))
+        row = {"id": def_id, "user": "alice", "name": body.get("name", "notebook"),
+               "profile": body.get("profile", "a100-1"), "time_limit": 600,
+               "parameters": body.get("parameters", {}), "schedule": body["schedule"],
+               "timezone": body.get("timezone", "UTC"), "concurrency_policy": "Forbid",
+               "starting_deadline": None, "paused": False, "created": now, "updated": now,
+               "last_tick": None, "next_tick": None, "message": "", "last_job_id": None,
+               "runs": 0, "skipped": 0, "active_jobs": []}
+        self.fake.definitions[def_id] = row
+        self.set_status(201)
+        self.finish(row)
+
+
+class _Definition(_Base):
+    def row(self, def_id: str) -> dict[str, Any]:
+        if def_id not in self.fake.definitions:
+            raise web.HTTPError(404, f"no job definition {def_id}")
+        return self.fake.definitions[def_id]
+
+    def get(self, def_id: str) -> None:
+        self.finish(self.row(def_id))
+
+    def patch(self, def_id: str) -> None:
+        body = json.loads(self.request.body)
+        unknown = set(body) - {"schedule", "timezone", "concurrency_policy",
+                               "starting_deadline", "paused"}
+        if unknown:
+            raise web.HTTPError(400, f"{sorted(unknown)[0]}: cannot be changed")
+        row = self.row(def_id)
+        row.update(body, updated=iso(time.time() + 100))
+        self.finish(row)
+
+    def delete(self, def_id: str) -> None:
+        self.finish(self.fake.definitions.pop(self.row(def_id)["id"]))
 
 
 @pytest.fixture(scope="module")
@@ -224,6 +288,7 @@ def home(tmp_path) -> Path:
 @pytest.fixture
 def scheduler(fake, home, tmp_path) -> HubScheduler:
     fake.jobs.clear()
+    fake.definitions.clear()
     fake.requests.clear()
     client = JobsClient(fake.url, TOKEN, timeout=10)
     s = HubScheduler(root_dir=str(home), environments_manager=HubEnvironmentManager(client),
@@ -285,15 +350,16 @@ def test_job_files_link_what_the_job_wrote_in_the_home(home):
     job_id = "cd" * 16
     job = {"id": job_id, "name": "train", "output_dir": f"~/jobs/train/20260202T000005Z-{job_id}"}
     files, downloaded = job_files(job, str(home), str(home))
-    assert [f.file_path for f in files] == [None] * 4 and not downloaded
+    assert [f.file_path for f in files] == [None] * 5 and not downloaded
     folder = home / "jobs" / "train" / f"20260202T000005Z-{job_id}"
     folder.mkdir(parents=True)
-    for name in ("train.ipynb", "train.input.ipynb", "job.log"):
+    for name in ("train.ipynb", "train.html", "train.input.ipynb", "job.log"):
         (folder / name).write_text("{}")
     files, downloaded = job_files(job, str(home), str(home))
     rel = f"jobs/train/20260202T000005Z-{job_id}"
     assert {f.file_format: f.file_path for f in files} == {
-        "ipynb": f"{rel}/train.ipynb", "input": f"{rel}/train.input.ipynb",
+        "ipynb": f"{rel}/train.ipynb", "html": f"{rel}/train.html",
+        "input": f"{rel}/train.input.ipynb",
         "log": f"{rel}/job.log", "files": rel}
     assert downloaded
     # a server whose root is a sub-folder of the home: the same layout under the root
@@ -305,7 +371,7 @@ def test_job_files_link_what_the_job_wrote_in_the_home(home):
     assert job_files({"id": job_id, "name": "x", "output_dir": None}, str(home),
                      str(home))[0][0].file_path is None
     assert job_files({"id": job_id, "name": "x", "output_dir": "~/../../etc"}, str(home),
-                     str(home))[0][3].file_path is None
+                     str(home))[0][4].file_path is None
 
 
 def test_submission_maps_the_create_job_model():
@@ -316,8 +382,9 @@ def test_submission_maps_the_create_job_model():
     assert body == {"notebook": notebook(), "name": "my-run-1", "profile": "cpu",
                     "parameters": {"lr": 0.01, "flag": True, "word": "hello", "xs": [1, 2]},
                     "time_limit": 120}
-    with pytest.raises(SchedulerError, match="html"):
-        submission(create(output_formats=["ipynb", "html"]), notebook())
+    assert "parameters" in submission(create(output_formats=["ipynb", "html"]), notebook())
+    with pytest.raises(SchedulerError, match="pdf"):
+        submission(create(output_formats=["ipynb", "pdf"]), notebook())
     with pytest.raises(SchedulerError, match="input folder"):
         submission(create(package_input_folder=True), notebook())
     with pytest.raises(SchedulerError, match="time_limit"):
@@ -348,7 +415,8 @@ async def test_create_job_sends_the_notebook_to_the_hub(scheduler, fake, home):
     assert fake.jobs[ours]["state"] == "queued"
     job = await scheduler.get_job(job_id)
     assert job.status == Status.QUEUED and job.name == "train"
-    assert [f.file_path for f in job.job_files] == [None] * 4
+    assert [f.file_path for f in job.job_files] == [None] * 5
+    assert job.job_definition_id is None
 
 
 async def test_refusals_of_the_hub_reach_the_ui_with_their_message(scheduler, home):
@@ -422,14 +490,18 @@ async def test_a_finished_job_shows_its_files_and_downloads_its_notebook(schedul
              output_dir=out, has_output=True)
     executed = notebook("x = 2")
     fake.outputs[ours] = executed
+    fake.html[ours] = "<html><body>x = 2</body></html>"
     job = await scheduler.get_job(job_id)
     assert job.status == Status.COMPLETED and not job.downloaded
-    # the UI's download button: the executed notebook, from the hub, where the link points
+    # the UI's download button: the executed notebook and its HTML, from the hub, where the
+    # links point
     await HubJobFilesManager(scheduler).copy_from_staging(job_id)
     path = home / out[2:] / "train.ipynb"
     assert json.loads(path.read_text()) == executed
+    assert (home / out[2:] / "train.html").read_text() == fake.html[ours]
     job = await scheduler.get_job(job_id)
     assert job.downloaded and job.job_files[0].file_path == f"{out[2:]}/train.ipynb"
+    assert job.job_files[1].file_path == f"{out[2:]}/train.html"
     listed = (await scheduler.list_jobs(ListJobsQuery())).jobs[0]
     assert listed.downloaded and listed.job_files[0].file_path == f"{out[2:]}/train.ipynb"
     path.write_text("{}")  # already there: kept unless redownload
@@ -437,14 +509,60 @@ async def test_a_finished_job_shows_its_files_and_downloads_its_notebook(schedul
     assert path.read_text() == "{}"
     await HubJobFilesManager(scheduler).copy_from_staging(job_id, redownload=True)
     assert json.loads(path.read_text()) == executed
+    # no HTML export on the hub: the notebook alone
+    del fake.html[ours]
+    (home / out[2:] / "train.html").unlink()
+    assert await scheduler.download_output(job_id, redownload=True) == [str(path)]
 
 
-async def test_definitions_say_they_are_not_supported_yet(scheduler):
-    assert (await scheduler.list_job_definitions(ListJobDefinitionsQuery())).total_count == 0
-    with pytest.raises(SchedulerError, match="not supported by this hub yet"):
+async def test_definitions_go_to_the_hubs_job_definitions(scheduler, fake, home):
+    (home / "nightly.ipynb").write_text(json.dumps(notebook("lr = 0.1")))
+    def_id = await scheduler.create_job_definition(CreateJobDefinition(
+        input_uri="nightly.ipynb", runtime_environment_name="cpu", name="nightly run",
+        schedule="0 3 * * *", timezone="Europe/Rome", parameters={"lr": "0.2"},
+        output_formats=["ipynb", "html"]))
+    ours = hub_id(def_id)
+    method, path, body = fake.requests[-1]
+    assert (method, path) == ("POST", "api/job_definitions")
+    assert body == {"notebook": notebook("lr = 0.1"), "name": "nightly-run", "profile": "cpu",
+                    "parameters": {"lr": 0.2}, "schedule": "0 3 * * *",
+                    "timezone": "Europe/Rome"}
+    d = await scheduler.get_job_definition(def_id)
+    assert (d.job_definition_id, d.name, d.schedule, d.timezone, d.active) == (
+        def_id, "nightly-run", "0 3 * * *", "Europe/Rome", True)
+    assert d.parameters == {"lr": "0.2"} and d.runtime_environment_name == "cpu"
+    listed = await scheduler.list_job_definitions(ListJobDefinitionsQuery())
+    assert [x.job_definition_id for x in listed.job_definitions] == [def_id]
+    assert listed.total_count == 1
+    assert (await scheduler.list_job_definitions(ListJobDefinitionsQuery(name="x"))
+            ).job_definitions == []
+    # pause (the UI's pause button), then a new schedule with the input the UI's edit sends
+    await scheduler.update_job_definition(def_id, UpdateJobDefinition(active=False))
+    assert fake.requests[-1] == ("PATCH", f"api/job_definitions/{ours}", {"paused": True})
+    assert not (await scheduler.get_job_definition(def_id)).active
+    await scheduler.update_job_definition(def_id, UpdateJobDefinition(
+        schedule="30 4 * * 1", timezone="UTC", input_uri="nightly.ipynb"))
+    assert fake.requests[-1] == ("PATCH", f"api/job_definitions/{ours}",
+                                 {"schedule": "30 4 * * 1", "timezone": "UTC"})
+    with pytest.raises(SchedulerError, match="name: a definition of the hub cannot be changed"):
+        await scheduler.update_job_definition(def_id, UpdateJobDefinition(name="other"))
+    with pytest.raises(SchedulerError, match="not supported by the hub"):
+        await scheduler.create_job_from_definition(def_id, CreateJobFromDefinition())
+    # the jobs its ticks made (the definition's detail view)
+    (home / "a.ipynb").write_text(json.dumps(notebook()))
+    tick = await scheduler.create_job(create(name="tick", path="a.ipynb"))
+    await scheduler.create_job(create(name="other", path="a.ipynb"))
+    fake.set(hub_id(tick), definition_id=ours)
+    jobs = await scheduler.list_jobs(ListJobsQuery(job_definition_id=def_id))
+    assert [(j.name, j.job_definition_id) for j in jobs.jobs] == [("tick", def_id)]
+    assert fake.requests[-1][1] == f"api/jobs?definition_id={ours}"
+    await scheduler.delete_job_definition(def_id)
+    assert fake.definitions == {}
+    with pytest.raises(SchedulerError, match="HTTP 404"):
+        await scheduler.get_job_definition(def_id)
+    with pytest.raises(SchedulerError, match="schedule"):
         await scheduler.create_job_definition(CreateJobDefinition(
-            input_uri="a.ipynb", runtime_environment_name="cpu", name="nightly",
-            schedule="0 3 * * *", timezone="UTC"))
+            input_uri="nightly.ipynb", runtime_environment_name="cpu", name="x"))
 
 
 async def test_environments_are_the_users_profiles(fake):
@@ -454,8 +572,8 @@ async def test_environments_are_the_users_profiles(fake):
     assert all(e.label == e.name for e in envs)  # the UI shows the name, selects the label
     assert envs[0].description == "One A100; 1 x A100, 8 cores, 32.0 GiB; for training"
     assert "time limit 600 s (at most 3600 s)" in envs[1].description
-    assert envs[1].output_formats == ["ipynb"] and manager.output_formats_mapping() == {
-        "ipynb": "Notebook"}
+    assert envs[1].output_formats == ["ipynb", "html"]
+    assert manager.output_formats_mapping() == {"ipynb": "Notebook", "html": "HTML"}
     refused = HubEnvironmentManager(JobsClient(fake.url, "wrong", timeout=10))
     with pytest.raises(EnvironmentRetrievalError, match="HTTP 401"):
         await refused.list_environments()

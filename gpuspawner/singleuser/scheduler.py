@@ -9,11 +9,13 @@ lists environments with ``SchedulerApp.environment_manager_class``. Here:
 - :class:`HubScheduler` sends each job to the hub's ``gpuspawner`` service (``POST api/jobs``,
   with the notebook's content: a snapshot, as jupyter-scheduler's staging copy is) and reads
   jobs back from it; the job runs in a container of its own with its profile's bundle
-  (docs/jobs.md). It holds no database and starts no process or task runner.
+  (docs/jobs.md). Job definitions (a notebook on a cron schedule) go to
+  ``api/job_definitions`` the same way. It holds no database and starts no process or task
+  runner: the hub runs the schedules.
 - :class:`HubEnvironmentManager` lists the profiles the user may use (``GET api/profiles``) as
   the environments: an environment's name is a profile's slug.
 - :class:`HubJobFilesManager` answers the UI's "download" by writing the executed notebook
-  from ``GET api/jobs/{id}/output`` where the job's files are shown.
+  and its HTML export from ``GET api/jobs/{id}/output`` where the job's files are shown.
 
 Where and who: the service's URL is ``GPUSPAWNER_SERVICE_URL``, else derived from
 ``JUPYTERHUB_API_URL``, and the token is ``JUPYTERHUB_API_TOKEN`` (the server's own token,
@@ -34,18 +36,24 @@ its routes' pattern)               (:func:`scheduler_id` / :func:`hub_id`)
                                    string is one, else the string (as ``-p``)
 ``runtime_environment_parameters   ``time_limit`` (seconds)
 ["time_limit"]``
-``output_formats``                 ``["ipynb"]`` only: the job writes the executed
-                                   notebook (and the snapshot and a log)
+``output_formats``                 ``ipynb`` and ``html``: the job writes both (and
+                                   the snapshot it ran and a log)
 ``status``                         :data:`STATUS_OF` (state kept in ``status_message``
                                    where the status loses it)
 ``job_files``                      the files in ``~/jobs/<name>/<UTC start>-<id>/``
                                    (:func:`job_files`)
+job definition                     ``api/job_definitions``: ``schedule`` (cron),
+                                   ``timezone``; ``active`` = not ``paused``
+                                   (:func:`describe_definition`)
 =================================  ===================================================
 
 Not supported (a :class:`~jupyter_scheduler.exceptions.SchedulerError` with the reason, shown
 by the UI): renaming a job; "Run job with input folder" (the job gets the notebook only; it
-runs with the home mounted, so absolute paths work); output formats other than ``ipynb``; job
-definitions (schedules) until the hub's service offers ``api/job_definitions``.
+runs with the home mounted, so absolute paths work); output formats other than ``ipynb`` and
+``html``; running a definition now ("Run job" of a definition); changing a definition's name,
+profile or parameters. Editing a definition in the UI changes its schedule and time zone;
+the notebook stays the snapshot taken when the definition was made (the UI sends a new one,
+which is not used: make a new definition for a new notebook).
 """
 
 from __future__ import annotations
@@ -87,8 +95,9 @@ from traitlets import Float, Unicode, default
 from ..jobs.client import ClientError, JobsClient, default_name, parse_parameter, service_url
 
 __all__ = ["HubEnvironmentManager", "HubJobFilesManager", "HubScheduler", "OUTPUT_FORMATS",
-           "STATUS_OF", "describe_job", "hub_client", "hub_id", "job_files", "scheduler_id",
-           "status_of", "submission"]
+           "STATUS_OF", "definition_submission", "describe_definition", "describe_job",
+           "environment", "hub_client", "hub_id", "job_files", "scheduler_id", "status_of",
+           "submission"]
 
 #: our states -> jupyter-scheduler's statuses. The UI offers "Stop" for IN_PROGRESS only and
 #: output links for COMPLETED and FAILED; a job that waits for its bundle is QUEUED.
@@ -99,8 +108,9 @@ STATUS_OF: dict[str, Status] = {
 }
 #: states whose status does not say them: ``status_message`` starts with the state
 _SAID_IN_MESSAGE = frozenset({"waiting", "starting", "timed_out", "lost"})
-#: what a job writes, by jupyter-scheduler's output format name -> its label
-OUTPUT_FORMATS: dict[str, str] = {"ipynb": "Notebook"}
+#: what a job writes, by jupyter-scheduler's output format name -> its label (a job writes
+#: both, whichever the UI asked for: ``<name>.ipynb`` and ``<name>.html``)
+OUTPUT_FORMATS: dict[str, str] = {"ipynb": "Notebook", "html": "HTML"}
 #: the file of the service's API that each request goes to
 _JOBS = "api/jobs"
 _PROFILES = "api/profiles"
@@ -149,7 +159,8 @@ def _text(value: Any) -> str:
 
 def job_files(job: Mapping[str, Any], root_dir: str, home: str) -> tuple[list[JobFile], bool]:
     """The files a job wrote, as jupyter-scheduler lists them: the executed notebook
-    (``ipynb``), the snapshot it ran (``input``), ``job.log`` (``log``) and the folder
+    (``ipynb``), its HTML export (``html``), the snapshot it ran (``input``), ``job.log``
+    (``log``) and the folder
     (``files``, opened in the file browser), each with its path relative to ``root_dir`` when
     it exists there, else None (the UI then shows no link). The folder is the job's
     ``output_dir`` (``~/jobs/<name>/<UTC start>-<id>``) under ``home``; when that is outside
@@ -175,6 +186,8 @@ def job_files(job: Mapping[str, Any], root_dir: str, home: str) -> tuple[list[Jo
     files = [
         JobFile(display_name=OUTPUT_FORMATS["ipynb"], file_format="ipynb",
                 file_path=rel(inside(f"{name}.ipynb"))),
+        JobFile(display_name=OUTPUT_FORMATS["html"], file_format="html",
+                file_path=rel(inside(f"{name}.html"))),
         JobFile(display_name="Input", file_format="input",
                 file_path=rel(inside(f"{name}.input.ipynb"))),
         JobFile(display_name="Log", file_format="log", file_path=rel(inside("job.log"))),
@@ -228,6 +241,8 @@ def describe_job(job: Mapping[str, Any], root_dir: str, home: str,
         url=f"{_JOBS}/{job['id']}", create_time=created, update_time=updated,
         start_time=_ms(job.get("started")), end_time=_ms(job.get("finished")),
         status=status_of(state), status_message=message or None,
+        job_definition_id=(scheduler_id(str(job["definition_id"]))
+                           if job.get("definition_id") else None),
     )
     if files:
         model.job_files, model.downloaded = job_files(job, root_dir, home)
@@ -248,7 +263,7 @@ def submission(model: CreateJob, notebook: dict[str, Any]) -> dict[str, Any]:
     formats = [f for f in (model.output_formats or []) if f not in OUTPUT_FORMATS]
     if formats:
         raise SchedulerError(f"output formats {', '.join(formats)}: a job on this hub writes "
-                             "the executed notebook (ipynb) only")
+                             "the executed notebook (ipynb) and its HTML export only")
     if model.package_input_folder:
         raise SchedulerError("'Run job with input folder' is not supported on this hub: the "
                              "job gets the notebook only, and runs with your home mounted "
@@ -398,20 +413,22 @@ class HubScheduler(BaseScheduler):
             raise SchedulerError("a job of the hub cannot be renamed or changed once "
                                  "submitted")
 
-    async def _jobs(self) -> list[dict[str, Any]]:
-        data = await _call(self.client, "GET", _JOBS)
+    async def _jobs(self, definition_id: str | None = None) -> list[dict[str, Any]]:
+        path = f"{_JOBS}?definition_id={definition_id}" if definition_id else _JOBS
+        data = await _call(self.client, "GET", path)
         hidden = self._hidden()
         return [j for j in data.get("jobs", []) if j.get("id") not in hidden]
 
     async def list_jobs(self, query: ListJobsQuery) -> ListJobsResponse:
-        """The user's jobs, filtered by ``status``, ``name`` (prefix), ``start_time`` (at or
-        after, ms) and ``job_definition_id`` (none: jobs made here have no definition),
+        """The user's jobs (those of ``job_definition_id`` when given), filtered by
+        ``status``, ``name`` (prefix) and ``start_time`` (at or after, ms),
         sorted by ``sort_by``, ``max_items`` per page with ``next_token`` the next offset.
         ``tags`` match nothing (jobs of the hub have no tags)."""
-        if query.job_definition_id or query.tags:
+        if query.tags:
             return ListJobsResponse(jobs=[], total_count=0)
-        pairs = [(j, describe_job(j, self.root_dir, self.home, files=False))
-                 for j in await self._jobs()]
+        jobs = await self._jobs(hub_id(query.job_definition_id)
+                                if query.job_definition_id else None)
+        pairs = [(j, describe_job(j, self.root_dir, self.home, files=False)) for j in jobs]
         if query.status is not None:
             pairs = [(j, m) for j, m in pairs if m.status == query.status]
         if query.name:
@@ -423,15 +440,11 @@ class HubScheduler(BaseScheduler):
                 key = _sort_key(field.name)
                 pairs.sort(key=lambda pair, key=key: key(pair[1]),
                            reverse=field.direction == SortDirection.desc)
-        total = len(pairs)
-        start = int(query.next_token) if (query.next_token or "").isdigit() else 0
-        size = int(query.max_items if query.max_items is not None else total)
-        page = pairs[start:start + size]
+        page, total, token = _page(pairs, query.max_items, query.next_token)
         for job, model in page:
             model.job_files, model.downloaded = job_files(job, self.root_dir, self.home)
-        end = start + len(page)
         return ListJobsResponse(jobs=[m for _, m in page], total_count=total,
-                                next_token=str(end) if size and end < total else None)
+                                next_token=token)
 
     async def count_jobs(self, query: CountJobsQuery) -> int:
         """How many of the user's jobs have ``query.status``."""
@@ -467,13 +480,15 @@ class HubScheduler(BaseScheduler):
             return {}
         return {"ipynb": f"{self.client.url}{_JOBS}/{hub_id(model.job_id)}/output"}
 
-    async def download_output(self, job_id: str, redownload: bool = False) -> str | None:
-        """Write the executed notebook of the job from the service where :func:`job_files`
-        shows it (the job's folder in the home, or the same folder under the server's root);
-        unless ``redownload``, only when it is not there yet.
+    async def download_output(self, job_id: str, redownload: bool = False) -> list[str]:
+        """Write the executed notebook and its HTML export of the job from the service
+        (``api/jobs/{id}/output``, ``?format=html``) where :func:`job_files` shows them (the
+        job's folder in the home, or the same folder under the server's root); unless
+        ``redownload``, only those not there yet. An HTML export the hub does not have is
+        skipped.
 
         Returns:
-            the path written, or None when nothing was written.
+            the paths written.
 
         Raises:
             SchedulerError: the job has no folder yet, or the service has no executed
@@ -483,48 +498,155 @@ class HubScheduler(BaseScheduler):
         folder = _local_folder(job, self.root_dir, self.home)
         if folder is None:
             raise SchedulerError(f"job {job_id} has no output folder yet ({job.get('state')})")
-        path = os.path.join(folder, f"{job.get('name') or 'notebook'}.ipynb")
-        if os.path.isfile(path) and not redownload:
-            return None
-        nb = await _call(self.client, "GET", f"{_JOBS}/{hub_id(job_id)}/output")
-        os.makedirs(folder, exist_ok=True)
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(nb, f, indent=1)
-            f.write("\n")
-        return path
+        name = job.get("name") or "notebook"
+        base = f"{_JOBS}/{hub_id(job_id)}/output"
+        written = []
+        for fmt in OUTPUT_FORMATS:
+            path = os.path.join(folder, f"{name}.{fmt}")
+            if os.path.isfile(path) and not redownload:
+                continue
+            if fmt == "ipynb":
+                text = json.dumps(await _call(self.client, "GET", base), indent=1) + "\n"
+            else:
+                try:
+                    text = await asyncio.to_thread(self.client.text, f"{base}?format={fmt}")
+                except ClientError as e:
+                    self.log.info("job %s: no %s export to download: %s", job_id, fmt, e)
+                    continue
+            os.makedirs(folder, exist_ok=True)
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+            written.append(path)
+        return written
 
     # -- job definitions ------------------------------------------------------------------
-    def _no_definitions(self) -> SchedulerError:
-        return SchedulerError("schedules (job definitions) are not supported by this hub "
-                              "yet: choose 'Run now', or run it later with `gpuspawner jobs "
-                              "submit NOTEBOOK --at TIME` in a terminal")
-
     async def create_job_definition(self, model: CreateJobDefinition) -> str:
-        raise self._no_definitions()
+        """Make a definition on the hub (``POST api/job_definitions``): the notebook at
+        ``model.input_uri`` (a snapshot), ``schedule`` and ``timezone`` (default UTC) and the
+        job's fields as :func:`submission` maps them; returns its id (a UUID)."""
+        body = definition_submission(model, self._read_notebook(model.input_uri))
+        row = await _call(self.client, "POST", _DEFINITIONS, body)
+        self.log.info("job definition %s (%s, %s) made on the hub", row["id"], row["name"],
+                      row["schedule"])
+        return scheduler_id(row["id"])
 
     async def update_job_definition(self, job_definition_id: str,
                                     model: UpdateJobDefinition) -> None:
-        raise self._no_definitions()
+        """``PATCH api/job_definitions/{id}`` with what the hub can change: ``schedule``,
+        ``timezone`` and ``active`` (pause/resume). A new ``input_uri`` (the UI's edit sends
+        one) is not used: the definition keeps the notebook it was made with.
+
+        Raises:
+            SchedulerError: a change of name, profile, parameters or output formats.
+        """
+        given = model.dict(exclude_unset=True)
+        refused = sorted(k for k in ("name", "runtime_environment_name", "parameters",
+                                     "runtime_environment_parameters", "compute_type", "tags")
+                         if given.get(k) is not None)
+        if refused:
+            raise SchedulerError(f"{', '.join(refused)}: a definition of the hub cannot be "
+                                 "changed there; make a new definition")
+        changes: dict[str, Any] = {}
+        if given.get("schedule") is not None:
+            changes["schedule"] = given["schedule"]
+        if given.get("timezone") is not None:
+            changes["timezone"] = given["timezone"]
+        if given.get("active") is not None:
+            changes["paused"] = not given["active"]
+        if given.get("input_uri"):
+            self.log.info("job definition %s: the new input %s is not used (the hub keeps "
+                          "the notebook the definition was made with)", job_definition_id,
+                          given["input_uri"])
+        if changes:
+            await _call(self.client, "PATCH", f"{_DEFINITIONS}/{hub_id(job_definition_id)}",
+                        changes)
 
     async def delete_job_definition(self, job_definition_id: str) -> None:
-        raise self._no_definitions()
+        """``DELETE api/job_definitions/{id}``: no more ticks; its jobs stay."""
+        await _call(self.client, "DELETE", f"{_DEFINITIONS}/{hub_id(job_definition_id)}")
 
     async def get_job_definition(self, job_definition_id: str) -> DescribeJobDefinition:
-        raise self._no_definitions()
+        """One definition (:func:`describe_definition`)."""
+        row = await _call(self.client, "GET", f"{_DEFINITIONS}/{hub_id(job_definition_id)}")
+        return describe_definition(row)
 
     async def list_job_definitions(self, query: ListJobDefinitionsQuery
                                    ) -> ListJobDefinitionsResponse:
-        """None yet (the panel's "Notebook Job Definitions" tab shows an empty list)."""
-        return ListJobDefinitionsResponse(job_definitions=[], total_count=0)
+        """The user's definitions, filtered by ``name`` (prefix) and ``create_time`` (at or
+        after, ms), sorted by ``sort_by``, paged as :meth:`list_jobs`."""
+        data = await _call(self.client, "GET", _DEFINITIONS)
+        models = [describe_definition(d) for d in data.get("job_definitions", [])]
+        if query.tags:
+            models = []
+        if query.name:
+            models = [m for m in models if m.name.startswith(query.name)]
+        if query.create_time:
+            models = [m for m in models if m.create_time >= query.create_time]
+        for field in reversed(query.sort_by or []):
+            if field.name in _SORT_KEYS | {"schedule", "timezone", "active"}:
+                models.sort(key=_sort_key(field.name),
+                            reverse=field.direction == SortDirection.desc)
+        page, total, token = _page(models, query.max_items, query.next_token)
+        return ListJobDefinitionsResponse(job_definitions=page, total_count=total,
+                                          next_token=token)
 
     async def create_job_from_definition(self, job_definition_id: str,
                                          model: CreateJobFromDefinition) -> str:
-        raise self._no_definitions()
+        raise SchedulerError("running a definition now is not supported by the hub: its "
+                             "jobs start at its schedule's ticks; for a run now, create a "
+                             "job from the notebook ('Run now')")
+
+
+def _page(items: list[Any], max_items: int | None, next_token: str | None
+          ) -> tuple[list[Any], int, str | None]:
+    """One page of ``items``: ``max_items`` from the offset ``next_token``; returns (page,
+    total, the next page's token or None)."""
+    total = len(items)
+    start = int(next_token) if (next_token or "").isdigit() else 0
+    size = int(max_items if max_items is not None else total)
+    page = items[start:start + size]
+    end = start + len(page)
+    return page, total, (str(end) if size and end < total else None)
+
+
+def definition_submission(model: CreateJobDefinition, notebook: dict[str, Any]
+                          ) -> dict[str, Any]:
+    """The body of ``POST api/job_definitions`` for jupyter-scheduler's
+    :class:`CreateJobDefinition`: the job's fields as :func:`submission` maps them, plus
+    ``schedule`` and ``timezone`` (UTC when none).
+
+    Raises:
+        SchedulerError: as :func:`submission`; no schedule.
+    """
+    if not model.schedule:
+        raise SchedulerError("schedule: a job definition needs a cron schedule")
+    body = submission(CreateJob(**{k: v for k, v in model.dict().items()
+                                   if k in CreateJob.__fields__}), notebook)
+    body["schedule"] = model.schedule
+    body["timezone"] = model.timezone or "UTC"
+    return body
+
+
+def describe_definition(row: Mapping[str, Any]) -> DescribeJobDefinition:
+    """One definition of ``api/job_definitions`` as jupyter-scheduler's
+    :class:`DescribeJobDefinition`: ``active`` is not ``paused``, times in epoch ms."""
+    name = str(row.get("name") or "notebook")
+    created = _ms(row.get("created")) or 0
+    return DescribeJobDefinition(
+        job_definition_id=scheduler_id(str(row["id"])), name=name,
+        input_filename=f"{name}.ipynb",
+        runtime_environment_name=str(row.get("profile") or ""),
+        runtime_environment_parameters={"time_limit": int(row.get("time_limit") or 0)},
+        output_formats=list(OUTPUT_FORMATS),
+        parameters={k: _text(v) for k, v in (row.get("parameters") or {}).items()},
+        schedule=row.get("schedule"), timezone=row.get("timezone"),
+        create_time=created, update_time=_ms(row.get("updated")) or created,
+        active=not row.get("paused"))
 
 
 class HubJobFilesManager(JobFilesManager):
     """The UI's "download output" (``GET scheduler/jobs/{id}/download_files``): the executed
-    notebook from the hub's service into the job's folder (:meth:`HubScheduler.
+    notebook and its HTML export from the hub's service into the job's folder (:meth:`HubScheduler.
     download_output`), in this process (one small file), instead of jupyter-scheduler's copy
     from a staging area in a child process."""
 
@@ -540,7 +662,7 @@ class HubEnvironmentManager(EnvironmentManager):
     """The profiles the user may use (``GET api/profiles`` of the hub's service) as
     jupyter-scheduler's environments: ``name`` and ``label`` are the slug (the UI shows the
     name and selects by the label), ``description`` the display name, the bundle and the jobs'
-    time limits; output format ``ipynb`` only.
+    time limits; output formats ``ipynb`` and ``html`` (a job writes both).
 
     Args:
         client: the service's client (default :func:`hub_client`, made on first use).
