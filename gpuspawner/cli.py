@@ -28,18 +28,23 @@ Subcommands:
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
 from collections.abc import Sequence
 
+from . import simulate
+from .backends.slurm.gres import GresError, check_types, gres_conf, gres_devices, node_gres
+from .health_cli import add_subcommands as _add_health
+from .inventory.local import read_local_node
+from .inventory.topology import TopologyError, dump_topology, load_topology_file
+from .jobs.client import add_subcommands as _add_jobs
+
 log = logging.getLogger(__name__)
 
 
 def _cmd_inventory(args: argparse.Namespace) -> int:
-    from .inventory.local import read_local_node
-    from .inventory.topology import dump_topology
-
     try:
         node = read_local_node(args.name, sysfs_root=args.sysfs_root, proc_root=args.proc_root,
                                disk_path=args.disk_path)
@@ -76,14 +81,10 @@ def _add_inventory(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_slurm_gres(args: argparse.Namespace) -> int:
-    from .backends.slurm.gres import GresError, check_types, gres_conf, gres_devices, node_gres
-
     args.topology = list(args.topology or [])
     if not args.topology and not args.model_topology:
         print("gpuspawner slurm-gres: give --topology or --model-topology", file=sys.stderr)
         return 2  # a usage error, as argparse's
-    from .inventory.topology import TopologyError, load_topology_file
-
     model_files = list(args.model_topology or [])
     try:
         nodes = [load_topology_file(path) for path in [*args.topology, *model_files]]
@@ -168,12 +169,12 @@ def generate_config(culler: bool = False) -> str:
     Args:
         culler: the idle culler's ``idle_culler_config.py`` (``c.IdleCuller.*``) instead.
     """
-    import importlib
-
+    # the hub's classes need the optional "hub" dependencies (jupyterhub ...); the other
+    # subcommands run without them, so they are imported here, not at the top
     from .hub.config_check import IGNORED_SPAWNER_OPTIONS
 
     if culler:
-        from idle_culler.app import IdleCuller
+        from idle_culler.app import IdleCuller  # (optional: jupyterhub, traitlets, tornado)
 
         classes: list[type] = [IdleCuller]
         head = ["# Configuration file of the idle culler (idle_culler_config.py in its working",
@@ -222,8 +223,6 @@ def _add_generate_config(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_simulate(sub: argparse._SubParsersAction) -> None:
-    from . import simulate
-
     doc = (simulate.__doc__ or "").strip()
     p = sub.add_parser("simulate", help="simulate placement of bundles on nodes",
                        description=doc.splitlines()[0] if doc else None)
@@ -240,12 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_inventory(sub)
     _add_slurm_gres(sub)
-    from .health_cli import add_subcommands as _add_health
-
     _add_health(sub)
     _add_generate_config(sub)
-    from .jobs.client import add_subcommands as _add_jobs
-
     _add_jobs(sub)
     _add_simulate(sub)
     return parser

@@ -27,6 +27,8 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from .inventory.health import DEFAULT_XIDS, HealthThresholds, read_health
+
 __all__ = ["add_subcommands", "service_call"]
 
 #: exit status of ``gpuspawner health --exit-code`` when a GPU is unhealthy
@@ -34,8 +36,6 @@ UNHEALTHY = 3
 
 
 def _cmd_health(args: argparse.Namespace) -> int:
-    from .inventory.health import DEFAULT_XIDS, HealthThresholds, read_health
-
     try:
         xids = frozenset(int(x) for x in args.xids.split(",") if x.strip()) \
             if args.xids is not None else frozenset(DEFAULT_XIDS)

@@ -20,6 +20,7 @@ from traitlets import Bool, Dict, Float, Int, List, Unicode, default
 from traitlets.config import Application
 
 from . import __version__
+from .api import make_app
 from .core import Culler
 from .gpu import GPUHistory, NVMLSampler, PrometheusSource
 from .hub import HubClient, internal_ssl_context
@@ -195,8 +196,6 @@ class IdleCuller(Application):
             return
         server = None
         if self.web and os.environ.get("JUPYTERHUB_SERVICE_URL"):
-            from .api import make_app
-
             u = urlparse(os.environ["JUPYTERHUB_SERVICE_URL"])
             prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/idle-culler/")
             server = make_app(culler, prefix, self.metrics).listen(

@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from importlib import import_module
 from typing import Any
 
 from traitlets.config import LoggingConfigurable
@@ -358,8 +359,6 @@ def backend_class(name: str) -> type[Backend]:
     Raises:
         ValueError: unknown name, not importable, or not a Backend subclass.
     """
-    from importlib import import_module
-
     path = BACKENDS.get(name, name)
     module, _, attr = path.rpartition(".")
     if not module:

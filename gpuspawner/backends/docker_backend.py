@@ -21,6 +21,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
+from urllib.parse import urlsplit
 
 import docker
 import requests
@@ -105,8 +106,6 @@ class TLSEngineClient(docker.APIClient):
 def plain_remote_engine(url: str) -> bool:
     """Whether ``url`` reaches an engine over the network without TLS of its own: tcp:// or
     http:// to a host that is not loopback."""
-    from urllib.parse import urlsplit
-
     if not url.startswith(("tcp://", "http://")):
         return False
     host = urlsplit(url).hostname or ""

@@ -22,8 +22,11 @@ from ..inventory.health import GPUHealth, HealthReader, HealthThresholds
 from ..inventory.local import read_local_node
 from ..inventory.topology import load_topology_file
 from ..placement import Ledger, LivePrior, Node, QuotaTable, RestoreReport
-from .drains import DrainRecord, DrainState, DrainStore
+from ..placement.queue import WaitQueue
+from ..schemas import ConfigSchemaError, validate
+from .drains import DrainFileError, DrainRecord, DrainState, DrainStore
 from .identity import is_job_server
+from .profiles import ProfileConfigError, load_profiles
 from .spawn_queue import QueueSettings, SpawnQueue
 
 log = logging.getLogger("gpuspawner")
@@ -53,8 +56,6 @@ def check_quotas(quotas: Any) -> QuotaTable:
             starts with the field, e.g. ``quotas.groups.students.gpus: -1 is less than the
             minimum of 0``.
     """
-    from ..schemas import validate
-
     validate("quotas", quotas, where="quotas")
     try:
         return QuotaTable.from_config(users=quotas.get("users"), groups=quotas.get("groups"),
@@ -72,8 +73,6 @@ def check_node_entries(entries: Sequence[Any]) -> None:
         NodeConfigError: the entry and field that are wrong, e.g. ``nodes[0].gpus: unknown
             field; known: ...`` or ``nodes[1].name: must be unique, 'a' is nodes[0]'s``.
     """
-    from ..schemas import ConfigSchemaError, validate
-
     try:
         validate("nodes", entries, where="nodes")
     except ConfigSchemaError as e:
@@ -168,8 +167,6 @@ class Cluster:
     def __post_init__(self) -> None:
         self.backend.ledger = self.ledger
         if self.queue is None:  # a queue in memory until make_queue sets the hub's
-            from ..placement.queue import WaitQueue
-
             self.queue = SpawnQueue(WaitQueue(self.ledger), QueueSettings())
     restored: RestoreReport | None = None
     _restore_lock: asyncio.Lock | None = field(default=None, repr=False)
@@ -203,8 +200,6 @@ class Cluster:
         Raises:
             QueueFileError: the file's folder is missing or not writable.
         """
-        from ..placement.queue import WaitQueue
-
         q = SpawnQueue(WaitQueue(self.ledger, group_weights=settings.group_weights,
                                  max_bypass=settings.max_bypass), settings)
         q.check_file()
@@ -355,8 +350,6 @@ class Cluster:
     def _save_drains(self) -> None:
         if self.drain_store is None:
             return
-        from .drains import DrainFileError
-
         try:
             self.drain_store.save(self._drains)
         except DrainFileError as e:  # the ledger holds the drain; only persistence failed
@@ -560,8 +553,6 @@ def _prior(profiles: Any) -> LivePrior | None:
     a profile configuration that does not load is reported by the configuration check)."""
     if profiles is None:
         return None
-    from .profiles import ProfileConfigError, load_profiles
-
     try:
         return LivePrior.from_bundles([p.bundle for p in load_profiles(profiles)])
     except ProfileConfigError:

@@ -13,59 +13,41 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from traitlets import TraitError
 from traitlets.config import LazyConfigValue
 
-if TYPE_CHECKING:
-    from .cluster import Cluster
+from idle_culler.policies import PolicyError, PolicySet
 
+from ..placement import POLICIES
+from .cluster import Cluster, current_clusters, get_cluster
+from .drains import DrainFileError
+from .hub_id import hub_id as hub_id_of
+from .profiles import load_profiles
+from .runtime import at_hub_start, loading_hub
+from .settings import (
+    HEALTH_TRAITS,
+    QUEUE_TRAITS,
+    SpawnerSettings,
+    health_settings,
+    hub_db_url,
+    queue_settings,
+)
+from .spawn_queue import QueueFileError
+from .state import prepare_state_dir, resolve_state_dir
+from .trait_check import HubConfigError, check_trait, named
+from .volumes import VolumeConfigError, check_volume_settings
 
-class HubConfigError(ValueError):
-    """A wrong gpuspawner setting; the message starts with the trait and the field, e.g.
-    ``GPUSpawner.profiles[1] (gpu).gpus: 'two' is not of type 'number'``."""
+#: (HubConfigError and check_trait live in :mod:`gpuspawner.hub.trait_check`, below the
+#: settings whose validators use them; importable from here as before)
+__all__ = ["IGNORED_SPAWNER_OPTIONS", "HubConfigError", "check_culler_policies",
+           "check_hub_config", "check_ignored_spawner_options", "check_internal_ssl",
+           "check_spawner_settings", "check_trait", "culler_policies_path"]
 
 
 def _section(c: Any, name: str) -> Mapping[str, Any]:
     return c[name] if name in c else {}
-
-
-def check_trait(name: str, value: Any) -> None:
-    """Check one structured GPUSpawner setting (``backend``, ``profiles``, ``quotas``,
-    ``nodes``; nodes by structure only) with the code the hub uses.
-    The spawner's trait validator and :func:`check_spawner_settings` both call it.
-
-    Profiles, quotas and nodes go through their JSON Schema first (:mod:`gpuspawner.schemas`,
-    inside :func:`~gpuspawner.hub.profiles.load_profiles`,
-    :func:`~gpuspawner.hub.cluster.check_quotas` and
-    :func:`~gpuspawner.hub.cluster.check_node_entries`), then through the rules a schema
-    cannot express (unique names, one default profile, GPU fractions).
-
-    Raises:
-        HubConfigError: ``GPUSpawner.<field>: <reason>``, the field being the JSON path in the
-            trait (``GPUSpawner.profiles[2] (a100).gpus: -1 is less than the minimum of 0``,
-            ``GPUSpawner.quotas.users.ann.memory: ...``); for a profiles file,
-            ``GPUSpawner.profiles: <file>[2] (a100).gpus: ...``.
-    """
-    from ..backends.base import backend_class
-    from .cluster import check_node_entries, check_quotas
-    from .profiles import load_profiles
-
-    checks = {"profiles": load_profiles, "quotas": check_quotas, "nodes": check_node_entries,
-              "backend": backend_class}
-    try:
-        checks[name](value)
-    except ValueError as e:
-        raise HubConfigError(_named(name, str(e))) from None
-
-
-def _named(name: str, text: str) -> str:
-    """``GPUSpawner.<field>: <reason>`` from a check's message. The checks name the field from
-    the trait down (``profiles[1] ...``, ``quotas.users...``, ``nodes[0] ...``); any other
-    message (a profiles file's, the backend's) follows the trait's name."""
-    if text.startswith((f"{name}[", f"{name}.", f"{name}:")):
-        return f"GPUSpawner.{text}"
-    return f"GPUSpawner.{name}: {text}"
 
 
 def check_spawner_settings(settings: Mapping[str, Any], config: Any = None) -> Cluster:
@@ -78,13 +60,7 @@ def check_spawner_settings(settings: Mapping[str, Any], config: Any = None) -> C
         HubConfigError: the first wrong setting, named ``GPUSpawner.<trait>`` or
             ``<Backend>.<trait>``.
     """
-    from traitlets import TraitError
-
-    from ..placement import POLICIES
-    from .cluster import get_cluster
-    from .spawner import GPUSpawner
-
-    defaults = GPUSpawner.class_traits()
+    defaults = SpawnerSettings.class_traits()  # GPUSpawner's own traits, their defaults
 
     def get(name: str) -> Any:
         return settings[name] if name in settings else defaults[name].default()
@@ -97,19 +73,6 @@ def check_spawner_settings(settings: Mapping[str, Any], config: Any = None) -> C
         check_trait(name, get(name))
     if not isinstance(get("nodes"), list) or not get("nodes"):
         raise HubConfigError("GPUSpawner.nodes: must be a non-empty list of node entries")
-    from .drains import DrainFileError
-    from .profiles import load_profiles
-    from .settings import (
-        HEALTH_TRAITS,
-        QUEUE_TRAITS,
-        health_settings,
-        hub_db_url,
-        queue_settings,
-    )
-    from .spawn_queue import QueueFileError
-    from .state import prepare_state_dir, resolve_state_dir
-    from .volumes import VolumeConfigError, check_volume_settings
-
     try:
         db_url = None
         if config is not None and "JupyterHub" in config and "db_url" in config.JupyterHub:
@@ -138,8 +101,6 @@ def check_spawner_settings(settings: Mapping[str, Any], config: Any = None) -> C
                               backend=get("backend"))
     except VolumeConfigError as e:
         raise HubConfigError(str(e)) from None
-    from .hub_id import hub_id as hub_id_of
-
     try:  # inside a hub: its id, made once in the state folder
         hub_id = hub_id_of(str(get("state_dir") or ""), db_url or hub_db_url())
     except (OSError, ValueError) as e:
@@ -156,7 +117,7 @@ def check_spawner_settings(settings: Mapping[str, Any], config: Any = None) -> C
     except TraitError as e:  # a backend trait; the validators name it
         raise HubConfigError(str(e)) from None
     except ValueError as e:
-        raise HubConfigError(_named("nodes", str(e))) from None
+        raise HubConfigError(named("nodes", str(e))) from None
 
 
 def check_culler_policies(path: str) -> None:
@@ -167,8 +128,6 @@ def check_culler_policies(path: str) -> None:
         HubConfigError: the file does not load: ``idle culler --policies <path>: <field>:
             <reason>``, e.g. ``... global.idle_timeout: 'soon' is not a duration ...``.
     """
-    from idle_culler.policies import PolicyError, PolicySet
-
     try:
         PolicySet.load(path)
     except PolicyError as e:
@@ -209,8 +168,6 @@ def check_internal_ssl(c: Any) -> None:
     Raises:
         HubConfigError: it is off (the message names both settings).
     """
-    from .cluster import current_clusters
-
     hub = _section(c, "JupyterHub")
     for cluster in current_clusters():
         backend = cluster.backend
@@ -265,8 +222,6 @@ def check_hub_config(c: Any) -> None:
         SystemExit: ``gpuspawner configuration error: <trait>.<field>: <reason>`` (or
             ``idle culler --policies <file>: <field>: <reason>``).
     """
-    from .runtime import at_hub_start, loading_hub
-
     app = loading_hub()
     if app is not None:  # a hub loading its files: check the final configuration, once
         at_hub_start(app, _check_and_build)

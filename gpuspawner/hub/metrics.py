@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -127,15 +127,13 @@ class ClusterCollector(Collector):
     """Gauges computed from the ledgers of ``clusters()`` at each scrape.
 
     Args:
-        clusters: returns the clusters to report (default: every cluster of this process,
-            :func:`gpuspawner.hub.cluster.current_clusters`).
+        clusters: returns the clusters to report, objects with ``ledger`` and ``queue`` (the
+            hub service passes :func:`gpuspawner.hub.cluster.current_clusters`; given, not
+            imported: the cluster's queue counts into this module's metrics, so this module
+            stays below :mod:`gpuspawner.hub.cluster`).
     """
 
-    def __init__(self, clusters=None) -> None:
-        if clusters is None:
-            from .cluster import current_clusters
-
-            clusters = current_clusters
+    def __init__(self, clusters: Callable[[], Iterable[Any]]) -> None:
         self._clusters = clusters
 
     def describe(self) -> Iterable[Metric]:
@@ -227,10 +225,11 @@ class ClusterCollector(Collector):
 _COLLECTOR: ClusterCollector | None = None
 
 
-def register_cluster_collector() -> ClusterCollector:
-    """Add the ledger gauges to :data:`REGISTRY` (once per process)."""
+def register_cluster_collector(clusters: Callable[[], Iterable[Any]]) -> ClusterCollector:
+    """Add the ledger gauges of ``clusters()`` (:class:`ClusterCollector`) to :data:`REGISTRY`
+    (once per process: a second call returns the first collector)."""
     global _COLLECTOR
     if _COLLECTOR is None:
-        _COLLECTOR = ClusterCollector()
+        _COLLECTOR = ClusterCollector(clusters)
         REGISTRY.register(_COLLECTOR)
     return _COLLECTOR

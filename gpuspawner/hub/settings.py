@@ -5,7 +5,7 @@ and the user's home on the shared file system."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tornado import web
 from traitlets import (
@@ -24,14 +24,14 @@ from traitlets.config import LoggingConfigurable
 
 from ..inventory.health import DEFAULT_XIDS, HealthThresholds
 from ..placement import DEFAULT_POLICY, POLICIES
-from .config_check import HubConfigError, check_trait
+from .cluster import GPUHealthSettings
+from .drains import DRAINS_FILE_NAME
 from .identity import home_path, ids_from_auth_state
 from .profiles import PROFILES_HELP
+from .spawn_queue import QUEUE_FILE_NAME, QueueSettings
+from .state import state_file
+from .trait_check import HubConfigError, check_trait
 from .user_options import check_user_options
-
-if TYPE_CHECKING:
-    from .cluster import GPUHealthSettings
-    from .spawn_queue import QueueSettings
 
 
 class SpawnerSettings(LoggingConfigurable):
@@ -236,10 +236,6 @@ def hub_db_url() -> str | None:
 def health_settings(values: dict[str, Any], db_url: str | None = None) -> GPUHealthSettings:
     """:class:`~gpuspawner.hub.cluster.GPUHealthSettings` from ``GPUSpawner`` trait values
     (missing ones take the traits' defaults). Raises ValueError for a negative interval."""
-    from .cluster import GPUHealthSettings
-    from .drains import DRAINS_FILE_NAME
-    from .state import state_file
-
     traits = SpawnerSettings.class_traits()
 
     def get(name: str) -> Any:
@@ -273,9 +269,6 @@ def queue_settings(values: dict[str, Any], db_url: str | None = None) -> QueueSe
             number > 0; the message starts with the trait, e.g.
             ``queue_group_weights.students: must be a number > 0, got 0``.
     """
-    from .spawn_queue import QUEUE_FILE_NAME, QueueSettings
-    from .state import state_file
-
     traits = SpawnerSettings.class_traits()
 
     def get(name: str) -> Any:

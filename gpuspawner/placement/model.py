@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import Any, Literal
 
-from .units import GPU_MILLI
+from .units import GPU_MILLI, format_bytes
 
 NumaPolicy = Literal["strict", "prefer", "none"]
 NUMA_POLICIES: tuple[str, ...] = ("strict", "prefer", "none")
@@ -332,8 +332,6 @@ class Bundle:
 
     def describe(self) -> str:
         """Short human text, e.g. ``"2 x A100, 8 cores, 64.0 GiB, 50.0 GiB disk"``."""
-        from .units import format_bytes
-
         parts = []
         models = "|".join(self.gpu_models) if self.gpu_models else "GPU"
         if self.gpus:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from .errors import QuotaExceeded
 from .units import GPU_MILLI, format_bytes, parse_bytes
 
 
@@ -144,8 +145,6 @@ class QuotaTable:
         Raises:
             QuotaExceeded: naming the scope, the resource, the limit and what is left.
         """
-        from .errors import QuotaExceeded
-
         checks: list[tuple[str, str, Quota, Usage]] = []
         uq = self.user_quota(user)
         if uq is not None:

@@ -43,6 +43,7 @@ the ``--compare`` table is :func:`gpuspawner.simulate.report.format_compare`.
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -230,8 +231,6 @@ def run_paper(rows: Sequence[tuple[str, int, int, int, str]], tasks: Sequence[Ta
         ``numa_aligned_fraction`` of multi-GPU pods that could sit on one NUMA node,
         decision latency percentiles (microseconds), counts and ``wall_s``.
     """
-    import random
-
     t_start = time.perf_counter()
     nodes = make_nodes(rows, cpu_rounding, numa_split if numa != "none" else 1)
     if typical is None:

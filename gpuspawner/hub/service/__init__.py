@@ -2,7 +2,8 @@
 Prometheus metrics over the hub process's placement ledger. See ``app.py`` for the design
 (it runs inside the hub process, one source of truth) and ``docs/service.md`` for its use."""
 
-from .app import ADMIN_SCOPE, GPUService, configure_service, hub_cluster
+from .app import ADMIN_SCOPE, GPUService, hub_cluster
+from .configure import configure_service
 from .openapi import openapi_document
 from .views import (
     allocation_views,

@@ -8,15 +8,17 @@ hub) that can drift from it. Here the handlers read that very object at each req
 How: JupyterHub 6 runs ``initialize()`` (which executes ``jupyterhub_config.py``) inside its
 running asyncio loop (``JupyterHub.launch_instance`` -> ``IOLoop.run_sync``), so the config
 can bind a loopback socket and attach a Tornado ``HTTPServer`` to that loop
-(:func:`configure_service`). The hub registers it as an *external* service with a URL: the proxy
-routes ``/services/gpuspawner/`` to it and the hub is its OAuth provider. Users are identified
-with :class:`jupyterhub.services.auth.HubOAuth` (cookie after an OAuth login, or an API token
-in ``Authorization``), asynchronously: the hub answers those checks on the same loop, so the
-blocking ``sync=True`` calls of ``HubAuthenticated`` would deadlock.
+(:func:`~gpuspawner.hub.service.configure.configure_service`). The hub registers it as an
+*external* service with a URL: the proxy routes ``/services/gpuspawner/`` to it and the hub is
+its OAuth provider. Users are identified with :class:`jupyterhub.services.auth.HubOAuth` (cookie
+after an OAuth login, or an API token in ``Authorization``), asynchronously: the hub answers
+those checks on the same loop, so the blocking ``sync=True`` calls of ``HubAuthenticated``
+would deadlock.
 
 Access (JupyterHub scopes): every request needs ``access:services!service=gpuspawner`` (given to
-all users by the default ``user`` role, see :func:`configure_service`). Admins (the hub's admin
-flag, unfiltered ``admin:users``, or the custom scope ``custom:gpuspawner:admin``) see every
+all users by the default ``user`` role, see
+:func:`~gpuspawner.hub.service.configure.configure_service`). Admins (the hub's admin flag,
+unfiltered ``admin:users``, or the custom scope ``custom:gpuspawner:admin``) see every
 allocation and the admin page; others see their own. ``metrics`` also accepts ``read:metrics``.
 """
 
@@ -27,6 +29,7 @@ import json
 import logging
 import secrets
 from collections.abc import Callable, Iterable
+from html import escape
 from typing import Any
 
 from jupyterhub.services.auth import (
@@ -46,6 +49,15 @@ from ...webui.headers import add_frame_headers
 from .. import metrics
 from ..cluster import Cluster, get_cluster
 from ..identity import is_job_server
+from ..runtime import hub_runtime
+from ..settings import (
+    HEALTH_TRAITS,
+    QUEUE_TRAITS,
+    health_settings,
+    queue_settings,
+    spawner_values,
+)
+from ..spawner import GPUSpawner
 from .openapi import openapi_document
 from .views import (
     allocation_views,
@@ -86,16 +98,6 @@ def hub_cluster() -> Cluster:
     Raises:
         web.HTTPError(503): the hub does not use GPUSpawner.
     """
-    from ..runtime import hub_runtime
-    from ..settings import (
-        HEALTH_TRAITS,
-        QUEUE_TRAITS,
-        health_settings,
-        queue_settings,
-        spawner_values,
-    )
-    from ..spawner import GPUSpawner
-
     app = _hub_app()
     runtime = hub_runtime(app)
     if runtime is not None:  # made at hub start: the one the spawners use
@@ -182,8 +184,6 @@ class _Base(HubOAuthenticated, web.RequestHandler):
             self.finish(json.dumps({"status": status_code, "message": message}))
         else:
             self.set_header("Content-Type", "text/html; charset=UTF-8")
-            from html import escape
-
             self.finish(f"<!doctype html><title>{status_code}</title><h1>{status_code}</h1>"
                         f"<p>{escape(message)}</p>")
 
@@ -411,12 +411,17 @@ class GPUService:
         hub_api_url: the hub's internal API URL; default: read from the running hub.
         cluster_provider: returns the cluster to show (default :func:`hub_cluster`).
         user_lookup: name -> (admin, groups) or None (default :func:`hub_user`).
+        extra_routes: functions ``(prefix, handler kwargs) -> [(pattern, handler, kwargs)]``
+            whose routes the application adds (notebook jobs' ``job_routes``, given by
+            :func:`~gpuspawner.hub.service.configure.configure_service`: the jobs' handlers
+            build on this module's, so this module does not import them).
     """
 
     def __init__(self, name: str, api_token: str, base_url: str = "/",
                  hub_api_url: str | None = None,
                  cluster_provider: Callable[[], Cluster] = hub_cluster,
                  user_lookup: Callable[[str], tuple[bool, list[str]] | None] = hub_user,
+                 extra_routes: Iterable[Callable[[str, dict[str, Any]], list[Any]]] = (),
                  ) -> None:
         self.name = name
         self.api_token = api_token
@@ -427,11 +432,13 @@ class GPUService:
         self._hub_api_url = hub_api_url
         self.cluster_provider = cluster_provider
         self.user_lookup = user_lookup
+        self.extra_routes = list(extra_routes)
         self._hub_auth: HubOAuth | None = None
         self.templates = page_templates()
         self.server: HTTPServer | None = None
         self.port: int | None = None
-        #: the task of :func:`resume_queue` (started by :func:`configure_service`)
+        #: the task of :func:`resume_queue` (started by
+        #: :func:`~gpuspawner.hub.service.configure.configure_service`)
         self.resume_task: asyncio.Future[list[str]] | None = None
         #: notebook jobs (:mod:`gpuspawner.hub.jobs.service`; set by configure_service)
         self.jobs: Any = None
@@ -466,8 +473,6 @@ class GPUService:
         return bool(info and info[0])
 
     def make_app(self) -> web.Application:
-        from ..jobs.service import job_routes  # (it builds on this module's handlers)
-
         p = self.prefix
         kw = {"service": self}
         # every response: not to be framed by another site (gpuspawner.webui.headers)
@@ -484,7 +489,7 @@ class GPUService:
             (p + r"api/schemas/([^/]+)", SchemaHandler, kw),
             (p + "metrics", MetricsHandler, kw),
             (p + "oauth_callback", CallbackHandler, kw),
-            *job_routes(p, kw),
+            *(route for routes in self.extra_routes for route in routes(p, kw)),
         ], cookie_secret=secrets.token_bytes(32), default_handler_class=NotFoundHandler,
             default_handler_args=kw, xsrf_cookies=False, log_function=_log_request))
 
@@ -570,82 +575,3 @@ def _log_request(handler: web.RequestHandler) -> None:
     level = logging.WARNING if status >= 500 else logging.DEBUG
     log.log(level, "gpuspawner service %s %s %s %.1fms", status, handler.request.method,
             handler.request.uri, 1000 * handler.request.request_time())
-
-
-# -- hub configuration -------------------------------------------------------------------------
-def configure_service(c: Any, name: str = "gpuspawner", host: str = "127.0.0.1",
-                      port: int = 0, admin_groups: Iterable[str] = ("gpuspawner-admins",),
-                      track_spawn_time: bool = True) -> GPUService | None:
-    """Start the service inside the hub process and register it with the hub (call it from
-    ``jupyterhub_config.py``; see ``docs/service.md``).
-
-    It binds ``host:port`` (loopback; 0 = a free port), adds the external service
-    ``{"name": name, "url": ..., "oauth_no_confirm": True}``, defines the custom scope
-    :data:`ADMIN_SCOPE` and a role granting it (with service access) to the hub's
-    ``admin_users`` and the JupyterHub groups ``admin_groups``, adds
-    ``access:services!service=<name>`` to every user (``JupyterHub.extra_user_scopes``),
-    registers the ledger
-    gauges and, with ``track_spawn_time``, chains :func:`gpuspawner.hub.metrics.track_spawn` in
-    front of any ``pre_spawn_hook`` already configured.
-
-    Returns:
-        the service, or None when no event loop is running (a config load that serves nothing,
-        e.g. ``jupyterhub --help-all``).
-    """
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        log.info("gpuspawner service: no running event loop; not started")
-        return None
-    jh = c.JupyterHub
-    base_url = jh.base_url if "base_url" in jh else "/"
-    service = GPUService(name, secrets.token_hex(32), base_url=base_url)
-    service.listen(host, port)
-
-    # append/update/add work on lists already set above and on unset (lazy) values alike
-    jh.services.append({
-        "name": name,
-        "url": service.url,
-        "api_token": service.api_token,
-        "oauth_no_confirm": True,
-        "oauth_client_allowed_scopes": [ADMIN_SCOPE],
-        "display": True,
-        "info": {"description": "GPU placement: map, REST API, metrics"},
-    })
-    jh.custom_scopes.update({ADMIN_SCOPE: {
-        "description": "See every user's GPU allocations and usage, the GPU map and metrics "
-                       "of the gpuspawner service"}})
-    access = f"access:services!service={name}"
-    # every user may open the service (JupyterHub adds these to the default 'user' role)
-    jh.extra_user_scopes.add(access)
-    admins = sorted(c.Authenticator.admin_users) if "admin_users" in c.Authenticator else []
-    jh.load_roles.append({"name": f"{name}-service-admins",
-                          "description": "admin view of the gpuspawner service",
-                          "scopes": [ADMIN_SCOPE, access],
-                          "users": admins, "groups": sorted(admin_groups)})
-
-    # spawns queued before a hub restart are spawned again by the service (resume_queue)
-    jh.load_roles.append({"name": f"{name}-service-queue",
-                          "description": "spawn queued servers again after a hub restart",
-                          "scopes": ["servers", "read:users:name"], "services": [name]})
-    service.resume_task = asyncio.ensure_future(resume_queue(service))
-    # notebook jobs (c.GPUJobs.*): api/jobs, started once the hub runs (docs/jobs.md)
-    from ..jobs.service import configure_jobs
-
-    configure_jobs(service)
-
-    metrics.register_cluster_collector()
-    if track_spawn_time:
-        previous = None
-        for section in ("GPUSpawner", "DockerSpawner", "Spawner"):
-            if section in c and "pre_spawn_hook" in c[section]:
-                previous = c[section]["pre_spawn_hook"]
-                break
-
-        def pre_spawn_hook(spawner: Any) -> Any:
-            metrics.track_spawn(spawner)
-            return previous(spawner) if previous else None
-
-        c.GPUSpawner.pre_spawn_hook = pre_spawn_hook
-    log.info("gpuspawner service listening on %s (proxied at %s)", service.url, service.prefix)
-    return service

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..jobs import openapi as jobs_openapi
+
 _INT = {"type": "integer"}
 _INT_OR_NULL = {"type": "integer", "nullable": True}
 _STR = {"type": "string"}
@@ -223,11 +225,9 @@ QUEUE: dict[str, Any] = {
 def openapi_document(prefix: str = "/services/gpuspawner/") -> dict[str, Any]:
     """The OpenAPI 3.0.3 document; ``servers`` is the service's URL prefix on the hub. The
     notebook jobs' paths and schemas come from :mod:`gpuspawner.hub.jobs.openapi`."""
-    from ..jobs import openapi as jobs
-
     doc = _document(prefix)
-    doc["components"]["schemas"].update(jobs.SCHEMAS)
-    doc["paths"].update(jobs.paths())
+    doc["components"]["schemas"].update(jobs_openapi.SCHEMAS)
+    doc["paths"].update(jobs_openapi.paths())
     return doc
 
 

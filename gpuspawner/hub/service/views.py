@@ -9,6 +9,7 @@ Units: memory and disk in bytes, GPUs in milli-GPU (1000 = one GPU) unless a key
 from __future__ import annotations
 
 import colorsys
+import datetime
 import hashlib
 import time
 from collections.abc import Iterable, Mapping
@@ -294,8 +295,6 @@ def queue_view(cluster: Cluster, viewer: str | None, now: float | None = None
     ``cores``, ``memory_bytes``, ``bypassed`` and ``restored`` (waiting for its re-spawn after
     a hub restart).
     """
-    import datetime
-
     t = time.time() if now is None else now
     q = cluster.queue
     order = q.wq.order() if q is not None else []
