@@ -168,7 +168,7 @@ def test_a_job_completes_into_the_users_home_and_releases(hub, engine):
         done["output_dir"].endswith(f"-{job['id']}")
     folder = home_of(hub, "jb-alice") / done["output_dir"][2:]
     files = {p.name: p for p in folder.iterdir()}
-    assert set(files) == {"double.ipynb", "double.input.ipynb", "job.log"}
+    assert set(files) == {"double.ipynb", "double.input.ipynb", "double.html", "job.log"}
     for p in [folder, *files.values()]:
         assert p.stat().st_uid == 1000, p
     home_nb = json.loads(files["double.ipynb"].read_text())

@@ -12,11 +12,20 @@ Input (environment): the notebook in ``GPUSPAWNER_JOB_NOTEBOOK_<i>`` (zlib + bas
 
 Output, in that folder, written as the user: ``<name>.input.ipynb`` (the snapshot),
 ``<name>.ipynb``
-(the executed notebook, saved by papermill after every cell), ``job.log`` (papermill's log
-with the cells' output). On standard output, between the markers of
-:mod:`gpuspawner.jobs.model`, the result for the hub: base64 lines of zlib-compressed JSON
-``{"notebook": ..., "error": ...}``. Exit status: 0 done, 1 a cell raised, 2 anything else
-(no kernel, papermill missing, ...), 143 terminated (SIGTERM: time limit or cancel).
+(the executed notebook, saved by papermill after every cell), ``<name>.html`` (the executed
+notebook exported by nbconvert's ``HTMLExporter``, when nbconvert is in the image: it is with
+jupyterlab, whose jupyter_server needs it), ``job.log`` (papermill's log with the cells'
+output). On standard output, between the markers of :mod:`gpuspawner.jobs.model`, the result
+for the hub: base64 lines of zlib-compressed JSON ``{"notebook": ..., "error": ..., "html":
+...}`` (``html`` is null when there is none or it is larger than
+``GPUSPAWNER_JOB_MAX_HTML_BYTES``, default 16 MiB: it stays in the folder then).
+
+Standard error is standard output (``dup2``): the log lines (these, papermill's, the cells'
+output papermill logs, the kernel's own messages) and the result reach the hub in one stream
+in their order, which the hub reads as the job's log (``GET api/jobs/{id}/log``).
+
+Exit status: 0 done, 1 a cell raised, 2 anything else (no kernel, papermill missing, ...),
+143 terminated (SIGTERM: time limit or cancel).
 """
 
 from __future__ import annotations
@@ -31,6 +40,8 @@ import textwrap
 import zlib
 
 BEGIN = "----- gpuspawner job result begin -----"
+#: the largest HTML export handed back to the hub (bytes), unless the environment says
+MAX_HTML_BYTES = 16 * 2**20
 END = "----- gpuspawner job result end -----"
 log = logging.getLogger("gpuspawner.job")
 
@@ -55,6 +66,26 @@ def emit(result: dict[str, object]) -> None:
     data = base64.b64encode(zlib.compress(json.dumps(result).encode("utf-8"), 9)).decode()
     sys.stdout.write(BEGIN + "\n" + "\n".join(textwrap.wrap(data, 76)) + "\n" + END + "\n")
     sys.stdout.flush()
+
+
+def export_html(notebook_path: str, html_path: str) -> str | None:
+    """Export the notebook at ``notebook_path`` to HTML with nbconvert's ``HTMLExporter``
+    (its default template, ``lab``), write it to ``html_path`` and return it; None (logged)
+    when nbconvert is not installed or the export fails: the job's result does not depend
+    on it."""
+    try:
+        from nbconvert import HTMLExporter
+    except ImportError as e:
+        log.warning("no HTML export: nbconvert is not installed in this image (%s)", e)
+        return None
+    try:
+        body, _ = HTMLExporter().from_filename(notebook_path)
+        with open(html_path, "w", encoding="utf-8") as f:
+            f.write(body)
+    except Exception as e:  # a template missing, a notebook it cannot read, a full disk
+        log.warning("no HTML export: %s: %s", type(e).__name__, e)
+        return None
+    return str(body)
 
 
 def run(env: dict[str, str]) -> int:
@@ -104,12 +135,22 @@ def run(env: dict[str, str]) -> int:
             notebook = json.load(f)
     except (OSError, ValueError) as e:
         log.error("no executed notebook to hand over: %s", e)
-    emit({"notebook": notebook, "error": error})
+    html = export_html(output_path, os.path.join(folder, f"{name}.html")) \
+        if notebook is not None else None
+    max_html = int(env.get("GPUSPAWNER_JOB_MAX_HTML_BYTES") or MAX_HTML_BYTES)
+    if html is not None and len(html.encode("utf-8")) > max_html:
+        log.warning("the HTML export is larger than %d bytes: it stays in %s only", max_html,
+                    folder)
+        html = None
+    emit({"notebook": notebook, "error": error, "html": html})
     log.info("job %s: done, exit status %d", name, code)
     return code
 
 
 def main() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(1, 2)  # one stream, in order: the log and the result (the module's docstring)
     signal.signal(signal.SIGTERM, _terminate)
     try:
         code = run(dict(os.environ))

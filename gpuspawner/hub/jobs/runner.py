@@ -26,6 +26,7 @@ allocation that no active job owns is removed and released.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import secrets
 import time
@@ -39,6 +40,8 @@ from ...backends.base import BackendError, BackendUnavailable, ServerRef, curren
 from ...backends.spec import HomeMount, launch_spec
 from ...jobs import execute
 from ...jobs.model import (
+    OUTPUT_BEGIN,
+    OUTPUT_END,
     JobInputError,
     JobRequest,
     check_time_limit,
@@ -47,7 +50,7 @@ from ...jobs.model import (
     parse_output,
 )
 from ...placement import Allocation, Owner, PlacementError, QuotaExceeded
-from ..cluster import Cluster
+from ..cluster import HEALTH, Cluster
 from ..identity import (
     home_path,
     ids_from_auth_state,
@@ -57,13 +60,22 @@ from ..identity import (
     safe_name,
 )
 from ..profiles import OptionsError, Profile, choose_profile, load_profiles
+from . import metrics as job_metrics
 from .settings import GPUJobs
-from .store import JobRow, JobStore, pack
+from .store import JobRow, JobRun, JobStore, pack
 
 log = logging.getLogger("gpuspawner")
 
 #: the program the job's container runs (``python3 -c``)
 EXECUTE_SOURCE = __import__("inspect").getsource(execute)
+#: exit statuses of a program killed by a signal it was not sent by the hub (the hub's own
+#: stops end the job before it is polled): the engine stopped, or someone stopped the
+#: container; without an OOM kill, the job is lost, not failed
+KILLED_FROM_OUTSIDE = {137: "SIGKILL", 143: "SIGTERM"}
+#: seconds a read of a job's log may take
+LOG_READ_TIMEOUT_S = 15.0
+#: the longest back-off before a retry (seconds; Kubernetes Job's 6 minutes)
+RETRY_BACKOFF_MAX_S = 360.0
 
 
 class JobRefused(Exception):
@@ -73,6 +85,39 @@ class JobRefused(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+def check_max_retries(value: Any, default: int, maximum: int) -> int:
+    """A submission's ``max_retries``: how often a lost job (its node failed, its container
+    vanished) is run again, Kubernetes Job ``backoffLimit`` style: 0 = never; None =
+    ``default``; at most ``maximum`` (``c.GPUJobs.max_retries_max``).
+
+    Raises:
+        JobInputError: field ``max_retries``.
+    """
+    if value is None:
+        return min(default, maximum)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise JobInputError("max_retries", f"must be a whole number, got {value!r}")
+    if not 0 <= value <= maximum:
+        raise JobInputError("max_retries", f"must be 0 to {maximum} "
+                                           f"(GPUJobs.max_retries_max), got {value}")
+    return value
+
+
+def strip_result(text: str) -> str:
+    """A job's output without its result frame (the last one; a frame cut at the end too):
+    its log."""
+    begin = text.rfind(OUTPUT_BEGIN)
+    if begin < 0:
+        return text
+    end = text.find(OUTPUT_END, begin)
+    return text[:begin] + (text[end + len(OUTPUT_END):].lstrip("\n") if end >= 0 else "")
+
+
+def unpack(data: bytes | None, default: Any) -> Any:
+    """What :func:`~gpuspawner.hub.jobs.store.pack` packed, or ``default`` for None."""
+    return json.loads(zlib.decompress(data)) if data else default
 
 
 class JobRunner:
@@ -98,6 +143,8 @@ class JobRunner:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         #: job id -> who asked to cancel it
         self._cancel: dict[str, str] = {}
+        #: job id -> when a retry of it was due (the wait metric counts from there)
+        self._due: dict[str, float] = {}
         self.restored = False
 
     @property
@@ -108,15 +155,21 @@ class JobRunner:
         return load_profiles(self.spawner["profiles"])
 
     # -- submission ----------------------------------------------------------------------
-    async def submit(self, user: str, groups: list[str], req: JobRequest) -> JobRow:
+    async def submit(self, user: str, groups: list[str], req: JobRequest,
+                     max_retries: int | None = None) -> JobRow:
         """Check the request against the hub (profile allowed for the user's groups, time
         limit within the profile's maximum, a bundle that can ever fit, the user's quota and
-        active jobs), store the job and start it.
+        active jobs), store the job and start it. ``max_retries``: how often a lost job is
+        run again (None: ``c.GPUJobs.default_max_retries``; checked by
+        :func:`check_max_retries`).
 
         Raises:
-            JobInputError: field ``profile`` or ``time_limit`` (HTTP 400).
-            JobRefused: too many active jobs (429), jobs cannot run on this backend (503).
+            JobInputError: field ``profile``, ``time_limit`` or ``max_retries`` (HTTP 400).
+            JobRefused: too many active jobs (429, :meth:`check_active_limits`), jobs cannot
+                run on this backend (503).
         """
+        retries = check_max_retries(max_retries, self.settings.default_max_retries,
+                                    self.settings.max_retries_max)
         try:
             profile = choose_profile({"profile": req.profile} if req.profile else {},
                                      self.profiles(), groups)
@@ -140,11 +193,7 @@ class JobRunner:
                 cluster.ledger.check_quota(profile.bundle, owner)
         except QuotaExceeded as e:
             raise JobInputError("profile", f"{profile.slug!r}: {e}") from None
-        active = len(self.store.active(user))
-        if active >= self.settings.max_active_jobs_per_user:
-            raise JobRefused(429, f"{user} has {active} active jobs, the most allowed "
-                                  f"(GPUJobs.max_active_jobs_per_user); wait for one to end "
-                                  "or cancel one")
+        self.check_active_limits(user, groups)
         now = time.time()
         row = JobRow(id=job_id, user=user, name=req.name, profile=profile.slug, state="queued",
                      message="", time_limit=limit, notebook=pack(req.notebook), created=now,
@@ -153,11 +202,30 @@ class JobRunner:
         row.set_json("parameters", req.parameters)
         row.set_json("gpu_uuids", [])
         row.set_json("history", [["queued", now]])
+        self.store.session.add(JobRun(job_id=job_id, max_retries=retries, attempt=1,
+                                      attempts="[]"))
         self.store.add(row)
         log.info("job %s of %s submitted: %s, profile %s, time limit %d s", job_id, user,
                  req.name, profile.slug, limit)
         self._start_task(row.id, self._run(row.id))
         return row
+
+    def check_active_limits(self, user: str, groups: list[str]) -> None:
+        """Refuse one more active job (queued, waiting, starting or running) of ``user`` when
+        it would pass the user's limit on concurrent jobs:
+        :meth:`~gpuspawner.hub.jobs.settings.GPUJobs.active_jobs_limit` of their groups
+        (``c.GPUJobs.max_active_jobs_per_group``, else ``max_active_jobs_per_user``).
+
+        Raises:
+            JobRefused: 429, naming the setting, its value and the count.
+        """
+        cap, setting = self.settings.active_jobs_limit(groups)
+        if cap == 0:
+            return
+        active = len(self.store.active(user))
+        if active >= cap:
+            raise JobRefused(429, f"{user} has {active} active jobs, the most allowed "
+                                  f"({setting} = {cap}); wait for one to end or cancel one")
 
     def _start_task(self, job_id: str, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -204,11 +272,14 @@ class JobRunner:
     def _ref(self, row: JobRow) -> ServerRef:
         return ServerRef(row.user, job_server(row.id), job_object_name(row.user, row.id))
 
-    async def _run(self, job_id: str) -> None:
-        """Place, launch and watch one job (its task)."""
+    async def _run(self, job_id: str, delay: float = 0.0) -> None:
+        """Place, launch and watch one job (its task); a retry first waits ``delay``
+        seconds (its back-off)."""
         row = self.store.get(job_id)
         assert row is not None
         try:
+            if delay > 0:  # a cancel interrupts it
+                await asyncio.sleep(delay)
             await self._place_and_launch(row)
             if row.state == "running":
                 await self._watch(row)
@@ -257,6 +328,8 @@ class JobRunner:
         row.set_json("gpu_uuids", list(alloc.gpu_uuids))
         row.set_state("starting", f"placed on {alloc.summary()}")
         self.store.save()
+        job_metrics.waited(profile.slug, time.time() - self._due.pop(row.id, max(
+            row.created, row.not_before or 0.0)))
         state: dict[str, Any] = {}
         try:
             await cluster.sweep_if_suspect(alloc.node)
@@ -264,7 +337,9 @@ class JobRunner:
             row.set_json("backend_state", state)
             self.store.save()
             row.started = time.time()
-            row.output_dir = "~/" + output_dir(row.name, row.started, row.id)
+            attempt = self.run_of(row).attempt
+            row.output_dir = "~/" + output_dir(row.name, row.started, row.id) + (
+                f"-attempt{attempt}" if attempt > 1 else "")
             spec = await self._spec(row, profile, alloc)
             token = current_spawner.set(SimpleNamespace(
                 user=SimpleNamespace(name=row.user), name=job_server(row.id),
@@ -363,12 +438,27 @@ class JobRunner:
             if code is not None:
                 await self._collect(row, code)
                 return
+            sick = self._unhealthy_gpu(row)
+            if sick is not None:
+                await self._end(row, "lost", f"its GPU {sick[0]} on node {row.node} was "
+                                f"drained as unhealthy: {sick[1]}")
+                return
             left = deadline - time.time()
             if left <= 0:
                 await self._end(row, "timed_out", f"time limit of {row.time_limit} s reached: "
                                 "stopped (SIGTERM, then SIGKILL)")
                 return
             await asyncio.sleep(min(self.settings.poll_interval, left))
+
+    def _unhealthy_gpu(self, row: JobRow) -> tuple[str, str] | None:
+        """(uuid, reason) of a GPU of the job that the health check drained, else None (an
+        admin's drain lets running work run on)."""
+        records = self.cluster.drain_records()
+        for uuid in row.get_json("gpu_uuids", []):
+            rec = records.get(uuid)
+            if rec is not None and rec.by == HEALTH:
+                return uuid, rec.reason
+        return None
 
     async def _collect(self, row: JobRow, code: int) -> None:
         """The job's program ended with ``code``: read its result, then end it."""
@@ -383,6 +473,10 @@ class JobRunner:
                 log.warning("job %s: reading its output failed: %s", row.id, e)
                 await asyncio.sleep(1.0 + attempt)
         result = parse_output(out) if out else None
+        if out:
+            self._keep_log(row, out)
+        if result is not None and isinstance(result.get("html"), str):
+            self.run_of(row).html = pack(result["html"])
         row.exit_code = code
         if result is None:
             report = None
@@ -392,6 +486,10 @@ class JobRunner:
                 pass
             if code == 0:
                 await self._end(row, "lost", "its container was gone or handed over no result")
+            elif code in KILLED_FROM_OUTSIDE and "out of memory" not in (report or ""):
+                await self._end(row, "lost", f"its program was stopped from outside the hub "
+                                f"(exit status {code}: {KILLED_FROM_OUTSIDE[code]}; the "
+                                "engine stopped, or someone stopped its container)")
             else:
                 await self._end(row, "failed", f"exit status {code}" +
                                 (f": {report}" if report else ""))
@@ -410,14 +508,41 @@ class JobRunner:
 
     async def _end(self, row: JobRow, final: str, message: str) -> None:
         """Stop and remove what the job has on its node, release its allocation, record its
-        final state. Never raises for the engine: a node that does not answer is marked
+        final state; a ``lost`` job with retries left is queued again instead
+        (:meth:`_retry`). Never raises for the engine: a node that does not answer is marked
         suspect (its containers are swept before it takes new work)."""
+        now = await self._teardown(row)
+        if final == "lost" and row.id not in self._cancel and self._retry(row, message, now):
+            return
+        run = self.store.session.get(JobRun, row.id)
+        if final == "lost" and run is not None and run.max_retries:
+            message += f" (no retries left: {run.max_retries} used)"
+        row.finished = now
+        row.set_state(final, message, when=row.finished)
+        row.set_json("backend_state", None)
+        self.store.save()
+        log.log(logging.INFO if final in ("completed", "cancelled") else logging.WARNING,
+                "job %s of %s %s: %s", row.id, row.user, final, message)
+
+    async def _teardown(self, row: JobRow) -> float:
+        """What ends an attempt: keep its log (when not kept yet), stop and remove its
+        container and network, release its allocation, count its GPU-seconds. Returns when
+        it ended (seconds since the epoch)."""
         cluster = self.cluster
         backend = cluster.backend
         state = row.get_json("backend_state", {}) or {}
         alloc_d = row.get_json("allocation")
         alloc = Allocation.from_dict(alloc_d) if alloc_d else None
         if state.get("container_id"):
+            run = self.run_of(row)
+            if str(run.attempt) not in unpack(run.logs, {}):
+                try:  # what it logged until now: the container goes next
+                    out = await asyncio.wait_for(backend.read_output(
+                        state, self.settings.max_log_bytes + 2**16), LOG_READ_TIMEOUT_S)
+                    if out:
+                        self._keep_log(row, out)
+                except (BackendError, asyncio.TimeoutError, OSError) as e:
+                    log.warning("job %s: reading its log failed: %s", row.id, e)
             try:
                 await backend.stop(state)  # SIGTERM, the backend's grace, SIGKILL, remove
             except BackendUnavailable as e:
@@ -434,12 +559,101 @@ class JobRunner:
         if alloc is not None and cluster.ledger.get(alloc.id) is not None:
             cluster.ledger.release(alloc.id, missing_ok=True)
             cluster.queue.kick()
-        row.finished = time.time()
-        row.set_state(final, message, when=row.finished)
-        row.set_json("backend_state", None)
+        now = time.time()
+        if alloc is not None and row.started is not None and alloc.total_gpu_milli:
+            job_metrics.gpu_seconds(row.user, alloc.total_gpu_milli / 1000.0 *
+                                    max(0.0, now - row.started))
+        return now
+
+    def _retry(self, row: JobRow, message: str, now: float) -> bool:
+        """Queue a lost job again when it has retries left (Kubernetes Job ``backoffLimit``:
+        ``max_retries`` runs after the first; the back-off doubles from
+        ``c.GPUJobs.retry_backoff`` up to :data:`RETRY_BACKOFF_MAX_S`). The ended attempt is
+        kept in its :class:`~gpuspawner.hub.jobs.store.JobRun` (its folder stays in the
+        home; the next attempt writes a folder of its own). Returns False when none is left.
+        """
+        run = self.run_of(row)
+        used = run.attempt - 1
+        if used >= run.max_retries:
+            return False
+        summary = {"attempt": run.attempt, "state": "lost", "message": message,
+                   "node": row.node or None, "gpu_uuids": row.get_json("gpu_uuids", []),
+                   "started": iso(row.started), "finished": iso(now),
+                   "exit_code": row.exit_code, "output_dir": row.output_dir or None}
+        run.attempts = json.dumps([*json.loads(run.attempts or "[]"), summary])
+        run.attempt += 1
+        delay = min(self.settings.retry_backoff * 2 ** used, RETRY_BACKOFF_MAX_S)
+        row.set_state("lost", message, when=now)
+        row.node, row.started, row.exit_code, row.output, row.output_dir = "", None, None, \
+            None, ""
+        for column in ("allocation", "backend_state", "error"):
+            row.set_json(column, None)
+        row.set_json("gpu_uuids", [])
+        row.set_state("queued", f"lost ({message}); attempt {run.attempt} of "
+                                f"{run.max_retries + 1} starts in {delay:g} s", when=now)
+        self._due[row.id] = now + delay
         self.store.save()
-        log.log(logging.INFO if final in ("completed", "cancelled") else logging.WARNING,
-                "job %s of %s %s: %s", row.id, row.user, final, message)
+        log.warning("job %s of %s lost: %s; retry %d of %d in %g s", row.id, row.user,
+                    message, used + 1, run.max_retries, delay)
+        self._start_task(row.id, self._run(row.id, delay))
+        return True
+
+    # -- attempts, logs, HTML -----------------------------------------------------------------
+    def run_of(self, row: JobRow) -> JobRun:
+        """The job's :class:`~gpuspawner.hub.jobs.store.JobRun` (made for a job stored
+        before there were any: attempt 1, no retries; written with the next save)."""
+        run = self.store.session.get(JobRun, row.id)
+        if run is None:
+            run = JobRun(job_id=row.id, max_retries=0, attempt=1, attempts="[]")
+            self.store.session.add(run)
+        return run
+
+    def _keep_log(self, row: JobRow, out: bytes) -> None:
+        """Keep the current attempt's log: the job's output less its result frame, its last
+        ``c.GPUJobs.max_log_bytes`` (a first line says when it was cut)."""
+        text = strip_result(out.decode("utf-8", "replace"))
+        cap = self.settings.max_log_bytes
+        if len(text) > cap:
+            text = f"[... the first {len(text) - cap} characters are cut ...]\n" + text[-cap:]
+        run = self.run_of(row)
+        logs = unpack(run.logs, {})
+        logs[str(run.attempt)] = text
+        run.logs = pack(logs)
+
+    async def log_text(self, row: JobRow) -> str | None:
+        """The job's log: each attempt's (a header line per attempt once there were
+        several), the running attempt's read from its container now. None while there is
+        none (it has not started)."""
+        run = self.store.session.get(JobRun, row.id)
+        attempt = run.attempt if run is not None else 1
+        logs = unpack(run.logs, {}) if run is not None else {}
+        state = row.get_json("backend_state", {}) or {}
+        if row.active and state.get("container_id") and str(attempt) not in logs:
+            try:
+                out = await asyncio.wait_for(self.cluster.backend.read_output(
+                    state, self.settings.max_log_bytes), LOG_READ_TIMEOUT_S)
+            except (BackendError, asyncio.TimeoutError, OSError) as e:
+                out = f"[the log cannot be read now: {e}]\n".encode()
+            if out:
+                logs[str(attempt)] = strip_result(out.decode("utf-8", "replace"))
+        ended = {a["attempt"]: a for a in json.loads(run.attempts or "[]")} if run else {}
+        parts = []
+        for n in range(1, attempt + 1):
+            text = logs.get(str(n))
+            if attempt > 1:
+                a = ended.get(n)
+                where = f" on {a['node']}, {a['state']}: {a['message']}" if a else \
+                    f" ({row.state})"
+                parts.append(f"===== attempt {n}{where} =====\n")
+            if text is not None:
+                parts.append(text if text.endswith("\n") or not text else text + "\n")
+        return "".join(parts) if any(str(n) in logs for n in range(1, attempt + 1)) \
+            else None
+
+    def html_of(self, row: JobRow) -> str | None:
+        """The HTML export of the job's executed notebook, or None."""
+        run = self.store.session.get(JobRun, row.id)
+        return unpack(run.html, None) if run is not None else None
 
     # -- after a hub restart -------------------------------------------------------------
     async def restore(self) -> None:
@@ -536,6 +750,11 @@ class JobRunner:
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
 
     # -- views ---------------------------------------------------------------------------
+    def view(self, row: JobRow) -> dict[str, Any]:
+        """The job as the REST API answers it (:func:`job_view` with its place in the queue
+        and its attempts)."""
+        return job_view(row, self.position(row), self.store.session.get(JobRun, row.id))
+
     def position(self, row: JobRow) -> tuple[int, int] | None:
         """(position, length) in the wait queue while the job waits, else None."""
         q = self.cluster.queue
@@ -550,9 +769,14 @@ def iso(t: float | None) -> str | None:
     return None if t is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
-def job_view(row: JobRow, position: tuple[int, int] | None = None) -> dict[str, Any]:
-    """A job as the REST API answers it."""
+def job_view(row: JobRow, position: tuple[int, int] | None = None,
+             run: JobRun | None = None) -> dict[str, Any]:
+    """A job as the REST API answers it (``run``: its attempts; None: attempt 1 of 1)."""
     return {
+        "attempt": run.attempt if run is not None else 1,
+        "max_retries": run.max_retries if run is not None else 0,
+        "attempts": json.loads(run.attempts or "[]") if run is not None else [],
+        "has_html": bool(run is not None and run.html),
         "id": row.id, "user": row.user, "name": row.name, "profile": row.profile,
         "state": row.state, "message": row.message, "time_limit": row.time_limit,
         "parameters": row.get_json("parameters", {}),
@@ -563,6 +787,7 @@ def job_view(row: JobRow, position: tuple[int, int] | None = None) -> dict[str, 
         "exit_code": row.exit_code, "error": row.get_json("error"),
         "output_dir": row.output_dir or None, "has_output": bool(row.output),
         "queue_position": list(position) if position else None,
+        "definition_id": row.definition_id,  # the job definition whose tick made it
     }
 
 
@@ -571,4 +796,5 @@ def output_size(row: JobRow) -> int:
     return len(zlib.decompress(row.output)) if row.output else 0
 
 
-__all__ = ["JobRefused", "JobRunner", "job_view", "output_size"]
+__all__ = ["JobRefused", "JobRunner", "check_max_retries", "job_view", "output_size",
+           "strip_result"]

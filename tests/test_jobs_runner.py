@@ -1,0 +1,349 @@
+"""The job runner without an engine (a backend test double on two nodes with GPUs): a lost
+job is retried on a healthy node up to its ``max_retries`` and each attempt is kept; a job
+killed from outside is lost, an OOM-killed one failed; a GPU drained as unhealthy loses its
+job; limits on concurrent jobs per user and per group; logs without the result frame; the
+in-job program's HTML export; the jobs' Prometheus metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+import zlib
+from typing import Any
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+pytest.importorskip("sqlalchemy")
+
+from prometheus_client import generate_latest  # noqa: E402
+
+from gpuspawner.backends.base import Backend, BackendUnavailable, NodeRuntime  # noqa: E402
+from gpuspawner.hub import metrics  # noqa: E402
+from gpuspawner.hub.cluster import HEALTH, Cluster  # noqa: E402
+from gpuspawner.hub.jobs import metrics as job_metrics  # noqa: E402
+from gpuspawner.hub.jobs.runner import (  # noqa: E402
+    JobRefused,
+    JobRunner,
+    check_max_retries,
+    strip_result,
+)
+from gpuspawner.hub.jobs.settings import GPUJobs  # noqa: E402
+from gpuspawner.hub.jobs.store import JobRow, JobStore, pack  # noqa: E402
+from gpuspawner.jobs import execute  # noqa: E402
+from gpuspawner.jobs.model import OUTPUT_BEGIN, OUTPUT_END, JobInputError, JobRequest  # noqa: E402
+from gpuspawner.placement import Ledger  # noqa: E402
+from tests.factories import make_node  # noqa: E402
+from tests.test_jobs_units import notebook  # noqa: E402
+
+PROFILES = [{"slug": "g1", "display_name": "one GPU", "cpu": 1, "memory": "1G", "gpus": 1,
+             "default": True}]
+
+
+def frame(result: dict[str, Any]) -> bytes:
+    """A job's result as execute.emit prints it."""
+    data = base64.b64encode(zlib.compress(json.dumps(result).encode())).decode()
+    return f"{OUTPUT_BEGIN}\n{data}\n{OUTPUT_END}\n".encode()
+
+
+class Engine(Backend):
+    """Containers in memory: ``code[cid]`` None while one runs, else its exit status;
+    ``down`` holds the nodes whose engine does not answer."""
+
+    backend_name = "docker"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.code: dict[str, int | None] = {}
+        self.out: dict[str, bytes] = {}
+        self.report: dict[str, str] = {}
+        self.where: dict[str, str] = {}
+        self.down: set[str] = set()
+        self.stopped: list[str] = []
+        self.made = 0
+
+    def running(self) -> list[str]:
+        return [c for c, code in self.code.items() if code is None]
+
+    def _ask(self, node: str) -> None:
+        if node in self.down:
+            raise BackendUnavailable(node, "connection refused")
+
+    async def prepare(self, server, alloc, state):
+        self._ask(alloc.node)
+        return {**state, "node": alloc.node}
+
+    async def launch(self, spec, state, progress):
+        self._ask(state["node"])
+        self.made += 1
+        cid = f"c{self.made}"
+        state["container_id"] = cid
+        self.code[cid], self.where[cid] = None, state["node"]
+        self.out[cid] = b"log line of " + cid.encode() + b"\n"
+        return "127.0.0.1", 0
+
+    async def poll(self, state):
+        self._ask(state["node"])
+        return self.code.get(state["container_id"], 0)
+
+    async def read_output(self, state, max_bytes):
+        self._ask(state["node"])
+        return self.out.get(state["container_id"])
+
+    async def exit_report(self, state):
+        return self.report.get(state["container_id"])
+
+    async def stop(self, state, now=False):
+        self._ask(state["node"])
+        self.stopped.append(state["container_id"])
+        self.code.pop(state["container_id"], None)
+
+    async def node_states(self):
+        return {n: ("down", "engine gone") for n in self.down}
+
+    def finish(self, cid: str, code: int = 0, html: str | None = "<p>done</p>") -> None:
+        self.out[cid] += b"[papermill] cell 1 ran\n" + frame(
+            {"notebook": notebook("1"), "error": None, "html": html})
+        self.code[cid] = code
+
+
+@pytest.fixture
+def world(tmp_path):
+    nodes = [make_node("n1", gpus=2), make_node("n2", gpus=2)]
+    engine = Engine()
+    engine.bind({n.name: NodeRuntime(n.name, "127.0.0.1", "test", n) for n in nodes})
+    cluster = Cluster(dict(engine.nodes), Ledger(nodes, policy="first-fit"), engine)
+    settings = GPUJobs(poll_interval=0.02, lost_after=0.2, retry_backoff=0.01,
+                       max_active_jobs_per_user=3,
+                       max_active_jobs_per_group={"big": 5, "none": 0})
+    store = JobStore(f"sqlite:///{tmp_path / 'jobs.sqlite'}")
+    spawner = {"profiles": PROFILES, "image": "img", "home_path_template": "",
+               "home_mount_point": "/home/{username}", "uid_map": {}, "default_uid": 1000,
+               "default_gid": 100}
+    runner = JobRunner(settings, store, lambda: cluster, spawner)
+    yield runner, cluster, engine
+    store.close()
+
+
+async def submit(runner: JobRunner, user: str = "ann", groups=(), **kw) -> JobRow:
+    return await runner.submit(user, list(groups), JobRequest(notebook=notebook("1"),
+                                                              name="n"), **kw)
+
+
+async def until(cond, timeout: float = 10.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = cond()
+        if got:
+            return got
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not met in time")
+
+
+def gpu_seconds(user: str) -> float:
+    return metrics.REGISTRY.get_sample_value("gpuspawner_job_gpu_seconds_total",
+                                             {"user": user}) or 0.0
+
+
+async def test_a_job_whose_engine_is_gone_is_retried_on_a_healthy_node(world):
+    runner, cluster, engine = world
+    before = gpu_seconds("ann")
+    row = await submit(runner, max_retries=2)
+    first = await until(engine.running)
+    assert engine.where[first[0]] == "n1" and row.node == "n1"
+    engine.down.add("n1")  # the engine stops answering: lost after lost_after, then retried
+    second = await until(lambda: [c for c in engine.running() if engine.where[c] == "n2"])
+    assert row.state == "running" and row.node == "n2"
+    view = runner.view(row)
+    assert view["attempt"] == 2 and view["max_retries"] == 2
+    (gone,) = view["attempts"]
+    assert gone["attempt"] == 1 and gone["state"] == "lost" and gone["node"] == "n1"
+    assert "has not answered" in gone["message"]
+    assert gone["output_dir"].endswith(row.id) and row.output_dir.endswith(
+        f"{row.id}-attempt2")  # each attempt writes a folder of its own
+    assert [a.node for a in cluster.ledger.allocations()] == ["n2"]  # n1's was released
+    engine.finish(second[0])
+    await until(lambda: row.state == "completed")
+    states = [s for s, _ in row.get_json("history")]
+    assert states == ["queued", "starting", "running", "lost", "queued", "starting",
+                      "running", "completed"]
+    assert cluster.ledger.allocations() == []
+    assert gpu_seconds("ann") > before
+    log = await runner.log_text(row)
+    assert "===== attempt 1 on n1, lost" in log and "===== attempt 2" in log
+    assert "log line of c2" in log and OUTPUT_BEGIN not in log
+    assert runner.html_of(row) == "<p>done</p>" and runner.view(row)["has_html"]
+
+
+async def test_retries_run_out_and_the_job_stays_lost(world):
+    runner, cluster, engine = world
+    row = await submit(runner, max_retries=1)
+    (cid,) = await until(engine.running)
+    del engine.code[cid]  # the container vanished (poll answers 0, no result)
+    (cid2,) = await until(lambda: [c for c in engine.running() if c != cid])
+    del engine.code[cid2]
+    await until(lambda: row.state == "lost")
+    assert "container was gone" in row.message and "no retries left: 1 used" in row.message
+    assert runner.view(row)["attempt"] == 2 and cluster.ledger.allocations() == []
+
+
+async def test_killed_from_outside_is_lost_oom_killed_is_failed(world):
+    runner, cluster, engine = world
+    row = await submit(runner, max_retries=1)
+    (cid,) = await until(engine.running)
+    engine.code[cid] = 137  # docker kill: SIGKILL, no result
+    (cid2,) = await until(lambda: [c for c in engine.running() if c != cid])
+    assert runner.view(row)["attempts"][0]["message"].startswith(
+        "its program was stopped from outside the hub (exit status 137: SIGKILL")
+    engine.report[cid2] = "container c2 exited with code 137 (out of memory)"
+    engine.code[cid2] = 137
+    await until(lambda: row.state == "failed")
+    assert runner.view(row)["attempt"] == 2 and cluster.ledger.allocations() == []
+
+
+async def test_a_gpu_drained_as_unhealthy_loses_its_job_which_runs_elsewhere(world):
+    runner, cluster, engine = world
+    row = await submit(runner, max_retries=1)
+    (cid,) = await until(engine.running)
+    (uuid,) = row.get_json("gpu_uuids")
+    cluster.drain_gpu(uuid, "XID 79: fallen off the bus", HEALTH)
+    (cid2,) = await until(lambda: [c for c in engine.running() if c != cid])
+    assert cid in engine.stopped and uuid not in row.get_json("gpu_uuids")
+    assert "drained as unhealthy: XID 79" in runner.view(row)["attempts"][0]["message"]
+    engine.finish(cid2)
+    await until(lambda: row.state == "completed")
+
+
+async def test_an_admins_drain_lets_the_job_run_on(world):
+    runner, cluster, engine = world
+    row = await submit(runner)
+    (cid,) = await until(engine.running)
+    cluster.drain_gpu(row.get_json("gpu_uuids")[0], "maintenance", "admin")
+    await asyncio.sleep(0.2)
+    assert engine.running() == [cid] and row.state == "running"
+    engine.finish(cid)
+    await until(lambda: row.state == "completed")
+
+
+async def test_a_failed_notebook_is_not_retried(world):
+    runner, cluster, engine = world
+    row = await submit(runner, max_retries=3)
+    (cid,) = await until(engine.running)
+    engine.finish(cid, code=1)
+    await until(lambda: row.state == "failed")
+    assert runner.view(row)["attempt"] == 1 and engine.made == 1
+
+
+async def test_a_cancel_during_the_back_off_cancels(world):
+    runner, cluster, engine = world
+    runner.settings.retry_backoff = 30.0
+    row = await submit(runner, max_retries=1)
+    (cid,) = await until(engine.running)
+    del engine.code[cid]
+    await until(lambda: row.state == "queued" and "starts in 30 s" in row.message)
+    await runner.cancel(row, "ann")
+    assert row.state == "cancelled" and cluster.ledger.allocations() == []
+    await asyncio.sleep(0.1)
+    assert engine.running() == []
+
+
+async def test_concurrent_job_limits_per_user_and_per_group(world):
+    runner, cluster, engine = world
+    for _ in range(3):
+        await submit(runner, "bob")
+    with pytest.raises(JobRefused) as e:
+        await submit(runner, "bob")
+    assert e.value.status == 429 and "bob has 3 active jobs" in str(e.value) and \
+        "GPUJobs.max_active_jobs_per_user = 3" in str(e.value)
+    assert len(runner.store.list("bob")) == 3  # nothing stored
+    for _ in range(5):  # a member of big may have 5
+        await submit(runner, "cat", groups=["big", "small"])
+    with pytest.raises(JobRefused, match=r'max_active_jobs_per_group\["big"\] = 5'):
+        await submit(runner, "cat", groups=["big"])
+    for _ in range(6):  # 0 = no limit, and it wins over big's 5
+        await submit(runner, "dan", groups=["big", "none"])
+    await runner.stop()
+
+
+def test_active_jobs_limit_and_bad_settings():
+    from traitlets import TraitError
+
+    s = GPUJobs(max_active_jobs_per_user=4, max_active_jobs_per_group={"a": 2, "b": 9})
+    assert s.active_jobs_limit([]) == (4, "GPUJobs.max_active_jobs_per_user")
+    assert s.active_jobs_limit(["a", "x"]) == (2, 'GPUJobs.max_active_jobs_per_group["a"]')
+    assert s.active_jobs_limit(["a", "b"])[0] == 9
+    with pytest.raises(TraitError, match=r"max_active_jobs_per_group.a: must be a whole"):
+        GPUJobs(max_active_jobs_per_group={"a": -1})
+    with pytest.raises(TraitError, match="default_max_retries: must be >= 0"):
+        GPUJobs(default_max_retries=-1)
+
+
+def test_max_retries_of_a_submission():
+    assert check_max_retries(None, 3, 10) == 3 and check_max_retries(None, 30, 10) == 10
+    assert check_max_retries(0, 3, 10) == 0 and check_max_retries(10, 3, 10) == 10
+    for bad, words in [(11, "must be 0 to 10"), (-1, "must be 0 to 10"),
+                       (True, "must be a whole"), ("2", "must be a whole"),
+                       (1.5, "must be a whole")]:
+        with pytest.raises(JobInputError, match=f"max_retries: {words}"):
+            check_max_retries(bad, 3, 10)
+
+
+def test_the_log_is_the_output_without_the_result_frame():
+    body = frame({"notebook": None})
+    assert strip_result("a\n" + body.decode() + "b\n") == "a\nb\n"
+    assert strip_result("a\n" + OUTPUT_BEGIN + "\nabc") == "a\n"  # cut at the end
+    assert strip_result("just a log\n") == "just a log\n"
+
+
+def test_the_html_export_of_an_executed_notebook(tmp_path):
+    pytest.importorskip("nbconvert")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("print('hello <b>')", outputs=[
+        nbformat.v4.new_output("stream", name="stdout", text="hello <b>\n")])]
+    src = tmp_path / "n.ipynb"
+    src.write_text(nbformat.writes(nb))
+    html = execute.export_html(str(src), str(tmp_path / "n.html"))
+    assert html is not None and html.lstrip().lower().startswith("<!doctype html")
+    assert "hello &lt;b&gt;" in html and (tmp_path / "n.html").read_text() == html
+    assert execute.export_html(str(tmp_path / "missing.ipynb"), str(tmp_path / "x.html")) \
+        is None
+
+
+def test_the_in_job_program_writes_the_html_and_hands_it_back(tmp_path, capfd):
+    pytest.importorskip("papermill")
+    env = {"HOME": str(tmp_path), "GPUSPAWNER_JOB_OUTPUT_DIR": "jobs/n/1-a",
+           "GPUSPAWNER_JOB_NAME": "n", "GPUSPAWNER_JOB_PARAMETERS": json.dumps({"x": 5})}
+    from gpuspawner.jobs.model import notebook_env
+
+    env.update(notebook_env(notebook("print(x * 2)"))[0])
+    assert execute.run(env) == 0
+    out = capfd.readouterr().out
+    from gpuspawner.jobs.model import parse_output
+
+    result = parse_output(out.encode())
+    folder = tmp_path / "jobs/n/1-a"
+    assert "10" in result["html"] and (folder / "n.html").read_text() == result["html"]
+
+
+def test_the_jobs_metrics_change(tmp_path):
+    store = JobStore(f"sqlite:///{tmp_path / 'm.sqlite'}")
+    for i, state in enumerate(["completed", "completed", "lost", "running"]):
+        row = JobRow(id=f"{i:032x}", user="u", name="n", profile="p", state=state,
+                     time_limit=1, notebook=pack({}), created=1.0)
+        store.add(row)
+    job_metrics.register(store)
+    text = generate_latest(metrics.REGISTRY).decode()
+    assert 'gpuspawner_jobs{state="completed"} 2.0' in text
+    assert 'gpuspawner_jobs{state="waiting"} 0.0' in text
+    before = metrics.REGISTRY.get_sample_value("gpuspawner_job_wait_seconds_count",
+                                               {"profile": "p"}) or 0
+    job_metrics.waited("p", 0.3)
+    job_metrics.gpu_seconds("u", 7.5)
+    assert metrics.REGISTRY.get_sample_value("gpuspawner_job_wait_seconds_count",
+                                             {"profile": "p"}) == before + 1
+    assert gpu_seconds("u") >= 7.5
+    store.close()
+    job_metrics.register(None)  # nothing to count: the gauge is left out, the scrape answers
+    assert "gpuspawner_jobs{" not in generate_latest(metrics.REGISTRY).decode()
