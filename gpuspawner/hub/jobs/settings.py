@@ -145,7 +145,7 @@ class GPUJobs(LoggingConfigurable):
         sleeps between two looks; it wakes at the earliest next tick anyway, and when a
         definition is made or changed.""").tag(config=True)
     cron_seconds = Bool(False, help="""Accept a sixth cron field, seconds, last (croniter's
-        order: '* * * * * */30' is every 30 seconds). Off: 5 fields, minute resolution, as
+        order: ``* * * * * */30`` is every 30 seconds). Off: 5 fields, minute resolution, as
         in cron and Kubernetes CronJobs.""").tag(config=True)
 
     @validate("max_definitions_per_user")
