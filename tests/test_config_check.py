@@ -319,10 +319,12 @@ def test_one_cluster_per_hub_process():
     reset_clusters()
     nodes = [{"name": "local", "topology": "auto"}]
     first = get_cluster(nodes, "first-fit", {})
-    second = get_cluster(nodes, "first-fit", {"default_user": {"servers": 1}})
+    # other quotas (group_overrides) are a request's input, never another cluster
+    assert get_cluster(nodes, "first-fit", {"default_user": {"servers": 1}}) is first
+    second = get_cluster(nodes, "spread", {})
     assert second is not first and current_clusters() == [second]  # first was unused
     second.ledger.reserve(Bundle(cores=0, memory_bytes=2**20), Owner("ann"))
-    third = get_cluster(nodes, "first-fit", {"default_user": {"servers": 9}})
+    third = get_cluster(nodes, "first-fit", {})
     assert third is second and current_clusters() == [second]
     reset_clusters()
 

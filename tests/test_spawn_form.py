@@ -177,6 +177,7 @@ def _form_spawner(ledger, **config):
     class Spawner(OptionsFormMixin):
         options_form = ""
         profiles = PROFILES
+        quotas: dict = {}
         user = SimpleNamespace(name="ann", groups=[])
         user_options: dict = {}
         cluster = _FakeCluster(ledger)

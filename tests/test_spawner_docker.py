@@ -465,3 +465,34 @@ async def test_datasets_are_read_only_and_projects_only_for_members(make_spawner
     finally:
         await member.stop()
     assert member.cluster.ledger.allocations() == []
+
+
+async def test_group_overrides_of_quotas_are_the_requests_not_a_second_cluster(make_spawner):
+    """JupyterHub's ``group_overrides`` that set ``quotas`` for a group: its members' requests
+    are checked against the override's table, others' against the hub's; both spawners use
+    the one cluster (before: the member's spawner got the hub's cluster and its quotas, with
+    a warning, and was refused)."""
+    settings = dict(
+        profiles=[{"slug": "cpu2", "cpu": 2, "memory": "128M", "default": True}],
+        quotas={"default_user": {"cores": 1}},
+        group_overrides={"big": {"groups": ["big"], "spawner_override": {
+            "quotas": {"default_user": {"cores": 4}}}}})
+    small = make_spawner("small", options={"profile": "cpu2"}, **settings)
+    member = make_spawner("bigone", options={"profile": "cpu2"}, **settings)
+    member.user = FakeUser("bigone", groups=("big",))
+    for sp in (small, member):
+        await sp.apply_group_overrides()
+    assert member.quotas == {"default_user": {"cores": 4}}
+    assert small.quotas == {"default_user": {"cores": 1}}
+    assert small.cluster is member.cluster
+    assert small.request_quotas() is None and member.request_quotas() is not None
+    with pytest.raises(web.HTTPError) as e:
+        await asyncio.wait_for(small.start(), 60)
+    assert e.value.status_code == 400 and "over your quota for cores" in str(e.value), e.value
+    await asyncio.wait_for(member.start(), 90)
+    try:
+        assert len(member.allocation.cpuset) == 2
+        assert [a.owner.user for a in member.cluster.ledger.allocations()] == ["bigone"]
+    finally:
+        await member.stop()
+    assert member.cluster.ledger.allocations() == []

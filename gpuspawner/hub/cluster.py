@@ -486,10 +486,11 @@ def get_cluster(nodes: Sequence[Mapping[str, Any]], policy: str,
                 hub_id: str | Callable[[], str] = "") -> Cluster:
     """The hub process's one cluster: one ledger and one backend, whatever asks for it.
 
-    It is made on the first call. A call with another configuration (a config file checked
-    twice while it loads, JupyterHub ``group_overrides`` changing a spawner's quotas) gets a new
-    cluster only while the current one is unused (nothing restored, nothing booked); after
-    that it gets the same cluster and a warning: two ledgers would book the same devices twice.
+    It is made on the first call. A call with other nodes, policy or backend (a config file
+    checked twice while it loads) gets a new cluster only while the current one is unused
+    (nothing restored, nothing booked); after that it gets the same cluster and a warning: two
+    ledgers would book the same devices twice. Other ``quotas`` (JupyterHub ``group_overrides``)
+    do not make another cluster: the spawner passes its own table with each request.
 
     ``profiles`` (``GPUSpawner.profiles``) seed the ledger's live workload prior
     (:class:`~gpuspawner.placement.LivePrior`): fgd places against the mix of what this hub
@@ -511,14 +512,16 @@ def get_cluster(nodes: Sequence[Mapping[str, Any]], policy: str,
         QueueFileError: the queue file's folder is missing or not writable.
     """
     global _CLUSTER, _CLUSTER_KEY
-    key = json.dumps([list(nodes), policy, dict(quotas), backend], sort_keys=True, default=str)
+    # not the quotas: a spawner's own table (JupyterHub group_overrides) is an input of its
+    # requests (gpuspawner.hub.request.quota_table), the first caller's is the ledger's default
+    key = json.dumps([list(nodes), policy, backend], sort_keys=True, default=str)
     if _CLUSTER is not None and key != _CLUSTER_KEY:
         if _CLUSTER.restored is None and not _CLUSTER.ledger.allocations():
             _CLUSTER = None  # still unused: the later configuration replaces it
         else:
             if key not in _WARNED:
                 _WARNED.add(key)
-                log.warning("a GPUSpawner asked for nodes/policy/quotas/backend that differ "
+                log.warning("a GPUSpawner asked for nodes/policy/backend that differ "
                             "from the hub's; it uses the hub's one ledger and backend")
             return _CLUSTER
     if _CLUSTER is None:

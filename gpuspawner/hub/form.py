@@ -12,11 +12,11 @@ from tornado import web
 from traitlets import Bool, List, Unicode, default
 from traitlets.config import LoggingConfigurable
 
-from ..placement import GPU, GPU_MILLI, Bundle, Ledger, Node, format_bytes
+from ..placement import GPU, GPU_MILLI, Bundle, Ledger, Node, QuotaTable, format_bytes
 from ..placement.devices import model_allowed
 from ..placement.units import share_words
 from .profiles import OptionsError, Profile, ProfileConfigError, load_profiles
-from .request import ServerRequest, checked_request
+from .request import ServerRequest, checked_request, quota_table
 from .user_options import pending_refusal, watch_spawn
 
 
@@ -103,7 +103,8 @@ def never_reason(profile: Profile, nodes: Sequence[Node]) -> str:
 
 
 def profile_cards(profiles: Sequence[Profile], ledger: Ledger, user: str,
-                  groups: Iterable[str]) -> list[dict[str, Any]]:
+                  groups: Iterable[str], quotas: QuotaTable | None = None
+                  ) -> list[dict[str, Any]]:
     """What the form shows per profile: its resources in one line, availability now, quota and
     group permission.
 
@@ -116,9 +117,10 @@ def profile_cards(profiles: Sequence[Profile], ledger: Ledger, user: str,
         GPU profiles, else ""), queued (int: servers waiting for this profile; 0 here),
         queue (bool: a spawn of it waits in the queue when it cannot start now), waits
         (bool: a spawn now would wait in the queue; the card stays selectable).
+        ``quotas``: the user's own quota table (``group_overrides``), None = the ledger's.
     """
     groups = list(groups)
-    left = ledger.quota_remaining(user, groups)
+    left = ledger.quota_remaining(user, groups, quotas)
     nodes = ledger.nodes
     cards = []
     for p in profiles:
@@ -165,14 +167,16 @@ _QUOTA_WORDS = {"gpu_milli": "GPUs", "cores": "cores", "memory_bytes": "memory",
                 "disk_bytes": "disk", "servers": "servers"}
 
 
-def quota_line(ledger: Ledger, user: str, groups: Iterable[str]) -> str:
+def quota_line(ledger: Ledger, user: str, groups: Iterable[str],
+               quotas: QuotaTable | None = None) -> str:
     """"you use 1 of your 2 GPUs" when the user has a GPU quota on a hub that has GPUs, else ""
-    (a GPU quota means nothing on a hub without GPUs)."""
+    (a GPU quota means nothing on a hub without GPUs). ``quotas``: the user's own quota
+    table (``group_overrides``), None = the ledger's."""
     groups = list(groups)
     if not ledger.gpu_milli_capacity():
         return ""
     usage = ledger.usage(user)
-    left = ledger.quota_remaining(user, groups)
+    left = ledger.quota_remaining(user, groups, quotas)
     if left.get("gpu_milli") is None:
         return ""
     total = (usage.gpu_milli + left["gpu_milli"]) / GPU_MILLI
@@ -191,7 +195,7 @@ class OptionsFormMixin(LoggingConfigurable):
     """The spawn form of :class:`~gpuspawner.hub.spawner.GPUSpawner`: profile cards with live
     availability, ``options_from_form``, an early ``apply_user_options`` check and the undo of
     a refused spawn (``apply_group_overrides``). Expects the spawner's ``profiles``,
-    ``cluster``, ``user``, ``group_names``, ``chosen_profile`` and ``raise_options_refusal``.
+    ``quotas``, ``cluster``, ``user``, ``user_options_max_bytes`` and ``_options_refusal``.
     """
 
     profile_form_template = Unicode(
@@ -273,6 +277,19 @@ class OptionsFormMixin(LoggingConfigurable):
         """The profile of :meth:`server_request`. Raises as that."""
         return self.server_request().profile
 
+    def request_quotas(self) -> QuotaTable | None:
+        """The quota table of this user's requests: the spawner's ``quotas`` as JupyterHub's
+        ``group_overrides`` left them, when they differ from the table the hub's ledger was
+        made with (then they replace it for this user's checks: a per-user difference is an
+        input of the request, not a second ledger); None = the ledger's. Raises
+        web.HTTPError(500) for an override that is not a valid quota table (the field
+        named)."""
+        try:
+            table = quota_table(self.quotas)  # type: ignore[attr-defined]
+        except ValueError as e:
+            raise web.HTTPError(500, f"GPUSpawner.{e} (group_overrides)") from None
+        return None if table == self.cluster.ledger.quotas else table  # type: ignore
+
     def load_profile_list(self) -> list[Profile]:
         """The validated profiles. Raises ProfileConfigError for bad configuration."""
         return load_profiles(self.profiles)  # type: ignore[attr-defined]
@@ -280,7 +297,8 @@ class OptionsFormMixin(LoggingConfigurable):
     def profile_cards(self) -> list[dict[str, Any]]:
         """The form's cards for this user (:func:`profile_cards`)."""
         return profile_cards(self.load_profile_list(), self.cluster.ledger,  # type: ignore
-                             self.user.name, self.group_names)  # type: ignore[attr-defined]
+                             self.user.name, self.group_names,  # type: ignore[attr-defined]
+                             self.request_quotas())
 
     def preselected_profile(self) -> str:
         """The slug the form checks first: the profile of this server's last ``user_options``
@@ -314,4 +332,4 @@ class OptionsFormMixin(LoggingConfigurable):
         return render_form(self.profile_form_template, self.additional_template_paths,
                            cards=cards, spawner=self, selected=self.preselected_profile(),
                            quota_text=quota_line(s.cluster.ledger, s.user.name,
-                                                 s.group_names))
+                                                 s.group_names, self.request_quotas()))

@@ -25,7 +25,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..placement import QuotaTable
 from ..schemas import ConfigSchemaError, load_schema, validate
+from .cluster import check_quotas
 from .profiles import OptionsError, Profile, choose_profile
 
 #: the schema's name in :mod:`gpuspawner.schemas`
@@ -143,3 +145,24 @@ def checked_request(options: Any, profiles: Sequence[Profile], groups: Sequence[
     if len(_CHECKED) > CACHE_SIZE:
         _CHECKED.popitem(last=False)
     return request
+
+
+#: quota tables by the JSON text of their setting (:func:`quota_table`)
+_TABLES: OrderedDict[str, QuotaTable] = OrderedDict()
+
+
+def quota_table(quotas: Any) -> QuotaTable:
+    """``c.GPUSpawner.quotas`` (as a spawner sees it, after JupyterHub's ``group_overrides``)
+    as a :class:`~gpuspawner.placement.QuotaTable`, checked once per distinct setting (the
+    last :data:`CACHE_SIZE` kept).
+
+    Raises:
+        ValueError: as :func:`~gpuspawner.hub.cluster.check_quotas` (the field named).
+    """
+    text = json.dumps(quotas, sort_keys=True, default=str)
+    table = _TABLES.get(text)
+    if table is None:
+        table = _TABLES[text] = check_quotas(quotas)
+        if len(_TABLES) > CACHE_SIZE:
+            _TABLES.popitem(last=False)
+    return table

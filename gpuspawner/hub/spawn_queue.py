@@ -36,7 +36,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..placement import Allocation, Bundle, Owner, PlacementError, PlacementRefused
+from ..placement import (
+    Allocation,
+    Bundle,
+    Owner,
+    PlacementError,
+    PlacementRefused,
+    QuotaTable,
+)
 from ..placement.queue import QueueEntry, QueueOutcome, WaitQueue
 from .drains import file_beside_db
 from .metrics import queue_waited
@@ -177,8 +184,8 @@ class SpawnQueue:
     async def acquire(self, owner: Owner, bundle: Bundle, *, profile: str = "",
                       nodes: Iterable[str] = (), options: Mapping[str, Any] | None = None,
                       wait: bool = True,
-                      on_wait: Callable[[QueueEntry, int, int], None] | None = None
-                      ) -> Allocation:
+                      on_wait: Callable[[QueueEntry, int, int], None] | None = None,
+                      quotas: QuotaTable | None = None) -> Allocation:
         """Book ``bundle`` for ``owner`` now, or wait in the queue until it can be booked.
 
         Args:
@@ -190,6 +197,8 @@ class SpawnQueue:
             wait: False = refuse at once when it cannot start now ("fail now").
             on_wait: called with (entry, position, length) when the wait starts and whenever
                 the queue changes.
+            quotas: the request's own quota table (the spawner's ``quotas`` after JupyterHub's
+                ``group_overrides``), None = the ledger's.
 
         Returns:
             the allocation (booked in the ledger).
@@ -204,8 +213,9 @@ class SpawnQueue:
         """
         self._ensure_ticking()
         nodes = tuple(nodes)
-        self.wq.check_admissible(bundle, owner, nodes or None)
-        entry = self.wq.add(owner, bundle, profile=profile, nodes=nodes, options=options)
+        self.wq.check_admissible(bundle, owner, nodes or None, quotas)
+        entry = self.wq.add(owner, bundle, profile=profile, nodes=nodes, options=options,
+                            quotas=quotas)
         self._cancelled.discard(entry.id)
         fut: asyncio.Future[QueueOutcome] = asyncio.get_running_loop().create_future()
         self._waiters[entry.id] = fut
@@ -280,7 +290,8 @@ class SpawnQueue:
         the entries ahead of it when only the queue's order holds it back."""
         ahead = max(0, self.wq.position(entry.id)[0] - 1)  # not yet notified: compute
         try:
-            alloc = self.ledger.reserve(entry.bundle, entry.owner, entry.nodes or None)
+            alloc = self.ledger.reserve(entry.bundle, entry.owner, entry.nodes or None,
+                                        quotas=entry.quotas)
         except PlacementRefused as e:
             return e
         except PlacementError as e:

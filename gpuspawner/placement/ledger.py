@@ -227,10 +227,14 @@ class Ledger:
         """What all members of a group hold now (allocations made while they were members)."""
         return self._group_used.get(group, Usage())
 
-    def quota_remaining(self, user: str, groups: Iterable[str] = ()) -> dict[str, int | None]:
-        """What the user may still take of each resource; None = unlimited (see QuotaTable)."""
+    def quota_remaining(self, user: str, groups: Iterable[str] = (),
+                        quotas: QuotaTable | None = None) -> dict[str, int | None]:
+        """What the user may still take of each resource; None = unlimited (see QuotaTable).
+        ``quotas``: the request's own table (a JupyterHub ``group_overrides`` of ``quotas``)
+        instead of the ledger's."""
         with self._lock:
-            return self.quotas.remaining(user, tuple(groups), self.usage(user), self._group_used)
+            return (quotas or self.quotas).remaining(user, tuple(groups), self.usage(user),
+                                                     self._group_used)
 
     def observe(self, bundle: Bundle) -> None:
         """Count ``bundle`` as one arriving request of ``fgd``'s online workload model (what
@@ -238,12 +242,14 @@ class Ledger:
         with self._lock:
             self._c.frag.observe(pod_type_of(bundle))
 
-    def check_quota(self, bundle: Bundle, owner: Owner) -> None:
+    def check_quota(self, bundle: Bundle, owner: Owner,
+                    quotas: QuotaTable | None = None) -> None:
         """Raise :class:`QuotaExceeded` if ``bundle`` would take ``owner`` (or one of its
-        groups) over a quota, counting what they hold now; nothing is booked."""
+        groups) over a quota of ``quotas`` (None: the ledger's), counting what they hold now;
+        nothing is booked."""
         with self._lock:
-            self.quotas.check(owner.user, owner.groups, _bundle_usage(bundle),
-                              self.usage(owner.user), self._group_used)
+            (quotas or self.quotas).check(owner.user, owner.groups, _bundle_usage(bundle),
+                                          self.usage(owner.user), self._group_used)
 
     # -- capacity (what could ever fit: the wait queue's admission) ---------------------------
     def usable_nodes(self) -> set[str]:
@@ -464,7 +470,8 @@ class Ledger:
 
     # -- reserve / release ---------------------------------------------------------------------
     def reserve(self, bundle: Bundle, owner: Owner, nodes: Iterable[str] | None = None, *,
-                explain: bool = True, observe: bool = True) -> Allocation:
+                explain: bool = True, observe: bool = True,
+                quotas: QuotaTable | None = None) -> Allocation:
         """Book every resource of ``bundle`` for ``owner`` on one node, or nothing.
 
         Args:
@@ -476,6 +483,9 @@ class Ledger:
             observe: count the bundle as an arriving request of the online workload model
                 (False for the wait queue's retries: it counts an arrival once, in
                 :meth:`observe`).
+            quotas: the request's quota table instead of the ledger's (a JupyterHub
+                ``group_overrides`` that sets ``quotas`` for the user's groups: a per-user
+                difference is an input of the request, not a second ledger).
 
         Returns:
             The allocation (already booked).
@@ -498,8 +508,8 @@ class Ledger:
                 raise PlacementError(
                     f"server {owner.user}/{owner.server} already holds allocation "
                     f"{self._by_owner[key]}; release it first")
-            self.quotas.check(owner.user, owner.groups, _bundle_usage(bundle),
-                              self.usage(owner.user), self._group_used)
+            (quotas or self.quotas).check(owner.user, owner.groups, _bundle_usage(bundle),
+                                          self.usage(owner.user), self._group_used)
             if observe:
                 self._c.frag.observe(pod_type_of(bundle))
             if self.prior is not None:

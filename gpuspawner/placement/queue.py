@@ -44,7 +44,7 @@ from typing import Any
 from .errors import PlacementError, PlacementRefused
 from .ledger import Ledger
 from .model import GPU_MILLI, Allocation, Bundle, Owner, now
-from .quota import Usage
+from .quota import QuotaTable, Usage
 
 __all__ = ["QueueEntry", "QueueOutcome", "WaitQueue", "bundle_to_dict", "bundle_from_dict"]
 
@@ -79,6 +79,8 @@ class QueueEntry:
         claimed: False for an entry restored after a hub restart that no spawn has taken back
             yet (it holds its place, but cannot start until a spawn claims it).
         restored_at: when it was restored (seconds since the epoch), for expiry.
+        quotas: the request's own quota table (a ``group_overrides`` of ``quotas``), None =
+            the ledger's; checked at admission and at each try.
     """
 
     id: str
@@ -92,6 +94,7 @@ class QueueEntry:
     bypassed: int = 0
     claimed: bool = True
     restored_at: float = 0.0
+    quotas: QuotaTable | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (what the queue file keeps and the REST API shows)."""
@@ -161,7 +164,8 @@ class WaitQueue:
 
     # -- admission ----------------------------------------------------------------------------
     def check_admissible(self, bundle: Bundle, owner: Owner,
-                         nodes: Iterable[str] | None = None) -> None:
+                         nodes: Iterable[str] | None = None,
+                         quotas: QuotaTable | None = None) -> None:
         """Refuse what waiting could never help: over quota now, or no usable node (up, its
         drained GPUs left out) could hold the bundle even with nothing else running.
 
@@ -170,16 +174,17 @@ class WaitQueue:
             PlacementRefused: the capacity can never hold it; ``reason`` is ``never`` or the
                 ledger's key (``no_gpu_model``, ``too_large``, ``no_nodes``).
         """
-        self.ledger.check_quota(bundle, owner)
+        self.ledger.check_quota(bundle, owner, quotas)
         problem = self.ledger.capacity_refusal(bundle, nodes)
         if problem is not None:
             raise problem
 
     # -- entries ------------------------------------------------------------------------------
     def add(self, owner: Owner, bundle: Bundle, *, profile: str = "",
-            nodes: Iterable[str] = (), options: Mapping[str, Any] | None = None) -> QueueEntry:
+            nodes: Iterable[str] = (), options: Mapping[str, Any] | None = None,
+            quotas: QuotaTable | None = None) -> QueueEntry:
         """Queue a spawn, or claim the entry a restored queue kept for the same user and
-        server (keeping its place; the bundle and options are the new ones).
+        server (keeping its place; the bundle, options and quota table are the new ones).
 
         Raises:
             PlacementError: that server already has a claimed entry (a second spawn of it).
@@ -191,12 +196,13 @@ class WaitQueue:
                                      "in the queue")
             old.claimed, old.owner, old.bundle = True, owner, bundle
             old.profile, old.nodes, old.options = profile, tuple(nodes), dict(options or {})
+            old.quotas = quotas
             return old
         self.ledger.observe(bundle)  # one arrival, however often schedule() retries it
         e = QueueEntry(id=f"q{next(self._ids)}-{int(self._clock() * 1000) % 10**9}",
                        owner=owner, bundle=bundle, profile=profile, nodes=tuple(nodes),
                        options=dict(options or {}), enqueued=self._clock(),
-                       seq=next(self._seq))
+                       seq=next(self._seq), quotas=quotas)
         self._entries[e.id] = e
         return e
 
@@ -348,10 +354,10 @@ class WaitQueue:
                 if self.ledger.find(e.owner.user, e.owner.server) is not None:
                     raise PlacementError(f"server {e.owner.user}/{e.owner.server} already "
                                          "holds an allocation")
-                self.ledger.check_quota(e.bundle, e.owner)
+                self.ledger.check_quota(e.bundle, e.owner, e.quotas)
                 return None
             alloc = self.ledger.reserve(e.bundle, e.owner, nodes=allowed, explain=False,
-                                        observe=False)
+                                        observe=False, quotas=e.quotas)
         except PlacementRefused:
             if len(self._refused) > 100_000:
                 self._refused.clear()
