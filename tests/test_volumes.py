@@ -134,3 +134,33 @@ def test_the_hub_refuses_a_bad_mount_at_start(tmp_path: Path) -> None:
                                 "state_dir": str(tmp_path)})
     reset_clusters()
 
+
+
+async def test_a_notebook_job_gets_the_mounts_a_server_of_its_user_gets() -> None:
+    from types import SimpleNamespace
+
+    import nbformat
+
+    from gpuspawner.hub.jobs.runner import JobRunner
+    from tests.test_launch_spec import alloc
+
+    (profile,) = load_profiles([{"slug": "p", "cpu": 1, "volumes": {
+        "/models": {"bind": "/models", "mode": "ro"}}}])
+    spawner = {"image": "img", "home_path_template": "", "home_mount_point": "/home/{username}",
+               "volumes": {"/data": {"bind": "/data", "mode": "ro"}},
+               "group_volumes": {"physics": {"/projects/{group}": "/projects/{group}"},
+                                 "chem": {"/projects/{group}": "/chem"}}}
+
+    async def user_ids(row):
+        return 1000, 100
+
+    runner = SimpleNamespace(spawner=spawner, _user_ids=user_ids)
+    nb = nbformat.v4.new_notebook()
+    row = SimpleNamespace(user="ann", id="j1", name="n", output_dir="~/jobs/n/x",
+                          parameters="{}", time_limit=60, notebook_dict=nb,
+                          get_json=lambda key, default=None: ["physics"] if key == "groups"
+                          else default)
+    spec = await JobRunner._spec(runner, row, profile, alloc())
+    assert spec.mounts == (Mount("/data", "/data", True),
+                           Mount("/projects/physics", "/projects/physics", False),
+                           Mount("/models", "/models", True))

@@ -38,7 +38,7 @@ from .runtime import hub_runtime
 from .settings import SpawnerSettings, hub_db_url
 from .spawn_queue import QueueTimeout
 from .user_options import install_user_options_guard
-from .volumes import VolumeConfigError, mounts_for, parse_volumes
+from .volumes import VolumeConfigError, mounts_for, site_volumes
 
 __all__ = ["GPUSpawner", "safe_name"]
 
@@ -129,10 +129,7 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
         checked at hub start). Raises web.HTTPError(500) for a setting that does not parse
         (a hub started without the start-up check)."""
         try:
-            specs = parse_volumes(self.volumes, "GPUSpawner.volumes")
-            for group, value in (self.group_volumes or {}).items():
-                specs += parse_volumes(value, f"GPUSpawner.group_volumes[{group!r}]",
-                                       group=str(group))
+            specs = site_volumes(self.volumes, self.group_volumes)
         except VolumeConfigError as e:
             raise web.HTTPError(500, str(e)) from None
         return mounts_for([*specs, *profile.volumes], self.escaped_name, self.group_names)

@@ -36,7 +36,7 @@ from typing import Any
 from ..backends.spec import Mount
 
 __all__ = ["VolumeConfigError", "VolumeSpec", "check_volume_settings", "mounts_for",
-           "parse_volumes"]
+           "parse_volumes", "site_volumes"]
 
 #: container paths no mount may cover (the kernel's file systems)
 FORBIDDEN_TARGETS = ("/proc", "/sys", "/dev")
@@ -172,13 +172,8 @@ def check_volume_settings(volumes: Any, group_volumes: Any, profiles: Iterable[A
             setting and the path.
     """
     specs: list[tuple[str, VolumeSpec]] = [
-        ("GPUSpawner.volumes", v) for v in parse_volumes(volumes, "GPUSpawner.volumes")]
-    if group_volumes is not None and not isinstance(group_volumes, Mapping):
-        raise VolumeConfigError("GPUSpawner.group_volumes: must be a dict {group: volumes}, "
-                                f"got {type(group_volumes).__name__}")
-    for group, value in (group_volumes or {}).items():
-        where = f"GPUSpawner.group_volumes[{group!r}]"
-        specs += [(where, v) for v in parse_volumes(value, where, group=str(group))]
+        (f"GPUSpawner.group_volumes[{v.group!r}]" if v.group else "GPUSpawner.volumes", v)
+        for v in site_volumes(volumes, group_volumes)]
     for p in profiles:
         specs += [(f"GPUSpawner.profiles ({p.slug}).volumes", v) for v in p.volumes]
     if specs and backend == "slurm":
@@ -232,6 +227,23 @@ def check_volume_settings(volumes: Any, group_volumes: Any, profiles: Iterable[A
             raise VolumeConfigError(f"{at}: the host folder does not exist (or is not a "
                                     "folder) on the hub's host")
     return [v for _, v in specs]
+
+
+def site_volumes(volumes: Any, group_volumes: Any) -> list[VolumeSpec]:
+    """``c.GPUSpawner.volumes`` then ``c.GPUSpawner.group_volumes``, parsed (what servers and
+    notebook jobs share; a profile's come from its :class:`~gpuspawner.hub.profiles.Profile`).
+
+    Raises:
+        VolumeConfigError: a setting that does not parse (the hub's start-up check refuses
+            it first: :func:`check_volume_settings`).
+    """
+    specs = parse_volumes(volumes, "GPUSpawner.volumes")
+    if group_volumes is not None and not isinstance(group_volumes, Mapping):
+        raise VolumeConfigError("GPUSpawner.group_volumes: must be a dict {group: volumes}, "
+                                f"got {type(group_volumes).__name__}")
+    for group, value in (group_volumes or {}).items():
+        specs += parse_volumes(value, f"GPUSpawner.group_volumes[{group!r}]", group=str(group))
+    return specs
 
 
 def mounts_for(volumes: Iterable[VolumeSpec], username: str, groups: Iterable[str]

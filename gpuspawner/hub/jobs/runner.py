@@ -60,6 +60,7 @@ from ..identity import (
     safe_name,
 )
 from ..profiles import OptionsError, Profile, choose_profile, load_profiles
+from ..volumes import mounts_for, site_volumes
 from . import metrics as job_metrics
 from .settings import GPUJobs
 from .store import JobRow, JobRun, JobStore, pack
@@ -369,7 +370,9 @@ class JobRunner:
 
     async def _spec(self, row: JobRow, profile: Profile, alloc: Allocation) -> Any:
         """The job's :class:`~gpuspawner.backends.spec.LaunchSpec`: the user's uid/gid and
-        home, the profile's image, ``python3 -c`` :mod:`gpuspawner.jobs.execute`, no port."""
+        home, the site's and the profile's mounts as a server of the user gets them
+        (:mod:`gpuspawner.hub.volumes`), the profile's image, ``python3 -c``
+        :mod:`gpuspawner.jobs.execute`, no port."""
         uid, gid = await self._user_ids(row)
         sp = self.spawner
         escaped = safe_name(row.user)
@@ -393,7 +396,9 @@ class JobRunner:
         spec = launch_spec(name=job_object_name(row.user, row.id), user=row.user,
                            server=job_server(row.id), allocation=alloc, image=image,
                            cmd=["python3", "-c", EXECUTE_SOURCE], env=env, uid=uid, gid=gid,
-                           port=1, home=home)
+                           port=1, home=home, mounts=mounts_for(
+                               [*site_volumes(sp.get("volumes"), sp.get("group_volumes")),
+                                *profile.volumes], escaped, row.get_json("groups", [])))
         return replace(spec, port=0)  # nothing listens: no port
 
     async def _user_ids(self, row: JobRow) -> tuple[int, int]:

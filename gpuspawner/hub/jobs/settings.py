@@ -183,7 +183,7 @@ class GPUJobs(LoggingConfigurable):
 #: the GPUSpawner traits a job reads
 SPAWNER_TRAITS = ("nodes", "placement_policy", "quotas", "profiles", "backend", "image",
                   "home_path_template", "home_mount_point", "uid_map", "default_uid",
-                  "default_gid", "state_dir")
+                  "default_gid", "state_dir", "volumes", "group_volumes")
 
 
 def spawner_values(app: Any, names: tuple[str, ...] = SPAWNER_TRAITS) -> dict[str, Any]:
