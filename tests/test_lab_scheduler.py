@@ -21,8 +21,10 @@ import time
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import jsonschema
 import pytest
 
 pytest.importorskip("jupyter_scheduler")
@@ -42,8 +44,13 @@ from jupyter_scheduler.models import (  # noqa: E402
     UpdateJob,
     UpdateJobDefinition,
 )
-from tornado import httpserver, ioloop, netutil, web  # noqa: E402
+from tornado import httpclient, httpserver, ioloop, netutil, web  # noqa: E402
 
+from gpuspawner.hub.jobs.settings import GPUJobs  # noqa: E402
+from gpuspawner.hub.profiles import load_profiles  # noqa: E402
+from gpuspawner.hub.service.app import GPUService  # noqa: E402
+from gpuspawner.hub.service.openapi import openapi_document  # noqa: E402
+from gpuspawner.hub.service.profiles_api import profile_routes  # noqa: E402
 from gpuspawner.jobs.client import JobsClient  # noqa: E402
 from gpuspawner.jobs.model import FINAL_STATES, STATES  # noqa: E402
 from gpuspawner.singleuser.scheduler import (  # noqa: E402
@@ -52,6 +59,7 @@ from gpuspawner.singleuser.scheduler import (  # noqa: E402
     HubJobFilesManager,
     HubScheduler,
     describe_job,
+    environment,
     hub_client,
     hub_id,
     job_files,
@@ -586,3 +594,76 @@ def test_the_module_needs_no_hub_code():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert out.stdout.strip() == "[]"
+
+
+# -- the service's api/profiles (the environments' source) ----------------------------------
+class _HubAuthDouble:
+    """Stands in for the service's HubOAuth: every request is ``model``'s (a hub user model
+    with its scopes), checked against the handler's required scopes as HubOAuth does."""
+
+    def __init__(self, model: dict[str, Any]) -> None:
+        self.model = model
+
+    async def get_user(self, handler: Any, sync: bool = True) -> dict[str, Any]:
+        return dict(self.model)
+
+    def check_scopes(self, required: set[str], model: dict[str, Any]) -> set[str]:
+        return set(required) & set(model.get("scopes") or [])
+
+
+def _nullable_as_null(node: Any) -> Any:
+    """OpenAPI 3.0's ``nullable`` as JSON Schema's null type (as tests/test_service_unit.py)."""
+    if isinstance(node, dict):
+        out = {k: _nullable_as_null(v) for k, v in node.items() if k != "nullable"}
+        if node.get("nullable") and "type" in out:
+            out["type"] = [out["type"], "null"]
+        return out
+    if isinstance(node, list):
+        return [_nullable_as_null(v) for v in node]
+    return node
+
+
+async def test_the_services_profiles_route_lists_what_the_users_groups_may_use():
+    service = GPUService("gpuspawner", "t" * 64, hub_api_url="http://127.0.0.1:1/hub/api",
+                         user_lookup=lambda name: (False, ["physics"]),
+                         extra_routes=[profile_routes])
+    profiles = load_profiles([
+        {"slug": "cpu", "display_name": "CPU", "cpu": 2, "memory": "4G"},
+        {"slug": "a100-1", "display_name": "One A100", "gpus": 1, "cpu": 8, "memory": "32G",
+         "gpu_models": ["A100"], "groups": ["physics"], "default": True},
+        {"slug": "mig", "display_name": "A MIG slice", "mig": "1g.10gb", "groups": ["bio"]}])
+    settings = GPUJobs(profile_time_limits={"cpu": {"default": 600, "max": 3600}})
+    service.jobs = SimpleNamespace(runner=SimpleNamespace(profiles=lambda: profiles,
+                                                          settings=settings))
+    service._hub_auth = _HubAuthDouble({"name": "alice", "kind": "user", "groups": None,
+                                        "scopes": ["access:services!service=gpuspawner"]})
+    sockets = netutil.bind_sockets(0, "127.0.0.1")
+    server = httpserver.HTTPServer(service.make_app())
+    server.add_sockets(sockets)
+    url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}{service.prefix}api/profiles"
+    try:
+        r = await httpclient.AsyncHTTPClient().fetch(url, raise_error=False)
+        assert r.code == 200, r.body
+        body = json.loads(r.body)
+        # physics may use cpu (everyone) and a100-1; the MIG profile is bio's
+        assert [p["slug"] for p in body["profiles"]] == ["cpu", "a100-1"]
+        cpu, a100 = body["profiles"]
+        assert cpu["time_limit"] == {"default": 600, "max": 3600}
+        assert a100["time_limit"] == {"default": settings.time_limit_default,
+                                      "max": settings.time_limit_max}
+        assert (a100["gpus"], a100["cores"], a100["memory"], a100["default"]) == (
+            1, 8, 32 << 30, True)
+        assert a100["summary"] == "1 x A100, 8 cores, 32.0 GiB"
+        doc = _nullable_as_null(openapi_document())  # the OpenAPI document agrees
+        jsonschema.validate(body, {**doc["paths"]["/api/profiles"]["get"]["responses"]["200"][
+            "content"]["application/json"]["schema"], "components": doc["components"]})
+        # the environments the Lab shows are these
+        envs = [environment(p) for p in body["profiles"]]
+        assert [e.name for e in envs] == ["cpu", "a100-1"]
+        # no scope for the service: 403
+        service._hub_auth = _HubAuthDouble({"name": "alice", "kind": "user", "scopes": []})
+        r = await httpclient.AsyncHTTPClient().fetch(url, raise_error=False)
+        assert r.code == 403
+    finally:
+        server.stop()
+        await server.close_all_connections()

@@ -23,6 +23,7 @@ from .. import metrics
 from ..cluster import current_clusters
 from ..jobs import service as jobs_service  # (the module: see the docstring)
 from .app import ADMIN_SCOPE, GPUService, resume_queue
+from .profiles_api import profile_routes
 
 log = logging.getLogger("gpuspawner")
 
@@ -58,7 +59,7 @@ def configure_service(c: Any, name: str = "gpuspawner", host: str = "127.0.0.1",
     base_url = jh.base_url if "base_url" in jh else "/"
     # notebook jobs' routes (api/jobs) build on the service's handlers (gpuspawner.hub.jobs.service)
     service = GPUService(name, secrets.token_hex(32), base_url=base_url,
-                         extra_routes=[jobs_service.job_routes])
+                         extra_routes=[jobs_service.job_routes, profile_routes])
     service.listen(host, port)
 
     # append/update/add work on lists already set above and on unset (lazy) values alike

@@ -221,6 +221,26 @@ QUEUE: dict[str, Any] = {
     },
 }
 
+#: one entry of ``api/profiles`` (gpuspawner.hub.service.profiles_api.profile_view)
+PROFILE: dict[str, Any] = {
+    "type": "object",
+    "required": ["slug", "display_name", "description", "default", "summary", "cores",
+                 "memory", "gpus", "gpu_milli", "mig", "mig_count", "gpu_models",
+                 "time_limit"],
+    "properties": {
+        "slug": _STR, "display_name": _STR, "description": _STR, "default": {"type": "boolean"},
+        "summary": {"type": "string", "description": "the bundle, e.g. 1 x A100, 8 cores, "
+                                                     "32.0 GiB"},
+        "cores": _INT, "memory": {"type": "integer", "description": "bytes"}, "gpus": _INT,
+        "gpu_milli": _INT, "mig": {"type": "string", "nullable": True}, "mig_count": _INT,
+        "gpu_models": {"type": "array", "items": _STR},
+        "time_limit": {"type": "object", "nullable": True,
+                       "description": "notebook jobs' default and maximum seconds (null "
+                                      "while jobs are not running on this hub)",
+                       "properties": {"default": _INT, "max": _INT}},
+    },
+}
+
 
 def openapi_document(prefix: str = "/services/gpuspawner/") -> dict[str, Any]:
     """The OpenAPI 3.0.3 document; ``servers`` is the service's URL prefix on the hub. The
@@ -253,6 +273,7 @@ def _document(prefix: str) -> dict[str, Any]:
                         "UserUsage": USER_USAGE, "SchemaInfo": SCHEMA_INFO,
                         "GPUDrain": GPU_DRAIN, "DrainRequest": DRAIN_REQUEST,
                         "Queue": QUEUE, "QueueEntry": QUEUE_ENTRY,
+                        "Profile": PROFILE,
                         "Error": ERROR},
         },
         "security": [{"token": []}],
@@ -306,6 +327,15 @@ def _document(prefix: str) -> dict[str, Any]:
                            "for admins (and read:servers tokens), else the caller's own",
                 "responses": {"200": _resp("the queue", {
                     "$ref": "#/components/schemas/Queue"}), **_DENIED},
+            }},
+            "/api/profiles": {"get": {
+                "operationId": "listProfiles",
+                "summary": "The profiles the caller's groups may use (for servers and "
+                           "notebook jobs)",
+                "responses": {"200": _resp("the profiles, in configuration order", {
+                    "type": "object", "required": ["profiles"],
+                    "properties": {"profiles": {"type": "array", "items": {
+                        "$ref": "#/components/schemas/Profile"}}}}), **_DENIED},
             }},
             "/api/users/{name}/usage": {"get": {
                 "operationId": "getUserUsage",

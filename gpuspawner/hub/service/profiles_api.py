@@ -69,4 +69,10 @@ class ProfilesHandler(_Base):
                                       for p in profiles if p.allowed_for(groups)]})
 
 
-__all__ = ["ProfilesHandler", "profile_view"]
+def profile_routes(prefix: str, kw: dict[str, Any]) -> list[tuple[str, type, dict[str, Any]]]:
+    """The route of ``api/profiles`` under ``prefix`` (given to
+    :class:`~gpuspawner.hub.service.app.GPUService` as one of its ``extra_routes``)."""
+    return [(prefix + "api/profiles", ProfilesHandler, kw)]
+
+
+__all__ = ["ProfilesHandler", "profile_routes", "profile_view"]
