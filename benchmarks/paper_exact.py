@@ -45,8 +45,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpuspawner.placement.paper import PAPER_NAMES, typical_pods
+from gpuspawner.placement.workload import typical_pods
 from gpuspawner.simulate import paper_method as pm
+from gpuspawner.simulate.paper import PAPER_NAMES
 from gpuspawner.simulate.traces import load_pods, read_node_rows, trace_path
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "alibaba-gpu-v2023"

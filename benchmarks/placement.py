@@ -19,7 +19,7 @@ by the summed reserve time (so CSV loading, bundle building and ledger construct
 excluded; ledger construction is reported separately as ``setup s``).
 
 Beside our ledger policies it times a **reference**: FGD as the paper's simulator computes it,
-every feasible node scored per decision (:class:`gpuspawner.placement.paper.PaperCluster`,
+every feasible node scored per decision (:class:`gpuspawner.simulate.paper.PaperCluster`,
 milli-CPU, no NUMA, memoised fragmentation), on the same nodes and arrivals
 (``--no-reference`` skips it). The goals of the placement issue are p99 <= 1 ms at 1,523 nodes
 and <= 5 ms at 10,000 nodes for the default policy.
@@ -39,6 +39,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import sys
 import time
 from pathlib import Path
@@ -47,6 +48,7 @@ from typing import Any
 from gpuspawner.placement import POLICIES
 from gpuspawner.placement.model import Node
 from gpuspawner.simulate import load_nodes, load_pods, replicate_nodes, simulate_fill
+from gpuspawner.simulate.paper import PaperCluster, PaperNode, pod_type, typical_pods
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "alibaba-gpu-v2023"
 
@@ -67,13 +69,9 @@ def pin_to_one_core() -> str:
 def reference_fgd(nodes: list[Node], pods, seed: int, max_decisions: int,
                   time_limit: float) -> dict[str, Any]:
     """The reference: FGD as the paper's simulator computes it (every feasible node scored
-    per decision, :class:`gpuspawner.placement.paper.PaperCluster`, milli-CPU, no NUMA), on the
+    per decision, :class:`gpuspawner.simulate.paper.PaperCluster`, milli-CPU, no NUMA), on the
     same nodes and the same fill-mode arrivals (``random.Random(seed)`` draws, until demand
     reaches capacity or the caps). Its typical pods are those of the pod list."""
-    import random
-
-    from gpuspawner.placement.paper import PaperCluster, PaperNode, pod_type, typical_pods
-
     pn = [PaperNode(n.name, n.gpus[0].model if n.gpus else "", n.cpu_count * 1000,
                     n.memory_bytes >> 20, len(n.gpus)) for n in nodes]
     types = [(pod_type(p.cpu_milli, p.num_gpu, p.gpu_milli, "|".join(p.gpu_spec)),
@@ -128,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                              "slow at 10,000 nodes)")
     parser.add_argument("--no-reference", action="store_true",
                         help="skip the reference: the FGD simulator's algorithm "
-                             "(gpuspawner.placement.paper, every node scored per decision)")
+                             "(gpuspawner.simulate.paper, every node scored per decision)")
     parser.add_argument("--max-decisions", type=int, default=20_000)
     parser.add_argument("--time-limit", type=float, default=120.0,
                         help="seconds per policy and size (default: 120)")

@@ -20,8 +20,8 @@ import random
 from pathlib import Path
 
 from gpuspawner.placement import Allocation, Bundle, Ledger, Owner, PlacementRefused
-from gpuspawner.placement.paper import typical_pods
 from gpuspawner.placement.policies import pod_type_of
+from gpuspawner.placement.workload import typical_pods
 from gpuspawner.simulate import load_nodes, load_pods, make_node, replicate_nodes
 
 FIXTURE = Path(__file__).parent / "data" / "placement" / "fgd_decisions.json.gz"

@@ -48,6 +48,8 @@ def test_contracts_hold_on_the_tree(tmp_path):
     ("gpuspawner/schemas/__init__.py", "import yaml", "the configuration schemas are a leaf"),
     ("gpuspawner/schemas/__init__.py", "from gpuspawner.placement import units",
      "the configuration schemas are a leaf"),
+    ("gpuspawner/placement/policies.py", "from gpuspawner.simulate import paper",
+     "placement is pure"),
     ("gpuspawner/simulate/engine.py", "from gpuspawner.backends import base",
      "the simulator uses placement, never the hub or an engine"),
     ("gpuspawner/server_state.py", "from gpuspawner.placement import model",

@@ -12,7 +12,7 @@ import random
 import pytest
 
 from gpuspawner.placement.fragmentation import FragmentationModel, type_fragmentation
-from gpuspawner.placement.paper import PodType
+from gpuspawner.placement.workload import PodType
 
 MODELS = ("T4", "A100", "V100M16")
 

@@ -1,6 +1,7 @@
-"""The FGD paper's rules (gpuspawner.placement.paper) and the paper method of the simulator:
-hand-computed fragmentation, typical pods, each policy's choice on tiny clusters, milli-CPU
-accounting, workload tuning and a short --compare."""
+"""The FGD paper's rules (gpuspawner.simulate.paper, over gpuspawner.placement.workload and
+.baselines) and the paper method of the simulator: hand-computed fragmentation, typical pods,
+each policy's choice on tiny clusters, milli-CPU accounting, workload tuning and a short
+--compare."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from gpuspawner import simulate as sim
-from gpuspawner.placement.paper import (
+from gpuspawner.placement.fragmentation import type_fragmentation
+from gpuspawner.simulate import paper_method as sp
+from gpuspawner.simulate.paper import (
     PAPER_POLICIES,
     Fragmentation,
     PaperCluster,
@@ -23,7 +26,6 @@ from gpuspawner.placement.paper import (
     sub_pack,
     typical_pods,
 )
-from gpuspawner.simulate import paper_method as sp
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "alibaba-gpu-v2023"
 
@@ -52,6 +54,32 @@ def test_fragmentation_by_hand() -> None:
     assert f.score("T4", 8000, [1000, 300]) == pytest.approx(120 + 90 + 260 + 130)
     assert f.score("T4", 8000, [0, 0]) == 0.0  # no idle GPU, no fragment
     assert f.score("V100M16", 8000, [300, 1000]) == pytest.approx(120 + 90 + 260 + 0.1 * 300)
+
+
+def test_the_paper_fragmentation_is_the_ledger_definition() -> None:
+    """One definition of F: on a paper node (one model, every GPU shareable) the simulator's
+    Fragmentation and the ledger's type_fragmentation summed over the workload agree up to
+    float rounding (their sums run in another order), on random nodes and workloads with model
+    restrictions, shares, whole GPUs and CPU-only types."""
+    rng = random.Random(7)
+    differ = 0
+    for _ in range(500):
+        types = []
+        for _t in range(6):
+            g = rng.choice([0, 1, 1, 2, 4, 8])
+            types.append(pod_type(rng.choice([0, 1000, 8000, 32000]), g,
+                                  1000 if g != 1 else rng.choice([250, 500, 1000]),
+                                  rng.choice(["", "T4", "V100M16|T4", "A100"])))
+        workload = typical_pods(types)
+        model = rng.choice(["T4", "A100", "V100M16"])
+        left = [rng.choice([0, 250, 500, 750, 1000, 1000]) for _g in range(rng.choice([1, 4, 8]))]
+        cpu = rng.choice([0, 2000, 8000, 64000])
+        paper = Fragmentation(workload).score(model, cpu, left)
+        sig = (tuple(sorted((model, g, True) for g in left)),)
+        ledger = sum(p * type_fragmentation(sig, cpu, t, False) for t, p in workload)
+        assert paper == pytest.approx(ledger, rel=1e-12, abs=1e-9)
+        differ += paper != ledger
+    assert differ < 100  # (the summation order changes the last bit now and then)
 
 
 def test_typical_pods_cover_threshold_and_renormalise() -> None:

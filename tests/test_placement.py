@@ -24,7 +24,7 @@ from gpuspawner.placement import (
     parse_bytes,
     parse_cpu_list,
 )
-from gpuspawner.placement.paper import PodType
+from gpuspawner.placement.workload import PodType
 from tests.factories import GiB, make_node
 
 

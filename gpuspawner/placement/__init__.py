@@ -30,10 +30,10 @@ from .model import (
     format_cpu_list,
     parse_cpu_list,
 )
-from .paper import PodType, typical_pods
 from .prior import LivePrior
 from .quota import Quota, QuotaTable, Usage
 from .units import format_bytes, parse_bytes
+from .workload import PodType, typical_pods
 
 __all__ = [
     "GPU", "GPU_MILLI", "NUMA_POLICIES", "POLICIES", "DEFAULT_POLICY", "Allocation", "Bundle",

@@ -4,7 +4,7 @@ Scheduling GPU-Sharing Workloads with Fragmentation Gradient Descent", USENIX AT
 generalised to the ledger's nodes (several GPU models per node, exclusive GPUs, NUMA).
 
 For a node *n* and the target workload, a list of typical task types *m* with frequencies *p*
-(:func:`~.paper.typical_pods`), F(n) = sum_m p_m F(n, m) in milli-GPU, where F(n, m) is:
+(:func:`~.workload.typical_pods`), F(n) = sum_m p_m F(n, m) in milli-GPU, where F(n, m) is:
 
 * all free milli-GPU of *n* when *m* asks for no GPU (frag.go's ``XLSatisfied``/``XRLackCPU``
   count, as ``FragAmountSumExceptQ3`` keeps them), when *m* does not fit *n*'s free GPUs
@@ -30,8 +30,8 @@ from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .paper import PodType, fgd_score_from_delta, typical_pods
 from .units import GPU_MILLI
+from .workload import PodType, fgd_score_from_delta, typical_pods
 
 Signature = tuple  # tuple over NUMA nodes of sorted tuples (model, free_milli, shareable)
 
@@ -159,7 +159,7 @@ class FragmentationModel:
     """F(n) = sum_m p_m F(n, m) over a target workload, with caches (module docstring).
 
     The workload is a static prior given to :meth:`set_workload` (``[(PodType, frequency)]``,
-    e.g. :func:`~.paper.typical_pods` of a trace or :class:`~.prior.LivePrior`'s output). Until
+    e.g. :func:`~.workload.typical_pods` of a trace or :class:`~.prior.LivePrior`'s output). Until
     one is given, the model learns one online: every bundle the ledger sees is counted
     (:meth:`observe`, CPU-only ones included) and the typical pods of those counts (95 % of
     them, frag.go's rule) become the workload after 16, 32, 64, ... and then every
@@ -373,7 +373,7 @@ class FragmentationModel:
         """``rank(sid, cpu_left)``: ``fgd``'s rank of a node (lower is better) for a task of
         GPU demand ``d`` and ``cpu`` milli-CPU on a node of signature ``sid`` with
         ``cpu_left`` free milli-CPU: minus the FGD plugin's integer score of the growth
-        :meth:`delta` (:func:`~.paper.fgd_score_from_delta`, ``fgd_score.go``) when
+        :meth:`delta` (:func:`~.workload.fgd_score_from_delta`, ``fgd_score.go``) when
         ``quantize``, else the growth rounded to 1e-6; None when the GPUs do not fit.
 
         Ranks are cached by the CPU levels of ``cpu_left`` and ``cpu_left - cpu`` (F depends

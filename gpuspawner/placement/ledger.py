@@ -26,12 +26,12 @@ from .errors import (
 )
 from .fragmentation import FragmentationModel
 from .model import GPU_MILLI, Allocation, Bundle, GPUShare, MigShare, Node, Owner, now
-from .paper import PodType
 from .policies import DEFAULT_POLICY, POLICIES, get_policy, pod_type_of
 from .prior import LivePrior
 from .quota import QuotaTable, Usage
 from .state import NodeState, Plan
 from .units import format_bytes
+from .workload import PodType
 
 __all__ = ["Ledger", "POLICIES", "DEFAULT_POLICY"]
 
@@ -104,7 +104,7 @@ class Ledger:
         seed: seed of the ``random`` policy's generator.
         clock: returns seconds since the epoch (``Allocation.created``).
         workload: the target workload of ``fgd``, ``[(PodType, frequency)]`` (e.g.
-            :func:`~.paper.typical_pods` or :meth:`~.prior.LivePrior.workload`); None = learn
+            :func:`~.workload.typical_pods` or :meth:`~.prior.LivePrior.workload`); None = learn
             it from the bundles this ledger sees (see
             :class:`~.fragmentation.FragmentationModel`).
         prior: a :class:`~.prior.LivePrior` to feed: every granted bundle and every restored

@@ -9,7 +9,7 @@ Policies, selectable by name (``POLICIES``):
     (:mod:`.fragmentation`: frag.go's definition, CPU included, NUMA-aware) over the target
     workload grows least; ties to the smallest node name.
 ``best-fit``, ``dot-product``, ``gpu-packing``, ``gpu-clustering``, ``random``
-    The paper's baselines, scored as in :mod:`.paper` (highest score, ties by node name;
+    The paper's baselines, scored as in :mod:`.baselines` (highest score, ties by node name;
     ``random`` uniform among nodes that fit, seeded).
 ``first-fit``
     The first node, in configuration order, that fits.
@@ -29,19 +29,19 @@ from collections.abc import Callable, Iterable, Iterator
 from heapq import heapify, heappop
 from typing import Protocol
 
-from .devices import min_numa_count, plan, quick_fit
-from .fragmentation import Demand, FragmentationModel
-from .model import GPU_MILLI, Bundle, mig_slices
-from .paper import (
+from .baselines import (
     PaperNode,
-    PodType,
     ScoreFn,
     score_best_fit,
     score_dot_product,
     score_gpu_clustering,
     score_gpu_packing,
 )
+from .devices import min_numa_count, plan, quick_fit
+from .fragmentation import Demand, FragmentationModel
+from .model import GPU_MILLI, Bundle, mig_slices
 from .state import NodeState, Plan
+from .workload import PodType
 
 Choice = tuple[NodeState, Plan]
 NodeFilter = Callable[[NodeState], bool]
@@ -138,7 +138,7 @@ _MISS = object()
 
 
 def pod_type_of(bundle: Bundle) -> PodType:
-    """The bundle as a fragmentation task type (:class:`~.paper.PodType`): cores x 1000
+    """The bundle as a fragmentation task type (:class:`~.workload.PodType`): cores x 1000
     milli-CPU, whole GPUs or a share, the allowed models."""
     if bundle.gpus:
         return PodType(bundle.cores * 1000, GPU_MILLI, bundle.gpus, "|".join(bundle.gpu_models))
@@ -152,7 +152,7 @@ def fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> C
     frag.go's definition with CPU, over the target workload) grows least when the bundle lands
     there, compared as the simulator's plugin does (``fgd_score.go``
     ``calculateGpuShareFragExtendScore``: the integer score ``int(sigmoid(-growth / 1000) *
-    100)``, :func:`~.paper.fgd_score_from_delta`); equal scores go to the smallest node name
+    100)``, :func:`~.workload.fgd_score_from_delta`); equal scores go to the smallest node name
     (the simulator's ``selectHost``). The coarse score matters: comparing exact growths left
     far more GPUs idle in the paper method (docs/placement.md); ``ClusterView.quantize =
     False`` compares them exactly. Nodes are bucketed by (GPU signature, free cores, memory
@@ -313,11 +313,11 @@ def _by_name(c: ClusterView, keys: list[tuple[int, int, int]]) -> Iterator[NodeS
         yield where[heappop(names)]
 
 
-# -- the FGD paper's baselines on the ledger: the same scores as .paper, on whole cores ------
+# -- the FGD paper's baselines on the ledger: the same scores as .baselines, on whole cores --
 
 
 def _paper_view(st: NodeState) -> PaperNode:
-    """A :class:`~.paper.PaperNode` view of a node (free cores x 1000 milli-CPU, memory MiB,
+    """A :class:`~.baselines.PaperNode` view of a node (free cores x 1000 milli-CPU, memory MiB,
     free milli-GPU per GPU, the first GPU's model, GPU-affinity tags of its allocations)."""
     n = PaperNode(st.name, st.node.gpus[0].model if st.node.gpus else "",
                   st.node.cpu_count * 1000, st.node.memory_bytes >> 20, len(st.node.gpus))
@@ -356,26 +356,26 @@ class _PaperShim:
 
 def best_fit_paper(c: ClusterView, bundle: Bundle, spill: bool,
                    ok: NodeFilter | None) -> Choice | None:
-    """The paper's BestFit (:func:`~.paper.score_best_fit`, ``best_fit_score.go``): CPU and
+    """The paper's BestFit (:func:`~.baselines.score_best_fit`, ``best_fit_score.go``): CPU and
     GPU left over, weighted 0.5 each, normalised by 128 CPUs and 8 GPUs."""
     return _scored(score_best_fit, c, bundle, spill, ok)
 
 
 def dot_product(c: ClusterView, bundle: Bundle, spill: bool,
                 ok: NodeFilter | None) -> Choice | None:
-    """The paper's DotProd (:func:`~.paper.score_dot_product`, ``dot_product_score.go``)."""
+    """The paper's DotProd (:func:`~.baselines.score_dot_product`, ``dot_product_score.go``)."""
     return _scored(score_dot_product, c, bundle, spill, ok)
 
 
 def gpu_packing(c: ClusterView, bundle: Bundle, spill: bool,
                 ok: NodeFilter | None) -> Choice | None:
-    """The paper's GpuPacking (:func:`~.paper.score_gpu_packing`, ``gpu_packing_score.go``)."""
+    """The paper's GpuPacking (:func:`~.baselines.score_gpu_packing`, ``gpu_packing_score.go``)."""
     return _scored(score_gpu_packing, c, bundle, spill, ok)
 
 
 def gpu_clustering(c: ClusterView, bundle: Bundle, spill: bool,
                    ok: NodeFilter | None) -> Choice | None:
-    """The paper's GpuClustering (:func:`~.paper.score_gpu_clustering`,
+    """The paper's GpuClustering (:func:`~.baselines.score_gpu_clustering`,
     ``gpu_clustering_score.go``); GPU-affinity tags come from the node's allocations."""
     return _scored(score_gpu_clustering, c, bundle, spill, ok)
 

@@ -1,6 +1,6 @@
 """The hub's own workload prior for ``fgd``: task types counted from its allocation history,
 decayed over days, turned into typical pods the way the FGD simulator does
-(:func:`~.paper.typical_pods`, ``pkg/utils/frag.go`` ``GetTypicalPods``: the most frequent
+(:func:`~.workload.typical_pods`, ``pkg/utils/frag.go`` ``GetTypicalPods``: the most frequent
 types covering 95 % of the weight, CPU-only types included).
 
 Why decayed: the paper's prior is the whole trace, a static mix; a hub's mix drifts (courses
@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .model import GPU_MILLI, Allocation, Bundle, now
-from .paper import PodType, typical_pods
+from .workload import PodType, typical_pods
 
 DAY = 86_400.0
 
@@ -128,7 +128,7 @@ class LivePrior:
 
     def workload(self, when: float | None = None) -> list[tuple[PodType, float]] | None:
         """The typical pods at ``when``: history plus fallback filling ``min_weight``, then
-        :func:`~.paper.typical_pods`. None when there is neither history nor fallback."""
+        :func:`~.workload.typical_pods`. None when there is neither history nor fallback."""
         counts = self.counts(when)
         gap = max(0.0, self.min_weight - sum(counts.values()))
         if gap > 0:

@@ -10,7 +10,7 @@ package, by role (each module's docstring states its rules and where they come f
 * :mod:`~gpuspawner.simulate.engine`: the simulation over :class:`~gpuspawner.placement.Ledger`
   (:func:`simulate`, modes ``fill`` and ``replay``) and the metrics of a run.
 * :mod:`~gpuspawner.simulate.paper_method`: ``--method paper`` and ``--compare``, the FGD
-  paper's experiment on :mod:`gpuspawner.placement.paper`'s milli-CPU cluster model.
+  paper's experiment on :mod:`gpuspawner.simulate.paper`'s milli-CPU cluster model.
 * :mod:`~gpuspawner.simulate.report`: the text tables and JSON a run prints.
 * :mod:`~gpuspawner.simulate.cli`: the command line (:func:`add_arguments`, :func:`run`,
   :func:`main`); ``__main__`` makes it ``python -m gpuspawner.simulate``.

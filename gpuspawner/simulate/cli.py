@@ -22,9 +22,9 @@ from typing import Any
 
 from gpuspawner.placement import POLICIES
 from gpuspawner.placement.model import NUMA_POLICIES
-from gpuspawner.placement.paper import PAPER_POLICIES
 from gpuspawner.simulate import paper_method
 from gpuspawner.simulate.engine import MODES, compare_queue, simulate
+from gpuspawner.simulate.paper import PAPER_POLICIES
 from gpuspawner.simulate.report import format_compare, format_json, format_queue, format_table
 from gpuspawner.simulate.traces import (
     load_nodes,

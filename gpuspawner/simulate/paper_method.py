@@ -1,11 +1,11 @@
 """``gpuspawner simulate --method paper``: the FGD paper's experiment, on
-:mod:`gpuspawner.placement.paper`'s milli-CPU cluster model.
+:mod:`gpuspawner.simulate.paper`'s milli-CPU cluster model.
 
 Method (Weng et al., "Beware of Fragmentation", USENIX ATC '23, section 6, as its simulator
 github.com/hkust-adsl/kubernetes-scheduler-simulator runs it):
 
 1. The target workload of ``fgd`` is the typical pods of the *whole* pod list
-   (:func:`~gpuspawner.placement.paper.typical_pods`: 95 % of pods, CPU-only types included,
+   (:func:`~gpuspawner.simulate.paper.typical_pods`: 95 % of pods, CPU-only types included,
    weighted by count): ``Simulator.SetTypicalPods`` runs before the workload is tuned.
 2. The pod list, sorted by name, is shuffled (``Simulator.SortClusterPods`` with
    ``shufflePod: true``), *then* tuned to 130 % of the cluster's GPU capacity
@@ -18,7 +18,7 @@ github.com/hkust-adsl/kubernetes-scheduler-simulator runs it):
    random order, before the first duplicate.
 3. The nodes are ranked by a random permutation (``syncClusterResourceList`` prefixes each
    name with ``rand.Perm``'s index, and ties go to the smallest name): the ``tie_order`` of
-   :class:`~gpuspawner.placement.paper.PaperCluster`. Ranking ties by plain node name instead
+   :class:`~gpuspawner.simulate.paper.PaperCluster`. Ranking ties by plain node name instead
    (``node_order="name"``) sends every tie, e.g. every CPU-only pod under ``gpu-packing``,
    to the same nodes, and leaves 544.0 GPUs unallocated for ``gpu-packing`` on ``default``
    where the paper reports 510.7. Every pod is then offered once, in order, with no
@@ -50,7 +50,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from gpuspawner.placement.paper import (
+from gpuspawner.simulate.paper import (
     MILLI,
     PAPER_NAMES,
     PAPER_POLICIES,
@@ -209,13 +209,13 @@ def run_paper(rows: Sequence[tuple[str, int, int, int, str]], tasks: Sequence[Ta
     Args:
         rows: node rows (:func:`read_node_rows`).
         tasks: the pod list (:func:`tasks_of`), untuned.
-        policy: a key of :data:`~gpuspawner.placement.paper.PAPER_POLICIES`.
+        policy: a key of :data:`~gpuspawner.simulate.paper.PAPER_POLICIES`.
         seed: seeds the tuning, the shuffle and the ``random`` policy
             (``random.Random(seed)``).
         typical: the fgd target workload; default: :func:`typical_pods` of ``tasks``.
         cpu_rounding: ``none`` (milli-CPU, as the paper) or ``ceil`` (whole CPUs, as cpusets).
         until: stop once arrived demand exceeds this percent of capacity (130 = all of it).
-        exact_fgd: see :class:`~gpuspawner.placement.paper.PaperCluster`.
+        exact_fgd: see :class:`~gpuspawner.simulate.paper.PaperCluster`.
         numa: ``none`` or ``strict`` (nodes with >= 2 GPUs get ``numa_split`` NUMA nodes).
         node_order: ``shuffled`` (the paper's: ties by a random node ranking per seed, step 3)
             or ``name`` (ties to the smallest node name).

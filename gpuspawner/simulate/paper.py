@@ -1,5 +1,8 @@
-"""The FGD paper's scheduling rules, ported from its simulator: fragmentation, typical pods and
-the six score plugins, plus a small milli-CPU cluster model that applies them.
+"""The FGD paper's simulator, ported: its fragmentation rule and the FGD, random, first-fit and
+spread scores over a small milli-CPU cluster model (:class:`PaperCluster`) that applies them
+with the baselines of :mod:`gpuspawner.placement.baselines`; the workload model (task types,
+typical pods) is :mod:`gpuspawner.placement.workload`. It lived in ``gpuspawner.placement``;
+the ledger never used the cluster model, only the pieces now in those two modules.
 
 Source: Weng et al., "Beware of Fragmentation: Scheduling GPU-Sharing Workloads with
 Fragmentation Gradient Descent", USENIX ATC '23, and its simulator
@@ -32,143 +35,35 @@ What the Go code does and this module copies:
 
 from __future__ import annotations
 
-import math
 import random
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
 
-MILLI = 1000  #: one whole GPU (or CPU) in milli units
-MAX_SPEC_CPU = 128_000  #: ``gpushareutils.MaxSpecCpu``, milli-CPU, normalises BestFit/DotProd
-MAX_SPEC_GPU = 8_000  #: ``gpushareutils.MaxSpecGpu``, milli-GPU
-MAX_NODE_SCORE = 100  #: ``framework.MaxNodeScore``
-DEFAULT_MILLI_CPU = 100  #: ``schedulerutil.DefaultMilliCPURequest`` for a pod asking for 0
+from gpuspawner.placement.baselines import (
+    PaperNode,
+    ScoreFn,
+    best_fit_gpu,
+    score_best_fit,
+    score_dot_product,
+    score_gpu_clustering,
+    score_gpu_packing,
+    sub_pack,
+)
+from gpuspawner.placement.workload import (
+    MAX_NODE_SCORE,
+    MILLI,
+    PodType,
+    accessible,
+    fgd_score_from_delta,
+    pod_type,
+    sigmoid,
+    typical_pods,
+)
 
-
-@dataclass(frozen=True)
-class PodType:
-    """A task type as the simulator's ``simontype.PodResource`` (``pkg/type/resource.go``).
-
-    Attributes:
-        milli_cpu: CPU request, milli-CPU (a request of 0 counts as 100, as Kubernetes'
-            ``GetNonzeroRequests`` does).
-        milli_gpu: per GPU, milli-GPU: 1..999 for a share of one GPU, 1000 for whole GPUs,
-            0 for a CPU-only pod.
-        gpu_number: number of GPUs (0 for CPU-only, 1 for a share).
-        gpu_type: allowed GPU models separated by ``|``; "" = any.
-    """
-
-    milli_cpu: int
-    milli_gpu: int = 0
-    gpu_number: int = 0
-    gpu_type: str = ""
-
-    @property
-    def total_milli_gpu(self) -> int:
-        """``milli_gpu * gpu_number`` (``PodResource.TotalMilliGpu``)."""
-        return self.milli_gpu * self.gpu_number
-
-    @property
-    def is_share(self) -> bool:
-        """True for a share of one GPU (``gpu_number == 1 and milli_gpu < 1000``)."""
-        return self.gpu_number == 1 and 0 < self.milli_gpu < MILLI
-
-    def affinity(self) -> str:
-        """The GPU-affinity tag of ``gpushareutils.GetGpuAffinityFromPodAnnotation``
-        (``pkg/type/open-gpu-share/utils/pod.go``): "" for CPU-only (``NoGpuTag``),
-        ``"share"`` for a share, ``"<n>-gpu"`` for n whole GPUs."""
-        if self.gpu_number == 0:
-            return ""
-        if self.is_share:
-            return "share"
-        return f"{self.gpu_number}-gpu"
-
-    def sort_key(self) -> tuple[int, int, int, str]:
-        """``PodResource.Less`` order: milli-CPU, milli-GPU, GPU number, GPU type."""
-        return (self.milli_cpu, self.milli_gpu, self.gpu_number, self.gpu_type)
-
-
-def pod_type(milli_cpu: int, num_gpu: int, gpu_milli: int, gpu_spec: str = "") -> PodType:
-    """A trace row (``cpu_milli, num_gpu, gpu_milli, gpu_spec``) as a :class:`PodType`, the way
-    ``utils.GetPodResource`` (``pkg/utils/utils.go``) reads the pod's annotations: milli-GPU is
-    per GPU, CPU 0 becomes 100 milli-CPU.
-
-    Raises:
-        ValueError: negative values, or ``num_gpu > 1`` with ``gpu_milli`` other than 1000 (the
-            simulator panics on it: ``GetGpuAffinityFromPodAnnotation``).
-    """
-    if min(milli_cpu, num_gpu, gpu_milli) < 0:
-        raise ValueError("pod sizes must be >= 0")
-    if num_gpu > 1 and gpu_milli != MILLI:
-        raise ValueError(f"{num_gpu} GPUs of {gpu_milli} milli-GPU each: a pod with several "
-                         "GPUs must ask for whole ones (gpu_milli 1000)")
-    if num_gpu == 0:
-        gpu_milli = 0
-    return PodType(milli_cpu or DEFAULT_MILLI_CPU, min(gpu_milli, MILLI), num_gpu, gpu_spec)
-
-
-def accessible(node_model: str, gpu_type: str) -> bool:
-    """``utils.IsNodeAccessibleToPodByType`` (``pkg/utils/utils.go``): any node when the pod
-    names no model; else a GPU node whose model is one of the ``|``-separated names (exact,
-    case-sensitive, as in Go)."""
-    names = [t for t in gpu_type.split("|") if t]
-    if not names:
-        return True
-    if not node_model:
-        return False
-    return node_model in names
-
-
-# ------------------------------------------------------------------------------------------
-# typical pods (the target workload)
-
-
-def typical_pods(pods: Iterable[PodType] | Mapping[PodType, float], threshold: int = 95,
-                 step: int = 1, include_cpu: bool = True) -> list[tuple[PodType, float]]:
-    """The target workload of FGD: ``utils.GetTypicalPods`` (``pkg/utils/frag.go``) with the
-    paper's configuration (``scripts/generate_config_and_run.py``: ``isInvolvedCpuPods: true``,
-    ``podPopularityThreshold: 95``, ``podIncreaseStep: 1``, ``gpuResWeight: 0``).
-
-    Task types are counted (weight 1 each), sorted by count, most frequent first (equal counts:
-    the larger :meth:`PodType.sort_key` first, as ``sort.Reverse`` of ``TargetPodList.Less``
-    orders them); the leading types are taken, ``step`` at a time, until they cover at least
-    ``threshold`` percent of all pods; their frequencies are renormalised to sum to 1.
-
-    Args:
-        pods: one entry per pod of the trace (CPU-only ones included), or a mapping of task
-            type to its (possibly decayed, fractional) count.
-        threshold: percent of pods the types must cover, 1..100.
-        step: how many types are added per round.
-        include_cpu: count CPU-only pods (the paper does).
-
-    Returns:
-        ``[(type, frequency)]``, most frequent first; frequencies sum to 1. Empty when there
-        are no pods.
-
-    Raises:
-        ValueError: ``threshold`` outside 1..100 or ``step < 1``.
-    """
-    if not 1 <= threshold <= 100 or step < 1:
-        raise ValueError("threshold must be 1..100 and step >= 1")
-    counts: dict[PodType, float] = {}
-    items = pods.items() if isinstance(pods, Mapping) else ((p, 1) for p in pods)
-    for p, c in items:
-        if (not include_cpu and p.gpu_number == 0) or c <= 0:
-            continue
-        counts[p] = counts.get(p, 0) + c
-    total = sum(counts.values())
-    if not total:
-        return []
-    ordered = sorted(counts.items(), key=lambda kv: (kv[1], kv[0].sort_key()), reverse=True)
-    expected = threshold * total / 100.0
-    cum = 0.0
-    i = 0
-    n = 0
-    while cum < expected:
-        n += step
-        while i < n and i < len(ordered):
-            cum += ordered[i][1]
-            i += 1
-    return [(t, c / cum) for t, c in ordered[:i]]
+__all__ = ["PAPER_NAMES", "PAPER_POLICIES", "Fragmentation", "PaperCluster", "PaperNode",
+           "PodType", "ScoreFn", "accessible", "fgd_score_from_delta", "pod_type",
+           "score_best_fit", "score_dot_product", "score_fgd", "score_first_fit",
+           "score_gpu_clustering", "score_gpu_packing", "score_random", "score_spread",
+           "sigmoid", "sub_pack", "typical_pods"]
 
 
 # ------------------------------------------------------------------------------------------
@@ -190,6 +85,16 @@ class Fragmentation:
     * otherwise (``Q1LackBoth``, ``Q2LackGpu``, ``Q4LackCpu``): all idle GPU counts.
 
     The score is ``sum_m p * (counted milli-GPU)`` (``FragAmountSumExceptQ3``), milli-GPU.
+
+    **Why the simulator keeps this rule beside** :mod:`gpuspawner.placement.fragmentation`:
+    the definition is the same (on a paper node, one GPU model and every GPU shareable,
+    ``type_fragmentation`` summed over the workload gives the same F up to the last bit of a
+    float; ``tests/test_paper.py`` checks it), but the reproduction of the paper's figures
+    (``benchmarks/paper_exact.py``, ``--exact-fgd``, which compares raw growths) depends on
+    this rule's exact float sums and Go's case-sensitive model match
+    (:func:`~gpuspawner.placement.workload.accessible`), where one ulp decides a tie between
+    nodes, and on its memo keyed by the paper node's raw state (the ledger's is keyed by its
+    own GPU signatures, which a paper node does not have). The ledger never uses it.
     """
 
     def __init__(self, typical: Sequence[tuple[PodType, float]]) -> None:
@@ -283,98 +188,6 @@ class Fragmentation:
         return s
 
 
-def sigmoid(x: float) -> float:
-    """``plugin.sigmoid`` (``plugin_utils.go``): 1 / (1 + e^-x)."""
-    return 1.0 / (1.0 + math.exp(-x))
-
-
-def fgd_score_from_delta(delta: float) -> int:
-    """The FGD plugin's node score for a fragmentation growth ``delta`` (milli-GPU):
-    ``int64(sigmoid((before - after) / 1000) * MaxNodeScore)`` (``fgd_score.go``
-    ``calculateGpuShareFragExtendScore``), 0..100, higher is better. Go truncates toward zero,
-    so growths within about 40 milli-GPU of each other often get the same score."""
-    return int(sigmoid(-delta / 1000.0) * MAX_NODE_SCORE)
-
-
-def sub_pack(gpu_left: Sequence[int], t: PodType) -> list[int] | None:
-    """``NodeResource.Sub``'s GPU part (``pkg/type/resource.go``): take ``t.milli_gpu`` from
-    ``t.gpu_number`` GPUs, visiting them by free milli-GPU ascending (stable: device order on
-    ties); None when they do not fit."""
-    out = list(gpu_left)
-    need = t.gpu_number
-    if need == 0:
-        return out
-    for i in sorted(range(len(out)), key=out.__getitem__):
-        if t.milli_gpu <= out[i]:
-            out[i] -= t.milli_gpu
-            need -= 1
-            if need <= 0:
-                return out
-    return None
-
-
-# ------------------------------------------------------------------------------------------
-# the cluster model
-
-
-@dataclass(eq=False, slots=True)
-class PaperNode:
-    """One node of :class:`PaperCluster`: capacities and what is free.
-
-    Attributes:
-        name: node name (ties between equal scores go to the smallest).
-        model: GPU model ("" for a CPU-only node).
-        cpu_capacity / cpu_left: milli-CPU.
-        memory_capacity / memory_left: MiB.
-        gpu_left: free milli-GPU per GPU, device order.
-        affinity: GPU-affinity tag -> number of pods with it on the node
-            (``NodeResource.GpuAffinity``, for ``gpu-clustering``).
-        numa_of_gpu: NUMA node of each GPU (all 0 when NUMA is not modelled).
-    """
-
-    name: str
-    model: str
-    cpu_capacity: int
-    memory_capacity: int
-    gpus: int
-    cpu_left: int = 0
-    memory_left: int = 0
-    gpu_left: list[int] = field(default_factory=list)
-    affinity: dict[str, int] = field(default_factory=dict)
-    numa_of_gpu: tuple[int, ...] = ()
-    cache: dict = field(default_factory=dict, repr=False)
-
-    def __post_init__(self) -> None:
-        self.cpu_left = self.cpu_capacity
-        self.memory_left = self.memory_capacity
-        self.gpu_left = [MILLI] * self.gpus
-        if not self.numa_of_gpu:
-            self.numa_of_gpu = (0,) * self.gpus
-
-    @property
-    def gpu_milli_left(self) -> int:
-        """Free milli-GPU of the node."""
-        return sum(self.gpu_left)
-
-    def fully_free(self) -> int:
-        """GPUs with nothing allocated (``NodeResource.GetFullyFreeGpuNum``)."""
-        return sum(1 for g in self.gpu_left if g == MILLI)
-
-
-#: a policy: (cluster, node, pod type) -> (score 0..100, share GPU index or -1)
-ScoreFn = Callable[["PaperCluster", PaperNode, PodType], tuple[int, int]]
-
-
-def _best_fit_gpu(node: PaperNode, t: PodType) -> int:
-    """``allocateGpuIdBasedOnBestFit``: the share goes to the GPU with the least free milli-GPU
-    that still fits (lowest index on ties)."""
-    best = -1
-    for i, g in enumerate(node.gpu_left):
-        if g >= t.milli_gpu and (best < 0 or g < node.gpu_left[best]):
-            best = i
-    return best
-
-
 def score_fgd(c: PaperCluster, node: PaperNode, t: PodType) -> tuple[int, int]:
     """FGD: ``fgd_score.go`` ``calculateGpuShareFragExtendScore``. Score
     ``int(sigmoid((F_before - F_after) / 1000) * 100)`` with F from :class:`Fragmentation`
@@ -418,78 +231,10 @@ def score_fgd(c: PaperCluster, node: PaperNode, t: PodType) -> tuple[int, int]:
     return c.quantize(score(cpu_after, after) - before), -1
 
 
-def score_best_fit(c: PaperCluster, node: PaperNode, t: PodType) -> tuple[int, int]:
-    """BestFit: ``best_fit_score.go`` ``getBestFitScore``. Lower
-    ``0.5 * (cpu_left - cpu) / 128000 + 0.5 * (gpu_left - gpu) / 8000`` (node totals, milli)
-    is better; score ``int((1 - that) * 100)``. Shares: best-fit GPU."""
-    s = (0.5 * (node.cpu_left - t.milli_cpu) / MAX_SPEC_CPU
-         + 0.5 * (node.gpu_milli_left - t.total_milli_gpu) / MAX_SPEC_GPU)
-    return int((1.0 - s) * MAX_NODE_SCORE), (_best_fit_gpu(node, t) if t.is_share else -1)
-
-
-def score_dot_product(c: PaperCluster, node: PaperNode, t: PodType) -> tuple[int, int]:
-    """DotProd (Tetris) as the paper ran it (``-dimext merge -norm max -gpusel best``):
-    ``dot_product_score.go`` ``calculateDotProductScore`` with ``MergeGpuDim``: node vector
-    (free milli-CPU / 128000, free milli-GPU / 8000), pod vector (milli-CPU / 128000,
-    milli-GPU / 8000), score ``int((1 - dot / 2) * 100)``: the smaller the dot product, the
-    higher. Shares: best-fit GPU."""
-    dot = (node.cpu_left / MAX_SPEC_CPU) * (t.milli_cpu / MAX_SPEC_CPU) + \
-        (node.gpu_milli_left / MAX_SPEC_GPU) * (t.total_milli_gpu / MAX_SPEC_GPU)
-    return int(MAX_NODE_SCORE * (1.0 - dot / 2)), (_best_fit_gpu(node, t) if t.is_share else -1)
-
-
-def score_gpu_packing(c: PaperCluster, node: PaperNode, t: PodType) -> tuple[int, int]:
-    """GpuPacking: ``gpu_packing_score.go`` ``getPackingScore``. CPU-only pods score 0
-    everywhere. Node with all GPUs free: ``max(33 - free, free)``; else, picking GPUs by free
-    milli-GPU ascending: when fully free GPUs must be used, ``max(50 - used_free, 33)``; else
-    ``max(100 - (sum of percent free on the GPUs used) // 10, 50)``. Shares: best-fit GPU."""
-    share = _best_fit_gpu(node, t) if t.is_share else -1
-    if t.total_milli_gpu <= 0:
-        return 0, share
-    free = node.fully_free()
-    if free == node.gpus:
-        return max(MAX_NODE_SCORE // 3 - free, free), share
-    gl = node.gpu_left
-    need = t.gpu_number
-    use_free = 0
-    used: list[int] = []
-    for i in sorted(range(len(gl)), key=gl.__getitem__):
-        if need == 0:
-            break
-        if t.milli_gpu <= gl[i]:
-            need -= 1
-            used.append(i)
-            if gl[i] == MILLI:
-                use_free += 1
-    if need:
-        return 0, share
-    if use_free > 0:
-        return max(MAX_NODE_SCORE // 2 - use_free, MAX_NODE_SCORE // 3), share
-    pct = sum(gl[i] * 100 // MILLI for i in used)
-    return max(MAX_NODE_SCORE - pct // 10, MAX_NODE_SCORE // 2), share
-
-
-def score_gpu_clustering(c: PaperCluster, node: PaperNode, t: PodType) -> tuple[int, int]:
-    """GpuClustering: ``gpu_clustering_score.go`` ``Score``. CPU-only pods score 0. Base
-    ``25 * (8000 - free milli-GPU) // 8000`` plus 75 when the node holds only pods of this
-    pod's affinity tag, 50 when it holds that tag among others, 25 when it holds no GPU pod, 0
-    otherwise. Shares: best-fit GPU."""
-    share = _best_fit_gpu(node, t) if t.is_share else -1
-    tag = t.affinity()
-    if not tag:
-        return 0, share
-    base = MAX_NODE_SCORE // 4 * (MAX_SPEC_GPU - node.gpu_milli_left) // MAX_SPEC_GPU
-    aff = node.affinity
-    if aff.get(tag, 0) > 0:
-        return base + (MAX_NODE_SCORE * 3 // 4 if len(aff) == 1 else MAX_NODE_SCORE * 2 // 4), \
-            share
-    return base + (MAX_NODE_SCORE // 4 if not aff else 0), share
-
-
 def score_first_fit(c: PaperCluster, node: PaperNode, t: PodType) -> tuple[int, int]:
     """First fit (ours, not in the paper): every node scores the same, so the first feasible
     node in configuration order wins (see :class:`PaperCluster`). Shares: best-fit GPU."""
-    return 0, (_best_fit_gpu(node, t) if t.is_share else -1)
+    return 0, (best_fit_gpu(node, t) if t.is_share else -1)
 
 
 def score_spread(c: PaperCluster, node: PaperNode, t: PodType) -> tuple[int, int]:
@@ -499,7 +244,7 @@ def score_spread(c: PaperCluster, node: PaperNode, t: PodType) -> tuple[int, int
         s = node.gpu_milli_left * MAX_NODE_SCORE // max(1, node.gpus * MILLI)
     else:
         s = node.cpu_left * MAX_NODE_SCORE // max(1, node.cpu_capacity)
-    return s, (_best_fit_gpu(node, t) if t.is_share else -1)
+    return s, (best_fit_gpu(node, t) if t.is_share else -1)
 
 
 def score_random(c: PaperCluster, node: PaperNode, t: PodType) -> tuple[int, int]:
