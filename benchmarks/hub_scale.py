@@ -109,7 +109,8 @@ c.JupyterHub.bind_url = "http://127.0.0.1:{port}"
 c.JupyterHub.hub_ip = "127.0.0.1"
 c.JupyterHub.hub_port = {hub_api_port}
 c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{proxy_api_port}"
-c.ConfigurableHTTPProxy.command = [{chp!r}, "--log-level", "warn"]
+c.ConfigurableHTTPProxy.command = [{chp!r}]
+c.ConfigurableHTTPProxy.log_level = "warn"
 c.ConfigurableHTTPProxy.pid_file = "proxy.pid"
 c.JupyterHub.pid_file = "jupyterhub.pid"
 c.JupyterHub.db_url = "sqlite:///jupyterhub.sqlite"
@@ -575,10 +576,10 @@ def report(results: dict[str, SideResult], args: argparse.Namespace) -> list[str
     """The side-by-side table, as lines."""
     ours, ref = results["gpuspawner"], results["dockerspawner"]
     w = 52
-    lines = [f"{'':<{w}} {'gpuspawner':>14} {'dockerspawner':>14}"]
+    lines = [f"{'':<{w}} {'gpuspawner':>17} {'dockerspawner':>17}"]
 
     def row(label: str, a: str, b: str) -> None:
-        lines.append(f"{label:<{w}} {a:>14} {b:>14}")
+        lines.append(f"{label:<{w}} {a:>17} {b:>17}")
 
     def ms(xs: list[float]) -> str:
         return f"{pct(xs, .5):.1f} / {pct(xs, .99):.1f}"
