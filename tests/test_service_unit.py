@@ -173,8 +173,10 @@ def test_openapi_document_is_valid_openapi_3():
     assert doc["openapi"].startswith("3.0")
     assert set(doc["paths"]) == {"/api/nodes", "/api/allocations", "/api/users/{name}/usage",
                                  "/api/openapi.json", "/api/schemas", "/api/schemas/{name}",
-                                 "/api/gpus/{uuid}/drain", "/api/queue", "/api/jobs",
+                                 "/api/gpus/{uuid}/drain", "/api/queue", "/api/profiles",
+                                 "/api/jobs",
                                  "/api/jobs/{id}", "/api/jobs/{id}/output",
+                                 "/api/jobs/{id}/log",
                                  "/api/job_definitions", "/api/job_definitions/{id}"}
     assert doc["servers"] == [{"url": "/services/gpuspawner"}]
     # every schema is a valid JSON Schema and every $ref resolves

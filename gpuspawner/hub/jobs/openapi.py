@@ -42,6 +42,11 @@ JOB_SUBMISSION: dict[str, Any] = {
                  "description": "one folder name: ~/jobs/<name>/<UTC start>-<id>/"},
         "at": {"type": "string", "description": "start it then, not now: ISO 8601 with a time "
                                                 "zone, in the future, at most 366 days ahead"},
+        "max_retries": {"type": "integer", "minimum": 0,
+                        "description": "runs again after it is lost (its node failed), "
+                                       "Kubernetes backoffLimit style; default "
+                                       "c.GPUJobs.default_max_retries, at most "
+                                       "c.GPUJobs.max_retries_max"},
     },
 }
 
@@ -77,6 +82,18 @@ JOB: dict[str, Any] = {
                            "description": "[position, length] while it waits"},
         "definition_id": {"type": "string", "nullable": True,
                           "description": "the job definition whose tick made it, or null"},
+        "attempt": {"type": "integer", "description": "the attempt it is on (1, then 2... "
+                                                      "after each retry of a lost run)"},
+        "max_retries": {"type": "integer"},
+        "attempts": {"type": "array", "description": "the ended attempts, oldest first",
+                     "items": {"type": "object", "properties": {
+                         "attempt": {"type": "integer"}, "state": _STR, "message": _STR,
+                         "node": _STR_OR_NULL, "gpu_uuids": {"type": "array", "items": _STR},
+                         "started": _STR_OR_NULL, "finished": _STR_OR_NULL,
+                         "exit_code": {"type": "integer", "nullable": True},
+                         "output_dir": _STR_OR_NULL}}},
+        "has_html": {"type": "boolean",
+                     "description": "the HTML export can be downloaded (output?format=html)"},
     },
 }
 
@@ -207,11 +224,28 @@ def paths() -> dict[str, Any]:
             "parameters": _ID,
             "get": {"operationId": "getJobOutput",
                     "summary": "The executed notebook of a job that ended by itself",
+                    "parameters": [{"name": "format", "in": "query", "required": False,
+                                    "schema": {"type": "string", "enum": ["ipynb", "html"]},
+                                    "description": "html: its HTML export (an attachment, "
+                                                   "CSP sandbox)"}],
                     "responses": {
-                        "200": _resp("the notebook", {"type": "object"},
-                                     "application/x-ipynb+json"),
+                        "200": {"description": "the notebook, or its HTML export", "content": {
+                            "application/x-ipynb+json": {"schema": {"type": "object"}},
+                            "text/html": {"schema": _STR}}},
                         **_DENIED,
+                        "400": _resp("format: not ipynb or html", _ERR),
                         "404": _resp("no such job, or no executed notebook (yet)", _ERR),
+                        "503": _OFF["503"]}},
+        },
+        "/api/jobs/{id}/log": {
+            "parameters": _ID,
+            "get": {"operationId": "getJobLog",
+                    "summary": "The job's log: papermill's lines and the cells' output, every "
+                               "attempt's (the running one read from its container)",
+                    "responses": {
+                        "200": _resp("the log", _STR, "text/plain"),
+                        **_DENIED,
+                        "404": _resp("no such job, or it has not started", _ERR),
                         "503": _OFF["503"]}},
         },
         **definition_paths(),

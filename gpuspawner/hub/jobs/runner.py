@@ -36,10 +36,13 @@ from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
+from sqlalchemy import func, select
+
 from ...backends.base import BackendError, BackendUnavailable, ServerRef, current_spawner
 from ...backends.spec import HomeMount, launch_spec
 from ...jobs import execute
 from ...jobs.model import (
+    ACTIVE_STATES,
     OUTPUT_BEGIN,
     OUTPUT_END,
     JobInputError,
@@ -199,6 +202,8 @@ class JobRunner:
         row = JobRow(id=job_id, user=user, name=req.name, profile=profile.slug, state="queued",
                      message="", time_limit=limit, notebook=pack(req.notebook), created=now,
                      not_before=req.at)
+        if req.at is not None and req.at > now:  # (stored now: no second commit for it)
+            row.message = f"scheduled for {iso(req.at)}"
         row.set_json("groups", list(groups))
         row.set_json("parameters", req.parameters)
         row.set_json("gpu_uuids", [])
@@ -223,7 +228,9 @@ class JobRunner:
         cap, setting = self.settings.active_jobs_limit(groups)
         if cap == 0:
             return
-        active = len(self.store.active(user))
+        active = self.store.session.scalar(  # a count: the rows hold notebooks
+            select(func.count()).select_from(JobRow).where(
+                JobRow.user == user, JobRow.state.in_(sorted(ACTIVE_STATES)))) or 0
         if active >= cap:
             raise JobRefused(429, f"{user} has {active} active jobs, the most allowed "
                                   f"({setting} = {cap}); wait for one to end or cancel one")
@@ -304,8 +311,10 @@ class JobRunner:
             return
         owner = Owner(row.user, job_server(row.id), tuple(row.get_json("groups", [])))
         if row.not_before is not None and row.not_before > time.time():
-            row.message = f"scheduled for {iso(row.not_before)}"
-            self.store.save()
+            message = f"scheduled for {iso(row.not_before)}"
+            if row.message != message:
+                row.message = message
+                self.store.save()
             while (left := row.not_before - time.time()) > 0:  # a cancel interrupts it
                 await asyncio.sleep(min(left, 60.0))
 
