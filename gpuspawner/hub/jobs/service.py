@@ -8,9 +8,21 @@ runs.
                                                "name": "..."}`` -> 201 and the job
 ``api/jobs``                           GET     the caller's jobs (admins: everyone's;
                                                ``?user=NAME`` for one user's)
-``api/jobs/{id}``                      GET     one job (404 for another user's)
+``api/jobs/{id}``                      GET     one job (404 for another user's);
+                                               ``api/jobs?definition_id=ID``: a definition's
 ``api/jobs/{id}``                      DELETE  cancel -> the job, ``cancelled``; 409 if ended
-``api/jobs/{id}/output``               GET     the executed notebook (``.ipynb`` JSON)
+``api/jobs/{id}/output``               GET     the executed notebook (``.ipynb`` JSON;
+                                               ``?format=html``: its HTML export)
+``api/jobs/{id}/log``                  GET     the job's log (text; every attempt's)
+``api/job_definitions``                POST    a notebook on a cron schedule: the job's
+                                               fields and ``schedule``, ``timezone``,
+                                               ``concurrency_policy``, ``starting_deadline``,
+                                               ``paused`` -> 201 and the definition
+``api/job_definitions``                GET     the caller's definitions (admins: all)
+``api/job_definitions/{id}``           GET     one definition
+``api/job_definitions/{id}``           PATCH   pause/resume (``{"paused": bool}``), a new
+                                               schedule, time zone, policy or deadline
+``api/job_definitions/{id}``           DELETE  delete it (its jobs stay)
 =====================================  ======  ==============================================
 
 Bad input is HTTP 400 with the field first in the message (``time_limit: ...``); nothing is
@@ -26,11 +38,18 @@ from typing import TYPE_CHECKING, Any
 
 from tornado import web
 
-from ...jobs.model import JobInputError, parse_submission
-from ..service.app import _Base, _hub_app, hub_cluster
-from .runner import JobRefused, JobRunner, job_view
+from ...jobs.model import (
+    JobInputError,
+    parse_definition,
+    parse_definition_update,
+    parse_submission,
+)
+from ..service.app import _Base, _hub_app, hub_cluster, hub_user
+from . import metrics as job_metrics
+from .runner import JobRefused, JobRunner
+from .schedule import Scheduler, definition_view
 from .settings import JOBS_DB_FILE, GPUJobs, spawner_values
-from .store import JobRow, JobStore
+from .store import DefinitionRow, JobRow, JobStore
 
 if TYPE_CHECKING:
     from ..service.app import GPUService
@@ -52,6 +71,8 @@ class Jobs:
         self.ready = asyncio.Event()
         self.error = ""
         self.task: asyncio.Future[None] | None = None
+        #: the scheduler of job definitions (started with the runner)
+        self.scheduler: Scheduler | None = None
 
 
 async def _auth_state(name: str) -> dict[str, Any] | None:
@@ -62,6 +83,12 @@ async def _auth_state(name: str) -> dict[str, Any] | None:
     if found is None:
         return None
     return await app.users[found].get_auth_state()
+
+
+def _groups_of(name: str) -> list[str] | None:
+    """A user's groups now (the hub's database), for a job definition's tick."""
+    found = hub_user(name)
+    return None if found is None else list(found[1])
 
 
 async def start(jobs: Jobs, *, deadline_s: float = 300.0) -> None:
@@ -98,7 +125,10 @@ async def start(jobs: Jobs, *, deadline_s: float = 300.0) -> None:
         store = JobStore(url)
         runner = JobRunner(settings, store, hub_cluster, values, _auth_state)
         await runner.restore()
+        job_metrics.register(store)
         jobs.runner = runner
+        jobs.scheduler = Scheduler(runner, groups_of=_groups_of)
+        jobs.scheduler.start()
         log.info("notebook jobs: ready (%s; %d active)", url.split("?")[0],
                  len(store.active()))
     except Exception as e:
@@ -140,7 +170,7 @@ class _JobsBase(_Base):
         return runner, row
 
     def write_job(self, runner: JobRunner, row: JobRow, status: int = 200) -> None:
-        self.write_json(job_view(row, runner.position(row)), status)
+        self.write_json(runner.view(row), status)
 
 
 class JobsHandler(_JobsBase):
@@ -150,13 +180,14 @@ class JobsHandler(_JobsBase):
         user = self.require_user()
         runner = await self.runner()
         wanted = self.get_query_argument("user", None)
+        definition_id = self.get_query_argument("definition_id", None)  # one definition's
         if self.is_admin(user):
-            rows = runner.store.list(wanted)
+            rows = runner.store.list(wanted, definition_id=definition_id)
         else:
             if wanted is not None and wanted != user["name"]:
                 raise web.HTTPError(403, f"{user['name']} may not list another user's jobs")
-            rows = runner.store.list(user["name"])
-        self.write_json({"jobs": [job_view(r, runner.position(r)) for r in rows]})
+            rows = runner.store.list(user["name"], definition_id=definition_id)
+        self.write_json({"jobs": [runner.view(r) for r in rows]})
 
     async def post(self) -> None:
         user = self.require_user()
@@ -168,9 +199,12 @@ class JobsHandler(_JobsBase):
             body = json.loads(self.request.body or b"")
         except ValueError:
             raise web.HTTPError(400, "body: not JSON") from None
+        # max_retries is the job runner's (check_max_retries), the rest the model's
+        retries = body.pop("max_retries", None) if isinstance(body, dict) else None
         try:
             req = parse_submission(body, runner.settings.limits)
-            row = await runner.submit(user["name"], self.groups_of(user), req)
+            row = await runner.submit(user["name"], self.groups_of(user), req,
+                                      max_retries=retries)
         except JobInputError as e:
             raise web.HTTPError(400, str(e).replace("%", "%%")) from None
         except JobRefused as e:
@@ -196,10 +230,17 @@ class JobHandler(_JobsBase):
 
 
 class JobOutputHandler(_JobsBase):
-    """``GET api/jobs/{id}/output``: the executed notebook."""
+    """``GET api/jobs/{id}/output``: the executed notebook; ``?format=html``: its HTML
+    export."""
 
     async def get(self, job_id: str) -> None:
         runner, row = await self.own_job(job_id)
+        fmt = self.get_query_argument("format", "ipynb")
+        if fmt == "html":
+            self.write_html(runner, row)
+            return
+        if fmt != "ipynb":
+            raise web.HTTPError(400, f"format: {fmt[:40]!r} is not one of ipynb, html")
         nb = row.output_notebook
         if nb is None:
             where = f"; what it wrote is in {row.output_dir}" if row.output_dir else ""
@@ -211,11 +252,136 @@ class JobOutputHandler(_JobsBase):
         self.finish(json.dumps(nb))
 
 
+    def write_html(self, runner: JobRunner, row: JobRow) -> None:
+        """The HTML export as a download. It holds what the notebook printed, scripts
+        included, and the service shares the hub's origin: it is sent as an attachment with
+        a sandboxing Content-Security-Policy, so a browser never runs it as the hub's page.
+        """
+        html = runner.html_of(row)
+        if html is None:
+            where = f"; what it wrote is in {row.output_dir}" if row.output_dir else ""
+            raise web.HTTPError(404, f"job {row.id} ({row.state}) has no HTML export "
+                                     f"here{where}")
+        self.set_header("Content-Type", "text/html; charset=utf-8")
+        self.set_header("Content-Disposition", f'attachment; filename="{row.name}.html"')
+        self.set_header("Content-Security-Policy", "sandbox")
+        self.set_header("X-Content-Type-Options", "nosniff")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(html.encode("utf-8"))
+
+
+class JobLogHandler(_JobsBase):
+    """``GET api/jobs/{id}/log``: the job's log as text (papermill's lines and the cells'
+    output; each attempt's, read from the running container while it runs)."""
+
+    async def get(self, job_id: str) -> None:
+        runner, row = await self.own_job(job_id)
+        text = await runner.log_text(row)
+        if text is None:
+            raise web.HTTPError(404, f"job {job_id} ({row.state}) has no log yet")
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        self.set_header("X-Content-Type-Options", "nosniff")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(text.encode("utf-8"))
+
+
+# -- job definitions ---------------------------------------------------------------------
+class _DefinitionsBase(_JobsBase):
+    async def scheduler(self) -> Scheduler:
+        await self.runner()
+        scheduler: Scheduler | None = self.service.jobs.scheduler
+        if scheduler is None:
+            raise web.HTTPError(503, "the scheduler of job definitions is not running")
+        return scheduler
+
+    async def own_definition(self, definition_id: str) -> tuple[Scheduler, DefinitionRow]:
+        """The definition, when the caller may see it (its owner, or an admin); else 404."""
+        user = self.require_user()
+        scheduler = await self.scheduler()
+        row = scheduler.store.get_definition(definition_id)
+        if row is None or (row.user != user["name"] and not self.is_admin(user)):
+            raise web.HTTPError(404, f"no job definition {definition_id}")
+        return scheduler, row
+
+    def write_definition(self, scheduler: Scheduler, row: DefinitionRow,
+                         status: int = 200) -> None:
+        self.write_json(definition_view(row, scheduler.store.active_of(row.id)), status)
+
+    def body(self) -> Any:
+        try:
+            return json.loads(self.request.body or b"")
+        except ValueError:
+            raise web.HTTPError(400, "body: not JSON") from None
+
+
+class DefinitionsHandler(_DefinitionsBase):
+    """``GET api/job_definitions`` (own; admins all, or ``?user=``), ``POST`` (create)."""
+
+    async def get(self) -> None:
+        user = self.require_user()
+        scheduler = await self.scheduler()
+        wanted = self.get_query_argument("user", None)
+        if self.is_admin(user):
+            rows = scheduler.store.definitions(wanted)
+        else:
+            if wanted is not None and wanted != user["name"]:
+                raise web.HTTPError(403, f"{user['name']} may not list another user's job "
+                                         "definitions")
+            rows = scheduler.store.definitions(user["name"])
+        self.write_json({"job_definitions": [
+            definition_view(r, scheduler.store.active_of(r.id)) for r in rows]})
+
+    async def post(self) -> None:
+        user = self.require_user()
+        if user.get("kind", "user") != "user":
+            raise web.HTTPError(403, "job definitions are made by users (a user's token), "
+                                     "not services")
+        scheduler = await self.scheduler()
+        settings = scheduler.runner.settings
+        body = self.body()
+        try:
+            req = parse_definition(body, settings.limits, seconds=settings.cron_seconds)
+            row = scheduler.create(user["name"], self.groups_of(user), req)
+        except JobInputError as e:
+            raise web.HTTPError(400, str(e).replace("%", "%%")) from None
+        except JobRefused as e:
+            raise web.HTTPError(e.status, str(e).replace("%", "%%")) from None
+        self.set_header("Location", f"{self.service.prefix}api/job_definitions/{row.id}")
+        self.write_definition(scheduler, row, 201)
+
+
+class DefinitionHandler(_DefinitionsBase):
+    """``GET``, ``PATCH`` (pause/resume, schedule), ``DELETE api/job_definitions/{id}``."""
+
+    async def get(self, definition_id: str) -> None:
+        scheduler, row = await self.own_definition(definition_id)
+        self.write_definition(scheduler, row)
+
+    async def patch(self, definition_id: str) -> None:
+        scheduler, row = await self.own_definition(definition_id)
+        try:
+            changes = parse_definition_update(
+                self.body(), seconds=scheduler.runner.settings.cron_seconds)
+        except JobInputError as e:
+            raise web.HTTPError(400, str(e).replace("%", "%%")) from None
+        scheduler.update(row, changes)
+        self.write_definition(scheduler, row)
+
+    async def delete(self, definition_id: str) -> None:
+        scheduler, row = await self.own_definition(definition_id)
+        view = definition_view(row, scheduler.store.active_of(row.id))
+        scheduler.delete(row)
+        self.write_json(view)
+
+
 def job_routes(prefix: str, kw: dict[str, Any]) -> list[tuple[str, type, dict[str, Any]]]:
     """The service's routes of jobs (under ``prefix``)."""
     return [(prefix + "api/jobs", JobsHandler, kw),
             (prefix + f"api/jobs/{JOB_ID}", JobHandler, kw),
-            (prefix + f"api/jobs/{JOB_ID}/output", JobOutputHandler, kw)]
+            (prefix + f"api/jobs/{JOB_ID}/output", JobOutputHandler, kw),
+            (prefix + "api/job_definitions", DefinitionsHandler, kw),
+            (prefix + f"api/job_definitions/{JOB_ID}", DefinitionHandler, kw),
+            (prefix + f"api/jobs/{JOB_ID}/log", JobLogHandler, kw)]
 
 
 def configure_jobs(service: GPUService) -> Jobs:
