@@ -9,7 +9,8 @@ gives it back to :meth:`GPUSpawner.load_state` after a hub restart; a token with
     {"allocation": {...},          # placement.Allocation.to_dict(): id, owner, node,
                                    #   gpus: [{"uuid": "GPU-...", "milli": 1000}], cpuset, ...
      "backend": {...},             # what the backend needs to find the server again
-     "certs_dir": "/srv/..."}      # internal_ssl: the server's certificate folder
+     "certs_dir": "/srv/...",      # internal_ssl: the server's certificate folder
+     "image": {"reference": "...", "digest": "sha256:..."}}  # a user's own image, checked
 
 and each key is present only when it has a value. The backend's part:
 
@@ -34,10 +35,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ALLOCATION", "BACKEND", "CERTS_DIR", "DOCKER", "SLURM", "ServerState"]
+__all__ = ["ALLOCATION", "BACKEND", "CERTS_DIR", "DOCKER", "IMAGE", "SLURM", "ServerState"]
 
 #: the top-level keys GPUSpawner stores
-ALLOCATION, BACKEND, CERTS_DIR = "allocation", "backend", "certs_dir"
+ALLOCATION, BACKEND, CERTS_DIR, IMAGE = "allocation", "backend", "certs_dir", "image"
 #: values of :attr:`ServerState.backend_kind`
 DOCKER, SLURM = "docker", "slurm"
 
@@ -58,11 +59,15 @@ class ServerState:
         allocation: the allocation as stored (``Allocation.to_dict()``), ``{}`` when none.
         backend: the backend's state (see the module docstring), ``{}`` when none.
         certs_dir: the server's internal_ssl certificate folder, ``""`` when none.
+        image: a user's own image (``image--unlisted-choice``) as checked on the node:
+            ``{"reference": ..., "digest": "sha256:...", "jupyterhub_version": ...}``; ``{}``
+            for the profile's images.
     """
 
     allocation: dict[str, Any] = field(default_factory=dict)
     backend: dict[str, Any] = field(default_factory=dict)
     certs_dir: str = ""
+    image: dict[str, Any] = field(default_factory=dict)
 
     # -- the two directions ---------------------------------------------------------------
     @classmethod
@@ -70,7 +75,7 @@ class ServerState:
         """The view of a stored state (``None``, ``{}`` or a foreign state: an empty view)."""
         state = state if isinstance(state, Mapping) else {}
         return cls(_dict(state.get(ALLOCATION)), _dict(state.get(BACKEND)),
-                   _str(state.get(CERTS_DIR)))
+                   _str(state.get(CERTS_DIR)), _dict(state.get(IMAGE)))
 
     def to_state(self) -> dict[str, Any]:
         """The dict to store (only the keys that have a value); the inverse of
@@ -82,6 +87,8 @@ class ServerState:
             out[BACKEND] = dict(self.backend)
         if self.certs_dir:
             out[CERTS_DIR] = self.certs_dir
+        if self.image:
+            out[IMAGE] = dict(self.image)
         return out
 
     # -- what readers ask -----------------------------------------------------------------

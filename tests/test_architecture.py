@@ -54,8 +54,6 @@ def test_contracts_hold_on_the_tree(tmp_path):
      "the simulator uses placement, never the hub or an engine"),
     ("gpuspawner/server_state.py", "from gpuspawner.placement import model",
      "the server state accessor is a leaf"),
-    ("gpuspawner/hub/spawner.py", "from gpuspawner.testing import fakes",
-     "nothing in the project imports its test harness"),
     ("idle_culler/netstats.py", "from gpuspawner.backends import docker_backend",
      "the idle culler is its own service"),
 ])

@@ -447,7 +447,8 @@ def test_cli_simulate_delegates(monkeypatch: pytest.MonkeyPatch) -> None:
 
     fake.add_arguments = add_arguments  # type: ignore[attr-defined]
     fake.run = run  # type: ignore[attr-defined]
-    monkeypatch.setattr(gpuspawner.cli, "simulate", fake)  # (imported at the CLI's top)
+    monkeypatch.setitem(sys.modules, "gpuspawner.simulate", fake)
+    monkeypatch.setattr(gpuspawner, "simulate", fake, raising=False)
     assert main(["simulate", "--steps", "3"]) == 7
     assert seen == [3]
     assert main(["simulate", "--unknown"]) == 2

@@ -21,8 +21,10 @@ PROFILES = [
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    ({"cpu": 4}, "cpu: unknown option; allowed: profile, queue"),
-    ({"profile": "cpu", "image": "evil"}, "image: unknown option; allowed: profile, queue"),
+    ({"cpu": 4}, "cpu: unknown option; allowed: profile, queue, image, image--unlisted-choice"),
+    ({"profile": "cpu", "image": "evil"}, "image: profile 'cpu' offers no choice of image"),
+    ({"profile": "cpu", "image--unlisted-choice": "x"},
+     "image--unlisted-choice: profile 'cpu' offers no choice of image"),
     ({"queue": "yes"}, "queue: must be true (wait when the GPUs are busy) or false (fail now), "
                        "got 'yes'"),
     ({"profile": None}, "profile: must be a string (a profile slug), got null; leave the key "
@@ -50,6 +52,12 @@ def test_a_request_carries_the_profile_and_the_queue_choice() -> None:
     r = parse_request({"profile": "staff"}, profiles, ["staff", "a"])
     assert (r.profile.slug, r.groups) == ("staff", ("a", "staff"))
     assert isinstance(r, ServerRequest)
+
+
+def test_an_overlong_reference_is_refused_by_the_schema() -> None:
+    with pytest.raises(OptionsError, match="image--unlisted-choice: is 300 characters long; at "
+                                           "most 255"):
+        parse_request({"image--unlisted-choice": "a" * 300}, load_profiles(PROFILES), [])
 
 
 def test_the_schema_is_the_one_statement_of_the_keys() -> None:

@@ -206,3 +206,37 @@ def test_form_data_do_not_wait_becomes_queue_false():
     assert from_form({"profile": ["a100"]}) == {"profile": "a100"}
     assert from_form({"profile": ["a100"], "fail_now": ["on"]}) == {
         "profile": "a100", "queue": False}
+
+
+async def test_the_form_offers_a_profiles_images_and_reads_the_choice_back():
+    """A profile with ``profile_options.image`` shows its choices and, where enabled, the
+    field for an image of one's own (KubeSpawner's field names); the form data become the
+    ``image`` / ``image--unlisted-choice`` keys of the chosen profile only."""
+    from gpuspawner.hub.form import OptionsFormMixin
+
+    option = {"choices": {"pt": {"display_name": "PyTorch", "image": "r.io/pt:1"},
+                          "tf": {"display_name": "TF", "image": "r.io/tf:1", "default": True}},
+              "unlisted_choice": {"enabled": True, "display_name": "Your image",
+                                  "validation_message": "an image of r.io"}}
+    ledger = Ledger([make_node(gpus=0, cores=4, memory_gib=16)])
+    sp = _form_spawner(ledger)
+    sp.profiles = [
+        {"slug": "own", "cpu": 1, "memory": "1G", "profile_options": {"image": option}},
+        {"slug": "cpu", "cpu": 1, "memory": "1G", "default": True}]
+    html = await sp.get_options_form()
+    assert re.search(r'<select name="profile-option-own--image"', html)
+    assert re.search(r'<option value="tf" selected>TF</option>', html)
+    assert '<option value="--unlisted-choice">Your image</option>' in html
+    assert re.search(r'name="profile-option-own--image--unlisted-choice"[^>]*'
+                     r'title="an image of r.io"', html)
+    assert "profile-option-cpu--" not in html  # a profile without choices shows none
+
+    from_form = OptionsFormMixin._default_options_from_form(None)
+    assert from_form({"profile": ["own"], "profile-option-own--image": ["pt"]}) == {
+        "profile": "own", "image": "pt"}
+    assert from_form({"profile": ["own"], "profile-option-own--image": ["--unlisted-choice"],
+                      "profile-option-own--image--unlisted-choice": [" r.io/mine:2 "]}) == {
+        "profile": "own", "image--unlisted-choice": "r.io/mine:2"}
+    # another card's fields are not this spawn's
+    assert from_form({"profile": ["cpu"], "profile-option-own--image": ["pt"]}) == {
+        "profile": "cpu"}

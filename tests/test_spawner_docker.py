@@ -29,7 +29,6 @@ from gpuspawner.hub.cluster import reset_clusters  # noqa: E402
 from gpuspawner.hub.spawner import GPUSpawner  # noqa: E402
 from gpuspawner.inventory.local import read_local_node  # noqa: E402
 from gpuspawner.inventory.topology import node_to_dict  # noqa: E402
-from gpuspawner.testing.fakes import FakeUser  # noqa: E402
 
 pytestmark = pytest.mark.docker
 IMAGE = os.environ.get("SINGLEUSER_IMAGE", "gpuspawner/singleuser:latest")
@@ -43,6 +42,26 @@ def client():
     except Exception as e:  # no engine or no image
         pytest.skip(f"needs a Docker engine and {IMAGE} (make engine images): {e}")
     return c
+
+
+class _Group:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class FakeUser:
+    """The few attributes of jupyterhub.user.User that a spawner reads outside a hub."""
+
+    def __init__(self, name: str, groups: tuple[str, ...] = ()) -> None:
+        self.name = name
+        self.escaped_name = name
+        self.groups = [_Group(g) for g in groups]
+        self.url = f"/user/{name}/"
+        self.base_url = "/"
+        self.settings: dict = {}
+
+    def progress_url(self, server_name: str = "") -> str:
+        return f"/hub/api/users/{self.name}/server/progress"
 
 
 def assert_removed(client, cid: str, timeout: float = 15) -> None:
@@ -318,7 +337,7 @@ def test_home_path_cannot_escape(make_spawner):
     ({"profile": "nope"}, "profile: unknown profile 'nope'; choose one of: cpu, gpu1, missing"),
     ({"profile": 3}, "profile: must be a string"),
     ({"cpu": 4}, "cpu: unknown option; allowed: profile"),
-    ({"profile": "cpu", "image": "evil"}, "image: unknown option"),
+    ({"profile": "cpu", "image": "evil"}, "image: profile 'cpu' offers no choice of image"),
 ])
 async def test_bad_options_are_400_and_reserve_nothing(make_spawner, options, message):
     sp = make_spawner("bad", options)
@@ -477,3 +496,74 @@ async def test_group_overrides_of_quotas_are_the_requests_not_a_second_cluster(m
     finally:
         await member.stop()
     assert member.cluster.ledger.allocations() == []
+
+
+# -- users' own images (gpuspawner.hub.images, DockerBackend.check_image) -----------------------
+USER_IMAGE_PROFILES = [{"slug": "own", "cpu": 1, "memory": "256M", "profile_options": {
+    "image": {"unlisted_choice": {"enabled": True}}}}]
+
+
+@pytest.fixture(scope="module")
+def root_image(client):
+    """The single-user image made hostile: ``USER root`` and a setuid-root copy of ``id``."""
+    import io
+
+    tag = "gpuspawner/test-user-image:setuid"
+    dockerfile = (f"FROM {IMAGE}\nUSER root\n"
+                  "RUN cp /usr/bin/id /usr/local/bin/suid-id"
+                  " && chmod 4755 /usr/local/bin/suid-id\n")
+    for _ in client.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True,
+                          network_mode="none", decode=True):
+        pass
+    yield tag
+    try:
+        client.remove_image(tag, force=True)
+    except docker.errors.APIError:
+        pass
+
+
+async def test_a_users_own_image_runs_as_confined_as_ours(make_spawner, client, root_image):
+    """An image whose user is root with a setuid-root binary: the server still runs as the
+    user's uid, and the setuid bit gives nothing (no-new-privileges); the image was checked
+    before booking and its digest is in the server's state."""
+    sp = make_spawner("imguser", options={"profile": "own", "image--unlisted-choice": root_image},
+                      profiles=USER_IMAGE_PROFILES,
+                      uid_map={"imguser": {"uid": 4351, "gid": 4352}})
+    await asyncio.wait_for(sp.start(), 120)
+    try:
+        cid = container_id(sp)
+        assert client.inspect_container(cid)["Config"]["Image"] == root_image
+
+        def run(cmd: str) -> str:
+            ex = client.exec_create(cid, ["sh", "-c", cmd])
+            return client.exec_start(ex).decode().strip()
+
+        assert run("id -u") == "4351"
+        assert run("/usr/local/bin/suid-id -u") == "4351"  # the setuid bit is not honoured
+        state = sp.get_state()["image"]
+        assert state["reference"] == root_image
+        assert state["digest"] == client.inspect_image(root_image)["Id"]
+        assert any("checked" in e["message"] for e in sp._events)
+    finally:
+        await sp.stop()
+
+
+@pytest.mark.parametrize(("image", "reason"), [
+    ("local/debian-python:bookworm", "jupyterhub-singleuser does not run in it"),
+    ("localhost:1/nothing:1", "cannot be pulled"),
+])
+async def test_a_broken_user_image_is_refused_before_anything_is_booked(
+        make_spawner, client, image, reason):
+    try:
+        client.inspect_image("local/debian-python:bookworm")
+    except docker.errors.ImageNotFound:
+        pytest.skip("needs the local base image (make images)")
+    sp = make_spawner("badimg", options={"profile": "own", "image--unlisted-choice": image},
+                      profiles=USER_IMAGE_PROFILES, image_check_timeout=30)
+    with pytest.raises(web.HTTPError) as e:
+        await asyncio.wait_for(sp.start(), 90)
+    assert e.value.status_code == 400, e.value
+    assert "image--unlisted-choice" in str(e.value) and reason in str(e.value), str(e.value)
+    assert sp.cluster.ledger.allocations() == []
+    assert not container_id(sp)
+    assert client.containers(all=True, filters={"label": "gpuspawner.image-check"}) == []

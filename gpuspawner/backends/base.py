@@ -129,6 +129,30 @@ class LaunchFailed(BackendError):
     """The server could not be started (missing image, the process exited during start)."""
 
 
+class ImageRefused(BackendError):
+    """A user's own image failed the check on a node (:meth:`Backend.check_image`): it cannot
+    be pulled, is for another architecture, or ``jupyterhub-singleuser`` does not run in it
+    (HTTP 400; the message says which, for the user)."""
+
+    status_code = 400
+
+
+@dataclass(frozen=True)
+class ImageCheck:
+    """What :meth:`Backend.check_image` found.
+
+    Attributes:
+        image: the reference checked. digest: the image's content id on the node
+            (``sha256:...``; the engine's image ID). architecture: the image's (``amd64``).
+        jupyterhub_version: what ``jupyterhub-singleuser --version`` printed.
+    """
+
+    image: str
+    digest: str
+    architecture: str
+    jupyterhub_version: str
+
+
 @dataclass
 class NodeRuntime:
     """One configured node (an entry of ``c.GPUSpawner.nodes``) and its live state.
@@ -259,6 +283,19 @@ class Backend(LoggingConfigurable):
         there by the spawner, owned by the user; :attr:`LaunchSpec.certs_dir`). Default: the
         same path (a shared file system)."""
         return host_dir
+
+    async def check_image(self, node: str, image: str, uid: int, gid: int, timeout_s: float,
+                          progress: Progress) -> ImageCheck:
+        """Check a user's own image on ``node`` before anything is booked for it: present or
+        pulled, for the node's architecture, ``jupyterhub-singleuser`` runs in it (in a
+        throwaway container: no network, no devices, the user's uid, ``timeout_s`` seconds).
+        Default: this backend runs no user images.
+
+        Raises:
+            ImageRefused: the image fails a check (the message says which).
+            BackendUnavailable: the node's engine does not answer.
+        """
+        raise ImageRefused(f"the {type(self).__name__} backend does not run users' own images")
 
     async def launch(self, spec: LaunchSpec, state: dict[str, Any], progress: Progress
                      ) -> tuple[str, int]:

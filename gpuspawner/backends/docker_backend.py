@@ -34,6 +34,7 @@ from . import home_script
 from .base import (
     Backend,
     BackendUnavailable,
+    ImageCheck,
     LaunchFailed,
     LaunchRefused,
     Managed,
@@ -51,6 +52,7 @@ from .docker import (
     container_config,
     disk_rule,
 )
+from .docker_image import check_image_blocking
 from .docker_network import (
     DEFAULT_SERVER_POOL,
     NetworkManager,
@@ -245,6 +247,8 @@ class DockerBackend(Backend):
         self._clients: dict[str, docker.APIClient] = {}
         self._networks: dict[tuple[str, int], NetworkManager] = {}
         self._disk: dict[str, tuple[bool, str]] = {}
+        #: users' images that passed the check, by node then digest (docker_image)
+        self._image_checks: dict[str, dict[str, ImageCheck]] = {}
 
     def check_config(self) -> None:
         """Each node's ``network_pool`` parses and is not private; an engine reached over the
@@ -540,6 +544,26 @@ class DockerBackend(Backend):
         if not present:
             raise LaunchFailed(f"image {image!r} is not on node {node}; the admin must build "
                                "or pull it (make images)")
+
+    async def check_image(self, node: str, image: str, uid: int, gid: int, timeout_s: float,
+                          progress: Progress) -> ImageCheck:
+        """A user's own image on ``node``: pulled if missing (progress in MiB), for the node's
+        architecture, ``jupyterhub-singleuser --version`` runs in it in a throwaway container
+        (no network, no devices, the user's uid; :mod:`~gpuspawner.backends.docker_image`),
+        once per image digest and node.
+
+        Raises:
+            ImageRefused: a check failed (the message says which).
+            BackendUnavailable: the node's engine does not answer.
+        """
+        loop = asyncio.get_running_loop()
+        known = self._image_checks.setdefault(node, {})
+
+        def report(text: str) -> None:
+            loop.call_soon_threadsafe(progress, 12, text)
+
+        return await self._call(node, lambda: check_image_blocking(
+            self.client(node), node, image, uid, gid, timeout_s, report, known))
 
     async def _remove_named(self, node: str, server: ServerRef) -> None:
         """Remove the container named ``server.name`` when it is this server's leftover.

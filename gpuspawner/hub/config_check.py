@@ -24,6 +24,7 @@ from ..placement import POLICIES
 from .cluster import Cluster, current_clusters, get_cluster
 from .drains import DrainFileError
 from .hub_id import hub_id as hub_id_of
+from .images import ImageOptionError, check_deny_patterns
 from .profiles import load_profiles
 from .runtime import at_hub_start, loading_hub
 from .settings import (
@@ -101,6 +102,17 @@ def check_spawner_settings(settings: Mapping[str, Any], config: Any = None) -> C
                               backend=get("backend"))
     except VolumeConfigError as e:
         raise HubConfigError(str(e)) from None
+    try:  # users' own images: gpuspawner.hub.images (a profile's checked by load_profiles)
+        check_deny_patterns(get("image_deny_patterns"))
+    except ImageOptionError as e:
+        raise HubConfigError(str(e)) from None
+    if get("backend") == "slurm":
+        offering = [p.slug for p in load_profiles(get("profiles")) if p.image_option]
+        if offering:
+            raise HubConfigError(
+                f"GPUSpawner.profiles ({offering[0]}).profile_options.image: users' own images "
+                "are not supported with the Slurm backend (its servers run as processes on "
+                "the node, without a container image): remove the option")
     try:  # inside a hub: its id, made once in the state folder
         hub_id = hub_id_of(str(get("state_dir") or ""), db_url or hub_db_url())
     except (OSError, ValueError) as e:

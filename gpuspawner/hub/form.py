@@ -15,6 +15,7 @@ from traitlets.config import LoggingConfigurable
 from ..placement import GPU, GPU_MILLI, Bundle, Ledger, Node, QuotaTable, format_bytes
 from ..placement.devices import model_allowed
 from ..placement.units import share_words
+from .images import ImageOptionError, check_deny_patterns
 from .profiles import OptionsError, Profile, ProfileConfigError, load_profiles
 from .request import ServerRequest, checked_request, quota_table
 from .user_options import pending_refusal, watch_spawn
@@ -116,7 +117,8 @@ def profile_cards(profiles: Sequence[Profile], ledger: Ledger, user: str,
         cards unless ``show_unavailable_profiles``), availability ("3 of 8 A100 free now" for
         GPU profiles, else ""), queued (int: servers waiting for this profile; 0 here),
         queue (bool: a spawn of it waits in the queue when it cannot start now), waits
-        (bool: a spawn now would wait in the queue; the card stays selectable).
+        (bool: a spawn now would wait in the queue; the card stays selectable), image_option
+        (the profile's :class:`~gpuspawner.hub.images.ImageOption`, or None).
         ``quotas``: the user's own quota table (``group_overrides``), None = the ledger's.
     """
     groups = list(groups)
@@ -130,6 +132,7 @@ def profile_cards(profiles: Sequence[Profile], ledger: Ledger, user: str,
                                 "bundle": resources_line(b, nodes), "default": p.default,
                                 "available": True, "free": False, "reason": "",
                                 "never": False, "availability": "", "queued": 0,
+                                "image_option": p.image_option,
                                 "queue": p.queue, "waits": False}
         never = never_reason(p, nodes)
         if b.total_gpu_milli:
@@ -234,6 +237,14 @@ class OptionsFormMixin(LoggingConfigurable):
         def options_from_form(formdata: dict[str, list[str]]) -> dict[str, Any]:
             values = formdata.get("profile") or []
             out: dict[str, Any] = {"profile": values[0]} if values else {}
+            if values:  # the chosen card's image fields (KubeSpawner's names)
+                field = f"profile-option-{values[0]}--image"
+                key = (formdata.get(field) or [""])[0]
+                text = (formdata.get(f"{field}--unlisted-choice") or [""])[0].strip()
+                if text and key in ("", "--unlisted-choice"):
+                    out["image--unlisted-choice"] = text
+                elif key and key != "--unlisted-choice":
+                    out["image"] = key
             if (formdata.get("fail_now") or [""])[0] in ("on", "true", "1"):
                 out["queue"] = False  # "Do not wait": fail at once when busy
             return out
@@ -265,10 +276,11 @@ class OptionsFormMixin(LoggingConfigurable):
         spawn (:func:`~gpuspawner.hub.request.checked_request`). Raises web.HTTPError 400
         (bad options, the field named) or 500 (bad profile configuration)."""
         try:
-            return checked_request(self.user_options, self.load_profile_list(),
-                                   self.group_names,
-                                   self.user_options_max_bytes)  # type: ignore[attr-defined]
-        except ProfileConfigError as e:
+            return checked_request(
+                self.user_options, self.load_profile_list(), self.group_names,
+                self.user_options_max_bytes,  # type: ignore[attr-defined]
+                check_deny_patterns(self.image_deny_patterns))  # type: ignore[attr-defined]
+        except (ProfileConfigError, ImageOptionError) as e:
             raise web.HTTPError(500, f"profile configuration: {e}") from None
         except OptionsError as e:
             raise web.HTTPError(400, str(e)) from None

@@ -22,6 +22,7 @@ import yaml
 
 from ..placement import GPU_MILLI, Bundle, parse_bytes
 from ..schemas import ConfigSchemaError, format_field, load_schema, validate
+from .images import ImageOption, ImageOptionError, parse_image_option
 from .volumes import VolumeConfigError, VolumeSpec, parse_volumes
 
 #: the keys of a profile (the ``profiles`` schema's)
@@ -33,8 +34,9 @@ PROFILES_HELP = """Profiles users choose from: a list of dicts or the path of a 
 Keys: slug, display_name, description, cpu (whole cores), memory and disk (bytes, or sizes like
 "4G": K, M, G, T are powers of 1024), gpus (whole GPUs, or a fraction below 1 for a share) or
 gpu_milli (milli-GPU, 1..999: a share of one GPU) or mig (a MIG profile name such as 1g.10gb,
-with mig_count, default 1), gpu_models (list), image, volumes (mounts beside
-c.GPUSpawner.volumes, same shape), numa_policy
+with mig_count, default 1), gpu_models (list), image, profile_options (image choices users
+may make, KubeSpawner's shape), volumes (mounts beside c.GPUSpawner.volumes, same shape),
+numa_policy
 (strict | prefer | none), groups (who may use it; empty = everyone), nodes (node names it may
 run on; empty = any), queue (wait when the bundle is not free now), default.
 """
@@ -77,6 +79,8 @@ class Profile:
     queue: bool = False
     #: the profile's own mounts (:mod:`gpuspawner.hub.volumes`), beside the site's
     volumes: tuple[VolumeSpec, ...] = ()
+    #: the images users may choose (``profile_options.image``, :mod:`gpuspawner.hub.images`)
+    image_option: ImageOption | None = None
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def allowed_for(self, groups: Iterable[str]) -> bool:
@@ -127,6 +131,21 @@ def _volumes_from(value: Any, where: str) -> list[VolumeSpec]:
     try:
         return parse_volumes(value, where)
     except VolumeConfigError as e:
+        raise ProfileConfigError(str(e)) from None
+
+
+def _image_option_from(entry: Mapping[str, Any], where: str) -> ImageOption | None:
+    """A profile's ``profile_options.image`` (:func:`~gpuspawner.hub.images.parse_image_option`),
+    or None.
+
+    Raises:
+        ProfileConfigError: the option is malformed, the field named."""
+    value = (entry.get("profile_options") or {}).get("image")
+    if value is None:
+        return None
+    try:
+        return parse_image_option(value, f"{where}.profile_options.image")
+    except ImageOptionError as e:
         raise ProfileConfigError(str(e)) from None
 
 
@@ -236,6 +255,7 @@ def _load_profiles(config: Sequence[Mapping[str, Any]] | str | os.PathLike[str]
             default=entry.get("default", False),
             queue=bool(entry.get("queue", bundle.total_gpu_milli > 0)),
             volumes=tuple(_volumes_from(entry.get("volumes"), f"{where}.volumes")),
+            image_option=_image_option_from(entry, where),
         ))
     if sum(p.default for p in out) > 1:
         raise ProfileConfigError(f"{source}: more than one profile has default: true")

@@ -8,7 +8,8 @@ the JSON body of the hub's REST ``POST /hub/api/users/{name}/servers/{server_nam
 2. its shape, against the shipped ``user-options`` JSON Schema (:mod:`gpuspawner.schemas`:
    an object with ``profile`` (a string) and ``queue`` (a boolean), nothing else);
 3. what a schema cannot say: the profile exists, and the user's groups may use it
-   (:func:`~gpuspawner.hub.profiles.choose_profile`).
+   (:func:`~gpuspawner.hub.profiles.choose_profile`); the image the user chose is one the
+   profile offers (:func:`~gpuspawner.hub.images.choose_image`).
 
 The result is a frozen :class:`ServerRequest` that everything after the boundary receives
 (the user_options guard before JupyterHub stores the options, the spawner's trait,
@@ -20,6 +21,7 @@ so a spawn parses its options once, not once per step. Profiles come from
 from __future__ import annotations
 
 import json
+import re
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +30,7 @@ from typing import Any
 from ..placement import QuotaTable
 from ..schemas import ConfigSchemaError, load_schema, validate
 from .cluster import check_quotas
+from .images import ImageRequestError, choose_image
 from .profiles import OptionsError, Profile, choose_profile
 
 #: the schema's name in :mod:`gpuspawner.schemas`
@@ -44,12 +47,18 @@ class ServerRequest:
             ``queue`` and the options' ``queue``, both must allow it).
         options: the ``user_options`` it was made from (a copy, JSON values only).
         groups: the user's JupyterHub group names it was checked with (sorted).
+        image: the image the user chose among the profile's ``profile_options.image``
+            (:mod:`gpuspawner.hub.images`); "" = the profile's (or the site's) image.
+        user_image: ``image`` is a reference the user typed (``image--unlisted-choice``):
+            the hub checks it on the node before booking anything.
     """
 
     profile: Profile
     queue: bool
     options: Mapping[str, Any] = field(default_factory=dict)
     groups: tuple[str, ...] = ()
+    image: str = ""
+    user_image: bool = False
 
 
 def _schema_message(e: ConfigSchemaError, options: Any) -> OptionsError:
@@ -64,8 +73,11 @@ def _schema_message(e: ConfigSchemaError, options: Any) -> OptionsError:
     key = str(e.path[0])
     options = options if isinstance(options, Mapping) else {}
     if key not in properties:
-        return OptionsError(key, f"unknown option; allowed: {', '.join(sorted(properties))}")
+        return OptionsError(key, f"unknown option; allowed: {', '.join(properties)}")
     value = options.get(key)
+    if isinstance(value, str) and "is too long" in e.reason:
+        return OptionsError(key, f"is {len(value)} characters long; at most "
+                                 f"{properties[key].get('maxLength')}")
     got = "null" if value is None else repr(value)
     hint = "; leave the key out for the default profile" if key == "profile" and value is None \
         else ""
@@ -73,7 +85,8 @@ def _schema_message(e: ConfigSchemaError, options: Any) -> OptionsError:
 
 
 def parse_request(options: Any, profiles: Sequence[Profile], groups: Sequence[str],
-                  max_bytes: int | None = None) -> ServerRequest:
+                  max_bytes: int | None = None,
+                  deny_images: Sequence[re.Pattern[str]] = ()) -> ServerRequest:
     """Check ``options`` and return the request it makes.
 
     Args:
@@ -81,12 +94,16 @@ def parse_request(options: Any, profiles: Sequence[Profile], groups: Sequence[st
         profiles: the validated profiles (:func:`~gpuspawner.hub.profiles.load_profiles`).
         groups: the user's JupyterHub group names.
         max_bytes: the largest JSON encoding accepted, bytes; None = no limit.
+        deny_images: the site's ``image_deny_patterns``, compiled
+            (:func:`~gpuspawner.hub.images.check_deny_patterns`).
 
     Raises:
         OptionsError: too large (field ``user_options``), not the schema's shape (the field
             named: an unknown key, a non-string ``profile``, a non-boolean ``queue``), an
-            unknown profile or one the user's groups may not use (field ``profile``). The
-            hub answers HTTP 400 with its message ``<field>: <reason>``.
+            unknown profile or one the user's groups may not use (field ``profile``), an image
+            the profile does not offer (``image``, ``image--unlisted-choice``:
+            :func:`~gpuspawner.hub.images.choose_image`). The hub answers HTTP 400 with its
+            message ``<field>: <reason>``.
     """
     if options is None:
         options = {}
@@ -103,10 +120,15 @@ def parse_request(options: Any, profiles: Sequence[Profile], groups: Sequence[st
         raise OptionsError("user_options", f"must be a JSON object, got "
                                            f"{type(options).__name__}")
     profile = choose_profile(options, profiles, groups)
+    try:
+        image, user_image = choose_image(options, profile.image_option, profile.slug,
+                                         deny_images)
+    except ImageRequestError as e:
+        raise OptionsError(e.field, e.reason) from None
     return ServerRequest(profile=profile,
                          queue=profile.queue and options.get("queue", True) is not False,
                          options=json.loads(json.dumps(dict(options))),
-                         groups=tuple(sorted(groups)))
+                         groups=tuple(sorted(groups)), image=image, user_image=user_image)
 
 
 #: checked requests by their inputs, newest last (:func:`checked_request`)
@@ -117,7 +139,8 @@ CACHE_SIZE = 512
 
 
 def checked_request(options: Any, profiles: Sequence[Profile], groups: Sequence[str],
-                    max_bytes: int | None = None) -> ServerRequest:
+                    max_bytes: int | None = None,
+                    deny_images: Sequence[re.Pattern[str]] = ()) -> ServerRequest:
     """:func:`parse_request`, once per distinct input.
 
     A spawn meets its options at several steps (the guard before JupyterHub stores them, the
@@ -134,13 +157,14 @@ def checked_request(options: Any, profiles: Sequence[Profile], groups: Sequence[
     try:
         text = json.dumps(options, sort_keys=True)
     except (TypeError, ValueError):  # not JSON: parse_request says why
-        return parse_request(options, profiles, groups, max_bytes)
-    key = (text, tuple(id(p) for p in profiles), tuple(sorted(groups)), max_bytes)
+        return parse_request(options, profiles, groups, max_bytes, deny_images)
+    key = (text, tuple(id(p) for p in profiles), tuple(sorted(groups)), max_bytes,
+           tuple(p.pattern for p in deny_images))
     hit = _CHECKED.get(key)
     if hit is not None:
         _CHECKED.move_to_end(key)
         return hit[1]
-    request = parse_request(options, profiles, groups, max_bytes)
+    request = parse_request(options, profiles, groups, max_bytes, deny_images)
     _CHECKED[key] = (tuple(profiles), request)
     if len(_CHECKED) > CACHE_SIZE:
         _CHECKED.popitem(last=False)

@@ -62,6 +62,14 @@ class SpawnerSettings(LoggingConfigurable):
         Checked in the same atomic step as the reservation.""").tag(config=True)
     image = Unicode("gpuspawner/singleuser:latest",
                     help="Image of servers whose profile names none.").tag(config=True)
+    image_deny_patterns = List(Unicode(), help="""Images no user may type as their own
+        (``image--unlisted-choice`` of a profile's ``profile_options.image``): Python regular
+        expressions matched against the whole reference, as typed and in its normalised form
+        (``docker.io/library/ubuntu:latest``), e.g. ``["docker\\.io/.*", ".*:latest"]``.
+        Checked at hub start (docs/howto/user-images.md).""").tag(config=True)
+    image_check_timeout = Float(60.0, help="""Seconds the check of a user's own image may
+        take on a node (pull, then ``jupyterhub-singleuser --version`` in a throwaway
+        container without network or devices); longer is a refusal.""").tag(config=True)
     home_path_template = Unicode("", help="""Host path of the user's home on the shared file
         system, e.g. "/shared/home/{username}" ({username}: the escaped user name). Created when
         missing, owned by the user's uid/gid, mounted at home_mount_point. Empty = none.
@@ -165,7 +173,7 @@ class SpawnerSettings(LoggingConfigurable):
         value leaves the previous one in place; apply_user_options / start raise the refusal."""
         try:
             check_user_options(proposal.value, self.profiles, self.group_names,
-                               self.user_options_max_bytes)
+                               self.user_options_max_bytes, self.image_deny_patterns)
         except web.HTTPError as e:
             self._options_refusal = e
             return dict(self.user_options or {})

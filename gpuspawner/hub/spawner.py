@@ -16,11 +16,19 @@ import asyncio
 import inspect
 from typing import Any
 
+import jupyterhub
 from jupyterhub.spawner import Spawner
 from tornado import web
 from traitlets import default
 
-from ..backends.base import Backend, BackendError, BackendUnavailable, ServerRef, current_spawner
+from ..backends.base import (
+    Backend,
+    BackendError,
+    BackendUnavailable,
+    ImageRefused,
+    ServerRef,
+    current_spawner,
+)
 from ..backends.spec import HomeMount, Mount, launch_spec
 from ..placement import Allocation, Owner, PlacementError, QuotaExceeded
 from ..placement.queue import QueueEntry
@@ -72,7 +80,10 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
         #: the backend's JSON-able record of this server (stored in the hub's database)
         self.backend_state: dict[str, Any] = {}
         self.certs_dir = ""
-        install_user_options_guard(self.profiles, self.user_options_max_bytes, self.log)
+        #: a user's own image as checked on the node (ServerState.image), {} for others
+        self.image_record: dict[str, Any] = {}
+        install_user_options_guard(self.profiles, self.user_options_max_bytes, self.log,
+                                   self.image_deny_patterns)
 
     @property
     def cluster(self) -> Cluster:
@@ -151,6 +162,8 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
         await cluster.refresh_health()
         await self._release_stale()
         owner = Owner(self.user.name, self.name or "", tuple(self.group_names))
+        if request.user_image:  # before any booking: a pull or a bad image holds no GPU
+            self.image_record = await self._check_user_image(request.image, profile)
         try:
             alloc = await cluster.queue.acquire(
                 owner, profile.bundle, profile=profile.slug, nodes=profile.nodes,
@@ -179,6 +192,44 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
             raise self._backend_failure(e) from None
         self._prepared = (profile, alloc)
         return self._prepared
+
+    async def _check_user_image(self, image: str, profile: Profile) -> dict[str, Any]:
+        """Check a user's own image (``image--unlisted-choice``) on every node the profile
+        may use that is up (:meth:`Backend.check_image`: pulled, the node's architecture,
+        ``jupyterhub-singleuser`` runs in it), and that its JupyterHub is one this hub talks
+        to (major version 4 up to the hub's own). Returns ``ServerState.image``.
+
+        Raises:
+            web.HTTPError(400): the image fails a check, naming ``image--unlisted-choice``.
+        """
+        uid, gid = self.user_ids()
+        cluster = self.cluster
+        nodes = [n for n in (profile.nodes or cluster.nodes)
+                 if n in cluster.nodes and cluster.ledger.node_state(n)[0] == "up"]
+        hub_major = int(jupyterhub.__version__.split(".")[0])
+        record: dict[str, Any] = {}
+        for node in nodes:
+            try:
+                found = await self.backend_obj.check_image(
+                    node, image, uid, gid, self.image_check_timeout, self._emit)
+            except ImageRefused as e:
+                raise self.refused(400, f"image--unlisted-choice: {e}", profile.slug) from None
+            except BackendUnavailable as e:
+                cluster.mark_suspect(e.node, str(e))
+                continue
+            major = int(found.jupyterhub_version.split(".")[0])
+            if not 4 <= major <= hub_major:
+                raise self.refused(
+                    400, f"image--unlisted-choice: image {image!r} has JupyterHub "
+                         f"{found.jupyterhub_version}; this hub (JupyterHub "
+                         f"{jupyterhub.__version__}) talks to 4.x up to {hub_major}.x",
+                    profile.slug)
+            record = {"reference": image, "digest": found.digest,
+                      "jupyterhub_version": found.jupyterhub_version}
+            self._emit(15, f"Image {image} checked ({found.digest[:19]}, JupyterHub "
+                           f"{found.jupyterhub_version})")
+        self.log.info("%s: user image %s checked: %s", self._log_name, image, record)
+        return record
 
     def _queue_progress(self, entry: QueueEntry, position: int, length: int) -> None:
         """Progress while waiting: "waiting: position 2 of 3 for 1 x A100; 0 of 4 A100 free
@@ -249,7 +300,7 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
             profile, alloc = await self._prepare()
             try:
                 uid, gid = self.user_ids()
-                image = profile.image or self.image
+                image = self.server_request().image or profile.image or self.image
                 spec = launch_spec(
                     name=self.object_name, user=self.user.name, server=self.name or "",
                     allocation=alloc, image=image, cmd=[*self.cmd, *self.get_args()],
@@ -352,16 +403,17 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
         self.allocation = Allocation.from_dict(view.allocation) if view.allocation else None
         self.backend_state = view.backend
         self.certs_dir = view.certs_dir
+        self.image_record = view.image
 
     def get_state(self) -> dict[str, Any]:
-        """``{"allocation", "backend", "certs_dir"}`` (what exists), written through
+        """``{"allocation", "backend", "certs_dir", "image"}`` (what exists), written through
         :class:`~gpuspawner.server_state.ServerState`."""
         return {**super().get_state(), **ServerState(
             self.allocation.to_dict() if self.allocation is not None else {},
-            self.backend_state, self.certs_dir).to_state()}
+            self.backend_state, self.certs_dir, self.image_record).to_state()}
 
     def clear_state(self) -> None:
         """Forget the backend's state and the certificates (the ledger is released by
         stop/rollback, not here)."""
         super().clear_state()
-        self.backend_state, self.certs_dir = {}, ""
+        self.backend_state, self.certs_dir, self.image_record = {}, "", {}

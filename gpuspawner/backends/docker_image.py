@@ -1,0 +1,146 @@
+"""The check of a user's own image on a Docker node (:meth:`DockerBackend.check_image`), run
+before anything is booked for the server, so a pull or a broken image never holds a GPU.
+
+1. The image is on the node, or is pulled (``APIClient.pull(stream=True)``: the engine reports
+   each layer's ``progressDetail`` ``current``/``total`` in bytes; their sums are shown).
+2. It is for the node's architecture (the image's ``Architecture`` against the engine's
+   ``docker info`` ``Architecture``, as Go names it: ``x86_64`` is ``amd64``).
+3. ``jupyterhub-singleuser --version`` runs in it and prints a version, in a throwaway
+   container as confined as a server and more: the user's uid:gid, no network
+   (``network_mode: none``), no devices, every capability dropped, ``no-new-privileges``,
+   256 MiB, 128 processes, removed afterwards; at most the time left of the check.
+
+Everything here blocks (the docker SDK): the backend runs it in a worker thread.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+import docker
+from docker.errors import APIError, ImageNotFound, NotFound
+from requests.exceptions import ConnectionError as RequestsConnectionError
+from requests.exceptions import ReadTimeout
+
+from .base import ImageCheck, ImageRefused
+
+__all__ = ["ENGINE_ARCH", "check_image_blocking"]
+
+#: ``docker info`` Architecture (uname -m) -> image Architecture (Go's GOARCH)
+ENGINE_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "ppc64le": "ppc64le",
+               "s390x": "s390x", "riscv64": "riscv64"}
+#: label of the throwaway containers (found and removed if a hub died during a check)
+CHECK_LABEL = "gpuspawner.image-check"
+_VERSION = re.compile(r"\b(\d+\.\d+(?:\.\d+)?(?:[.\w-]*)?)\b")
+
+
+def _pull(cli: Any, node: str, image: str, deadline: float,
+          report: Callable[[str], None]) -> None:
+    """Pull ``image`` on the node, reporting bytes done of bytes known at most once a second.
+
+    Raises:
+        ImageRefused: the pull failed or passed the deadline.
+    """
+    repo, tag = docker.utils.parse_repository_tag(image)
+    if "@" in repo:  # parse_repository_tag leaves a digest on the repository
+        repo, tag = repo.split("@", 1)[0], tag
+    layers: dict[str, tuple[int, int]] = {}
+    last = 0.0
+    try:
+        for event in cli.pull(repo, tag=tag or "latest", stream=True, decode=True):
+            if "error" in event:
+                raise ImageRefused(f"image {image!r} cannot be pulled on node {node}: "
+                                   f"{event['error']}")
+            detail = event.get("progressDetail") or {}
+            if event.get("id") and detail.get("total"):
+                layers[event["id"]] = (int(detail.get("current", 0)), int(detail["total"]))
+            now = time.monotonic()
+            if now > deadline:
+                raise ImageRefused(f"image {image!r}: the pull on node {node} took longer than "
+                                   "the image check allows")
+            if layers and now - last >= 1.0:
+                last = now
+                done = sum(c for c, _ in layers.values())
+                total = sum(t for _, t in layers.values())
+                report(f"pulling image {image}: {done / 2**20:.0f} of {total / 2**20:.0f} MiB")
+    except (APIError, NotFound) as e:
+        raise ImageRefused(f"image {image!r} is not on node {node} and cannot be pulled: "
+                           f"{getattr(e, 'explanation', None) or e}") from None
+
+
+def check_image_blocking(cli: Any, node: str, image: str, uid: int, gid: int,
+                         timeout_s: float, report: Callable[[str], None],
+                         known: dict[str, ImageCheck]) -> ImageCheck:
+    """Check ``image`` on ``node`` (see the module's docstring).
+
+    Args:
+        cli: the node's ``docker.APIClient``.
+        uid, gid: the user's ids (the throwaway container runs as them).
+        timeout_s: the whole check's time limit, seconds.
+        report: called with progress words (from this thread).
+        known: earlier results by image digest (``sha256:...``), read and filled: an image
+            passes the container check once per digest.
+
+    Raises:
+        ImageRefused: not pullable, another architecture, no working
+            ``jupyterhub-singleuser``, or past ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    try:
+        info = cli.inspect_image(image)
+    except (ImageNotFound, NotFound):
+        report(f"pulling image {image} on node {node}")
+        _pull(cli, node, image, deadline, report)
+        try:
+            info = cli.inspect_image(image)
+        except (ImageNotFound, NotFound):
+            raise ImageRefused(f"image {image!r} is not on node {node} after its pull") from None
+    digest = str(info.get("Id", ""))
+    arch = str(info.get("Architecture", ""))
+    engine_arch = str(cli.info().get("Architecture", ""))
+    want = ENGINE_ARCH.get(engine_arch, engine_arch)
+    if arch and want and arch != want:
+        raise ImageRefused(f"image {image!r} is for {arch}; node {node} runs {want}")
+    if digest in known:
+        return ImageCheck(image, digest, arch, known[digest].jupyterhub_version)
+    report(f"checking image {image}: does jupyterhub-singleuser run in it?")
+    try:
+        cid = cli.create_container(
+            image, ["jupyterhub-singleuser", "--version"], user=f"{uid}:{gid}",
+            network_disabled=True, labels={CHECK_LABEL: "1"},
+            host_config=cli.create_host_config(
+                network_mode="none", cap_drop=["ALL"], security_opt=["no-new-privileges"],
+                mem_limit=256 * 2**20, memswap_limit=256 * 2**20, pids_limit=128,
+                privileged=False))["Id"]
+    except APIError as e:
+        raise ImageRefused(f"image {image!r}: the engine refused a container of it: "
+                           f"{e.explanation or e}") from None
+    try:
+        try:
+            cli.start(cid)
+        except APIError as e:  # e.g. no such executable: the OCI runtime says so at start
+            raise ImageRefused(f"image {image!r}: jupyterhub-singleuser does not run in it "
+                               f"({e.explanation or e})") from None
+        left = max(1.0, deadline - time.monotonic())
+        try:
+            code = cli.wait(cid, timeout=left).get("StatusCode")
+        except (ReadTimeout, RequestsConnectionError):
+            raise ImageRefused(f"image {image!r}: jupyterhub-singleuser --version did not end "
+                               f"within {timeout_s:g} s") from None
+        out = cli.logs(cid, stdout=True, stderr=True).decode("utf-8", "replace").strip()
+    finally:
+        try:
+            cli.remove_container(cid, force=True)
+        except (APIError, NotFound):
+            pass
+    last = out.splitlines()[-1] if out else ""
+    m = _VERSION.search(last)
+    if code != 0 or m is None:
+        raise ImageRefused(f"image {image!r}: jupyterhub-singleuser does not run in it (exit "
+                           f"{code}: {last[-200:] or 'no output'})")
+    result = ImageCheck(image, digest, arch, m.group(1))
+    known[digest] = result
+    return result
