@@ -179,6 +179,9 @@ def test_a_job_killed_from_outside_is_lost_then_runs_again_and_completes(hub, en
                    name="phoenix", max_retries=1)
     assert job["max_retries"] == 1 and job["attempt"] == 1
     u.wait_state(job["id"], ("running",), 90)
+    # killed once its program runs (it has written its snapshot and logged that it executes)
+    wait_until(lambda: "executing" in u.call("GET", f"api/jobs/{job['id']}/log").text, 60,
+               0.3, "the job's program started")
     (first,) = job_containers(engine, "jr-kill")
     engine.kill(first["Id"])  # SIGKILL from outside the hub, as a failing node would
     again = wait_until(lambda: (lambda j: j if j["attempt"] == 2 else None)(
