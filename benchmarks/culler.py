@@ -1,10 +1,11 @@
 """One culling pass over a real hub with N users and servers (default 1,000): idle_culler vs
 jupyterhub-idle-culler 2.x, on the same hub in the same run.
 
-The hub is a real JupyterHub + configurable-http-proxy on loopback (tests/culler_hub.py) with
-a very cheap spawner (no process: every server is answered by one HTTP server inside the hub,
-each carrying a 1-GPU allocation in its state). Each culler gets its own least-privilege token
-(ours also reads server state and groups). Both passes see the same servers, all active, so
+The hub is a real JupyterHub + configurable-http-proxy on loopback
+(gpuspawner/testing/culler_hub.py) with a very cheap spawner (no process: every server is
+answered by one HTTP server inside the hub, each carrying a 1-GPU allocation in its state).
+Each culler gets its own least-privilege token (ours also reads server state and groups).
+Both passes see the same servers, all active, so
 neither culls anything and the hub is unchanged between repetitions; the passes alternate,
 ``--repeat`` times each, and the median is compared.
 
@@ -33,11 +34,11 @@ sys.path.insert(0, str(REPO))
 
 from jupyterhub_idle_culler import cull_idle  # noqa: E402
 
+from gpuspawner.testing.culler_hub import CullerHub, fake_gpu_uuid  # noqa: E402
 from idle_culler.core import Culler  # noqa: E402
 from idle_culler.gpu import GPUHistory  # noqa: E402
 from idle_culler.hub import HubClient  # noqa: E402
 from idle_culler.policies import PolicySet  # noqa: E402
-from tests.culler_hub import CullerHub, fake_gpu_uuid  # noqa: E402
 
 OURS = "ours-" + "a" * 32
 REF = "reference-" + "b" * 32
@@ -99,7 +100,8 @@ def populate(hub: CullerHub, n: int, deadline: float) -> None:
 async def run(args: argparse.Namespace) -> None:
     deadline = time.monotonic() + args.deadline
     with tempfile.TemporaryDirectory(prefix="culler-bench-") as d:
-        hub = CullerHub(Path(d), spawner="tests.culler_hub.CheapGPUSpawner", extra_config=EXTRA)
+        hub = CullerHub(Path(d), spawner="gpuspawner.testing.culler_hub.CheapGPUSpawner",
+                        extra_config=EXTRA)
         hub.start()
         try:
             populate(hub, args.users, deadline)

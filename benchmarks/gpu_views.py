@@ -8,7 +8,7 @@ sampling.
                                               [--nvml auto|real|double]
 
 ``--nvml double`` (the default when ``nvmlInit()`` fails here) samples the test double of
-tests/test_gpuviews_nvml.py (two GPUs with processes), which exercises the sampler's code
+gpuspawner/testing/nvml_metrics.py (two GPUs with processes), which exercises the sampler's code
 path but not the driver's cost. Goal (issue 5): < 1 % of one core with the panel open, no
 added event-loop latency above 5 ms.
 """
@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.hubrunner import free_port  # noqa: E402
+from gpuspawner.testing.hubrunner import free_port  # noqa: E402
 
 TOKEN = "gpu-views-bench"
 
@@ -84,7 +84,7 @@ def probe(base: str, seconds: float, rate: float = 20.0) -> list[float]:
 def sample_cost(use_double: bool, n: int = 200) -> float:
     """Mean wall time of one ``Sampler.sample_once()`` in this process, in ms."""
     from gpuspawner.singleuser.gpuviews.sampler import Sampler, load_nvml
-    nvml = load_nvml("tests.test_gpuviews_nvml:metrics_double" if use_double else "")
+    nvml = load_nvml("gpuspawner.testing.nvml_metrics:metrics_double" if use_double else "")
     s = Sampler(nvml, allocation=None)
     s.sample_once()
     t0 = time.perf_counter()
@@ -122,7 +122,7 @@ def main() -> int:
                    PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
         env.pop("GPUSPAWNER_NVML_FACTORY", None)
         if use_double:
-            env["GPUSPAWNER_NVML_FACTORY"] = "tests.test_gpuviews_nvml:metrics_double"
+            env["GPUSPAWNER_NVML_FACTORY"] = "gpuspawner.testing.nvml_metrics:metrics_double"
         for k in ("JUPYTERHUB_API_TOKEN", "JUPYTERHUB_SERVICE_PREFIX"):
             env.pop(k, None)
         proc = subprocess.Popen(

@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.hubrunner import Hub  # noqa: E402
+from gpuspawner.testing.hubrunner import Hub  # noqa: E402
 
 PLAIN = """
 import ipaddress
@@ -119,7 +119,7 @@ def bookkeeping_ms(n: int = 2000) -> tuple[float, float]:
     from gpuspawner.hub.cluster import reset_clusters
     from gpuspawner.hub.spawner import GPUSpawner
     from gpuspawner.placement import Owner
-    from tests.test_spawner_docker import FakeUser
+    from gpuspawner.testing.fakes import FakeUser
 
     reset_clusters()
     sp = GPUSpawner(user=FakeUser("bench"), hub=HubObj(), oauth_client_id="c", api_token="t",

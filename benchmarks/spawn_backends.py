@@ -25,8 +25,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.hubrunner import Hub, HubProcess  # noqa: E402
-from tests.test_slurm_hub import USER, SlurmHub  # noqa: E402
+from gpuspawner.testing.hubrunner import Hub, HubProcess  # noqa: E402
+from gpuspawner.testing.slurm_hub import USER, SlurmHub  # noqa: E402
 
 PROFILE = {"slug": "cpu", "display_name": "1 core", "cpu": 1, "memory": "512M",
            "default": True}

@@ -54,6 +54,8 @@ def test_contracts_hold_on_the_tree(tmp_path):
      "the simulator uses placement, never the hub or an engine"),
     ("gpuspawner/server_state.py", "from gpuspawner.placement import model",
      "the server state accessor is a leaf"),
+    ("gpuspawner/hub/spawner.py", "from gpuspawner.testing import fakes",
+     "nothing in the project imports its test harness"),
     ("idle_culler/netstats.py", "from gpuspawner.backends import docker_backend",
      "the idle culler is its own service"),
 ])
@@ -106,9 +108,10 @@ KNOWN_CYCLES = {
     ("gpuspawner.hub.jobs.service", "gpuspawner.hub.service",
      "gpuspawner.hub.service.configure"):
         "owned by jobs work in progress: gpuspawner/hub/jobs/service.py builds its handlers on "
-        "gpuspawner.hub.service.app, so importing it runs the service package's __init__, whose "
-        "configure_service starts the jobs; it ends when the jobs' handlers import a base "
-        "outside the service package",
+        "gpuspawner.hub.service.app (also under TYPE_CHECKING), so importing it runs the "
+        "service package's __init__, whose configure_service starts the jobs; it ends when it "
+        "imports ServiceHandler, hub_app and hub_cluster from gpuspawner.hub.service_base "
+        "(outside the package) and names GPUService without importing service.app",
 }
 
 

@@ -447,8 +447,7 @@ def test_cli_simulate_delegates(monkeypatch: pytest.MonkeyPatch) -> None:
 
     fake.add_arguments = add_arguments  # type: ignore[attr-defined]
     fake.run = run  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "gpuspawner.simulate", fake)
-    monkeypatch.setattr(gpuspawner, "simulate", fake, raising=False)
+    monkeypatch.setattr(gpuspawner.cli, "simulate", fake)  # (imported at the CLI's top)
     assert main(["simulate", "--steps", "3"]) == 7
     assert seen == [3]
     assert main(["simulate", "--unknown"]) == 2

@@ -43,6 +43,7 @@ from gpuspawner.backends.slurm.job import ADMIN_MARKER, gpu_positions
 from gpuspawner.backends.spec import HomeMount, LaunchSpec, launch_spec
 from gpuspawner.inventory.topology import load_topology_file
 from gpuspawner.placement import Allocation, Bundle, Ledger, Owner
+from gpuspawner.testing.slurm_hub import SERVER
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slurm
@@ -117,31 +118,6 @@ def backend(slurm_conf: str, workdir: Path) -> SlurmBackend:
 def client(slurm_conf: str) -> SlurmClient:
     return SlurmClient(conf=slurm_conf, timeout=30)
 
-
-#: the server: binds the address of JUPYTERHUB_SERVICE_URL as jupyterhub-singleuser does, and
-#: answers every GET with what it sees (a Jupyter-like JSON with "version")
-SERVER = r"""
-import http.server, json, os, urllib.parse
-url = urllib.parse.urlsplit(os.environ["JUPYTERHUB_SERVICE_URL"])
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = json.dumps({
-            "version": "test", "path": self.path, "uid": os.getuid(), "cwd": os.getcwd(),
-            "cpus": sorted(os.sched_getaffinity(0)),
-            "env": {k: os.environ.get(k) for k in ("TRICKY", "HOME", "GPUSPAWNER_PORT",
-                    "GPUSPAWNER_ALLOCATION", "GPS_HUB_SECRET", "JUPYTERHUB_SERVICE_URL",
-                    "FROM_PROLOGUE")},
-        }).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *args):
-        pass
-print("serving on", url.hostname, url.port, flush=True)
-http.server.HTTPServer((url.hostname, url.port), H).serve_forever()
-"""
 
 TRICKY = "a 'b' \"c\" $HOME `id` \\ ; x\ny"
 

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import pwd
-import secrets
 import shutil
 import socket
 import ssl
 import sys
-import tempfile
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,87 +29,13 @@ from gpuspawner.backends.slurm.gres import gres_type
 from gpuspawner.backends.slurm.job import ADMIN_MARKER, gpu_positions
 from gpuspawner.hub.identity import object_name
 from gpuspawner.placement import Allocation
-from tests.hubrunner import HubProcess, free_port
-from tests.test_slurm_backend import SERVER, slurm_conf, topology_nodes  # noqa: F401
+from gpuspawner.testing.slurm_hub import OTHER, USER, SlurmHub, chp
+from tests.test_slurm_backend import slurm_conf, topology_nodes  # noqa: F401
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.hub]
 
 REPO = Path(__file__).resolve().parents[1]
-USER = "gpsuser1"
-OTHER = "gpsuser2"
-
-
-def chp() -> str | None:
-    for base in (REPO, Path("/work/main")):
-        path = base / "node_modules" / ".bin" / "configurable-http-proxy"
-        if path.exists():
-            return str(path)
-    return shutil.which("configurable-http-proxy")
-
-
-class SlurmHub(HubProcess):
-    """A hub on loopback whose GPUSpawner runs servers as Slurm jobs."""
-
-    def __init__(self, state_dir: Path, conf: str, cmd: list[str] | None = None,
-                 environment: dict[str, str] | None = None, internal_ssl: bool = False,
-                 profiles: list[dict] | None = None, extra: str = "") -> None:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        super().__init__(state_dir, url, f"{url}/hub/api", secrets.token_hex(16))
-        topo = REPO / "hub_config" / "slurm"
-        nodes = [{"name": n, "topology": str(topo / f"{n}.yaml"), "host": "127.0.0.1"}
-                 for n in ("node1", "node2")]
-        profiles = profiles or [
-            {"slug": "gpu1", "display_name": "1 GPU", "cpu": 1, "memory": "256M", "gpus": 1,
-             "nodes": ["node1"], "default": True},
-            {"slug": "gpu2", "display_name": "2 GPUs", "cpu": 2, "memory": "256M", "gpus": 2,
-             "nodes": ["node1"]}]
-        ids = {u: {"uid": pwd.getpwnam(u).pw_uid, "gid": pwd.getpwnam(u).pw_gid}
-               for u in (USER, OTHER)}
-        # job users must reach their homes: not under pytest's tmp_path (0700 root)
-        home = Path(tempfile.mkdtemp(prefix="gps-slurmhub-", dir="/tmp"))
-        home.chmod(0o1777)  # users make their own home in it (the job does), as in /tmp
-        self.config.write_text(f"""
-c = get_config()  # noqa: F821
-c.JupyterHub.bind_url = {url!r}
-c.JupyterHub.hub_ip = "127.0.0.1"
-c.JupyterHub.hub_port = {free_port()}
-c.ConfigurableHTTPProxy.api_url = "{'https' if internal_ssl else 'http'}://127.0.0.1:{free_port()}"
-c.JupyterHub.internal_ssl = {internal_ssl!r}
-c.SlurmBackend.allow_plain_http = {not internal_ssl!r}
-c.JupyterHub.internal_certs_location = "{home}/internal-ssl"
-c.ConfigurableHTTPProxy.command = [{chp()!r}]
-c.ConfigurableHTTPProxy.auth_token = {secrets.token_hex(16)!r}
-c.JupyterHub.db_url = "sqlite:///{state_dir}/jupyterhub.sqlite"
-c.JupyterHub.cookie_secret_file = "{state_dir}/cookie_secret"
-c.JupyterHub.pid_file = "{state_dir}/jupyterhub.pid"
-c.ConfigurableHTTPProxy.pid_file = "{state_dir}/proxy.pid"
-c.JupyterHub.cleanup_servers = False
-c.JupyterHub.spawner_class = "gpu"
-c.GPUSpawner.backend = "slurm"
-c.GPUSpawner.nodes = {nodes!r}
-c.GPUSpawner.profiles = {profiles!r}
-c.GPUSpawner.cmd = {cmd or ["/usr/bin/python3", "-c", SERVER]!r}
-c.GPUSpawner.environment = {environment or {}!r}
-c.GPUSpawner.uid_map = {ids!r}
-c.GPUSpawner.home_path_template = "{home}/{{username}}"
-c.GPUSpawner.http_timeout = 60
-c.GPUSpawner.start_timeout = 120
-c.GPUSpawner.poll_interval = 2
-c.SlurmBackend.slurm_conf = {conf!r}
-c.SlurmBackend.python = "/usr/bin/python3"
-c.SlurmBackend.output = "/tmp/gpuspawner-hubtest-%x-%j.out"
-c.SlurmBackend.submit_timeout = 40
-c.JupyterHub.authenticator_class = "dummy"
-c.Authenticator.allow_all = True
-c.JupyterHub.services = [{{"name": "admin", "api_token": {self.token!r}}}]
-c.JupyterHub.load_roles = [{{"name": "admin-svc", "services": ["admin"], "scopes": [
-    "admin:users", "admin:servers", "list:users", "read:users", "access:servers"]}}]
-""" + extra)
-        self.home = home
-
-
 @pytest.fixture
 def hub(slurm_conf: str, tmp_path: Path) -> Iterator[SlurmHub]:  # noqa: F811
     if chp() is None:

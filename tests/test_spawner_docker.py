@@ -29,6 +29,7 @@ from gpuspawner.hub.cluster import reset_clusters  # noqa: E402
 from gpuspawner.hub.spawner import GPUSpawner  # noqa: E402
 from gpuspawner.inventory.local import read_local_node  # noqa: E402
 from gpuspawner.inventory.topology import node_to_dict  # noqa: E402
+from gpuspawner.testing.fakes import FakeUser  # noqa: E402
 
 pytestmark = pytest.mark.docker
 IMAGE = os.environ.get("SINGLEUSER_IMAGE", "gpuspawner/singleuser:latest")
@@ -42,26 +43,6 @@ def client():
     except Exception as e:  # no engine or no image
         pytest.skip(f"needs a Docker engine and {IMAGE} (make engine images): {e}")
     return c
-
-
-class _Group:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-
-class FakeUser:
-    """The few attributes of jupyterhub.user.User that a spawner reads outside a hub."""
-
-    def __init__(self, name: str, groups: tuple[str, ...] = ()) -> None:
-        self.name = name
-        self.escaped_name = name
-        self.groups = [_Group(g) for g in groups]
-        self.url = f"/user/{name}/"
-        self.base_url = "/"
-        self.settings: dict = {}
-
-    def progress_url(self, server_name: str = "") -> str:
-        return f"/hub/api/users/{self.name}/server/progress"
 
 
 def assert_removed(client, cid: str, timeout: float = 15) -> None:

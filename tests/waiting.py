@@ -1,28 +1,8 @@
-"""Wait on a condition with a deadline, never a bare sleep."""
+"""Moved to :mod:`gpuspawner.testing.waiting` (shared with the benchmarks); this
+name stays for the tests that import it from here, as the very same module."""
 
-from __future__ import annotations
+import sys
 
-import time
-from collections.abc import Callable
-from typing import TypeVar
+from gpuspawner.testing import waiting
 
-T = TypeVar("T")
-
-
-def wait_until(condition: Callable[[], T], timeout: float, interval: float = 0.1,
-               message: str | Callable[[], str] = "condition") -> T:
-    """Call ``condition`` until it returns a truthy value (returned), at most ``timeout``
-    seconds, pausing ``interval`` seconds between calls.
-
-    Raises:
-        AssertionError: the deadline passed; the text is ``message`` (or its result).
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            text = message() if callable(message) else message
-            raise AssertionError(f"not met within {timeout:g} s: {text}")
-        time.sleep(interval)
+sys.modules[__name__] = waiting

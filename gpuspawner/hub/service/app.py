@@ -29,15 +29,9 @@ import json
 import logging
 import secrets
 from collections.abc import Callable, Iterable
-from html import escape
 from typing import Any
 
-from jupyterhub.services.auth import (
-    HubOAuth,
-    HubOAuthCallbackHandler,
-    HubOAuthenticated,
-    UserNotAllowed,
-)
+from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
 from jupyterhub.utils import url_path_join
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tornado import web
@@ -47,17 +41,9 @@ from tornado.netutil import bind_sockets
 from ...webui import REFRESH_S, service_links
 from ...webui.headers import add_frame_headers
 from .. import metrics
-from ..cluster import Cluster, get_cluster
+from ..cluster import Cluster
 from ..identity import is_job_server
-from ..runtime import hub_runtime
-from ..settings import (
-    HEALTH_TRAITS,
-    QUEUE_TRAITS,
-    health_settings,
-    queue_settings,
-    spawner_values,
-)
-from ..spawner import GPUSpawner
+from ..service_base import ADMIN_SCOPE, ServiceHandler, hub_app, hub_cluster, hub_user
 from .openapi import openapi_document
 from .views import (
     allocation_views,
@@ -73,126 +59,9 @@ from .views import (
 
 log = logging.getLogger("gpuspawner")
 
-#: custom scope granting the admin view (all allocations, the map, metrics)
-ADMIN_SCOPE = "custom:gpuspawner:admin"
-
-
-# -- the hub process's state ---------------------------------------------------------------
-def _hub_app() -> Any:
-    from jupyterhub.app import JupyterHub
-
-    if not JupyterHub.initialized():
-        raise web.HTTPError(503, "the hub is not initialised")
-    return JupyterHub.instance()
-
-
-def hub_cluster() -> Cluster:
-    """The cluster GPUSpawner uses in this hub process: the runtime made at hub start
-    (:func:`~gpuspawner.hub.runtime.hub_runtime`). A hub whose configuration never called
-    ``check_hub_config`` has none; then the key arguments (``nodes``, ``placement_policy``,
-    ``quotas``, ``backend``) are resolved from the hub's configuration the way traitlets
-    resolves them for the spawner class (sections of the class's MRO, the most derived last,
-    over the traits' defaults), so :func:`~gpuspawner.hub.cluster.get_cluster` returns the
-    very object the spawners hold, created on first use if no spawner has run yet.
-
-    Raises:
-        web.HTTPError(503): the hub does not use GPUSpawner.
-    """
-    app = _hub_app()
-    runtime = hub_runtime(app)
-    if runtime is not None:  # made at hub start: the one the spawners use
-        return runtime
-    cls = app.spawner_class
-    if not (isinstance(cls, type) and issubclass(cls, GPUSpawner)):
-        raise web.HTTPError(503, f"the hub's spawner_class is {cls!r}, not a GPUSpawner")
-    values = spawner_values(app, ("nodes", "placement_policy", "quotas", "profiles", "backend",
-                                  *HEALTH_TRAITS, *QUEUE_TRAITS))
-    return get_cluster(values["nodes"], values["placement_policy"], values["quotas"],
-                       values["profiles"], values["backend"], app.config,
-                       health=lambda: health_settings(values, str(app.db_url)),
-                       queue=lambda: queue_settings(values, str(app.db_url)))
-
-
-def hub_user(name: str) -> tuple[bool, list[str]] | None:
-    """(admin flag, group names) of a hub user from the hub's database, or None if unknown."""
-    from jupyterhub import orm
-
-    app = _hub_app()
-    u = orm.User.find(app.db, name)
-    if u is None:
-        return None
-    return bool(u.admin), sorted(g.name for g in u.groups)
-
-
-# -- handlers ----------------------------------------------------------------------------------
-class _Base(HubOAuthenticated, web.RequestHandler):
-    """Identify the caller with the hub (async), answer JSON errors on the API."""
-
-    #: no authentication (the OpenAPI document)
-    public = False
-    #: answer errors as JSON (API) rather than HTML
-    api = True
-
-    def initialize(self, service: GPUService) -> None:
-        self.service = service
-        self.hub_auth = service.hub_auth
-
-    @property
-    def hub_scopes(self) -> set[str]:
-        return {f"access:services!service={self.service.name}"}
-
-    async def prepare(self) -> None:
-        # resolve the user asynchronously; HubAuthenticated.get_current_user then returns this
-        # cached model instead of blocking the hub's own loop
-        self._denied = False
-        model = None
-        if not self.public:
-            model = await self.hub_auth.get_user(self, sync=False)
-            if model:
-                try:
-                    model = self.check_hub_user(model)
-                except UserNotAllowed:
-                    model, self._denied = None, True
-        self._hub_auth_user_cache = model
-
-    def require_user(self) -> dict[str, Any]:
-        """The caller's hub model. Raises 401 (nobody) or 403 (missing scope)."""
-        user = self.current_user
-        if not user:
-            raise web.HTTPError(403 if self._denied else 401,
-                                "this service needs access:services!service="
-                                f"{self.service.name}" if self._denied else
-                                "log in to the hub or send a JupyterHub API token")
-        return user
-
-    def is_admin(self, model: dict[str, Any]) -> bool:
-        return self.service.is_admin(model)
-
-    def write_json(self, data: Any, status: int = 200) -> None:
-        self.set_status(status)
-        self.set_header("Content-Type", "application/json; charset=UTF-8")
-        self.set_header("Cache-Control", "no-store")
-        self.finish(json.dumps(data, sort_keys=True))
-
-    def write_error(self, status_code: int, **kwargs: Any) -> None:
-        message = self._reason
-        exc = kwargs.get("exc_info", (None, None, None))[1]
-        if isinstance(exc, web.HTTPError) and exc.log_message:
-            message = exc.log_message % exc.args if exc.args else exc.log_message
-        if self.api:
-            self.set_header("Content-Type", "application/json; charset=UTF-8")
-            self.finish(json.dumps({"status": status_code, "message": message}))
-        else:
-            self.set_header("Content-Type", "text/html; charset=UTF-8")
-            self.finish(f"<!doctype html><title>{status_code}</title><h1>{status_code}</h1>"
-                        f"<p>{escape(message)}</p>")
-
-    async def cluster(self) -> Cluster:
-        """The hub's cluster, restored, with node and GPU health refreshed when due."""
-        c = self.service.cluster_provider()
-        await c.ensure_restored()
-        await c.refresh_health()
-        return c
+#: (the names notebook jobs' and api/profiles' handlers import from here)
+_Base = ServiceHandler
+_hub_app = hub_app
 
 
 class NodesHandler(_Base):
