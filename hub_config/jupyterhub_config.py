@@ -250,6 +250,21 @@ if os.environ.get("GPUSPAWNER_CULLER", "on") != "off":
     c.GPUSpawner.environment = {
         "GPUSPAWNER_CULLER_URL": f"{CULLER_URL}/services/idle-culler/"}
 
+# -- notebook jobs from JupyterLab (docs/jobs.md, "From JupyterLab") -----------------------
+# jupyter-scheduler's UI in the single-user image sends each job to the gpuspawner service
+# with the server's own token: the service also listens on the hub network's gateway (where
+# servers reach the hub API; each request is checked with the hub), servers are told where,
+# and their token may use the service. (Plain HTTP there: not with GPUSPAWNER_INTERNAL_SSL.)
+if GPUSPAWNER_SERVICE is not None and not INTERNAL_SSL:
+    _jobs_port = GPUSPAWNER_SERVICE.listen_for_servers(
+        HUB_IP, int(os.environ.get("GPUSPAWNER_SERVICE_SERVERS_PORT", "0")))
+    c.GPUSpawner.environment.update({
+        "GPUSPAWNER_SERVICE_URL": f"http://{HUB_IP}:{_jobs_port}{GPUSPAWNER_SERVICE.prefix}"})
+    c.Spawner.server_token_scopes = [
+        *(c.Spawner.server_token_scopes if "server_token_scopes" in c.Spawner
+          else ["users:activity!user", "access:servers!server"]),  # JupyterHub's default
+        "access:services!service=gpuspawner"]
+
 # -- checked now, not at the first spawn -----------------------------------------------------
 # Every GPUSpawner setting (profiles, nodes with their inventories, quotas, policy, network
 # pool) and the culler's policy file: a wrong one stops the hub here with the trait, the entry

@@ -305,6 +305,8 @@ class GPUService:
         self._hub_auth: HubOAuth | None = None
         self.templates = page_templates()
         self.server: HTTPServer | None = None
+        #: the listener of :meth:`listen_for_servers`, when there is one
+        self.servers_server: HTTPServer | None = None
         self.port: int | None = None
         #: the task of :func:`resume_queue` (started by
         #: :func:`~gpuspawner.hub.service.configure.configure_service`)
@@ -373,6 +375,23 @@ class GPUService:
         self.server = HTTPServer(self.make_app(), xheaders=True)
         self.server.add_sockets(sockets)
         return self.port
+
+    def listen_for_servers(self, host: str, port: int = 0) -> int:
+        """Also serve on ``host:port`` (0 = a free port), for the users' servers: the hub
+        network's gateway address, where containers reach the hub API and the proxy's
+        loopback address is out of their reach (jupyter-scheduler's UI in JupyterLab sends
+        notebook jobs here with the server's token; docs/jobs.md). Every request is
+        authenticated with the hub as on the main port. Its own application: no
+        ``X-Forwarded-*`` headers are trusted there (anyone on a server network may send
+        them) and the main port's OAuth cookies do not apply.
+
+        Returns:
+            the bound port.
+        """
+        sockets = bind_sockets(port, host)
+        self.servers_server = HTTPServer(self.make_app(), xheaders=False)
+        self.servers_server.add_sockets(sockets)
+        return int(sockets[0].getsockname()[1])
 
     @property
     def url(self) -> str:

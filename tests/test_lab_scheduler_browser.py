@@ -1,0 +1,218 @@
+"""A notebook job made in JupyterLab's UI, in Debian's Chromium (Python Playwright), on the hub
+as `make up` runs it (hub_config/jupyterhub_config.py, the real Docker engine and the
+single-user image): marked ``browser``, ``hub``, ``docker``.
+
+A user logs in, their server starts from the image, they open a notebook in JupyterLab, press
+jupyter-scheduler's "Create a job" button in the notebook's toolbar, see the profiles they may
+use as the environments, fill in the job's name and a parameter and press "Create". The job
+runs on the hub (gpuspawner.singleuser.scheduler -> the gpuspawner service's api/jobs), in a
+container of its own (``job-<user>--<id>``, its profile's core and memory), not in the
+server: the Notebook Jobs panel shows it Completed, with links to the files it wrote in the
+user's home (``~/jobs/<name>/<UTC start>-<id>/``), the executed notebook holds the parameter's
+effect, and afterwards the ledger holds the server's allocation only.
+
+The image is $SINGLEUSER_IMAGE (default gpuspawner/singleuser:latest, `make images`); it must
+have jupyter-scheduler (images/singleuser/requirements.in), else the test skips with that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from tests.hubrunner import Hub
+
+pytest.importorskip("docker")
+sync_api = pytest.importorskip("playwright.sync_api")
+
+from gpuspawner.hub.identity import safe_name  # noqa: E402
+from tests.test_hub_e2e import _engine, containers_of  # noqa: E402
+from tests.test_pages_browser import (  # noqa: E402
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    FETCH_JSON,
+    IMAGE,
+    SCREENSHOTS,
+)
+from tests.waiting import wait_until  # noqa: E402
+
+USER = "lab-jobs-ann"
+SVC = "/services/gpuspawner/"
+PROFILES = [
+    {"slug": "cpu", "display_name": "CPU, small", "cpu": 1, "memory": "512M",
+     "default": True},
+    {"slug": "cpu-tiny", "display_name": "CPU, tiny", "cpu": 1, "memory": "256M"},
+]
+EXTRA = f"""
+for _r in c.JupyterHub.load_roles:  # the test's admin token reads everyone's allocations
+    if _r.get("name") == "gpuspawner-admin":
+        _r["scopes"] = list(_r["scopes"]) + ["tokens", "access:services"]
+c.GPUSpawner.image = {IMAGE!r}
+c.GPUJobs.poll_interval = 0.5
+c.DockerBackend.stop_timeout = 5
+"""
+#: a notebook whose parameter cell the job's parameter replaces
+NOTEBOOK = {
+    "nbformat": 4, "nbformat_minor": 5,
+    "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                "language": "python"}},
+    "cells": [
+        {"cell_type": "code", "id": "params", "metadata": {"tags": ["parameters"]},
+         "source": "x = 1", "outputs": [], "execution_count": None},
+        {"cell_type": "code", "id": "work", "metadata": {},
+         "source": "import os\nprint('twice x is', 2 * x, 'in', os.environ.get('CPU_LIMIT'))",
+         "outputs": [], "execution_count": None},
+    ],
+}
+
+
+def _skip_reasons() -> list[str]:
+    out = []
+    if not os.access(CHROMIUM, os.X_OK):
+        out.append(f"{CHROMIUM} is missing (make test-tools)")
+    try:
+        has = subprocess.run(
+            ["docker", "run", "--rm", "--network", "none", "--entrypoint", "python3", IMAGE,
+             "-c", "import jupyter_scheduler, gpuspawner.singleuser.scheduler"],
+            capture_output=True, timeout=120).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        has = False
+    if not has:
+        out.append(f"{IMAGE} has no jupyter_scheduler or gpuspawner.singleuser.scheduler "
+                   "(make images)")
+    return out
+
+
+pytestmark = [pytest.mark.browser, pytest.mark.hub, pytest.mark.docker]
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    reasons = _skip_reasons()
+    if reasons:
+        pytest.skip("; ".join(reasons))
+    engine = _engine()
+    h = Hub(tmp_path_factory.mktemp("labjobs"), [{"name": "local", "topology": "auto"}],
+            PROFILES, extra_config=EXTRA)
+    h.env["GPUSPAWNER_CULLER"] = "off"
+    h.start()
+    try:
+        yield h
+    finally:
+        h.api("DELETE", f"/users/{USER}/server")
+        h.stop()
+        for c in containers_of(engine, USER):
+            engine.remove_container(c["Id"], force=True)
+
+
+def allocations(hub: Hub) -> list[dict[str, Any]]:
+    r = requests.get(f"{hub.url}{SVC}api/allocations",
+                     headers={"Authorization": f"token {hub.token}"}, timeout=30)
+    assert r.status_code == 200, r.text
+    return [a for a in r.json() if a["owner"]["user"] == USER]
+
+
+def test_a_job_made_in_jupyterlab_runs_in_its_own_container(hub):
+    engine = _engine()
+    hub.ensure_user(USER)
+    r = hub.api("POST", f"/users/{USER}/server", {"profile": "cpu"})
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready(USER, timeout=180)
+    home = hub.state_dir / "home" / safe_name(USER)
+    owner = home.stat()
+    nb_path = home / "double.ipynb"
+    nb_path.write_text(json.dumps(NOTEBOOK))
+    os.chown(nb_path, owner.st_uid, owner.st_gid)
+
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
+        page.set_default_timeout(60_000)
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
+        try:
+            page.goto(f"{hub.url}/hub/login")
+            page.fill("#username_input", USER)
+            page.fill("#password_input", "gpuspawner")
+            page.click("#login_submit")
+            page.wait_for_url(lambda url: "/hub/login" not in url)
+            page.goto(f"{hub.url}/user/{USER}/lab/tree/double.ipynb")
+            # jupyter-scheduler's button in the notebook's toolbar
+            button = page.locator("[data-command='scheduling:create-from-notebook']").first
+            button.wait_for(timeout=120_000)
+            # the environments are the profiles this user may use (the service's api/profiles)
+            envs = page.evaluate(FETCH_JSON, f"/user/{USER}/scheduler/runtime_environments")
+            assert envs["status"] == 200, envs
+            assert [e["name"] for e in envs["body"]] == ["cpu", "cpu-tiny"]
+            button.click()
+            name = page.get_by_label("Job name")
+            name.wait_for()
+            name.fill("double")
+            assert page.get_by_label("Input file").input_value() == "double.ipynb"
+            # a parameter for the cell tagged "parameters"
+            page.get_by_role("button", name=re.compile("Add new parameter", re.I)).click()
+            page.locator("input[name='parameter-0-name']").fill("x")
+            page.locator("input[name='parameter-0-value']").fill("21")
+            page.locator("input[name='parameter-0-value']").press("Tab")  # validated on blur
+            _shot(page, "lab-create-job.png")
+            page.get_by_role("button", name="Create", exact=True).click()
+            # the Notebook Jobs panel: the job, then (its Reload button) Completed
+            row = page.locator("tr", has_text="double").first
+            row.wait_for(timeout=60_000)
+
+            def completed() -> bool:
+                page.get_by_role("button", name="Reload", exact=True).first.click()
+                page.wait_for_timeout(300)  # the list's request after the click
+                return "Completed" in (row.text_content() or "")
+
+            try:
+                wait_until(completed, 240, 2.0, lambda: row.text_content() or "")
+            finally:
+                _shot(page, "lab-notebook-jobs.png")
+            # links to the files the job wrote in the home
+            for output in ("double.ipynb", "double.html"):
+                assert row.get_by_title(f'Open output file "{output}"').count() == 1
+            listed = page.evaluate(FETCH_JSON, f"/user/{USER}/scheduler/jobs")
+            assert listed["status"] == 200, listed
+            (job,) = [j for j in listed["body"]["jobs"] if j["name"] == "double"]
+            files = {f["file_format"]: f.get("file_path") for f in job["job_files"]}
+            assert job["status"] == "COMPLETED" and job["downloaded"], job
+            assert errors == [], errors
+        finally:
+            browser.close()
+
+    # the job was the hub's: its own container on the node, the profile's bundle
+    token = hub.api("POST", f"/users/{USER}/tokens", {"note": "lab jobs test"}).json()["token"]
+    jobs = requests.get(f"{hub.url}{SVC}api/jobs", timeout=30,
+                        headers={"Authorization": f"token {token}"}).json()["jobs"]
+    (record,) = jobs
+    assert record["state"] == "completed" and record["exit_code"] == 0, record
+    assert record["profile"] == "cpu" and record["node"] == "local"
+    assert record["parameters"] == {"x": 21}
+    assert [h["state"] for h in record["history"]][-2:] == ["running", "completed"]
+    # its outputs, written by the job as the user, are where the panel's links point
+    folder = home / record["output_dir"][2:]
+    assert files["ipynb"] == f"{record['output_dir'][2:]}/double.ipynb"
+    executed = json.loads((folder / "double.ipynb").read_text())
+    texts = ["".join(o.get("text", "")) for c in executed["cells"] for o in c.get("outputs", [])]
+    assert "twice x is 42 in 1\n" in texts, texts  # the parameter, one core (CPU_LIMIT)
+    assert (folder / "double.ipynb").stat().st_uid == owner.st_uid
+    # nothing ran in the user's server, and the job's container and bundle are gone: only the
+    # server's allocation and container are left
+    assert [c["Labels"].get("gpuspawner.server") for c in containers_of(engine, USER)] == [""]
+    wait_until(lambda: len(allocations(hub)) == 1, 30, 0.3, lambda: str(allocations(hub)))
+    assert allocations(hub)[0]["owner"]["server"] == ""
+
+
+def _shot(page: Any, name: str) -> Path:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    out = SCREENSHOTS / name
+    page.screenshot(path=str(out))
+    return out
