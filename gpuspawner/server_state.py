@@ -10,7 +10,8 @@ gives it back to :meth:`GPUSpawner.load_state` after a hub restart; a token with
                                    #   gpus: [{"uuid": "GPU-...", "milli": 1000}], cpuset, ...
      "backend": {...},             # what the backend needs to find the server again
      "certs_dir": "/srv/...",      # internal_ssl: the server's certificate folder
-     "image": {"reference": "...", "digest": "sha256:..."}}  # a user's own image, checked
+     "image": {"reference": "...", "digest": "sha256:..."},  # a user's own image, checked
+     "moves": [{"from": "n1", "to": "n2", "at": 1764.0, "reason": "..."}]}  # restarts elsewhere
 
 and each key is present only when it has a value. The backend's part:
 
@@ -35,10 +36,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ALLOCATION", "BACKEND", "CERTS_DIR", "DOCKER", "IMAGE", "SLURM", "ServerState"]
+__all__ = ["ALLOCATION", "BACKEND", "CERTS_DIR", "DOCKER", "IMAGE", "MOVES", "SLURM",
+           "ServerState"]
 
 #: the top-level keys GPUSpawner stores
 ALLOCATION, BACKEND, CERTS_DIR, IMAGE = "allocation", "backend", "certs_dir", "image"
+MOVES = "moves"
+#: how many restarts elsewhere a state keeps
+KEPT_MOVES = 20
 #: values of :attr:`ServerState.backend_kind`
 DOCKER, SLURM = "docker", "slurm"
 
@@ -62,12 +67,16 @@ class ServerState:
         image: a user's own image (``image--unlisted-choice``) as checked on the node:
             ``{"reference": ..., "digest": "sha256:...", "jupyterhub_version": ...}``; ``{}``
             for the profile's images.
+        moves: the server's restarts on another node after its node failed, oldest first:
+            ``{"from": node, "to": node, "at": seconds since the epoch, "reason": text}``
+            (the last :data:`KEPT_MOVES`).
     """
 
     allocation: dict[str, Any] = field(default_factory=dict)
     backend: dict[str, Any] = field(default_factory=dict)
     certs_dir: str = ""
     image: dict[str, Any] = field(default_factory=dict)
+    moves: list[dict[str, Any]] = field(default_factory=list)
 
     # -- the two directions ---------------------------------------------------------------
     @classmethod
@@ -75,7 +84,9 @@ class ServerState:
         """The view of a stored state (``None``, ``{}`` or a foreign state: an empty view)."""
         state = state if isinstance(state, Mapping) else {}
         return cls(_dict(state.get(ALLOCATION)), _dict(state.get(BACKEND)),
-                   _str(state.get(CERTS_DIR)), _dict(state.get(IMAGE)))
+                   _str(state.get(CERTS_DIR)), _dict(state.get(IMAGE)),
+                   [dict(m) for m in state.get(MOVES) or [] if isinstance(m, Mapping)]
+                   if isinstance(state.get(MOVES), list) else [])
 
     def to_state(self) -> dict[str, Any]:
         """The dict to store (only the keys that have a value); the inverse of
@@ -89,6 +100,8 @@ class ServerState:
             out[CERTS_DIR] = self.certs_dir
         if self.image:
             out[IMAGE] = dict(self.image)
+        if self.moves:
+            out[MOVES] = [dict(m) for m in self.moves[-KEPT_MOVES:]]
         return out
 
     # -- what readers ask -----------------------------------------------------------------

@@ -548,3 +548,159 @@ async def test_a_broken_user_image_is_refused_before_anything_is_booked(
     assert sp.cluster.ledger.allocations() == []
     assert not container_id(sp)
     assert client.containers(all=True, filters={"label": "gpuspawner.image-check"}) == []
+
+
+# -- restart elsewhere (GPUSpawner.restart_elsewhere) -------------------------------------------
+class EngineForwarder:
+    """A node's engine that can fail: a unix socket forwarding to the real engine; ``fail()``
+    closes it and every open connection (the node's engine stops answering), ``recover()``
+    opens it again."""
+
+    def __init__(self, path: Path, target: str = "/var/run/docker.sock") -> None:
+        self.path, self.target = path, target
+        self.server = None
+        self.conns: list = []
+        self.recover()
+
+    def recover(self) -> None:
+        import socket
+        import socketserver
+
+        fwd = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                up = socket.socket(socket.AF_UNIX)
+                up.connect(fwd.target)
+                fwd.conns += [self.request, up]
+
+                def pump(a, b) -> None:
+                    try:
+                        while data := a.recv(65536):
+                            b.sendall(data)
+                    except OSError:
+                        pass
+                    finally:
+                        for s in (a, b):
+                            try:
+                                s.shutdown(socket.SHUT_RDWR)
+                            except OSError:
+                                pass
+
+                t = threading.Thread(target=pump, args=(up, self.request), daemon=True)
+                t.start()
+                pump(self.request, up)
+                t.join(5)
+
+        if self.path.exists():
+            self.path.unlink()
+        self.server = socketserver.ThreadingUnixStreamServer(str(self.path), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def fail(self) -> None:
+        import socket
+
+        self.server.shutdown()
+        self.server.server_close()
+        for s in self.conns:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self.conns.clear()
+        self.path.unlink(missing_ok=True)
+
+
+def cpu_topology(tmp_path: Path, name: str) -> Path:
+    local = node_to_dict(read_local_node(name))
+    local["gpus"] = []
+    local.pop("links", None)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(local))
+    return path
+
+
+async def test_a_server_moves_off_a_failed_node_once_and_the_node_is_swept_on_return(
+        make_spawner, client, tmp_path):
+    """Node a's engine stops answering: the next poll restarts the server on node b (the
+    same profile, a new booking, exactly one booking in the ledger), the home's files are
+    there, the move is in the state and told to the user; when a answers again its leftover
+    container is swept (the old booking was released once, at the move)."""
+    url_b = f"unix://{BTRFS_SOCK}"
+    try:
+        btrfs = docker.APIClient(base_url=url_b, version="auto")
+        btrfs.inspect_image(IMAGE)
+    except Exception as e:
+        pytest.skip(f"needs the btrfs engine with {IMAGE} as the second node: {e}")
+    fwd = EngineForwarder(tmp_path / "node-a.sock")
+    try:
+        sp = make_spawner(
+            "mover", {"profile": "cpu"}, placement_policy="first-fit",
+            nodes=[{"name": "a", "docker_url": f"unix://{fwd.path}",
+                    "topology": str(cpu_topology(tmp_path, "a"))},
+                   {"name": "b", "docker_url": url_b, "topology": str(cpu_topology(tmp_path, "b")),
+                    "network_pool": "198.19.0.0/16"}],
+            uid_map={"mover": {"uid": 4361, "gid": 4362}})
+        await asyncio.wait_for(sp.start(), 90)
+        old_cid = container_id(sp)
+        assert sp.allocation.node == "a" and client.inspect_container(old_cid)["State"]["Running"]
+        ex = client.exec_create(old_cid, ["sh", "-c", "echo kept > $HOME/notes.txt"])
+        client.exec_start(ex)
+        fwd.fail()
+        t0 = time.monotonic()
+        assert await asyncio.wait_for(sp.poll(), 120) is None  # moved, not stopped
+        moved_s = time.monotonic() - t0
+        try:
+            assert sp.allocation.node == "b"
+            assert [a.node for a in sp.cluster.ledger.allocations()] == ["b"]
+            new_cid = container_id(sp)
+            ex = btrfs.exec_create(new_cid, ["sh", "-c", "cat $HOME/notes.txt"])
+            assert btrfs.exec_start(ex).decode().strip() == "kept"
+            (move,) = sp.get_state()["moves"]
+            assert (move["from"], move["to"]) == ("a", "b") and "does not answer" in move["reason"]
+            assert any("Your server moved from node a to node b" in e["message"]
+                       and "files in your home are safe" in e["message"] for e in sp._events)
+            assert await sp.poll() is None  # b answers: it runs
+            print(f"moved in {moved_s:.1f} s")
+            # node a answers again: its leftover is swept, the booking on b is untouched
+            fwd.recover()
+            sp.cluster._health_read = float("-inf")
+            await sp.cluster.refresh_health()
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    client.inspect_container(old_cid)
+                except docker.errors.NotFound:
+                    break
+                await asyncio.sleep(0.5)
+            else:
+                raise AssertionError("the failed node's leftover container was not swept")
+            assert [a.node for a in sp.cluster.ledger.allocations()] == ["b"]
+        finally:
+            await sp.stop()
+        assert sp.cluster.ledger.allocations() == []
+    finally:
+        try:
+            fwd.fail()
+        except Exception:
+            pass
+        for c in client.containers(all=True, filters={"label": "gpuspawner.user=mover"}):
+            client.remove_container(c["Id"], force=True)
+
+
+async def test_moves_are_bounded_per_hour_and_may_be_turned_off(make_spawner):
+    """A flapping node cannot bounce a server around: past ``restart_limit`` moves in the
+    hour, or inside the backoff after the last one, the server is stopped as before; a
+    profile with ``restart_on_node_failure: false`` is never moved."""
+    sp = make_spawner("flappy", restart_limit=2, restart_backoff=30)
+    now = time.time()
+    sp.moves = [{"from": "x", "to": "y", "at": now - 4000, "reason": "old"},
+                {"from": "y", "to": "x", "at": now - 10, "reason": "just now"}]
+    assert await sp.restart_elsewhere("node x does not answer") is False  # in the backoff
+    sp.moves = [{"at": now - 1000}, {"at": now - 900}]
+    assert await sp.restart_elsewhere("node x does not answer") is False  # limit reached
+    off = make_spawner("pinned", profiles=[{"slug": "cpu", "cpu": 1, "memory": "256M",
+                                            "restart_on_node_failure": False}])
+    assert await off.restart_elsewhere("node x does not answer") is False
+    assert off.moves == [] and sp.allocation is None

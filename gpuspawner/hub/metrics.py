@@ -59,6 +59,21 @@ QUEUE_WAIT = Histogram(
     ["profile"], buckets=QUEUE_BUCKETS, registry=REGISTRY)
 
 
+SERVER_MOVES = Counter(
+    "gpuspawner_server_moves",
+    "Servers restarted on another node after their node failed, by outcome (moved, "
+    "failed: no room or the start failed; limit: the server's restarts per hour were used up)",
+    ["outcome"], registry=REGISTRY)
+
+
+def server_moved(outcome: str) -> None:
+    """Count one restart elsewhere in :data:`SERVER_MOVES`. Never raises."""
+    try:
+        SERVER_MOVES.labels(outcome=outcome).inc()
+    except Exception as e:  # pragma: no cover - defensive
+        log.warning("metrics: cannot count a server move: %s", e)
+
+
 def queue_waited(profile: str, seconds: float) -> None:
     """Observe one wait in :data:`QUEUE_WAIT`. Never raises."""
     try:

@@ -36,7 +36,7 @@ Keys: slug, display_name, description, cpu (whole cores), memory and disk (bytes
 gpu_milli (milli-GPU, 1..999: a share of one GPU) or mig (a MIG profile name such as 1g.10gb,
 with mig_count, default 1), gpu_models (list), image, profile_options (image choices users
 may make, KubeSpawner's shape), volumes (mounts beside c.GPUSpawner.volumes, same shape),
-numa_policy
+restart_on_node_failure (move servers off a failed node), numa_policy
 (strict | prefer | none), groups (who may use it; empty = everyone), nodes (node names it may
 run on; empty = any), queue (wait when the bundle is not free now), default.
 """
@@ -81,6 +81,8 @@ class Profile:
     volumes: tuple[VolumeSpec, ...] = ()
     #: the images users may choose (``profile_options.image``, :mod:`gpuspawner.hub.images`)
     image_option: ImageOption | None = None
+    #: restart its servers elsewhere when their node fails; None = the spawner's setting
+    restart_on_node_failure: bool | None = None
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def allowed_for(self, groups: Iterable[str]) -> bool:
@@ -256,6 +258,7 @@ def _load_profiles(config: Sequence[Mapping[str, Any]] | str | os.PathLike[str]
             queue=bool(entry.get("queue", bundle.total_gpu_milli > 0)),
             volumes=tuple(_volumes_from(entry.get("volumes"), f"{where}.volumes")),
             image_option=_image_option_from(entry, where),
+            restart_on_node_failure=entry.get("restart_on_node_failure"),
         ))
     if sum(p.default for p in out) > 1:
         raise ProfileConfigError(f"{source}: more than one profile has default: true")

@@ -9,6 +9,7 @@ from typing import Any
 
 from tornado import web
 from traitlets import (
+    Bool,
     Callable,
     Dict,
     Enum,
@@ -62,6 +63,19 @@ class SpawnerSettings(LoggingConfigurable):
         Checked in the same atomic step as the reservation.""").tag(config=True)
     image = Unicode("gpuspawner/singleuser:latest",
                     help="Image of servers whose profile names none.").tag(config=True)
+    restart_on_node_failure = Bool(True, help="""Restart a server on another node when its
+        node fails (its engine does not answer, the node is down or drained, or one of its
+        GPUs is drained as unhealthy): the same profile, options and image, a new bundle
+        from the ledger (through the wait queue when nothing is free), the user's URL routed
+        to it. Files in the shared home survive; running kernels do not. A profile's
+        ``restart_on_node_failure`` overrides this (docs/howto/node-failure.md).""").tag(
+        config=True)
+    restart_limit = Int(3, help="""Restarts elsewhere of one server within an hour; past it
+        the server is stopped as before (a flapping node cannot bounce a server around).
+        """).tag(config=True)
+    restart_backoff = Float(30.0, help="""Seconds before a server that was just moved may be
+        moved again, doubled for each move within the hour (30 s, 60 s, 120 s, ...); a
+        failure sooner stops the server instead.""").tag(config=True)
     image_deny_patterns = List(Unicode(), help="""Images no user may type as their own
         (``image--unlisted-choice`` of a profile's ``profile_options.image``): Python regular
         expressions matched against the whole reference, as typed and in its normalised form

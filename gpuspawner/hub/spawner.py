@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 from typing import Any
 
 import jupyterhub
@@ -34,11 +35,11 @@ from ..placement import Allocation, Owner, PlacementError, QuotaExceeded
 from ..placement.queue import QueueEntry
 from ..server_state import ServerState
 from . import certs
-from .cluster import Cluster, get_cluster
+from .cluster import HEALTH, Cluster, get_cluster
 from .form import OptionsFormMixin
 from .hub_id import hub_id
 from .identity import home_path, legacy_home_to_move, object_name, safe_name
-from .metrics import placement_refused
+from .metrics import placement_refused, server_moved
 from .profiles import Profile
 from .progress import ProgressEvents, placement_message
 from .readiness import wait_for_own_server
@@ -82,6 +83,8 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
         self.certs_dir = ""
         #: a user's own image as checked on the node (ServerState.image), {} for others
         self.image_record: dict[str, Any] = {}
+        #: restarts on another node after a node failure (ServerState.moves)
+        self.moves: list[dict[str, Any]] = []
         install_user_options_guard(self.profiles, self.user_options_max_bytes, self.log,
                                    self.image_deny_patterns)
 
@@ -375,12 +378,21 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
         await self.cluster.ensure_restored(self._owner_exists)
         if not getattr(self, "_spawn_pending", False):  # the user cancelled its wait
             self.cluster.queue.forget(self.user.name, self.name or "")
+        unavailable: BackendUnavailable | None = None
         try:
             status = await self.backend_obj.poll(self.backend_state)
         except BackendUnavailable as e:
-            self.log.warning("%s: %s; reporting the server stopped", self._log_name, e)
             self.cluster.mark_suspect(e.node, str(e))
-            status = 255
+            status, unavailable = 255, e
+        if status is not None and unavailable is None and self.allocation is not None:
+            await self.cluster.refresh_health()  # did it end because its node failed?
+        failed = self.node_failure(unavailable)
+        if failed and not getattr(self, "_spawn_pending", False):
+            if await self.restart_elsewhere(failed):
+                return None
+        if unavailable is not None:
+            self.log.warning("%s: %s; reporting the server stopped", self._log_name,
+                             unavailable)
         ledger = self.cluster.ledger
         if status is None and self.allocation is None:
             self.allocation = ledger.find(self.user.name, self.name or "")
@@ -395,6 +407,96 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
                                c.problem)
         return status
 
+    def node_failure(self, unavailable: BackendUnavailable | None = None) -> str:
+        """Why this server's node failed, in words; "" when it did not. A node fails when its
+        engine does not answer (``unavailable``), when the ledger has it down or drained
+        (a health check, Slurm's node state), or when a GPU of the allocation is drained as
+        unhealthy (:mod:`gpuspawner.hub.drains`, by ``health``)."""
+        a = self.allocation
+        if a is None:
+            return ""
+        if unavailable is not None:
+            return f"node {a.node} does not answer ({unavailable.reason})"
+        state, reason = self.cluster.ledger.node_state(a.node)
+        if state != "up":
+            return f"node {a.node} is {state}" + (f" ({reason})" if reason else "")
+        records = self.cluster.drain_records()
+        sick = [u for u in a.gpu_uuids if u in records and records[u].by == HEALTH]
+        if sick:
+            return f"GPU {sick[0]} on node {a.node} is unhealthy ({records[sick[0]].reason})"
+        return ""
+
+    async def restart_elsewhere(self, why: str) -> bool:
+        """Move this server off its failed node: release its booking (once; what is left on
+        the node is swept when the node answers again), book the same request anew on a
+        healthy node (through the wait queue), start it and route the user's URL to it.
+
+        Allowed by the profile's ``restart_on_node_failure`` (else the spawner's), at most
+        ``restart_limit`` times an hour, and not sooner than ``restart_backoff`` seconds
+        (doubled per move in the hour) after the last move. Recorded in the state
+        (``moves``), the hub's log, the ``gpuspawner_server_moves`` metric and the spawn
+        page's progress events, in the user's words.
+
+        Returns:
+            True when the server runs again elsewhere; False when it may not move or could not
+            be started (it is then reported stopped, as before).
+        """
+        try:
+            profile = self.chosen_profile()
+        except web.HTTPError:
+            return False
+        allowed = profile.restart_on_node_failure
+        if not (self.restart_on_node_failure if allowed is None else allowed):
+            return False
+        now = time.time()
+        recent = [m for m in self.moves if now - float(m.get("at", 0)) < 3600]
+        wait = self.restart_backoff * 2 ** (len(recent) - 1) if recent else 0.0
+        if len(recent) >= self.restart_limit or (
+                recent and now - float(recent[-1].get("at", 0)) < wait):
+            self.log.warning("%s: %s; not moved again (%d moves in the last hour, limit %d, "
+                             "backoff %g s): stopping it", self._log_name, why, len(recent),
+                             self.restart_limit, wait)
+            server_moved("limit")
+            return False
+        old = self.allocation.node if self.allocation is not None else "?"
+        self.log.warning("%s: %s; moving it to another node", self._log_name, why)
+        await self._rollback()  # the booking is released here, once
+        if self.server is not None and self.internal_ssl:
+            self.cert_paths = await self.move_certs(await self.create_certs())
+        try:
+            ip, port = await asyncio.wait_for(self.start(), self.start_timeout)
+        except BaseException as e:  # noqa: BLE001 - any failure: stopped, as before
+            if isinstance(e, asyncio.CancelledError):
+                raise
+            self.log.error("%s: could not restart it elsewhere: %s", self._log_name, e)
+            server_moved("failed")
+            return False
+        new = self.allocation.node if self.allocation is not None else "?"
+        when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(now))
+        self.moves = [*self.moves, {"from": old, "to": new, "at": now, "reason": why}]
+        self._emit(100, f"Your server moved from node {old} to node {new} at {when} because "
+                        f"{why}; files in your home are safe; running kernels were lost.")
+        self.log.warning("%s: moved from node %s to node %s (%s)", self._log_name, old, new,
+                         why)
+        server_moved("moved")
+        await self._route_to(ip, port)
+        return True
+
+    async def _route_to(self, ip: str, port: int) -> None:
+        """Point the hub's record and the proxy's route of this server at ``ip:port`` and save
+        the state (inside a hub; nothing to do for a spawner without one)."""
+        if self.server is None:
+            return
+        self.server.ip, self.server.port = ip, port
+        orm_spawner = getattr(self, "orm_spawner", None)
+        if orm_spawner is not None:
+            orm_spawner.state = self.get_state()
+        if self.db is not None:
+            self.db.commit()
+        proxy = (getattr(self.user, "settings", None) or {}).get("proxy")
+        if proxy is not None:
+            await proxy.add_user(self.user, self.name)
+
     def load_state(self, state: dict[str, Any]) -> None:
         """The allocation, the backend's state and the certificate folder
         (:class:`~gpuspawner.server_state.ServerState`, the view the culler reads too)."""
@@ -404,16 +506,18 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
         self.backend_state = view.backend
         self.certs_dir = view.certs_dir
         self.image_record = view.image
+        self.moves = view.moves
 
     def get_state(self) -> dict[str, Any]:
-        """``{"allocation", "backend", "certs_dir", "image"}`` (what exists), written through
-        :class:`~gpuspawner.server_state.ServerState`."""
+        """``{"allocation", "backend", "certs_dir", "image", "moves"}`` (what exists), written
+        through :class:`~gpuspawner.server_state.ServerState`."""
         return {**super().get_state(), **ServerState(
             self.allocation.to_dict() if self.allocation is not None else {},
-            self.backend_state, self.certs_dir, self.image_record).to_state()}
+            self.backend_state, self.certs_dir, self.image_record, self.moves).to_state()}
 
     def clear_state(self) -> None:
         """Forget the backend's state and the certificates (the ledger is released by
         stop/rollback, not here)."""
         super().clear_state()
         self.backend_state, self.certs_dir, self.image_record = {}, "", {}
+        self.moves = []
