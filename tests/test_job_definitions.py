@@ -463,32 +463,88 @@ async def test_deleting_a_definition_keeps_its_jobs(store):
 
 
 # -- the database ------------------------------------------------------------------------------
-def test_a_version_2_database_is_brought_to_3(tmp_path):
+def legacy_database(url: str, version: int, runs_table: bool = False) -> None:
+    """A database as the version table before alembic left it at ``version`` (the revision
+    of that version, without alembic's version table); ``runs_table``: with the job
+    runner's table, which ``create_all`` made then."""
+    import sqlalchemy
+    from alembic import command
+    from alembic.config import Config
+
+    from gpuspawner.hub.jobs.store import LEGACY_REVISIONS, MIGRATIONS, JobRun
+
+    engine = sqlalchemy.create_engine(url)
+    with engine.begin() as c:
+        cfg = Config()
+        cfg.set_main_option("script_location", MIGRATIONS)
+        cfg.attributes["connection"] = c
+        command.upgrade(cfg, LEGACY_REVISIONS[version])
+        c.execute(sqlalchemy.text("DROP TABLE gpuspawner_jobs_alembic_version"))
+        c.execute(sqlalchemy.text(
+            "INSERT INTO gpuspawner_jobs (id, user, groups, name, profile, state, message, "
+            "time_limit, parameters, notebook, created, history, node, gpu_uuids, "
+            "output_dir) VALUES ('" + "b" * 32 + "', 'jd-u', '[]', 'n', 'cpu', 'completed', "
+            "'', 60, '{}', x'00', 1.0, '[]', '', '[]', '')"))
+        if runs_table:
+            JobRun.__table__.create(c)
+    engine.dispose()
+
+
+@pytest.mark.parametrize("version,runs_table", [(1, False), (2, False), (2, True), (3, True)])
+def test_a_database_of_the_old_version_table_is_migrated_by_alembic(tmp_path, version,
+                                                                     runs_table):
     import sqlalchemy
 
-    from gpuspawner.hub.jobs.store import SCHEMA_VERSION
+    from gpuspawner.hub.jobs.store import SCHEMA_VERSION, VERSION_TABLE
 
     url = f"sqlite:///{tmp_path / 'jobs.sqlite'}"
-    store = JobStore(url)
-    row = JobRow(id="b" * 32, user="jd-u", name="n", profile="cpu", state="completed",
-                 time_limit=60, notebook=pack(notebook("1")), created=1.0)
-    store.add(row)
-    with store.engine.begin() as c:  # what version 2 had: no definitions, no definition_id
-        c.execute(sqlalchemy.text("DROP INDEX ix_gpuspawner_jobs_definition_id"))
-        c.execute(sqlalchemy.text("ALTER TABLE gpuspawner_jobs DROP COLUMN definition_id"))
-        c.execute(sqlalchemy.text("DROP TABLE gpuspawner_job_definitions"))
-        c.execute(sqlalchemy.text("UPDATE gpuspawner_jobs_schema SET version = 2"))
-    store.close()
+    legacy_database(url, version, runs_table)
     store = JobStore(url)
     insp = sqlalchemy.inspect(store.engine)
-    assert "definition_id" in {c["name"] for c in insp.get_columns("gpuspawner_jobs")}
+    assert {"not_before", "definition_id"} <= {c["name"] for c in
+                                               insp.get_columns("gpuspawner_jobs")}
     assert "ix_gpuspawner_jobs_definition_id" in {i["name"] for i in
                                                   insp.get_indexes("gpuspawner_jobs")}
-    assert "gpuspawner_job_definitions" in insp.get_table_names()
+    assert {"gpuspawner_job_definitions", "gpuspawner_job_runs", VERSION_TABLE} <= set(
+        insp.get_table_names())
+    assert store.revision == "0004"
     assert store.session.execute(sqlalchemy.text(
         "SELECT version FROM gpuspawner_jobs_schema")).scalar() == SCHEMA_VERSION == 3
     assert store.get("b" * 32).definition_id is None and store.definitions() == []
     store.close()
+    assert JobStore(url).revision == "0004"  # opened again: nothing to do
+
+
+def test_the_migrated_schema_is_the_models(tmp_path):
+    """Every change of the models in store.py needs an alembic revision."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    from gpuspawner.hub.jobs.store import VERSION_TABLE, Base
+
+    store = JobStore(f"sqlite:///{tmp_path / 'jobs.sqlite'}")
+    with store.engine.connect() as c:
+        ctx = MigrationContext.configure(c, opts={"version_table": VERSION_TABLE})
+        diff = compare_metadata(ctx, Base.metadata)
+    assert diff == [], diff
+    store.close()
+
+
+def test_an_unknown_alembic_revision_is_refused(tmp_path):
+    import sqlalchemy
+
+    from gpuspawner.hub.jobs.store import StoreError
+
+    url = f"sqlite:///{tmp_path / 'jobs.sqlite'}"
+    JobStore(url).close()
+    engine = sqlalchemy.create_engine(url)
+    with engine.begin() as c:
+        c.execute(sqlalchemy.text("UPDATE gpuspawner_jobs_alembic_version SET "
+                                  "version_num = '9999'"))
+    engine.dispose()
+    with pytest.raises(StoreError, match="revision '9999', which this gpuspawner does not "
+                                         "know"):
+        JobStore(url)
 
 
 # -- the CLI -----------------------------------------------------------------------------------

@@ -219,3 +219,43 @@ def test_the_cli_makes_pauses_resumes_and_deletes_a_definition(hub, tmp_path):
     p = cli("delete-definition", def_id)
     assert p.returncode == 0 and "deleted" in p.stdout, p.stderr
     assert json.loads(cli("definitions", "--json").stdout) == []
+
+
+def test_ticks_missed_while_the_hub_is_down_run_once_late(hub, engine):
+    """The hub stops for more than a period: after its start the latest missed tick runs
+    once, late (no starting_deadline), the older ones are skipped, no tick runs twice."""
+    u = User(hub, "jb-defdown")
+    d = define(u, schedule="* * * * * */10", name="down")
+    first = wait_until(lambda: (lambda js: js[-1] if js else None)(jobs_of(u, d["id"])),
+                       30, 0.3, lambda: f"a job of {d['id']}\n{hub.tail(40)}")
+    assert u.wait_state(first["id"], FINAL, 90)["state"] == "completed"
+    before = {j["id"] for j in jobs_of(u, d["id"])}
+    for job_id in before:
+        u.wait_state(job_id, FINAL, 90)
+    hub.stop()
+    stopped = time.time()
+    wait_until(lambda: time.time() > stopped + 21, 40, 0.5, "two periods with the hub down")
+    hub.start()
+
+    def t(iso: str) -> float:
+        return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+    new = wait_until(lambda: [j for j in jobs_of(u, d["id"]) if j["id"] not in before],
+                     30, 0.3, lambda: f"a job after the restart\n{hub.tail(40)}")
+    r = u.call("PATCH", f"api/job_definitions/{d['id']}", {"paused": True})
+    assert r.status_code == 200, r.text
+    jobs = jobs_of(u, d["id"])
+    for job in jobs:
+        assert u.wait_state(job["id"], FINAL, 90)["state"] == "completed"
+    wait_until(lambda: released(hub, engine, "jb-defdown"), 30, 0.3, "released")
+    ats = [t(j["at"]) for j in jobs]
+    assert len(set(ats)) == len(ats), ats  # never two jobs for one tick
+    # the first job after the restart is the latest tick missed while the hub was down, run
+    # late: after the stop, before the scheduler came back, the next tick still to come then
+    late = min(new, key=lambda j: (j["created"], j["at"]))
+    assert stopped < t(late["at"]) <= t(late["created"]) < t(late["at"]) + 10, late
+    # the older missed ticks (two or more in 21 s down) were skipped: no job has them
+    assert not [a for a in ats if stopped < a < t(late["at"])], (stopped, sorted(ats))
+    assert t(late["at"]) - stopped >= 20, (stopped, late)
+    view = u.call("GET", f"api/job_definitions/{d['id']}").json()
+    assert view["skipped"] >= 1, view

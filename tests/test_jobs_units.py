@@ -263,14 +263,20 @@ def test_a_one_off_start_time():
 
 def test_a_version_1_database_is_brought_up(tmp_path):
     sqlalchemy = pytest.importorskip("sqlalchemy")
-    from gpuspawner.hub.jobs.store import SCHEMA_VERSION, JobStore
+    from alembic import command
+    from alembic.config import Config
+
+    from gpuspawner.hub.jobs.store import MIGRATIONS, SCHEMA_VERSION, JobStore
 
     url = f"sqlite:///{tmp_path / 'jobs.sqlite'}"
-    store = JobStore(url)
-    with store.engine.begin() as c:  # what the first version made: no column of "at"
-        c.execute(sqlalchemy.text("ALTER TABLE gpuspawner_jobs DROP COLUMN not_before"))
-        c.execute(sqlalchemy.text("UPDATE gpuspawner_jobs_schema SET version = 1"))
-    store.close()
+    engine = sqlalchemy.create_engine(url)
+    with engine.begin() as c:  # what the first version made (revision 0001 is that schema)
+        cfg = Config()
+        cfg.set_main_option("script_location", MIGRATIONS)
+        cfg.attributes["connection"] = c
+        command.upgrade(cfg, "0001")
+        c.execute(sqlalchemy.text("DROP TABLE gpuspawner_jobs_alembic_version"))
+    engine.dispose()
     store = JobStore(url)
     cols = {c["name"] for c in sqlalchemy.inspect(store.engine).get_columns("gpuspawner_jobs")}
     assert "not_before" in cols

@@ -3,11 +3,12 @@ version.
 
 Default: SQLite, ``gpuspawner-jobs.sqlite`` in the state folder (``GPUSpawner.state_dir``),
 made empty with mode 0600 before SQLAlchemy opens it; ``c.GPUJobs.db_url`` names another
-database. The schema is made with ``create_all`` and its version is kept in the table
-``gpuspawner_jobs_schema`` (:data:`SCHEMA_VERSION`): a database of a newer version is refused
-at start, one of an older version is brought up by the steps in :data:`UPGRADES` (1 -> 2: the
-column of ``at``; 2 -> 3: a job's ``definition_id``; the definitions' table itself is made by
-``create_all``). No alembic yet: a version row with explicit steps is what this needs so far.
+database. The schema is alembic's: :func:`migrate` runs ``upgrade head`` of the revisions in
+:mod:`gpuspawner.hub.jobs.migrations` when the store opens (the version in the table
+``gpuspawner_jobs_alembic_version``). A database of the version table that came before
+alembic (``gpuspawner_jobs_schema``, versions 1..3) is stamped with the revision of its
+version first, then upgraded; one of a newer version, or of a revision this code does not
+know, is refused.
 
 The hub process is the only writer; calls are short and synchronous on the event loop, as
 JupyterHub's own database calls are.
@@ -19,9 +20,13 @@ import json
 import os
 import time
 import zlib
-from collections.abc import Callable
 from typing import Any
 
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util import CommandError as AlembicError
 from sqlalchemy import (
     Boolean,
     Float,
@@ -35,35 +40,23 @@ from sqlalchemy import (
     select,
     text,
 )
+from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from ...jobs.model import ACTIVE_STATES
 from ..state import STATE_FILE_MODE, sqlite_file
 
-__all__ = ["DefinitionRow", "JobRow", "JobRun", "JobStore", "SCHEMA_VERSION", "StoreError"]
+__all__ = ["DefinitionRow", "JobRow", "JobRun", "JobStore", "SCHEMA_VERSION", "StoreError",
+           "migrate"]
 
-#: the schema this code writes
+#: the last schema version of the version table that came before alembic (kept in
+#: ``gpuspawner_jobs_schema`` by the revisions up to 0003 for releases that read it)
 SCHEMA_VERSION = 3
-
-
-def _add_not_before(session: Session) -> None:
-    """1 -> 2: the one-off start time (``at``) of a job."""
-    session.execute(text("ALTER TABLE gpuspawner_jobs ADD COLUMN not_before FLOAT"))
-
-
-def _add_definition_id(session: Session) -> None:
-    """2 -> 3: the job definition whose tick made a job (the definitions' table is new: made
-    by ``create_all``)."""
-    columns = {c["name"] for c in inspect(session.connection()).get_columns("gpuspawner_jobs")}
-    if "definition_id" not in columns:
-        session.execute(text("ALTER TABLE gpuspawner_jobs ADD COLUMN definition_id "
-                             "VARCHAR(32)"))
-    session.execute(text("CREATE INDEX IF NOT EXISTS ix_gpuspawner_jobs_definition_id ON "
-                         "gpuspawner_jobs (definition_id)"))
-
-
-#: version -> the step that brings a database of that version to the next one
-UPGRADES: dict[int, Callable[[Session], None]] = {1: _add_not_before, 2: _add_definition_id}
+#: the alembic revisions (a package resource) and their version table
+MIGRATIONS = "gpuspawner.hub.jobs:migrations"
+VERSION_TABLE = "gpuspawner_jobs_alembic_version"
+#: a version of the table before alembic -> the revision of the same schema
+LEGACY_REVISIONS = {1: "0001", 2: "0002", 3: "0003"}
 
 
 class StoreError(RuntimeError):
@@ -211,6 +204,43 @@ class DefinitionRow(Base):
         return json.loads(zlib.decompress(self.notebook))
 
 
+def migrate(engine: Engine, url: str = "") -> str:
+    """Bring the jobs database to the newest alembic revision (``upgrade head``), in one
+    transaction; a database of the version table before alembic is stamped with its
+    version's revision first (:data:`LEGACY_REVISIONS`). Returns the revision it is at.
+
+    Raises:
+        StoreError: a schema newer than this gpuspawner's (a newer version in the old table,
+            or an alembic revision it does not know).
+    """
+    with engine.begin() as conn:
+        cfg = Config()
+        cfg.set_main_option("script_location", MIGRATIONS)
+        cfg.attributes["connection"] = conn
+        script = ScriptDirectory.from_config(cfg)
+        current = MigrationContext.configure(conn, opts={
+            "version_table": VERSION_TABLE}).get_current_revision()
+        legacy = None
+        if inspect(conn).has_table("gpuspawner_jobs_schema"):
+            legacy = conn.execute(text("SELECT max(version) FROM gpuspawner_jobs_schema")
+                                  ).scalar()
+        if legacy is not None and legacy > SCHEMA_VERSION:
+            raise StoreError(f"{url}: the jobs database has schema version {legacy}, newer "
+                             f"than this gpuspawner's {SCHEMA_VERSION}")
+        if current is not None:
+            try:
+                script.get_revision(current)
+            except AlembicError:
+                raise StoreError(f"{url}: the jobs database is at revision {current!r}, "
+                                 "which this gpuspawner does not know (a newer one?)"
+                                 ) from None
+        elif legacy is not None:
+            command.stamp(cfg, LEGACY_REVISIONS[int(legacy)])
+        command.upgrade(cfg, "head")
+        return str(MigrationContext.configure(conn, opts={
+            "version_table": VERSION_TABLE}).get_current_revision())
+
+
 class JobStore:
     """The jobs of one hub, in one database."""
 
@@ -227,23 +257,12 @@ class JobStore:
                 raise StoreError(f"{path}: cannot make the jobs database: {e}") from None
         self.url = url
         self.engine = create_engine(url, future=True)
-        Base.metadata.create_all(self.engine)
+        try:
+            self.revision = migrate(self.engine, url)
+        except BaseException:
+            self.engine.dispose()
+            raise
         self.session = Session(self.engine, expire_on_commit=False)
-        self._check_version()
-
-    def _check_version(self) -> None:
-        row = self.session.scalars(select(SchemaVersion)).first()
-        if row is None:
-            self.session.add(SchemaVersion(version=SCHEMA_VERSION))
-            self.session.commit()
-            return
-        if row.version > SCHEMA_VERSION:
-            raise StoreError(f"{self.url}: the jobs database has schema version {row.version}, "
-                             f"newer than this gpuspawner's {SCHEMA_VERSION}")
-        while row.version < SCHEMA_VERSION:
-            UPGRADES[row.version](self.session)
-            row.version += 1
-            self.session.commit()
 
     def add(self, row: JobRow) -> JobRow:
         self.session.add(row)
