@@ -1,0 +1,254 @@
+"""Submission of a server's Slurm job (a part of
+:class:`~gpuspawner.backends.slurm.backend.SlurmBackend`): ``sbatch --hold`` (or slurmrestd)
+with the options and script of :mod:`.job`, the allocation marked in ``AdminComment``, the
+release, the wait for RUNNING, the read-back of what Slurm granted against the allocation, and
+the wait for the port the job reports."""
+
+from __future__ import annotations
+
+import asyncio
+import pwd
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from ...placement import Allocation, Node, PlacementError
+from ..base import (
+    BackendUnavailable,
+    LaunchFailed,
+    LaunchRefused,
+    Progress,
+)
+from ..spec import LaunchSpec
+from .commands import JobInfo, SlurmError
+from .common import HOLDING, REFUSED, controller_down
+from .job import (
+    admin_comment,
+    check_readback,
+    job_script,
+    picked,
+    plan_job,
+    reported_port,
+)
+from .rest import job_properties
+
+
+class JobSubmission:
+    """Submit a server's job and wait until it runs where the allocation says and answers.
+
+    A part of :class:`~gpuspawner.backends.slurm.backend.SlurmBackend` (its traits, ``client``,
+    ``log`` and ``_ask`` are the backend's), kept in its own module by concern."""
+
+    async def _rest_jwt(self, renew: bool = False) -> str:
+        """``rest_token``, or one made by ``scontrol token`` and kept until half its life
+        (``renew``: make a new one; a given ``rest_token`` is returned as it is).
+
+        Raises:
+            SlurmError: scontrol token failed or printed no ``SLURM_JWT=``.
+        """
+        if self.rest_token:
+            return self.rest_token
+        token, renew_at = self._token
+        if token and not renew and time.monotonic() < renew_at:
+            return token
+        out = await self.client.run("scontrol", "token", f"username={self.rest_token_user}",
+                                    f"lifespan={self.rest_token_lifespan}")
+        token = out.strip().partition("SLURM_JWT=")[2].split()[0] if "SLURM_JWT=" in out else ""
+        if not token:
+            raise SlurmError(["scontrol", "token"], 0, "printed no SLURM_JWT=")
+        self._token = (token, time.monotonic() + self.rest_token_lifespan / 2)
+        return token
+
+    def _rest_job(self, plan: Any, alloc: Allocation) -> dict[str, Any]:
+        """The v0.0.38 job properties of ``plan`` (:func:`~.rest.job_properties`).
+
+        Raises:
+            ValueError: the job cannot be expressed (see job_properties).
+        """
+        constraint = (self.rest_node_constraint.format(node=alloc.node)
+                      if self.rest_node_constraint else "")
+        return job_properties(plan.options, self.client._env(), node=alloc.node,
+                              node_constraint=constraint)
+
+    async def _submit(self, script: str, plan: Any, spec: LaunchSpec) -> int:
+        """Submit the job by ``submit_via``; its id.
+
+        Raises:
+            SlurmError: sbatch or slurmrestd refused it or could not be reached.
+            LaunchRefused: REST: the uid has no name on the hub host, or its primary group is
+                not the spec's gid (v0.0.38 has no --gid).
+        """
+        if self.submit_via == "cli":
+            return await self.client.sbatch(script, plan.options, user=str(spec.uid),
+                                            group=str(spec.gid))
+        try:
+            pw = pwd.getpwuid(spec.uid)
+        except KeyError:
+            raise LaunchRefused(f"uid {spec.uid} has no user name on the hub host "
+                                "(slurmrestd takes a name)") from None
+        if pw.pw_gid != spec.gid:
+            raise LaunchRefused(f"gid {spec.gid} is not the primary group of {pw.pw_name} "
+                                f"({pw.pw_gid}); slurmrestd v0.0.38 cannot set a job's group")
+        job_id = await self.rest.submit(script, self._rest_job(plan, spec.allocation),
+                                        pw.pw_name)
+        self.log.info("node %s: Slurm job %s submitted through slurmrestd as %s",
+                      spec.allocation.node, job_id, pw.pw_name)
+        return job_id
+
+    async def launch(self, spec: LaunchSpec, state: dict[str, Any], progress: Progress
+                     ) -> tuple[str, int]:
+        """Submit the server's job (held), mark it with the allocation, release it, wait
+        until it runs on exactly the allocation, then until it reports its port.
+
+        Returns:
+            (the node's ``host``, the port the job reported).
+
+        Raises:
+            LaunchRefused: the node is not configured, the allocation cannot be a Slurm job
+                (a GPU share, no core), or sbatch says the node cannot satisfy it.
+            LaunchFailed: sbatch refused the job; the job did not run in ``submit_timeout``
+                or ended; Slurm granted other devices than the allocation (exact mode: the
+                job is cancelled); no port in ``port_timeout``.
+            BackendUnavailable: the controller does not answer, or the node cannot take jobs
+                now (drained, down, not responding: ``scontrol show node``), so that the
+                spawner marks it suspect instead of leaving a job waiting in the queue.
+        """
+        alloc = spec.allocation
+        node = self._node(alloc.node)
+        spec = self._command(spec)
+        try:
+            plan = plan_job(spec, node, mode=self.gpu_mode, partition=self.partition,
+                            time_limit=self.time_limit, output=self.output,
+                            extra=self.extra_sbatch_options)
+            script = job_script(spec, python=self.python, scontrol=self._cmd("scontrol"),
+                                prologue=self.job_prologue, listen=self.listen_address)
+            if self.submit_via == "rest":
+                self._rest_job(plan, alloc)  # refuse what v0.0.38 cannot express, up front
+        except ValueError as e:
+            raise LaunchRefused(f"node {alloc.node}: {e}") from None
+        # the home is checked and made by the job on its node (job.home_lines), never here
+        for info in await self._ask(alloc.node, self.client.show_nodes(alloc.node)):
+            if not info.usable:
+                # a drained or dead node would keep the job PENDING until submit_timeout
+                raise BackendUnavailable(
+                    alloc.node, f"node state {'+'.join([info.state, *sorted(info.flags)])}"
+                    + (f" ({info.reason})" if info.reason else ""), "slurmd")
+        state.update(node=alloc.node, output=self.output, submitted=time.time(), started=False)
+        try:
+            job_id = await self._submit(script, plan, spec)
+        except SlurmError as e:
+            if controller_down(e):
+                raise BackendUnavailable(alloc.node, e, "Slurm controller") from None
+            cls = LaunchRefused if any(w in e.stderr for w in REFUSED) else LaunchFailed
+            how = "sbatch" if self.submit_via == "cli" else "slurmrestd"
+            raise cls(f"node {alloc.node}: {how} refused the job: {e.stderr}") from None
+        state["job_id"] = job_id
+        progress(35, f"submitted Slurm job {job_id} ({plan.gres or 'no GPU'}, "
+                 f"{len(alloc.cpuset)} CPUs, {plan.memory_mb} MiB)")
+        await self._ask(alloc.node, self.client.run(
+            "scontrol", "update", f"JobId={job_id}", f"AdminComment={admin_comment(alloc)}"))
+        await self._ask(alloc.node, self.client.run("scontrol", "release", str(job_id)))
+        job = await self._wait_running(job_id, alloc.node, progress)
+        state["started"] = True
+        problems = check_readback(job, alloc, node, plan.memory_mb, self.gpu_mode)
+        state["picked"] = granted = picked(job, node)
+        # model mode: Slurm picked the devices, so the allocation must name them even when the
+        # counts agree; exact mode: only the cores can differ (sbatch cannot name core ids)
+        differs = sorted(granted["cpu_ids"]) != sorted(alloc.cpuset) or (
+            self.gpu_mode == "model" and sorted(granted["gpu_uuids"]) != sorted(alloc.gpu_uuids))
+        if (problems or differs) and self.ledger is not None:
+            alloc, problems = await self._adopt(job, alloc, node, granted, plan.memory_mb,
+                                                problems)
+        if problems:
+            await self._cancel(job_id, alloc.node)
+            raise LaunchFailed(f"Slurm job {job_id} does not hold allocation {alloc.id}: "
+                               f"{'; '.join(problems)}; the job was cancelled")
+        progress(50, f"Slurm job {job_id} runs on {alloc.node}, waiting for its port")
+        port = await self._wait_port(job_id, alloc.node)
+        state["port"] = port
+        return self.nodes[alloc.node].host, port
+
+    async def _adopt(self, job: JobInfo, alloc: Allocation, node: Node,
+                     granted: Mapping[str, Any], memory_mb: int, problems: list[str]
+                     ) -> tuple[Allocation, list[str]]:
+        """Slurm cannot be told core ids (and picks GPUs in model mode): when it granted other
+        cores (or, in model mode, GPUs) on the right node, the ledger adopts them if they are
+        free there (:meth:`~gpuspawner.placement.Ledger.adopt`) and the job's AdminComment
+        is marked again. Returns the allocation and what still differs."""
+        assert self.ledger is not None
+        if granted.get("node") != alloc.node or len(granted["cpu_ids"]) != len(alloc.cpuset):
+            return alloc, problems
+        gpus = granted["gpu_uuids"] if self.gpu_mode == "model" else None
+        try:
+            adopted = self.ledger.adopt(alloc.id, cpuset=granted["cpu_ids"], gpus=gpus)
+        except PlacementError as e:
+            return alloc, [*problems, f"the ledger cannot adopt what Slurm granted: {e}"]
+        left = check_readback(job, adopted, node, memory_mb, self.gpu_mode)
+        if left:
+            return alloc, problems
+        self.log.info("allocation %s adopted Slurm's cores %s (planned %s)", alloc.id,
+                      adopted.cpuset_str(), alloc.cpuset_str())
+        await self._ask(alloc.node, self.client.run(
+            "scontrol", "update", f"JobId={job.job_id}",
+            f"AdminComment={admin_comment(adopted)}"))
+        return adopted, []
+
+    async def _wait_running(self, job_id: int, node: str, progress: Progress) -> JobInfo:
+        """Poll ``scontrol show job -d`` until the job is RUNNING with its detail lines, at
+        most ``submit_timeout`` seconds (every 0.2 s, backing off to 1 s).
+
+        Raises:
+            LaunchFailed: it ended first, or it still waits at the deadline (then it is
+                cancelled; the message gives Slurm's Reason).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.submit_timeout
+        delay, said = 0.2, ""
+        while True:
+            job = await self._ask(node, self.client.show_job(job_id))
+            if job is None:
+                raise LaunchFailed(f"Slurm job {job_id} vanished before it ran")
+            if job.state == "RUNNING" and job.details:
+                return job
+            if job.state not in HOLDING:
+                raise LaunchFailed(await self._ended(job, state_output=None))
+            if job.reason and job.reason != said and job.reason != "None":
+                said = job.reason
+                progress(40, f"Slurm job {job_id} {job.state.lower()}: {job.reason}")
+            if loop.time() >= deadline:
+                await self._cancel(job_id, node)
+                raise LaunchFailed(f"Slurm job {job_id} was not running after "
+                                   f"{self.submit_timeout:g} s ({job.state}, Reason="
+                                   f"{job.reason}); the job was cancelled")
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 1.0)
+
+    async def _wait_port(self, job_id: int, node: str) -> int:
+        """Wait (``port_timeout``) for the job's ``Comment=gpuspawner-port=N``.
+
+        Raises:
+            LaunchFailed: the job ended first (with its report) or the deadline passed.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.port_timeout
+        delay = 0.1
+        while True:
+            job = await self._ask(node, self.client.show_job(job_id))
+            if job is None:
+                raise LaunchFailed(f"Slurm job {job_id} vanished before it reported its port")
+            port = reported_port(job)
+            if port is not None:
+                return port
+            if job.state != "RUNNING":
+                raise LaunchFailed(await self._ended(job, state_output=None))
+            if loop.time() >= deadline:
+                raise LaunchFailed(f"Slurm job {job_id} reported no port within "
+                                   f"{self.port_timeout:g} s (Comment={job.comment!r})")
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+
+    async def _cancel(self, job_id: int, node: str) -> None:
+        try:
+            await self.client.scancel(job_id)
+        except SlurmError as e:
+            self.log.warning("node %s: scancel %s failed: %s", node, job_id, e)
