@@ -1,0 +1,113 @@
+"""The ledger's indexes (a part of :class:`~.ledger.Ledger`): its nodes grouped in buckets by
+(GPU signature, free cores, free-memory class), so that a policy skips whole buckets of nodes
+that are too small; the no-fit cache per bundle shape; the GPU-affinity counts of
+``gpu-clustering``; the nodes by hardware profile. Bookings only shrink a node, so they keep the
+no-fit results; a release or a new node bumps its bucket's version."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from .fragmentation import FragmentationModel
+from .model import GPU_MILLI, Allocation
+from .state import NodeState
+
+
+def affinity_tag(a: Allocation) -> str:
+    """The GPU-affinity tag of an allocation (``GetGpuAffinityFromPodAnnotation``): "" for no
+    GPU, ``share`` for a share of one GPU, ``<n>-gpu`` for n whole GPUs."""
+    if not a.gpus:
+        return ""
+    if len(a.gpus) == 1 and a.gpus[0].milli < GPU_MILLI:
+        return "share"
+    return f"{len(a.gpus)}-gpu"
+
+
+def node_profile(st: NodeState) -> tuple:
+    """What :func:`~.devices.min_numa_count` reads of a node: per NUMA node its cores,
+    memory and the (model, shareable) of its GPUs."""
+    return tuple((len(n.cpus), n.memory_bytes,
+                  tuple(sorted((g.model, g.shareable) for g in st.gpus_by_numa[n.id])))
+                 for n in st.node.numa_nodes)
+
+
+@dataclass
+class LedgerIndex:
+    """The indexes of one ledger (its ``_c``)."""
+
+    states: list[NodeState] = field(default_factory=list)
+    buckets: dict[tuple[int, int, int], dict[str, NodeState]] = field(default_factory=dict)
+    frag: FragmentationModel = field(default_factory=FragmentationModel)
+    rng: random.Random = field(default_factory=random.Random)
+    #: bucket key -> version, bumped whenever a node that might now fit more joins or grows
+    versions: dict[tuple[int, int, int], int] = field(default_factory=dict)
+    #: bundle shape id -> {bucket key: version at which no node of it fitted}
+    no_fit: dict[int, dict[tuple[int, int, int], int]] = field(default_factory=dict)
+    shapes: dict[tuple, int] = field(default_factory=dict)
+    #: node name -> GPU-affinity tag -> allocations with it (for ``gpu-clustering``)
+    affinity: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: ``fgd`` compares the FGD plugin's integer score (True) or the exact growth (False)
+    quantize: bool = True
+    #: bundle shape -> (profile count, whether some node can hold it on one NUMA node)
+    one_numa: dict[tuple, tuple[int, bool]] = field(default_factory=dict)
+    #: signature id -> the keys of its buckets (an ordered set)
+    by_sid: dict[int, dict[tuple[int, int, int], None]] = field(default_factory=dict)
+    #: node name -> state (the ledger's own index)
+    by_name: dict[str, NodeState] = field(default_factory=dict)
+    #: bucket key -> the smallest node name in it (kept where known; see _rebucket)
+    first_name: dict[tuple[int, int, int], str] = field(default_factory=dict)
+    #: hardware profile (per NUMA node: cores, memory, GPU models and shareability) -> the
+    #: first node of it
+    profiles: dict[tuple, NodeState] = field(default_factory=dict)
+
+
+
+
+class IndexMaintenance:
+    """Keep a node in the bucket of its current key.
+
+    A part of :class:`~.ledger.Ledger` (its lock ``_lock``, node states and indexes ``_c``, and
+    allocations are the ledger's), kept in its own module by concern."""
+
+    def _bucket_key(self, st: NodeState) -> tuple[int, int, int]:
+        """(GPU signature id, free cores, free-memory class); the class is the bit length of
+        the free MiB, so class c holds amounts in [2**(c-1), 2**c - 1] and the ``fgd`` policy
+        can skip a whole bucket whose nodes are all too small. Free cores are exact: the
+        fragmentation depends on them (a task type that no longer fits the CPU)."""
+        return (self._c.frag.intern(st.sig), st.free_cpu_count(),
+                (st.free_memory() >> 20).bit_length())
+
+    def _rebucket(self, st: NodeState, old: tuple[int, int, int] | None = None,
+                  grew: bool = True) -> None:
+        """Move a node to the bucket of its current key. ``grew`` says the node may fit more
+        than before (added, or something released), which invalidates the bucket's cached
+        no-fit results; bookings only shrink a node, so they keep them."""
+        key = self._bucket_key(st)
+        c = self._c
+        if grew:
+            self._grown += 1
+        if key != old:
+            if old is not None:
+                bucket = c.buckets.get(old)
+                if bucket is not None:
+                    bucket.pop(st.name, None)
+                    if not bucket:
+                        del c.buckets[old]
+                        same_sig = c.by_sid[old[0]]
+                        del same_sig[old]
+                        if not same_sig:
+                            del c.by_sid[old[0]]
+                    if c.first_name.get(old) == st.name:
+                        del c.first_name[old]  # recomputed when next asked for
+            bucket = c.buckets.get(key)
+            if bucket is None:
+                bucket = c.buckets[key] = {}
+                c.by_sid.setdefault(key[0], {})[key] = None
+            bucket[st.name] = st
+            first = c.first_name.get(key)
+            if first is not None and st.name < first:
+                c.first_name[key] = st.name
+            c.versions[key] = c.versions.get(key, 0) + 1
+        elif grew:
+            c.versions[key] = c.versions.get(key, 0) + 1
