@@ -34,8 +34,8 @@ Phases, per side:
    proxy, p50 and p99: the hub's own ``/hub/api/users?state=ready`` (a page of 200) on both
    sides; "all servers in one request": gpuspawner's ``api/allocations`` (every allocation
    with its devices) beside the hub's ``/hub/api/users?state=ready&limit=N`` (servers without
-   resources: what a DockerSpawner site has); the service's ``api/nodes``, ``api/queue`` and
-   ``api/users/{name}/usage`` (gpuspawner only).
+   resources: what a DockerSpawner site has); the service's ``api/nodes``, ``api/queue``,
+   ``api/users/{name}/usage``, its ``admin`` GPU map page and ``metrics`` (gpuspawner only).
 3. **culler**: one pass over the N running servers, ``--culler-repeat`` times, median:
    the project's ``idle_culler`` (policies with group and user entries, a GPU policy and a
    10-minute history of 60 samples per GPU, as benchmarks/culler.py) and
@@ -48,7 +48,7 @@ Usage: ``.venv/bin/python benchmarks/hub_scale.py [--servers 1000] [--concurrenc
 [--requests 100] [--culler-repeat 3] [--time-limit 900]``. Needs configurable-http-proxy
 (``make chp``). Bounded: N servers per side, every wait under the one ``--time-limit``
 (seconds, whole run; exit 2 when it runs out). Cleans up what it starts (hubs, proxies, the
-responder, the temporary folder) on every exit.
+responder, the temporary folder) on every exit, Ctrl-C and SIGTERM included.
 """
 
 from __future__ import annotations
@@ -456,6 +456,9 @@ async def rest_phase(session: aiohttp.ClientSession, hub: Hub, n: int, clock: Cl
         out["service queue"] = await latency(session, f"{svc}/queue", h, n, clock, phase)
         out["service usage"] = await latency(session, f"{svc}/users/u00000/usage", h, n,
                                              clock, phase)
+        svc = f"{hub.url}/services/gpuspawner"
+        out["service map"] = await latency(session, f"{svc}/admin", h, n, clock, phase)
+        out["service metrics"] = await latency(session, f"{svc}/metrics", h, n, clock, phase)
     else:
         out["all servers"] = await latency(
             session, f"{hub_api}/users?state=ready&limit={hub.servers}", h, n, clock, phase)
@@ -596,7 +599,9 @@ def report(results: dict[str, SideResult], args: argparse.Namespace) -> list[str
     row(f"  all {args.servers} servers, one request (*)", ms(ours.rest["all servers"]),
         ms(ref.rest["all servers"]))
     for key, path in (("service nodes", "api/nodes"), ("service queue", "api/queue"),
-                      ("service usage", "api/users/{name}/usage")):
+                      ("service usage", "api/users/{name}/usage"),
+                      ("service map", "admin (GPU map page)"),
+                      ("service metrics", "metrics (Prometheus)")):
         row(f"  gpuspawner service {path}", ms(ours.rest[key]), "n/a")
     row(f"culler pass over {args.servers} servers, s (median of {args.culler_repeat}):",
         "", "")
@@ -646,6 +651,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"configurable-http-proxy not found at {CHP} (make chp)", file=sys.stderr)
         return 1
     logging.basicConfig(level=logging.WARNING)
+    # SIGTERM cleans up like Ctrl-C (hubs, proxies, responder, temporary folder)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         return asyncio.run(run(args))
     except TimeLimit as e:

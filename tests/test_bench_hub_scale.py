@@ -2,7 +2,8 @@
 columns and the run exits 0 (about 40 s on a 2-CPU machine: two hub starts dominate).
 
 Also the fake engine's doubles on their own (no hub): FakeBackend's record of what runs and
-FakeDockerClient's answers in docker-py's shapes."""
+FakeDockerClient's answers in docker-py's shapes; and the admin GPU map of a hub without
+quotas, which the benchmark's hub is (the page answered 500 there before)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,13 @@ from docker.errors import NotFound
 
 from benchmarks.fake_backend import FakeBackend, FakeDockerClient
 from benchmarks.hub_scale import CHP, fake_node
-from gpuspawner.backends.base import ServerRef
+from gpuspawner.backends.base import NodeRuntime, ServerRef
 from gpuspawner.backends.spec import launch_spec
+from gpuspawner.hub.cluster import Cluster
+from gpuspawner.hub.service.views import map_view, page_templates
 from gpuspawner.inventory.topology import node_from_dict
 from gpuspawner.placement import Bundle, Ledger, Owner
+from gpuspawner.webui import service_links
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -67,6 +71,23 @@ def test_fake_docker_client_answers_as_docker_py() -> None:
     with pytest.raises(NotFound) as e:
         c.inspect_container("jupyter-ann")
     assert e.value.status_code == 404  # DockerSpawner reads e.response.status_code
+
+
+def test_admin_map_renders_for_users_without_any_quota() -> None:
+    node = node_from_dict(fake_node(0))
+    ledger = Ledger([node])  # no quotas at all: every user's quota is None
+    ledger.reserve(Bundle(cores=1, memory_bytes=1 << 30, gpu_milli=250), Owner("ann"))
+    cluster = Cluster({node.name: NodeRuntime(node.name, "127.0.0.1", "x.yaml", node)}, ledger,
+                      FakeBackend(responder_port=4242))
+    view = map_view(cluster)
+    [row] = view["quota_rows"]
+    assert row["user"] == "ann" and row["usage"]["gpu_milli"] == 250
+    assert set(row["quota"].values()) == {None}  # unlimited, every resource named
+    html = page_templates().get_template("admin.html.j2").render(
+        view=view, user={"name": "admin", "admin": True}, prefix="/services/gpuspawner/",
+        hub_prefix="/hub/", refresh_s=5, links=service_links("/services/", "GPU map"),
+        api_links=[("API", "/x")])
+    assert 'data-quota-user="ann" data-gpu-milli="250" data-gpu-milli-limit=""' in html
 
 
 @pytest.mark.hub

@@ -242,7 +242,9 @@ def map_view(cluster: Cluster) -> dict[str, Any]:
     for u in users:
         groups = sorted({g for a in ledger.allocations(u) for g in a.owner.groups})
         view = usage_view(cluster, u, groups)
-        quota_rows.append({"user": u, "usage": view["usage"], "quota": view["quota"] or {},
+        # no quota: every limit None (unlimited), which the page shows as usage alone
+        quota_rows.append({"user": u, "usage": view["usage"],
+                           "quota": view["quota"] or quota_dict(Quota()),
                            "colour": colours.get(u, owner_colour(u))})
     group_rows = [{"group": g, "usage": ledger.group_usage(g).to_dict(),
                    "quota": quota_dict(q) or {}} for g, q in sorted(ledger.quotas.groups.items())]
