@@ -9,7 +9,8 @@ runs on the hub (gpuspawner.singleuser.scheduler -> the gpuspawner service's api
 container of its own (``job-<user>--<id>``, its profile's core and memory), not in the
 server: the Notebook Jobs panel shows it Completed, with links to the files it wrote in the
 user's home (``~/jobs/<name>/<UTC start>-<id>/``), the executed notebook holds the parameter's
-effect, and afterwards the ledger holds the server's allocation only.
+effect, ``gpuspawner jobs list`` in the server's terminal lists the same job, and afterwards
+the ledger holds the server's allocation only.
 
 The image is $SINGLEUSER_IMAGE (default gpuspawner/singleuser:latest, `make images`); it must
 have jupyter-scheduler (images/singleuser/requirements.in), else the test skips with that.
@@ -206,7 +207,14 @@ def test_a_job_made_in_jupyterlab_runs_in_its_own_container(hub):
     assert (folder / "double.ipynb").stat().st_uid == owner.st_uid
     # nothing ran in the user's server, and the job's container and bundle are gone: only the
     # server's allocation and container are left
-    assert [c["Labels"].get("gpuspawner.server") for c in containers_of(engine, USER)] == [""]
+    (server,) = containers_of(engine, USER)
+    assert server["Labels"].get("gpuspawner.server") == ""
+    # a terminal of the server sees the same job with `gpuspawner jobs` (its environment:
+    # GPUSPAWNER_SERVICE_URL and the server's token, from hub_config)
+    ex = engine.exec_create(server["Id"], ["gpuspawner", "jobs", "list", "--json"])
+    out = engine.exec_start(ex["Id"]).decode()
+    assert engine.exec_inspect(ex["Id"])["ExitCode"] == 0, out
+    assert [j["id"] for j in json.loads(out)] == [record["id"]]
     wait_until(lambda: len(allocations(hub)) == 1, 30, 0.3, lambda: str(allocations(hub)))
     assert allocations(hub)[0]["owner"]["server"] == ""
 
