@@ -347,3 +347,21 @@ def test_the_jobs_metrics_change(tmp_path):
     store.close()
     job_metrics.register(None)  # nothing to count: the gauge is left out, the scrape answers
     assert "gpuspawner_jobs{" not in generate_latest(metrics.REGISTRY).decode()
+
+
+def test_the_sqlite_jobs_database_writes_ahead_with_its_files_private(tmp_path):
+    import stat
+
+    import sqlalchemy
+
+    path = tmp_path / "state" / "jobs.sqlite"
+    store = JobStore(f"sqlite:///{path}")
+    store.add(JobRow(id="b" * 32, user="u", name="n", profile="p", state="queued",
+                     time_limit=1, notebook=pack({}), created=1.0))
+    with store.engine.connect() as c:
+        assert c.execute(sqlalchemy.text("PRAGMA journal_mode")).scalar() == "wal"
+        assert c.execute(sqlalchemy.text("PRAGMA synchronous")).scalar() == 1  # NORMAL
+    for p in path.parent.iterdir():  # jobs.sqlite, -wal, -shm: the database's mode
+        assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
+    store.close()
+    assert JobStore(f"sqlite:///{path}").get("b" * 32).user == "u"
