@@ -249,6 +249,22 @@ async def test_a_cancel_during_the_back_off_cancels(world):
     assert engine.running() == []
 
 
+async def test_a_job_whose_container_vanished_while_the_hub_was_down_is_retried(world):
+    runner, cluster, engine = world
+    row = await submit(runner, max_retries=1)
+    (cid,) = await until(engine.running)
+    await runner.stop()  # the hub stops: the job runs on
+    del engine.code[cid]  # ... and its container vanishes meanwhile
+    again = JobRunner(runner.settings, runner.store, lambda: cluster, runner.spawner)
+    await again.restore()
+    (cid2,) = await until(lambda: [c for c in engine.running() if c != cid])
+    view = again.view(row)
+    assert view["attempt"] == 2 and view["attempts"][0]["state"] == "lost"
+    engine.finish(cid2)
+    await until(lambda: row.state == "completed")
+    assert [a.owner.server for a in cluster.ledger.allocations()] == []
+
+
 async def test_concurrent_job_limits_per_user_and_per_group(world):
     runner, cluster, engine = world
     for _ in range(3):
