@@ -11,10 +11,16 @@ asyncio task per job in the hub process::
     gpuspawner.jobs.execute) -> running: backend.poll every GPUJobs.poll_interval
     -> completed (exit 0) | failed (a cell raised, or it could not start)
      | timed_out (its time limit: backend.stop, SIGTERM then SIGKILL) | cancelled (DELETE)
-     | lost (its node stopped answering, or its container was gone)
+     | lost (its node stopped answering, its container was gone or killed from outside the
+       hub, or a GPU of it was drained as unhealthy) -> queued again after a back-off while
+       it has retries left (``max_retries``, Kubernetes Job backoffLimit), else final
 
-When it ends, the executed notebook is read back from the container's standard output, the
-container and its network are removed (``backend.cleanup``) and the allocation is released.
+When an attempt ends, the executed notebook, its HTML export and the log (everything before
+the result frame) are read back from the container's standard output, the container and its
+network are removed (``backend.cleanup``), the allocation is released and its GPU-seconds
+counted (:mod:`gpuspawner.hub.jobs.metrics`). Each attempt's summary and log stay in the
+job's :class:`~gpuspawner.hub.jobs.store.JobRun`; each attempt writes a folder of its own in
+the home.
 
 After a hub restart (:meth:`JobRunner.restore`): the ledger is rebuilt from the running
 containers' labels (:meth:`~gpuspawner.hub.cluster.Cluster.ensure_restored`, which leaves
