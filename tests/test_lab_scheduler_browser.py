@@ -10,7 +10,8 @@ container of its own (``job-<user>--<id>``, its profile's core and memory), not 
 server: the Notebook Jobs panel shows it Completed, with links to the files it wrote in the
 user's home (``~/jobs/<name>/<UTC start>-<id>/``), the executed notebook holds the parameter's
 effect, ``gpuspawner jobs list`` in the server's terminal lists the same job, and afterwards
-the ledger holds the server's allocation only.
+the ledger holds the server's allocation only. A job definition as the Lab's scheduler sends
+it ("Run on a schedule") is accepted by the real service, paused and deleted.
 
 The image is $SINGLEUSER_IMAGE (default gpuspawner/singleuser:latest, `make images`); it must
 have jupyter-scheduler (images/singleuser/requirements.in), else the test skips with that.
@@ -18,6 +19,7 @@ have jupyter-scheduler (images/singleuser/requirements.in), else the test skips 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -34,6 +36,7 @@ pytest.importorskip("docker")
 sync_api = pytest.importorskip("playwright.sync_api")
 
 from gpuspawner.hub.identity import safe_name  # noqa: E402
+from gpuspawner.jobs.client import JobsClient  # noqa: E402
 from tests.test_hub_e2e import _engine, containers_of  # noqa: E402
 from tests.test_pages_browser import (  # noqa: E402
     CHROMIUM,
@@ -43,6 +46,14 @@ from tests.test_pages_browser import (  # noqa: E402
     SCREENSHOTS,
 )
 from tests.waiting import wait_until  # noqa: E402
+
+scheduler_module = pytest.importorskip("gpuspawner.singleuser.scheduler")
+HubScheduler = scheduler_module.HubScheduler
+HubEnvironmentManager = scheduler_module.HubEnvironmentManager
+models = pytest.importorskip("jupyter_scheduler.models")
+CreateJobDefinition = models.CreateJobDefinition
+UpdateJobDefinition = models.UpdateJobDefinition
+ListJobDefinitionsQuery = models.ListJobDefinitionsQuery
 
 USER = "lab-jobs-ann"
 SVC = "/services/gpuspawner/"
@@ -217,6 +228,23 @@ def test_a_job_made_in_jupyterlab_runs_in_its_own_container(hub):
     assert [j["id"] for j in json.loads(out)] == [record["id"]]
     wait_until(lambda: len(allocations(hub)) == 1, 30, 0.3, lambda: str(allocations(hub)))
     assert allocations(hub)[0]["owner"]["server"] == ""
+
+    # "Run on a schedule": what the Lab's scheduler sends, accepted by the real service
+    client = JobsClient(f"{hub.url}{SVC}", token, timeout=30)
+    scheduler = HubScheduler(root_dir=str(home), environments_manager=HubEnvironmentManager(
+        client), client=client, home=str(home))
+    def_id = asyncio.run(scheduler.create_job_definition(CreateJobDefinition(
+        input_uri="double.ipynb", runtime_environment_name="cpu", name="nightly double",
+        schedule="0 3 * * *", timezone="Europe/Rome", parameters={"x": "2"},
+        output_formats=["ipynb", "html"])))
+    d = asyncio.run(scheduler.get_job_definition(def_id))
+    assert (d.name, d.schedule, d.timezone, d.active, d.parameters) == (
+        "nightly-double", "0 3 * * *", "Europe/Rome", True, {"x": "2"})
+    asyncio.run(scheduler.update_job_definition(def_id, UpdateJobDefinition(active=False)))
+    assert not asyncio.run(scheduler.get_job_definition(def_id)).active
+    asyncio.run(scheduler.delete_job_definition(def_id))
+    assert asyncio.run(scheduler.list_job_definitions(ListJobDefinitionsQuery())
+                       ).job_definitions == []
 
 
 def _shot(page: Any, name: str) -> Path:
