@@ -47,7 +47,7 @@ def run_until_exit(h: Hub, timeout: float = 60) -> tuple[int, str]:
     ('c.GPUSpawner.placement_policy = "no-such-policy"\n',
      "GPUSpawner.placement_policy: unknown policy 'no-such-policy'"),
     ('c.GPUSpawner.profiles = [{"slug": "x", "cpu": 1, "memory": "1G", '
-     '"profile_options": {}}]\n', "profile_options"),
+     '"profile_options": {"cpu_limit": {}}}]\n', "profile_options.cpu_limit: unknown field"),
     ("c.GPUSpawner.quotas = {'users': {'ann': {'gpus': -1}}}\n", "GPUSpawner.quotas.users.ann"),
 ])
 def test_a_bad_setting_after_load_subconfig_stops_the_hub_naming_it(tmp_path, extra, named):

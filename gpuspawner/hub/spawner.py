@@ -385,8 +385,12 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
             self.cluster.mark_suspect(e.node, str(e))
             status, unavailable = 255, e
         if status is not None and unavailable is None and self.allocation is not None:
-            await self.cluster.refresh_health()  # did it end because its node failed?
+            # did it end because its node failed? (asked now: a node set down a moment ago)
+            await self.cluster.refresh_health(max_age=0)
         failed = self.node_failure(unavailable)
+        if status is not None and self.allocation is not None:
+            self.log.info("%s: ended with status %s; node %s: %s", self._log_name, status,
+                          self.allocation.node, failed or "up")
         if failed and not getattr(self, "_spawn_pending", False):
             if await self.restart_elsewhere(failed):
                 return None
@@ -459,6 +463,15 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
             server_moved("limit")
             return False
         old = self.allocation.node if self.allocation is not None else "?"
+        owner = Owner(self.user.name, self.name or "", tuple(self.group_names))
+        try:  # no other usable node could ever hold it (a profile pinned to that node)
+            self.cluster.queue.wq.check_admissible(profile.bundle, owner, profile.nodes or None,
+                                                   self.request_quotas())
+        except PlacementError as e:
+            self.log.warning("%s: %s; no other node can take it (%s): stopping it",
+                             self._log_name, why, e)
+            server_moved("failed")
+            return False
         self.log.warning("%s: %s; moving it to another node", self._log_name, why)
         await self._rollback()  # the booking is released here, once
         if self.server is not None and self.internal_ssl:
