@@ -46,6 +46,7 @@ CLASSES = {
     "DummyAuthenticator": "jupyterhub.auth",
     "ConfigurableHTTPProxy": "jupyterhub.proxy",
     "LDAPAuthenticator": "ldapauthenticator",
+    "SchedulerApp": "jupyter_scheduler.extension",  # the Lab UI of notebook jobs (docs/jobs.md)
 }
 
 ISSUE = re.compile(r"\b(?:issue|pull request|PR)s?\s*#?\d+\b", re.IGNORECASE)
