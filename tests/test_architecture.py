@@ -96,23 +96,11 @@ LOCAL_IMPORTS_ALLOWED = {
     ("gpuspawner/singleuser/gpuviews/__init__.py", "gpuspawner.singleuser.gpuviews.handlers"):
         "the server extension's handlers need jupyter_server; the sampler of this package is "
         "also used by the kernel extension (gpuspawner.singleuser.kernel), without a server",
-    ("gpuspawner/hub/jobs/service.py", "gpuspawner.hub.spawner"):
-        "owned by jobs work in progress (no cycle: can move to the top)",
-    ("gpuspawner/hub/jobs/service.py", "gpuspawner.hub.state"):
-        "owned by jobs work in progress (no cycle: can move to the top)",
 }
 
-#: import cycles that remain, as the sorted modules of the cycle -> why (none but work that
-#: another change owns)
-KNOWN_CYCLES = {
-    ("gpuspawner.hub.jobs.service", "gpuspawner.hub.service",
-     "gpuspawner.hub.service.configure"):
-        "owned by jobs work in progress: gpuspawner/hub/jobs/service.py builds its handlers on "
-        "gpuspawner.hub.service.app (also under TYPE_CHECKING), so importing it runs the "
-        "service package's __init__, whose configure_service starts the jobs; it ends when it "
-        "imports ServiceHandler, hub_app and hub_cluster from gpuspawner.hub.service_base "
-        "(outside the package) and names GPUService without importing service.app",
-}
+#: import cycles that remain, as the sorted modules of the cycle -> why (none: an entry here
+#: must name the change that owns it)
+KNOWN_CYCLES: dict[tuple[str, ...], str] = {}
 
 
 def _resolve(path: Path, node: ast.ImportFrom | ast.Import) -> list[str]:

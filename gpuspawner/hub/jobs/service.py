@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tornado import web
 
@@ -44,15 +44,16 @@ from ...jobs.model import (
     parse_definition_update,
     parse_submission,
 )
-from ..service.app import _Base, _hub_app, hub_cluster, hub_user
+from ..service_base import ServiceHandler as _Base
+from ..service_base import hub_app as _hub_app
+from ..service_base import hub_cluster, hub_user
+from ..spawner import GPUSpawner
+from ..state import state_file
 from . import metrics as job_metrics
 from .runner import JobRefused, JobRunner
 from .schedule import Scheduler, definition_view
 from .settings import JOBS_DB_FILE, GPUJobs, spawner_values
 from .store import DefinitionRow, JobRow, JobStore
-
-if TYPE_CHECKING:
-    from ..service.app import GPUService
 
 log = logging.getLogger("gpuspawner")
 
@@ -94,9 +95,6 @@ def _groups_of(name: str) -> list[str] | None:
 async def start(jobs: Jobs, *, deadline_s: float = 300.0) -> None:
     """Once the hub's API answers: read ``c.GPUJobs``, open the database, restore the jobs
     (:meth:`JobRunner.restore`) and let requests in."""
-    from ..spawner import GPUSpawner
-    from ..state import state_file
-
     loop = asyncio.get_running_loop()
     end = loop.time() + deadline_s
     while True:  # the hub's configuration is complete once JupyterHub.start has run
@@ -384,9 +382,10 @@ def job_routes(prefix: str, kw: dict[str, Any]) -> list[tuple[str, type, dict[st
             (prefix + f"api/jobs/{JOB_ID}/log", JobLogHandler, kw)]
 
 
-def configure_jobs(service: GPUService) -> Jobs:
-    """Give ``service`` its jobs part and start it on the running loop (from
-    :func:`gpuspawner.hub.service.app.configure_service`)."""
+def configure_jobs(service: Any) -> Jobs:
+    """Give ``service`` (a :class:`gpuspawner.hub.service.app.GPUService`, not imported here:
+    the service package builds on this module) its jobs part and start it on the running loop
+    (from :func:`gpuspawner.hub.service.configure.configure_service`)."""
     jobs = Jobs()
     service.jobs = jobs
     jobs.task = asyncio.ensure_future(start(jobs))
