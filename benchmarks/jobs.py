@@ -229,7 +229,7 @@ async def scheduler_ticks(n: int, ticks: int) -> dict[str, Any] | str:
     from gpuspawner.hub.jobs.settings import GPUJobs
     from gpuspawner.hub.jobs.store import DefinitionRow, JobStore, pack
     from gpuspawner.placement import Ledger
-    from tests.factories import make_node
+    from gpuspawner.testing.factories import make_node
 
     class Idle(Backend):
         """Accepts every launch (the jobs of the ticks start later than the ticks)."""
@@ -338,7 +338,7 @@ def main() -> int:
 def hub_part(runs: int, clock: Clock, notes: list[str]) -> list[tuple[str, str, str, str]]:
     import docker
 
-    from tests.hubrunner import Hub
+    from gpuspawner.testing.hubrunner import Hub
 
     engine = docker.APIClient(version="auto")
     engine.inspect_image(IMAGE)
