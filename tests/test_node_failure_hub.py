@@ -16,10 +16,9 @@ docker = pytest.importorskip("docker")
 from gpuspawner.testing.hubrunner import Hub  # noqa: E402
 from tests.test_hub_e2e import _engine, remove_objects_of  # noqa: E402
 from tests.test_spawner_docker import (  # noqa: E402
-    BTRFS_SOCK,
-    IMAGE,
     EngineForwarder,
     cpu_topology,
+    second_engine,
 )
 
 pytestmark = pytest.mark.docker
@@ -37,12 +36,7 @@ def status(session: requests.Session, url: str) -> int:
 
 def test_the_users_url_works_again_after_its_node_fails(tmp_path: Path):
     engine = _engine()
-    url_b = f"unix://{BTRFS_SOCK}"
-    try:
-        btrfs = docker.APIClient(base_url=url_b, version="auto")
-        btrfs.inspect_image(IMAGE)
-    except Exception as e:
-        pytest.skip(f"needs the btrfs engine with {IMAGE} as the second node: {e}")
+    url_b, btrfs = second_engine()
     fwd = EngineForwarder(tmp_path / "node-a.sock")
     nodes = [{"name": "a", "docker_url": f"unix://{fwd.path}",
               "topology": str(cpu_topology(tmp_path, "a"))},

@@ -612,6 +612,18 @@ class EngineForwarder:
         self.path.unlink(missing_ok=True)
 
 
+def second_engine() -> tuple[str, docker.APIClient]:
+    """The btrfs engine (make btrfs-engine) as a second node: its URL and client; skips the
+    test when it is not there or lacks the image."""
+    url = f"unix://{BTRFS_SOCK}"
+    try:
+        client = docker.APIClient(base_url=url, version="auto")
+        client.inspect_image(IMAGE)
+    except Exception as e:
+        pytest.skip(f"needs the btrfs engine with {IMAGE} as the second node: {e}")
+    return url, client
+
+
 def cpu_topology(tmp_path: Path, name: str) -> Path:
     local = node_to_dict(read_local_node(name))
     local["gpus"] = []
@@ -627,12 +639,7 @@ async def test_a_server_moves_off_a_failed_node_once_and_the_node_is_swept_on_re
     same profile, a new booking, exactly one booking in the ledger), the home's files are
     there, the move is in the state and told to the user; when a answers again its leftover
     container is swept (the old booking was released once, at the move)."""
-    url_b = f"unix://{BTRFS_SOCK}"
-    try:
-        btrfs = docker.APIClient(base_url=url_b, version="auto")
-        btrfs.inspect_image(IMAGE)
-    except Exception as e:
-        pytest.skip(f"needs the btrfs engine with {IMAGE} as the second node: {e}")
+    url_b, btrfs = second_engine()
     fwd = EngineForwarder(tmp_path / "node-a.sock")
     try:
         sp = make_spawner(
