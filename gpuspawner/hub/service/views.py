@@ -12,7 +12,7 @@ import colorsys
 import datetime
 import hashlib
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import fields
 from typing import Any
 
@@ -114,9 +114,12 @@ def quota_dict(q: Quota | None) -> dict[str, int | None] | None:
     return {f.name: getattr(q, f.name) for f in fields(q)}
 
 
-def usage_view(cluster: Cluster, user: str, groups: Iterable[str]) -> dict[str, Any]:
+def usage_view(cluster: Cluster, user: str, groups: Iterable[str],
+               held: Sequence[Allocation] | None = None) -> dict[str, Any]:
     """``GET api/users/{name}/usage``: what the user holds, their quota, what each of their
-    groups holds against its quota, and what they may still take (the tightest limit)."""
+    groups holds against its quota, and what they may still take (the tightest limit).
+    ``held``: the user's allocations when the caller has them already (the admin map asks for
+    every user: one pass over the ledger, not one per user)."""
     ledger = cluster.ledger
     groups = sorted(set(groups))
     table = ledger.quotas
@@ -131,7 +134,7 @@ def usage_view(cluster: Cluster, user: str, groups: Iterable[str]) -> dict[str, 
             "usage": ledger.group_usage(g).to_dict(),
             "quota": quota_dict(table.groups.get(g)),
         } for g in groups],
-        "allocations": [a.id for a in ledger.allocations(user)],
+        "allocations": [a.id for a in (ledger.allocations(user) if held is None else held)],
     }
 
 
@@ -237,11 +240,15 @@ def map_view(cluster: Cluster) -> dict[str, Any]:
                      "numa": numa_cells, "state": node.get("state", "up"),
                      "state_reason": node.get("state_reason", "")})
     allocs = ledger.allocations()
-    users = sorted({a.owner.user for a in allocs} | set(ledger.quotas.users))
+    by_user: dict[str, list[Allocation]] = {}
+    for a in allocs:  # one pass (a scan per user was quadratic: 1.2 s at 1,000 servers)
+        by_user.setdefault(a.owner.user, []).append(a)
+    users = sorted(set(by_user) | set(ledger.quotas.users))
     quota_rows = []
     for u in users:
-        groups = sorted({g for a in ledger.allocations(u) for g in a.owner.groups})
-        view = usage_view(cluster, u, groups)
+        held = by_user.get(u, [])
+        groups = sorted({g for a in held for g in a.owner.groups})
+        view = usage_view(cluster, u, groups, held)
         # no quota: every limit None (unlimited), which the page shows as usage alone
         quota_rows.append({"user": u, "usage": view["usage"],
                            "quota": view["quota"] or quota_dict(Quota()),
