@@ -329,3 +329,26 @@ def test_culler_page_shell(admin):
     assert ('href="/hub/admin">Admin' in html) is admin
     assert ("Every user's servers" in html) is admin
     assert "get('api/status')" in html and "innerHTML" not in html
+
+
+def test_the_admin_page_lists_servers_moved_off_failed_nodes(cluster):
+    """GPUSpawner.restart_elsewhere records each move on the cluster; the GPU map shows them,
+    newest first (and no table while there are none)."""
+    from gpuspawner.hub.service.views import page_templates
+
+    def render() -> str:
+        return page_templates().get_template("admin.html.j2").render(
+            view=map_view(cluster), user={"name": "admin", "admin": True},
+            prefix="/services/gpuspawner/", hub_prefix="/hub/", refresh_s=5, links=[],
+            api_links=[])
+
+    assert 'data-testid="moves"' not in render()
+    cluster.record_move("alice", "", "n1", "n2", 1_764_000_000.0, "node n1 does not answer")
+    cluster.record_move("bob", "big", "n2", "n1", 1_764_000_100.0, "node n2 is down")
+    assert [m["user"] for m in map_view(cluster)["moves"]] == ["bob", "alice"]
+    html = render()
+    assert 'data-testid="moves"' in html
+    assert ("<td>alice</td><td>(default)</td><td>n1</td><td>n2</td><td>node n1 does not "
+            "answer</td>") in html
+    moves = html[html.index('data-testid="moves"'):]
+    assert moves.index('data-user="bob"><td>') < moves.index('data-user="alice"><td>')

@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -148,6 +149,10 @@ class GPUHealthSettings:
     thresholds: HealthThresholds = field(default_factory=HealthThresholds)
 
 
+#: how many moves of servers off failed nodes a cluster remembers for the admin page
+MOVES_KEPT = 100
+
+
 @dataclass
 class Cluster:
     """Nodes, the ledger and the backend of one hub process.
@@ -192,6 +197,16 @@ class Cluster:
     #: the wait queue of spawns that fit the capacity but not what is free now (never None
     #: after construction)
     queue: SpawnQueue | None = None
+    #: servers moved off failed nodes, newest last (:meth:`record_move`; the admin page)
+    moves: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=MOVES_KEPT))
+
+    def record_move(self, user: str, server: str, source: str, target: str, at: float,
+                    reason: str) -> None:
+        """Remember that a server moved from node ``source`` to ``target`` at ``at`` (seconds
+        since the epoch) because of ``reason`` (the last :data:`MOVES_KEPT`; in memory: the
+        servers' states and the log keep them across restarts)."""
+        self.moves.append({"user": user, "server": server, "from": source, "to": target,
+                           "at": at, "reason": reason})
 
     def make_queue(self, settings: QueueSettings) -> SpawnQueue:
         """Make :attr:`queue` over this ledger and restore what the queue file kept (bad

@@ -487,6 +487,7 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
         new = self.allocation.node if self.allocation is not None else "?"
         when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(now))
         self.moves = [*self.moves, {"from": old, "to": new, "at": now, "reason": why}]
+        self.cluster.record_move(self.user.name, self.name or "", old, new, now, why)
         self._emit(100, f"Your server moved from node {old} to node {new} at {when} because "
                         f"{why}; files in your home are safe; running kernels were lost.")
         self.log.warning("%s: moved from node %s to node %s (%s)", self._log_name, old, new,

@@ -270,6 +270,8 @@ def map_view(cluster: Cluster) -> dict[str, Any]:
             "allocations": len(allocs),
         },
         "policy": ledger.policy_name,
+        "moves": [dict(m, when=datetime.datetime.fromtimestamp(m["at"]).strftime(
+            "%Y-%m-%d %H:%M:%S")) for m in reversed(cluster.moves)],
     }
 
 
