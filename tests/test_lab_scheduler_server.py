@@ -71,9 +71,11 @@ def call(jp_fetch, jp_asyncio_loop, jp_serverapp):  # noqa: F811
             kw["body"] = json.dumps(body)
         elif method in ("POST", "PATCH"):
             kw["body"] = "{}"
-        try:
-            resp = jp_asyncio_loop.run_until_complete(jp_fetch("scheduler", *path.split("/"),
-                                                               **kw))
+        async def go():  # jp_fetch makes its Future at once: inside the running loop
+            return await jp_fetch("scheduler", *path.split("/"), **kw)
+
+        try:  # (a loop made here: an earlier asyncio test may have left none set)
+            resp = jp_asyncio_loop.run_until_complete(go())
         except tornado.httpclient.HTTPClientError as e:
             return e.code, json.loads(e.response.body) if e.response.body else None
         return resp.code, json.loads(resp.body) if resp.body else None
