@@ -165,10 +165,16 @@ def checked_request(options: Any, profiles: Sequence[Profile], groups: Sequence[
         _CHECKED.move_to_end(key)
         return hit[1]
     request = parse_request(options, profiles, groups, max_bytes, deny_images)
-    _CHECKED[key] = (tuple(profiles), request)
-    if len(_CHECKED) > CACHE_SIZE:
-        _CHECKED.popitem(last=False)
+    _keep(_CHECKED, key, (tuple(profiles), request))
     return request
+
+
+def _keep(cache: OrderedDict[Any, Any], key: Any, value: Any) -> None:
+    """Store ``value`` as the newest entry of ``cache``, dropping the oldest beyond
+    :data:`CACHE_SIZE` (the bounded caches of this module)."""
+    cache[key] = value
+    if len(cache) > CACHE_SIZE:
+        cache.popitem(last=False)
 
 
 #: quota tables by the JSON text of their setting (:func:`quota_table`)
@@ -186,7 +192,6 @@ def quota_table(quotas: Any) -> QuotaTable:
     text = json.dumps(quotas, sort_keys=True, default=str)
     table = _TABLES.get(text)
     if table is None:
-        table = _TABLES[text] = check_quotas(quotas)
-        if len(_TABLES) > CACHE_SIZE:
-            _TABLES.popitem(last=False)
+        table = check_quotas(quotas)
+        _keep(_TABLES, text, table)
     return table
