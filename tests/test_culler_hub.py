@@ -153,7 +153,9 @@ async def test_gpu_busy_kept_gpu_idle_culled(hub: CullerHub, source_kind: str) -
     start_servers(hub, [(user, "", ())])
     gpu = fake_gpu_uuid(user, "")
     history = GPUHistory()
-    policy = {"users": {user: {"exempt": False, "idle_timeout": 2, "gpu_idle_threshold": 5,
+    # the idle timeout (4 s) is well beyond the GPU window (1 s) plus two passes: under a
+    # loaded CI machine, a 2 s timeout made "idle" fall due before "gpu_idle" in the second pass
+    policy = {"users": {user: {"exempt": False, "idle_timeout": 4, "gpu_idle_threshold": 5,
                                "gpu_window": 1.0}}}
     c = make_culler(hub, policy, history=history)
     if source_kind == "prometheus":
@@ -174,11 +176,11 @@ async def test_gpu_busy_kept_gpu_idle_culled(hub: CullerHub, source_kind: str) -
             nv.util[gpu] = v
     try:
         set_util(60)
-        # busy GPU, no hub activity for longer than the idle timeout (2 s): kept
-        await feed(source, 2.2)
+        # busy GPU, no hub activity for longer than the idle timeout (4 s): kept
+        await feed(source, 4.2)
         d = decision(await c.run_pass(), user, c)
         assert (d.action, d.reason) == ("keep", "active"), d.to_json()
-        assert d.figures["hub_inactive_s"] >= 2.2 and d.figures["gpu_mean_percent"] == 60
+        assert d.figures["hub_inactive_s"] >= 4.2 and d.figures["gpu_mean_percent"] == 60
         assert hub.server(user) is not None
         # GPU idle for the whole window: culled, reason gpu_idle
         set_util(1)

@@ -259,15 +259,23 @@ def test_schemathesis_finds_no_server_errors(hub, who, tmp_path):
     token = hub.token if who == "admin" else user_token(hub, "svcother")
     exe = shutil.which("schemathesis", path=str(Path(sys.executable).parent))
     assert exe, "schemathesis is in the test extra"
-    r = subprocess.run(
-        [exe, "run", f"{hub.url}{SVC}api/openapi.json", "--url", f"{hub.url}{SVC.rstrip('/')}",
-         "--checks", "not_a_server_error,status_code_conformance,content_type_conformance,"
-                     "response_schema_conformance",
-         "-H", f"Authorization: token {token}", "--max-examples", "25", "--seed", "6",
-         "--workers", "2", "--request-timeout", "30", "--max-time", "20",
-         "--phases", "examples,coverage,fuzzing", "--generation-database", "none"],
-        capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    args = [exe, "run", f"{hub.url}{SVC}api/openapi.json", "--url", f"{hub.url}{SVC.rstrip('/')}",
+            "--checks", "not_a_server_error,status_code_conformance,content_type_conformance,"
+                        "response_schema_conformance",
+            "-H", f"Authorization: token {token}", "--max-examples", "25", "--seed", "6",
+            "--workers", "1", "--request-timeout", "30", "--max-time", "20",
+            "--phases", "examples,coverage,fuzzing", "--generation-database", "none"]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    if r.returncode and CPYTHON_AST_BUG in r.stdout + r.stderr:
+        # CPython 3.11.7's ast.parse can raise this SystemError spuriously when an exception
+        # interrupts AST construction (python/cpython#106905, fixed in later releases);
+        # hypothesis hit it while describing a lambda, before any request was judged. The
+        # run is repeated once; any other failure, or this one twice, fails the test.
+        r = subprocess.run(args, capture_output=True, text=True, timeout=400, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+
+
+CPYTHON_AST_BUG = "AST constructor recursion depth mismatch"
 
 
 # -- the admin page in Chromium ----------------------------------------------------------------
