@@ -559,6 +559,8 @@ def test_the_cli_sends_a_definition(monkeypatch, tmp_path, capsys):
         sent.append((method, path, body))
         if path == "api/job_definitions" and method == "POST":
             return {"id": "d" * 32, **body}
+        if path == "api/jobs" and method == "POST":
+            return {"id": "j" * 32, **body}
         if path == "api/job_definitions":
             return {"job_definitions": [{
                 "id": "d" * 32, "name": "nb", "schedule": "0 2 * * *", "timezone": "UTC",
@@ -595,4 +597,11 @@ def test_the_cli_sends_a_definition(monkeypatch, tmp_path, capsys):
     assert "--at or --cron, not both" in capsys.readouterr().err
     assert client.main(["jobs", "submit", str(nb), "--timezone", "UTC"]) == 1
     assert "--timezone" in capsys.readouterr().err
+    # --max-retries is a job's, not a definition's
+    assert client.main(["jobs", "submit", str(nb), "--cron", "* * * * *",
+                        "--max-retries", "2"]) == 1
+    assert "--max-retries applies to one job" in capsys.readouterr().err
     assert len(sent) == n
+    # a one-off job sends it
+    assert client.main(["jobs", "submit", str(nb), "--max-retries", "0"]) == 0
+    assert sent[-1][:2] == ("POST", "api/jobs") and sent[-1][2]["max_retries"] == 0

@@ -305,6 +305,8 @@ def test_the_cli_submits_shows_and_downloads(hub, tmp_path):
     assert "42\n" in ["".join(o.get("text", "")) for c in nb["cells"] for o in c["outputs"]]
     p = cli("submit", str(path), "--time-limit", "100000")
     assert p.returncode == 1 and "HTTP 400: time_limit: at most 600" in p.stderr
+    p = cli("submit", str(path), "--max-retries", "11")
+    assert p.returncode == 1 and "HTTP 400: max_retries: must be 0 to 10" in p.stderr, p.stderr
     p = cli("submit", str(path), "--at", "2001-01-01T00:00:00Z")
     assert p.returncode == 1 and "HTTP 400: at: 2001-01-01T00:00:00Z is in the past" in \
         p.stderr, p.stderr

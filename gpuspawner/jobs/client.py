@@ -106,10 +106,15 @@ class JobsClient:
 
     def submit(self, notebook: dict[str, Any], profile: str | None,
                parameters: dict[str, Any], time_limit: int | None, name: str,
-               at: str | None = None) -> Any:
+               at: str | None = None, max_retries: int | None = None) -> Any:
+        """``POST api/jobs``: the job (with its ``id``). ``time_limit`` in seconds and
+        ``max_retries`` (runs again after the job is lost with its node) default to the
+        profile's and the hub's when None."""
         body: dict[str, Any] = {"notebook": notebook, "parameters": parameters, "name": name}
         if at:
             body["at"] = at
+        if max_retries is not None:
+            body["max_retries"] = max_retries
         if profile:
             body["profile"] = profile
         if time_limit is not None:
@@ -218,7 +223,8 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     if args.cron is not None or args.at is None and _schedule_options(args):
         return _submit_definition(args, notebook, params)
     job = _client().submit(notebook, args.profile, params, args.time_limit,
-                           args.name or default_name(args.notebook), args.at)
+                           args.name or default_name(args.notebook), args.at,
+                           args.max_retries)
     print(json.dumps(job, indent=1, sort_keys=True) if args.json else job["id"])
     return 0
 
@@ -284,6 +290,9 @@ def _submit_definition(args: argparse.Namespace, notebook: dict[str, Any],
                        params: dict[str, Any]) -> int:
     if args.at is not None:
         raise ClientError("submit: --at or --cron, not both")
+    if args.max_retries is not None:
+        raise ClientError("submit: --max-retries applies to one job (now or --at); the jobs "
+                          "of a --cron definition use the hub's default")
     if args.cron is None:
         raise ClientError(f"submit: {', '.join(_schedule_options(args))} need --cron")
     d = _client().create_definition(
@@ -362,6 +371,9 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
                    help="stop it after this many seconds (default: the profile's)")
     s.add_argument("--name", default=None,
                    help="the job's name (default: the notebook's file name)")
+    s.add_argument("--max-retries", type=int, default=None, metavar="N",
+                   help="run it again up to N times when it is lost with its node (Kubernetes "
+                   "Job's backoffLimit; default and maximum: the hub's)")
     s.add_argument("--at", default=None, metavar="ISO8601",
                    help="start it then instead of now: a time with its zone, e.g. "
                    "2026-03-01T22:00:00+01:00")
