@@ -32,6 +32,7 @@ gpuspawner's): what is missing or of the wrong type reads as empty.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -153,3 +154,35 @@ class ServerState:
         """The Slurm job's id, ``""`` when not a Slurm server (or not submitted yet)."""
         job = self.backend.get("job_id")
         return str(job) if isinstance(job, (str, int)) and not isinstance(job, bool) else ""
+
+
+#: the environment variable that tells a server started by a move where it came from (JSON
+#: ``{"from": node, "to": node, "at": epoch seconds, "reason": text}``); set by
+#: GPUSpawner.restart_elsewhere, read by the server's ``/api/gpuspawner/gpus`` (``moved``) so
+#: JupyterLab can tell the user
+MOVED_ENV = "GPUSPAWNER_MOVED"
+
+
+def moved_env(moving: Mapping[str, Any] | None, node: str) -> dict[str, str]:
+    """``{MOVED_ENV: json}`` for a server started on ``node`` by a move (``moving``: ``from``,
+    ``at`` in epoch seconds, ``reason``), ``{}`` for an ordinary start (``moving`` None)."""
+    if not moving:
+        return {}
+    record = {"from": _str(moving.get("from")), "to": node,
+              "at": float(moving.get("at") or 0.0), "reason": _str(moving.get("reason"))}
+    return {MOVED_ENV: json.dumps(record, sort_keys=True)}
+
+
+def moved_from_env(env: Mapping[str, str]) -> dict[str, Any] | None:
+    """The move record of :func:`moved_env` read back from ``env``; None when absent or
+    malformed (never raises: the variable is only advice to the user)."""
+    raw = env.get(MOVED_ENV)
+    if not raw:
+        return None
+    try:
+        doc = json.loads(raw)
+        record = {"from": _str(doc["from"]), "to": _str(doc["to"]), "at": float(doc["at"]),
+                  "reason": _str(doc.get("reason"))}
+    except (ValueError, TypeError, KeyError):
+        return None
+    return record if record["from"] and record["to"] else None

@@ -103,6 +103,17 @@ def test_allocation_mismatch_warns(jp_serverapp, get):
     assert any(UUID1 in w for w in doc["warnings"])
 
 
+def test_moved_from_the_environment(get, monkeypatch):
+    # no move: null; the spawner's GPUSPAWNER_MOVED: the record; a malformed one: null
+    assert get("gpus")["moved"] is None
+    monkeypatch.setenv("GPUSPAWNER_MOVED", json.dumps(
+        {"from": "n1", "to": "n2", "at": 1764000000.5, "reason": "node n1 is down"}))
+    assert get("gpus")["moved"] == {"from": "n1", "to": "n2", "at": 1764000000.5,
+                                    "reason": "node n1 is down"}
+    monkeypatch.setenv("GPUSPAWNER_MOVED", '{"from": "n1"}')
+    assert get("gpus")["moved"] is None
+
+
 def test_unauthenticated_refused(jp_fetch, jp_asyncio_loop):  # noqa: F811
     with pytest.raises(tornado.httpclient.HTTPClientError) as e:
         jp_asyncio_loop.run_until_complete(jp_fetch("api", "gpuspawner", "metrics",

@@ -652,6 +652,8 @@ async def test_a_server_moves_off_a_failed_node_once_and_the_node_is_swept_on_re
         await asyncio.wait_for(sp.start(), 90)
         old_cid = container_id(sp)
         assert sp.allocation.node == "a" and client.inspect_container(old_cid)["State"]["Running"]
+        assert not any(e.startswith("GPUSPAWNER_MOVED=")
+                       for e in client.inspect_container(old_cid)["Config"]["Env"])
         ex = client.exec_create(old_cid, ["sh", "-c", "echo kept > $HOME/notes.txt"])
         client.exec_start(ex)
         fwd.fail()
@@ -668,6 +670,12 @@ async def test_a_server_moves_off_a_failed_node_once_and_the_node_is_swept_on_re
             assert (move["from"], move["to"]) == ("a", "b") and "does not answer" in move["reason"]
             assert any("Your server moved from node a to node b" in e["message"]
                        and "files in your home are safe" in e["message"] for e in sp._events)
+            # the new container knows it was moved (JupyterLab tells the user from it); the
+            # first one did not
+            env = dict(e.split("=", 1) for e in btrfs.inspect_container(new_cid)["Config"]["Env"])
+            told = json.loads(env["GPUSPAWNER_MOVED"])
+            assert (told["from"], told["to"], told["at"]) == ("a", "b", move["at"])
+            assert "does not answer" in told["reason"]
             assert await sp.poll() is None  # b answers: it runs
             print(f"moved in {moved_s:.1f} s")
             # node a answers again: its leftover is swept, the booking on b is untouched

@@ -33,7 +33,7 @@ from ..backends.base import (
 from ..backends.spec import HomeMount, Mount, launch_spec
 from ..placement import Allocation, Owner, PlacementError, QuotaExceeded
 from ..placement.queue import QueueEntry
-from ..server_state import ServerState
+from ..server_state import ServerState, moved_env
 from . import certs
 from .cluster import HEALTH, Cluster, get_cluster
 from .form import OptionsFormMixin
@@ -85,6 +85,9 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
         self.image_record: dict[str, Any] = {}
         #: restarts on another node after a node failure (ServerState.moves)
         self.moves: list[dict[str, Any]] = []
+        #: the move under way (``{"from", "at", "reason"}``) while restart_elsewhere starts
+        #: the server anew: given to the new container as ``GPUSPAWNER_MOVED``
+        self._moving: dict[str, Any] | None = None
         install_user_options_guard(self.profiles, self.user_options_max_bytes, self.log,
                                    self.image_deny_patterns)
 
@@ -307,7 +310,8 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
                 spec = launch_spec(
                     name=self.object_name, user=self.user.name, server=self.name or "",
                     allocation=alloc, image=image, cmd=[*self.cmd, *self.get_args()],
-                    env={**self.get_env(), "JUPYTER_IMAGE_SPEC": image}, uid=uid, gid=gid,
+                    env={**self.get_env(), "JUPYTER_IMAGE_SPEC": image,
+                         **moved_env(self._moving, alloc.node)}, uid=uid, gid=gid,
                     port=self.port, home=self._home_mount(),
                     certs_dir=self.certs_dir, mounts=self.mounts(profile))
                 ip, port = await self.backend_obj.launch(spec, self.backend_state, self._emit)
@@ -476,6 +480,7 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
         await self._rollback()  # the booking is released here, once
         if self.server is not None and self.internal_ssl:
             self.cert_paths = await self.move_certs(await self.create_certs())
+        self._moving = {"from": old, "at": now, "reason": why}
         try:
             ip, port = await asyncio.wait_for(self.start(), self.start_timeout)
         except BaseException as e:  # noqa: BLE001 - any failure: stopped, as before
@@ -484,6 +489,8 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
             self.log.error("%s: could not restart it elsewhere: %s", self._log_name, e)
             server_moved("failed")
             return False
+        finally:
+            self._moving = None
         new = self.allocation.node if self.allocation is not None else "?"
         when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(now))
         self.moves = [*self.moves, {"from": old, "to": new, "at": now, "reason": why}]

@@ -15,6 +15,7 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
+from ...server_state import moved_from_env
 from .sampler import Sampler
 
 AUTH_RESOURCE = "gpuspawner"
@@ -44,6 +45,9 @@ class GPUsHandler(_Base):
         await self.fresh()
         doc = self.sampler.gpus_view()
         doc["culler"] = await self.settings["gpuspawner_culler"].status()
+        # set when the hub restarted this server here after its node failed (JupyterLab
+        # tells the user once): {"from", "to", "at" (epoch s), "reason"} or null
+        doc["moved"] = moved_from_env(os.environ)
         self.finish(json.dumps(doc))
 
 
