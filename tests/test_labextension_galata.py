@@ -32,7 +32,7 @@ BUILT = REPO / "gpuspawner" / "labextension_static"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 JUPYTER = Path(sys.executable).parent / "jupyter"
 #: the specs in labextension/ui-tests/tests (a test that disappears must be noticed)
-EXPECTED_TESTS = 5
+EXPECTED_TESTS = 6
 
 
 def _skip_reasons() -> list[str]:

@@ -4,7 +4,7 @@ import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 
 import { parseSettings, statusItemVisible } from './model';
-import { CullNotifier } from './notify';
+import { CullNotifier, MoveNotifier } from './notify';
 import { GpuPanel } from './panel';
 import { GpuDataSource } from './source';
 import { GpuStatusItem } from './status';
@@ -88,6 +88,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       });
     }
     new CullNotifier(app.commands, source);
+    new MoveNotifier(app.commands, source);
     console.log('gpuspawner-labextension is activated');
   }
 };

@@ -29,6 +29,15 @@ export interface CullerStatus {
   reason: string | null;
 }
 
+/** The hub restarted this server on another node because its node failed (`moved`). */
+export interface MoveRecord {
+  from: string;
+  to: string;
+  /** epoch seconds */
+  at: number;
+  reason: string;
+}
+
 export interface GpusResponse {
   state: ServerState;
   message: string;
@@ -36,6 +45,8 @@ export interface GpusResponse {
   gpus: GpuInfo[];
   warnings: string[];
   culler: CullerStatus | null;
+  /** absent from servers older than this field: read as null */
+  moved?: MoveRecord | null;
 }
 
 export interface ProcessInfo {
@@ -234,7 +245,48 @@ export function parseGpus(raw: unknown): GpusResponse {
     allocation: isObj(raw.allocation) ? raw.allocation : null,
     gpus,
     warnings: arr(raw.warnings).filter((w): w is string => typeof w === 'string'),
-    culler: parseCuller(raw.culler)
+    culler: parseCuller(raw.culler),
+    moved: parseMove(raw.moved)
+  };
+}
+
+/** `moved` of the gpus answer; null when absent or malformed. */
+export function parseMove(raw: unknown): MoveRecord | null {
+  if (!isObj(raw)) {
+    return null;
+  }
+  const from = str(raw.from);
+  const to = str(raw.to);
+  const at = num(raw.at);
+  if (!from || !to || at === null) {
+    return null;
+  }
+  return { from, to, at, reason: str(raw.reason) ?? '' };
+}
+
+/** JupyterLab truncates a notification's message past this many characters (apputils). */
+export const NOTIFICATION_MAX = 140;
+
+/**
+ * The user's words for a move (what the hub's spawn page says,
+ * gpuspawner.hub.spawner.GPUSpawner.restart_elsewhere), time in UTC, within JupyterLab's
+ * 140 characters: the reason is added only where it fits. `key` names the move, so it is
+ * told once.
+ */
+export function moveNotice(
+  moved: MoveRecord | null | undefined
+): { key: string; message: string } | null {
+  if (!moved) {
+    return null;
+  }
+  const when = new Date(moved.at * 1000).toISOString().slice(0, 16).replace('T', ' ');
+  const base =
+    `Your server moved from node ${moved.from} to node ${moved.to} at ${when} UTC. ` +
+    'Files in your home are safe; running kernels were lost.';
+  const withWhy = moved.reason ? `${base} Why: ${moved.reason}.` : base;
+  return {
+    key: `${moved.from}|${moved.to}|${moved.at}`,
+    message: withWhy.length <= NOTIFICATION_MAX ? withWhy : base
   };
 }
 

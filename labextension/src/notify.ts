@@ -9,7 +9,7 @@
  */
 import type { JupyterFrontEnd } from '@jupyterlab/application';
 
-import { cullNotice, GpusResponse, ViewSettings } from './model';
+import { cullNotice, GpusResponse, moveNotice, ViewSettings } from './model';
 
 /** What the notifier reads of the data source (GpuDataSource in src/source.ts). */
 export interface CullSource {
@@ -87,4 +87,75 @@ export class CullNotifier {
   private _id: string | null = null;
   private _key: string | null = null;
   private _message: string | null = null;
+}
+
+/** Where a move already told is remembered (per move key), so a reload does not repeat it. */
+export interface SeenStore {
+  getItem(key: string): string | null;
+  setItem(key: string, value: string): void;
+}
+
+export const SEEN_PREFIX = 'gpuspawner:move-told:';
+
+/**
+ * Tells the user, once, that the hub restarted this server on another node because its node
+ * failed (the gpus answer's `moved`): a warning notification that stays until dismissed.
+ * Remembered in `seen` (the browser's localStorage by default) so reloading JupyterLab does
+ * not tell it again. Does nothing where the notification commands are missing.
+ */
+export class MoveNotifier {
+  constructor(commands: JupyterFrontEnd['commands'], source: CullSource, seen?: SeenStore | null) {
+    this._commands = commands;
+    this._source = source;
+    this._seen = seen === undefined ? defaultStore() : seen;
+    source.changed.connect(() => void this.update());
+  }
+
+  /** Show the move's notification if there is one not told yet; one call at a time. */
+  update(): Promise<void> {
+    this._chain = this._chain.then(
+      () => this._update(),
+      () => this._update()
+    );
+    return this._chain;
+  }
+
+  private async _update(): Promise<void> {
+    if (!this._commands.hasCommand(NOTIFY) || this._source.gpus === null) {
+      return;
+    }
+    const notice = moveNotice(this._source.gpus.moved);
+    if (notice === null || notice.key === this._told) {
+      return;
+    }
+    const key = SEEN_PREFIX + notice.key;
+    this._told = notice.key;
+    try {
+      if (this._seen?.getItem(key)) {
+        return;
+      }
+      this._seen?.setItem(key, '1');
+    } catch {
+      // storage refused (private window, quota): tell it, once per page
+    }
+    await this._commands.execute(NOTIFY, {
+      message: notice.message,
+      type: 'warning',
+      options: { autoClose: false }
+    });
+  }
+
+  private _chain: Promise<void> = Promise.resolve();
+  private _commands: JupyterFrontEnd['commands'];
+  private _source: CullSource;
+  private _seen: SeenStore | null;
+  private _told: string | null = null;
+}
+
+function defaultStore(): SeenStore | null {
+  try {
+    return (globalThis as { localStorage?: SeenStore }).localStorage ?? null;
+  } catch {
+    return null;
+  }
 }

@@ -7,13 +7,16 @@ import { describe, it } from 'node:test';
 import {
   cullNotice,
   CullerStatus,
+  MoveRecord,
+  moveNotice,
+  NOTIFICATION_MAX,
   DEFAULT_SETTINGS,
   GpusResponse,
   parseGpus,
   statusItemVisible,
   ViewSettings
 } from '../src/model';
-import { CullNotifier, DISMISS, NOTIFY, UPDATE } from '../src/notify';
+import { CullNotifier, DISMISS, MoveNotifier, NOTIFY, SEEN_PREFIX, UPDATE } from '../src/notify';
 
 type Call = [string, Record<string, unknown>];
 
@@ -31,10 +34,11 @@ class FakeCommands {
 
 class FakeSource {
   culler: CullerStatus | null = null;
+  moved: unknown = null;
   settings: ViewSettings = DEFAULT_SETTINGS;
   private _slots: (() => void)[] = [];
   get gpus(): GpusResponse {
-    return { ...parseGpus({ state: 'ok', gpus: [] }), culler: this.culler };
+    return { ...parseGpus({ state: 'ok', gpus: [], moved: this.moved }), culler: this.culler };
   }
   changed = { connect: (f: () => void) => this._slots.push(f) };
 }
@@ -139,5 +143,75 @@ describe('status item without a GPU', () => {
     assert.equal(statusItemVisible(gpu, null, hide), true);
     assert.equal(statusItemVisible(null, null, hide), true);
     assert.equal(statusItemVisible(cpu, 'the server extension did not answer', hide), true);
+  });
+});
+
+class MapStore {
+  items = new Map<string, string>();
+  getItem(key: string): string | null {
+    return this.items.get(key) ?? null;
+  }
+  setItem(key: string, value: string): void {
+    this.items.set(key, value);
+  }
+}
+
+describe('move notifications', () => {
+  const move: MoveRecord = {
+    from: 'gpu-a',
+    to: 'gpu-b',
+    at: 1764000000,
+    reason: 'node gpu-a is down'
+  };
+
+  it('words the move within the 140 characters JupyterLab shows, the reason where it fits', () => {
+    const n = moveNotice(move);
+    assert.equal(
+      n?.message,
+      'Your server moved from node gpu-a to node gpu-b at 2025-11-24 16:00 UTC. Files in your ' +
+        'home are safe; running kernels were lost.'
+    );
+    const short = moveNotice({ ...move, from: 'a', to: 'b', reason: 'a is down' });
+    assert.match(String(short?.message), / were lost\. Why: a is down\.$/);
+    assert.ok(String(short?.message).length <= NOTIFICATION_MAX);
+    assert.equal(moveNotice(null), null);
+  });
+
+  it('tells a move once, also across reloads; a malformed record tells nothing', async () => {
+    const commands = new FakeCommands();
+    const source = new FakeSource();
+    const store = new MapStore();
+    const n = new MoveNotifier(commands as any, source, store);
+    await n.update();
+    assert.equal(commands.calls.length, 0); // a server the user started
+    source.moved = { from: 'gpu-a' }; // malformed: nothing
+    await n.update();
+    assert.equal(commands.calls.length, 0);
+    source.moved = move;
+    await Promise.all([n.update(), n.update()]); // two refreshes at once: told once
+    assert.equal(commands.calls.length, 1);
+    const [id, args] = commands.calls[0];
+    assert.equal(id, NOTIFY);
+    assert.equal(args.type, 'warning');
+    assert.deepEqual(args.options, { autoClose: false });
+    assert.match(String(args.message), /^Your server moved from node gpu-a to node gpu-b/);
+    assert.equal(store.getItem(SEEN_PREFIX + 'gpu-a|gpu-b|1764000000'), '1');
+    // JupyterLab reloaded (a new notifier, the same browser storage): not told again
+    const again = new MoveNotifier(commands as any, source, store);
+    await again.update();
+    assert.equal(commands.calls.length, 1);
+    // a second move (back to gpu-a) is told
+    source.moved = { ...move, from: 'gpu-b', to: 'gpu-a', at: move.at + 600 };
+    await again.update();
+    assert.equal(commands.calls.length, 2);
+  });
+
+  it('does nothing without the notification commands', async () => {
+    const commands = new FakeCommands();
+    commands.present = false;
+    const source = new FakeSource();
+    source.moved = move;
+    await new MoveNotifier(commands as any, source, new MapStore()).update();
+    assert.equal(commands.calls.length, 0);
   });
 });

@@ -110,3 +110,28 @@ test('pollInterval is editable in the Settings Editor', async ({ page }) => {
   expect(median(after), `gaps ${after}`).toBeGreaterThan(750);
   expect(median(after), `gaps ${after}`).toBeLessThan(1400);
 });
+
+test('a server the hub moved off a failed node tells the user once', async ({ page }) => {
+  // the server extension's answer as a moved server gives it (the spawner's
+  // $GPUSPAWNER_MOVED, read back as `moved`); the next poll carries it
+  await page.route('**/api/gpuspawner/gpus*', async route => {
+    const response = await route.fetch();
+    const json = await response.json();
+    json.moved = { from: 'gpu-a', to: 'gpu-b', at: 1764000000, reason: 'node gpu-a is down' };
+    await route.fulfill({ response, json });
+  });
+  const told = page.getByText(
+    'Your server moved from node gpu-a to node gpu-b at 2025-11-24 16:00 UTC. Files in your ' +
+      'home are safe; running kernels were lost.'
+  );
+  await page.locator(STATUS).click(); // the open panel polls every 2 s
+  await expect(told).toBeVisible({ timeout: 20000 });
+  await expect(told).toHaveCount(1);
+  // reloading JupyterLab does not tell it again (remembered in the browser's storage)
+  await page.reload();
+  await expect(page.locator(STATUS)).toHaveText(/^2 GPUs /);
+  await page.locator(STATUS).click();
+  await expect(page.locator(`${PANEL} .jp-gpuspawner-gpu`)).toHaveCount(2);
+  await page.waitForResponse(r => r.url().includes('/api/gpuspawner/gpus'), { timeout: 15000 });
+  await expect(told).toHaveCount(0);
+});
