@@ -26,6 +26,7 @@ from gpuspawner.backends.docker_backend import DockerBackend  # noqa: E402
 from gpuspawner.backends.docker_network import ServerNetwork  # noqa: E402
 from gpuspawner.backends.spec import ALLOCATION_LABEL  # noqa: E402
 from gpuspawner.hub.cluster import reset_clusters  # noqa: E402
+from gpuspawner.hub.metrics import SERVER_MOVES  # noqa: E402
 from gpuspawner.hub.spawner import GPUSpawner  # noqa: E402
 from gpuspawner.inventory.local import read_local_node  # noqa: E402
 from gpuspawner.inventory.topology import node_to_dict  # noqa: E402
@@ -719,3 +720,52 @@ async def test_moves_are_bounded_per_hour_and_may_be_turned_off(make_spawner):
                                             "restart_on_node_failure": False}])
     assert await off.restart_elsewhere("node x does not answer") is False
     assert off.moves == [] and sp.allocation is None
+
+
+async def test_a_flapping_pair_of_nodes_moves_a_server_at_most_restart_limit_times(
+        make_spawner, client, tmp_path):
+    """Two real engines that fail in turn (a, then b while a is back): with
+    ``restart_limit=1`` the server moves once (a -> b) and, when b fails too, is stopped and
+    released instead of bouncing back to a; nothing is left booked, the metric counts one
+    ``moved`` and one ``limit``."""
+    url_b, btrfs = second_engine()
+    fwd_a = EngineForwarder(tmp_path / "node-a.sock")
+    fwd_b = EngineForwarder(tmp_path / "node-b.sock", target=str(BTRFS_SOCK))
+    def moves(outcome: str) -> float:
+        return SERVER_MOVES.labels(outcome=outcome)._value.get()
+
+    moved0, limit0 = moves("moved"), moves("limit")
+    try:
+        sp = make_spawner(
+            "flapper", {"profile": "cpu"}, placement_policy="first-fit",
+            restart_limit=1, restart_backoff=0,
+            nodes=[{"name": "a", "docker_url": f"unix://{fwd_a.path}",
+                    "topology": str(cpu_topology(tmp_path, "a"))},
+                   {"name": "b", "docker_url": f"unix://{fwd_b.path}",
+                    "topology": str(cpu_topology(tmp_path, "b")),
+                    "network_pool": "198.19.0.0/16"}],
+            uid_map={"flapper": {"uid": 4363, "gid": 4364}})
+        await asyncio.wait_for(sp.start(), 90)
+        assert sp.allocation.node == "a"
+        fwd_a.fail()
+        assert await asyncio.wait_for(sp.poll(), 120) is None  # moved to b
+        assert sp.allocation.node == "b" and len(sp.moves) == 1
+        fwd_a.recover()  # a is back (the hub's health check sees it), then b fails: a
+        sp.cluster._health_read = float("-inf")  # second move would pass the limit
+        await sp.cluster.refresh_health()
+        fwd_b.fail()
+        status = await asyncio.wait_for(sp.poll(), 120)
+        assert status is not None, "moved a second time within the hour"
+        assert len(sp.moves) == 1 and sp.cluster.ledger.allocations() == []
+        assert (moves("moved") - moved0, moves("limit") - limit0) == (1, 1)
+    finally:
+        for fwd in (fwd_a, fwd_b):
+            try:
+                fwd.fail()
+            except Exception:
+                pass
+        for cli in (client, btrfs):  # what the failed engines kept: container, network
+            for c in cli.containers(all=True, filters={"label": "gpuspawner.user=flapper"}):
+                cli.remove_container(c["Id"], force=True)
+            for n in cli.networks(filters={"label": "gpuspawner.user=flapper"}):
+                cli.remove_network(n["Id"])
