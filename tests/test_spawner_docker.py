@@ -100,6 +100,11 @@ def make_spawner(tmp_path, client):
         (tmp_path / "home").mkdir(exist_ok=True)  # the shared file system's folder
         config.setdefault("home_path_template", str(tmp_path / "home" / "{username}"))
         config.setdefault("cmd", FAKE_SERVER)
+        # the queue and drains files in this test's folder: by default they land beside the
+        # hub database, i.e. in the working directory, where an entry another test left
+        # waiting put this test's spawn behind it ("1 spawn wait ahead of you")
+        (tmp_path / "state").mkdir(exist_ok=True)
+        config.setdefault("state_dir", str(tmp_path / "state"))
         cfg = Config()
         for key, value in config.items():  # each setting to the class that has it
             section = "DockerBackend" if DockerBackend.class_traits().get(key) is not None \
