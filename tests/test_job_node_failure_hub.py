@@ -19,27 +19,17 @@ nbformat = pytest.importorskip("nbformat")
 from gpuspawner.hub.identity import safe_name  # noqa: E402
 from gpuspawner.testing.hubrunner import Hub  # noqa: E402
 from gpuspawner.testing.waiting import wait_until  # noqa: E402
-from tests.test_hub_e2e import _engine, remove_objects_of  # noqa: E402
+from tests.test_hub_e2e import remove_objects_of  # noqa: E402
 from tests.test_jobs_hub import EXTRA, User, admin_allocations  # noqa: E402
 from tests.test_jobs_units import notebook  # noqa: E402
-from tests.test_spawner_docker import (  # noqa: E402
-    EngineForwarder,
-    cpu_topology,
-    second_engine,
-)
+from tests.test_node_failure_hub import node_pair  # noqa: E402
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 USER = "jn-mover"
 
 
 def test_a_job_on_a_failed_node_is_lost_then_completes_on_the_other(tmp_path: Path):
-    engine = _engine()
-    url_b, btrfs = second_engine()
-    fwd = EngineForwarder(tmp_path / "node-a.sock")
-    nodes = [{"name": "a", "docker_url": f"unix://{fwd.path}",
-              "topology": str(cpu_topology(tmp_path, "a"))},
-             {"name": "b", "docker_url": url_b, "topology": str(cpu_topology(tmp_path, "b")),
-              "network_pool": "198.19.0.0/16"}]
+    engine, btrfs, fwd, nodes = node_pair(tmp_path)
     profiles = [{"slug": "cpu", "cpu": 1, "memory": "512M", "default": True}]
     extra = EXTRA.replace('c.GPUSpawner.quotas = {"users": {"jb-quota": {"servers": 1}}}\n', "")
     hub = Hub(tmp_path / "hub", nodes, profiles, extra_config=extra + (

@@ -34,7 +34,11 @@ def status(session: requests.Session, url: str) -> int:
         return 0
 
 
-def test_the_users_url_works_again_after_its_node_fails(tmp_path: Path):
+def node_pair(tmp_path: Path) -> tuple[docker.APIClient, docker.APIClient, EngineForwarder,
+                                        list[dict]]:
+    """Two CPU nodes for a hub: a (the local engine behind a socket that ``fail()`` cuts) and
+    b (the btrfs engine, its own address pool): (engine of a, engine of b, a's forwarder,
+    ``c.GPUSpawner.nodes``). Skips without the btrfs engine."""
     engine = _engine()
     url_b, btrfs = second_engine()
     fwd = EngineForwarder(tmp_path / "node-a.sock")
@@ -42,6 +46,11 @@ def test_the_users_url_works_again_after_its_node_fails(tmp_path: Path):
               "topology": str(cpu_topology(tmp_path, "a"))},
              {"name": "b", "docker_url": url_b, "topology": str(cpu_topology(tmp_path, "b")),
               "network_pool": "198.19.0.0/16"}]
+    return engine, btrfs, fwd, nodes
+
+
+def test_the_users_url_works_again_after_its_node_fails(tmp_path: Path):
+    engine, btrfs, fwd, nodes = node_pair(tmp_path)
     profiles = [{"slug": "cpu", "cpu": 1, "memory": "512M", "default": True}]
     hub = Hub(tmp_path / "hub", nodes, profiles,
               extra_config="c.Spawner.poll_interval = 2\n"

@@ -22,20 +22,19 @@ export const NOTIFY = 'apputils:notify';
 export const UPDATE = 'apputils:update-notification';
 export const DISMISS = 'apputils:dismiss-notification';
 
-export class CullNotifier {
+/**
+ * A notifier driven by the data source: each change of the source calls `update()`, and the
+ * calls run one after the other (a notification is only shown, updated or dismissed once the
+ * previous call is done).
+ */
+abstract class SerialNotifier {
   constructor(commands: JupyterFrontEnd['commands'], source: CullSource) {
     this._commands = commands;
     this._source = source;
     source.changed.connect(() => void this.update());
   }
 
-  /**
-   * Show, update or dismiss the notification for the source's current culler status. Calls
-   * run one after the other (a new notification is only shown once the previous call is
-   * done), and an existing notification is updated in place, never dismissed and shown again:
-   * quick dismiss/notify cycles made the notification toasts' React tree insert into a node
-   * it had just removed ("insertBefore" NotFoundError in the page).
-   */
+  /** Bring the notification up to date with the source; one call at a time. */
   update(): Promise<void> {
     this._chain = this._chain.then(
       () => this._update(),
@@ -44,7 +43,21 @@ export class CullNotifier {
     return this._chain;
   }
 
-  private async _update(): Promise<void> {
+  protected abstract _update(): Promise<void>;
+
+  private _chain: Promise<void> = Promise.resolve();
+  protected _commands: JupyterFrontEnd['commands'];
+  protected _source: CullSource;
+}
+
+/**
+ * The culler's notification: shown, updated or dismissed for the source's current culler
+ * status. An existing notification is updated in place, never dismissed and shown again:
+ * quick dismiss/notify cycles made the notification toasts' React tree insert into a node it
+ * had just removed ("insertBefore" NotFoundError in the page).
+ */
+export class CullNotifier extends SerialNotifier {
+  protected async _update(): Promise<void> {
     if (!this._commands.hasCommand(NOTIFY)) {
       return;
     }
@@ -81,9 +94,6 @@ export class CullNotifier {
     }
   }
 
-  private _chain: Promise<void> = Promise.resolve();
-  private _commands: JupyterFrontEnd['commands'];
-  private _source: CullSource;
   private _id: string | null = null;
   private _key: string | null = null;
   private _message: string | null = null;
@@ -103,24 +113,13 @@ export const SEEN_PREFIX = 'gpuspawner:move-told:';
  * Remembered in `seen` (the browser's localStorage by default) so reloading JupyterLab does
  * not tell it again. Does nothing where the notification commands are missing.
  */
-export class MoveNotifier {
+export class MoveNotifier extends SerialNotifier {
   constructor(commands: JupyterFrontEnd['commands'], source: CullSource, seen?: SeenStore | null) {
-    this._commands = commands;
-    this._source = source;
+    super(commands, source);
     this._seen = seen === undefined ? defaultStore() : seen;
-    source.changed.connect(() => void this.update());
   }
 
-  /** Show the move's notification if there is one not told yet; one call at a time. */
-  update(): Promise<void> {
-    this._chain = this._chain.then(
-      () => this._update(),
-      () => this._update()
-    );
-    return this._chain;
-  }
-
-  private async _update(): Promise<void> {
+  protected async _update(): Promise<void> {
     if (!this._commands.hasCommand(NOTIFY) || this._source.gpus === null) {
       return;
     }
@@ -145,9 +144,6 @@ export class MoveNotifier {
     });
   }
 
-  private _chain: Promise<void> = Promise.resolve();
-  private _commands: JupyterFrontEnd['commands'];
-  private _source: CullSource;
   private _seen: SeenStore | null;
   private _told: string | null = null;
 }
