@@ -8,6 +8,11 @@ answers. Three columns: the profile's image; a user's image the first time (its 
 check is cached per digest and node, so only the reference is parsed). The user's image is
 the single-user image under another tag, so the difference is the check alone.
 
+With the project's registry running (``make registry``: ``scripts/registry.sh``, loopback) a
+fourth column: the user's image pulled from that registry each time (the single-user image plus
+a 64 MiB layer of its own, pushed once, removed from the engine before each spawn), so the time
+is pull + check + spawn. ``--no-registry`` leaves it out.
+
     .venv/bin/python benchmarks/user_image.py --runs 5
 
 Bounded: ``--runs`` spawns per column (default 5, at most 50), ``--time-limit`` seconds in all.
@@ -33,6 +38,13 @@ from gpuspawner.hub.spawner import GPUSpawner
 from gpuspawner.inventory.local import read_local_node
 from gpuspawner.inventory.topology import node_to_dict
 from gpuspawner.testing.fakes import FakeUser
+from gpuspawner.testing.registry import (
+    describe,
+    drop_pushed_image,
+    pulled_from,
+    push_user_image,
+    registry_address,
+)
 
 IMAGE = "gpuspawner/singleuser:latest"
 USER_IMAGE = "gpuspawner/bench-user-image:1"
@@ -80,6 +92,8 @@ async def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--time-limit", type=float, default=600)
+    ap.add_argument("--no-registry", action="store_true",
+                    help="leave out the column pulled from the project's registry")
     args = ap.parse_args(argv)
     runs = max(1, min(args.runs, 50))
     client = docker.APIClient(version="auto")
@@ -87,6 +101,14 @@ async def main(argv: list[str]) -> int:
     deadline = time.monotonic() + args.time_limit
     cols: dict[str, list[float]] = {"profile's image": [], "user's image, first": [],
                                     "user's image, checked": []}
+    address = None if args.no_registry else registry_address()
+    pushed = None
+    if address is not None:
+        pushed = push_user_image(client, address, IMAGE)
+        cols["user's image, pulled"] = []
+        print(f"registry image: {describe(pushed)}", file=sys.stderr)
+    elif not args.no_registry:
+        print("no registry answers (make registry): no pulled column", file=sys.stderr)
     try:
         with tempfile.TemporaryDirectory() as folder:
             tmp = Path(folder)
@@ -101,9 +123,20 @@ async def main(argv: list[str]) -> int:
                     tmp, f"bench{i}b", {"image--unlisted-choice": USER_IMAGE}))
                 cols["user's image, checked"].append(await one(
                     tmp, f"bench{i}c", {"image--unlisted-choice": USER_IMAGE}))
+                if pushed is not None:
+                    try:  # not on the engine: this spawn pulls it
+                        client.remove_image(pushed.reference, force=True)
+                    except docker.errors.ImageNotFound:
+                        pass
+                    cols["user's image, pulled"].append(await one(
+                        tmp, f"bench{i}d", {"image--unlisted-choice": pushed.reference}))
+                    if not pulled_from(client, pushed):
+                        raise RuntimeError(f"{pushed.reference} was not pulled")
     finally:
         reset_clusters()
         client.remove_image(USER_IMAGE)
+        if pushed is not None:
+            drop_pushed_image(client, pushed)
     base = statistics.median(cols["profile's image"])
     print(f"spawn until the server answers, median of {len(cols[next(iter(cols))])} "
           f"(seconds; ratio to the profile's image)")

@@ -39,7 +39,10 @@ _VERSION = re.compile(r"\b(\d+\.\d+(?:\.\d+)?(?:[.\w-]*)?)\b")
 
 def _pull(cli: Any, node: str, image: str, deadline: float,
           report: Callable[[str], None]) -> None:
-    """Pull ``image`` on the node, reporting bytes done of bytes known at most once a second.
+    """Pull ``image`` on the node, reporting bytes done of bytes known (``"pulling image X:
+    12 of 64 MiB"``, the layers' ``progressDetail`` summed) at most once a second, and once
+    more when the pull ends (a pull over loopback may end within the first second). Layers
+    already on the node count for nothing.
 
     Raises:
         ImageRefused: the pull failed or passed the deadline.
@@ -49,6 +52,13 @@ def _pull(cli: Any, node: str, image: str, deadline: float,
         repo, tag = repo.split("@", 1)[0], tag
     layers: dict[str, tuple[int, int]] = {}
     last = 0.0
+    said = ""
+
+    def words() -> str:
+        done = sum(c for c, _ in layers.values())
+        total = sum(t for _, t in layers.values())
+        return f"pulling image {image}: {done / 2**20:.0f} of {total / 2**20:.0f} MiB"
+
     try:
         for event in cli.pull(repo, tag=tag or "latest", stream=True, decode=True):
             if "error" in event:
@@ -61,14 +71,18 @@ def _pull(cli: Any, node: str, image: str, deadline: float,
             if now > deadline:
                 raise ImageRefused(f"image {image!r}: the pull on node {node} took longer than "
                                    "the image check allows")
+            if event.get("status") in ("Download complete", "Pull complete") \
+                    and event.get("id") in layers:  # no progressDetail: the layer is whole
+                total = layers[event["id"]][1]
+                layers[event["id"]] = (total, total)
             if layers and now - last >= 1.0:
-                last = now
-                done = sum(c for c, _ in layers.values())
-                total = sum(t for _, t in layers.values())
-                report(f"pulling image {image}: {done / 2**20:.0f} of {total / 2**20:.0f} MiB")
+                last, said = now, words()
+                report(said)
     except (APIError, NotFound) as e:
         raise ImageRefused(f"image {image!r} is not on node {node} and cannot be pulled: "
                            f"{getattr(e, 'explanation', None) or e}") from None
+    if layers and words() != said:
+        report(words())
 
 
 def check_image_blocking(cli: Any, node: str, image: str, uid: int, gid: int,
