@@ -247,15 +247,17 @@ def _run_paper(args: argparse.Namespace) -> int:
                   and args.cpu_rounding == "none" and args.node_order == "shuffled")
     summary = paper_method.summarize(results, paper=comparable)
     wins = paper_method.default_wins(results)
+    pairs = [p for pol in policies if pol.startswith("fgd-")
+             for p in paper_method.paired(results, pol)]
     if args.json:
         print(format_json({"runs": results, "summary": summary, "default_wins": wins,
-                           "wall_s": wall}))
+                           "paired": pairs, "wall_s": wall}))
     else:
         print(f"# paper method: nodes {args.nodes}, seeds {','.join(map(str, seeds))}, "
               f"cpu_rounding {args.cpu_rounding}, numa {numa}, exact_fgd {args.exact_fgd}, "
               f"node_order {args.node_order}, "
               f"until {args.until:g}%, wall {wall:.1f} s")
-        print(format_compare(summary, wins))
+        print(format_compare(summary, wins, pairs))
     return 0
 
 

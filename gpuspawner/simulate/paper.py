@@ -61,7 +61,8 @@ from gpuspawner.placement.workload import (
 
 __all__ = ["PAPER_NAMES", "PAPER_POLICIES", "Fragmentation", "PaperCluster", "PaperNode",
            "PodType", "ScoreFn", "accessible", "fgd_score_from_delta", "pod_type",
-           "score_best_fit", "score_dot_product", "score_fgd", "score_first_fit",
+           "score_best_fit", "score_dot_product", "score_fgd", "score_fgd_whole",
+           "score_first_fit",
            "score_gpu_clustering", "score_gpu_packing", "score_random", "score_spread",
            "sigmoid", "sub_pack", "typical_pods"]
 
@@ -231,6 +232,21 @@ def score_fgd(c: PaperCluster, node: PaperNode, t: PodType) -> tuple[int, int]:
     return c.quantize(score(cpu_after, after) - before), -1
 
 
+def score_fgd_whole(c: PaperCluster, node: PaperNode, t: PodType
+                    ) -> tuple[tuple[int | float, bool], int]:
+    """FGD, ties to nodes that already hold GPU work (ours, ``fgd-whole``; docs/placement.md
+    "Beyond FGD"). The score is ``(fgd score, used)``: the FGD plugin's integer score of
+    :func:`score_fgd` first, so the node FGD prefers still wins whenever it is alone at the top;
+    among nodes of the same FGD score a GPU pod goes to one where some GPU is already
+    (partly) allocated, keeping untouched nodes whole for later multi-GPU requests; only then
+    the tie order decides, as in ``fgd``. CPU-only pods: ``used`` is False everywhere, so they
+    go exactly where ``fgd`` sends them. The share's GPU is FGD's. Pure function of the node's
+    state, so the cluster caches it like ``fgd``."""
+    s, gpu = score_fgd(c, node, t)
+    used = t.gpu_number > 0 and node.gpu_milli_left < node.gpus * MILLI
+    return (s, used), gpu
+
+
 def score_first_fit(c: PaperCluster, node: PaperNode, t: PodType) -> tuple[int, int]:
     """First fit (ours, not in the paper): every node scores the same, so the first feasible
     node in configuration order wins (see :class:`PaperCluster`). Shares: best-fit GPU."""
@@ -263,9 +279,10 @@ def score_random(c: PaperCluster, node: PaperNode, t: PodType) -> tuple[int, int
 
 
 #: policy name -> score function; ``random`` and ``first-fit`` are special-cased by the
-#: cluster (a uniform pick, and configuration order)
+#: cluster (a uniform pick, and configuration order); ``fgd-whole`` is ours, not the paper's
 PAPER_POLICIES: dict[str, ScoreFn] = {
     "fgd": score_fgd,
+    "fgd-whole": score_fgd_whole,
     "best-fit": score_best_fit,
     "dot-product": score_dot_product,
     "gpu-packing": score_gpu_packing,
@@ -282,8 +299,8 @@ PAPER_NAMES: dict[str, str] = {
 }
 
 #: scores that do not change with the node's state between calls are cached per node state
-_CACHEABLE = frozenset({"fgd", "best-fit", "dot-product", "gpu-packing", "gpu-clustering",
-                        "first-fit", "spread"})
+_CACHEABLE = frozenset({"fgd", "fgd-whole", "best-fit", "dot-product", "gpu-packing",
+                        "gpu-clustering", "first-fit", "spread"})
 
 
 class PaperCluster:

@@ -374,6 +374,58 @@ def default_wins(results: Sequence[dict[str, Any]], default: str = "fgd"
     return out
 
 
+def sign_flip_p(diffs: Sequence[float], samples: int = 20_000) -> float:
+    """Two-sided p-value of the paired sign-flip (permutation) test that the mean of ``diffs``
+    is 0: the share of the 2^n ways of flipping the signs of the per-seed differences whose
+    mean is at least as far from 0 as the observed one. Exact for n <= 16 (65,536 flips);
+    above, ``samples`` flips drawn with ``random.Random(0)``. 1.0 for no differences."""
+    d = [float(x) for x in diffs]
+    n = len(d)
+    if not n or all(x == 0 for x in d):
+        return 1.0
+    obs = abs(sum(d)) - 1e-9
+    if n <= 16:
+        hits = 0
+        for mask in range(1 << n):
+            tot = 0.0
+            for i, x in enumerate(d):
+                tot += -x if mask >> i & 1 else x
+            hits += abs(tot) >= obs
+        return hits / (1 << n)
+    rng = random.Random(0)
+    hits = sum(abs(sum(x if rng.random() < 0.5 else -x for x in d)) >= obs
+               for _ in range(samples))
+    return (hits + 1) / (samples + 1)
+
+
+def paired(results: Sequence[dict[str, Any]], policy: str, baseline: str = "fgd"
+           ) -> list[dict[str, Any]]:
+    """Per trace, ``policy`` against ``baseline`` over the seeds both ran (paired: the same
+    seed is the same pod order and node ranking): ``seeds``, ``mean_diff`` (unallocated GPUs,
+    policy minus baseline; negative = fewer idle GPUs), ``diff_percent`` of the baseline's
+    mean, ``fewer`` / ``equal`` / ``more`` (seeds), ``p`` (:func:`sign_flip_p`)."""
+    by: dict[str, dict[int, dict[str, float]]] = {}
+    for r in results:
+        by.setdefault(r["trace"], {}).setdefault(r["seed"], {})[r["policy"]] = \
+            r["unallocated_gpus"]
+    out = []
+    for trace, seeds in by.items():
+        pairs = [(v[policy], v[baseline]) for _, v in sorted(seeds.items())
+                 if policy in v and baseline in v]
+        if not pairs:
+            continue
+        diffs = [a - b for a, b in pairs]
+        base = statistics.fmean(b for _, b in pairs)
+        mean = statistics.fmean(diffs)
+        out.append({
+            "trace": trace, "policy": policy, "baseline": baseline, "seeds": len(pairs),
+            "mean_diff": mean, "diff_percent": 100 * mean / base if base else 0.0,
+            "fewer": sum(x < 0 for x in diffs), "equal": sum(x == 0 for x in diffs),
+            "more": sum(x > 0 for x in diffs), "p": sign_flip_p(diffs),
+        })
+    return out
+
+
 __all__ = ["NODE_ORDERS", "PAPER_UNALLOCATED", "PAPER_NAMES", "PAPER_POLICIES", "compare",
-           "default_wins", "make_nodes", "parse_seeds", "ranked_by_permutation", "run_paper",
-           "summarize", "tasks_of", "tie_order", "tune_workload"]
+           "default_wins", "make_nodes", "paired", "parse_seeds", "ranked_by_permutation",
+           "run_paper", "sign_flip_p", "summarize", "tasks_of", "tie_order", "tune_workload"]

@@ -52,8 +52,11 @@ def format_table(results: Sequence[dict[str, Any]]) -> str:
 
 
 def format_compare(summary: Sequence[dict[str, Any]],
-                   wins: Sequence[dict[str, Any]] = ()) -> str:
-    """The ``--compare`` table: one row per trace and policy; then, per trace of ``wins``
+                   wins: Sequence[dict[str, Any]] = (),
+                   pairs: Sequence[dict[str, Any]] = ()) -> str:
+    """The ``--compare`` table: one row per trace and policy; then one line per entry of
+    ``pairs`` (:func:`gpuspawner.simulate.paper_method.paired`: a policy against ``fgd`` on
+    the same seeds, with the sign-flip test's p); then, per trace of ``wins``
     (:func:`gpuspawner.simulate.paper_method.default_wins`), whether the default policy left
     the fewest unallocated GPUs in the mean and on how many seeds."""
     head = ["trace", "policy", "seeds", "unalloc GPUs mean", "std", "min", "max", "alloc ratio",
@@ -69,6 +72,11 @@ def format_compare(summary: Sequence[dict[str, Any]],
             "-" if s["diff_percent"] is None else f"{s['diff_percent']:+.1f}",
         ])
     text = _align(rows, left=2)
+    for p in pairs:
+        text += (f"\n# {p['trace']}: {p['policy']} vs {p['baseline']} on the same "
+                 f"{p['seeds']} seeds: {p['mean_diff']:+.1f} unallocated GPUs "
+                 f"({p['diff_percent']:+.1f} %), fewer on {p['fewer']}, equal on "
+                 f"{p['equal']}, more on {p['more']}; paired sign-flip test p = {p['p']:.3f}")
     for w in wins:
         lost = "; ".join(f"seed {seed}: {p} {theirs} <= {ours}" for seed, p, theirs, ours
                          in w["lost"][:5])
