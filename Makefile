@@ -10,7 +10,8 @@
 #   make images       gpuspawner/singleuser:latest (scripts/build-images.sh)
 #   make up           all of the above, then the hub on http://127.0.0.1:8000
 #   make slurm        a private three-node Slurm cluster on loopback for the Slurm backend's
-#                     tests (scripts/slurm.sh; `scripts/slurm.sh --stop` stops it)
+#                     tests (scripts/slurm.sh; `scripts/slurm.sh --stop` stops it) and the
+#                     nodes' Python for notebook jobs (scripts/slurm-jobenv.sh)
 #   make test         lint + the docs (warnings are errors) + the whole test suite (docker- and
 #                     slurm-marked tests included)
 #   make test-unit    tests without an engine, a hub, a browser, slapd, Slurm or slow processes
@@ -85,9 +86,11 @@ docs: venv
 # Debian's Slurm 22.05 + munge, started as a private cluster under var/slurm/ (munged,
 # slurmctld on 127.0.0.1:17001, slurmd node1/node2/node3 with fake GPUs); its gres.conf comes from
 # hub_config/slurm/*.yaml through `gpuspawner slurm-gres` (the venv's python, or python3 with
-# PyYAML). No venv prerequisite: `make test` builds the venv before it.
+# PyYAML). No venv prerequisite: `make test` builds the venv before it. Then the nodes' Python
+# for notebook jobs (papermill, ipykernel, nbconvert) in var/slurm/jobenv (scripts/slurm-jobenv.sh).
 slurm:
 	scripts/slurm.sh
+	scripts/slurm-jobenv.sh
 
 # slapd + ldap-utils + chromium for the LDAP and service tests (Debian packages)
 test-tools:

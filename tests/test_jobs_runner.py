@@ -283,6 +283,95 @@ async def test_concurrent_job_limits_per_user_and_per_group(world):
     await runner.stop()
 
 
+class SlurmLike(Engine):
+    """The same double as a Slurm backend: ``job_id`` in the state (no container), the
+    launch spec kept, and a NODE_FAIL the engine itself reports (``failed``)."""
+
+    backend_name = "slurm"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.specs: list[Any] = []
+        self.failed: dict[str, str] = {}
+
+    @staticmethod
+    def _c(state):
+        return {**state, "container_id": state.get("job_id")}
+
+    async def launch(self, spec, state, progress):
+        self.specs.append(spec)
+        await super().launch(spec, state, progress)
+        state["job_id"] = state.pop("container_id")
+        return "127.0.0.1", 0
+
+    async def poll(self, state):
+        return await super().poll(self._c(state))
+
+    async def read_output(self, state, max_bytes):
+        return await super().read_output(self._c(state), max_bytes)
+
+    async def exit_report(self, state):
+        return await super().exit_report(self._c(state))
+
+    async def stop(self, state, now=False):
+        await super().stop(self._c(state), now)
+
+    async def node_failure(self, state):
+        return self.failed.get(state.get("job_id"))
+
+
+@pytest.fixture
+def slurm_world(world):
+    runner, cluster, _ = world
+    engine = SlurmLike()
+    engine.bind(cluster.backend.nodes)
+    cluster.backend = engine
+    return runner, cluster, engine
+
+
+async def test_on_slurm_a_job_has_its_time_limit_and_a_node_fail_retries_it_elsewhere(
+        slurm_world):
+    runner, cluster, engine = slurm_world
+    row = await submit(runner, max_retries=1)
+    (jid,) = await until(engine.running)
+    (spec,) = engine.specs
+    assert spec.port == 0 and spec.time_limit == row.time_limit == 3600
+    assert spec.cmd[:2] == ("python3", "-c")
+    assert "log line of c1" in await runner.log_text(row)  # live, from the job's output
+    # Slurm ended it NODE_FAIL (an admin set n1 DOWN; it may be back at once): lost, n1
+    # marked suspect, and the retry runs on n2
+    engine.failed[jid] = "Slurm job 1 ended NODE_FAIL on n1 (Reason=NodeDown)"
+    engine.code[jid] = 143
+    (jid2,) = await until(lambda: [c for c in engine.running() if c != jid])
+    assert engine.where[jid2] == "n2" and row.node == "n2"
+    (lost,) = runner.view(row)["attempts"]
+    assert lost["state"] == "lost" and "NODE_FAIL on n1" in lost["message"]
+    assert cluster.ledger.node_state("n1")[0] == "down"
+    engine.finish(jid2)
+    await until(lambda: row.state == "completed")
+    assert cluster.ledger.allocations() == [] and jid in engine.stopped
+
+
+async def test_a_job_ended_by_the_backends_own_limit_is_timed_out(slurm_world):
+    runner, cluster, engine = slurm_world
+    row = await submit(runner, max_retries=1)
+    (jid,) = await until(engine.running)
+    row.started -= row.time_limit + 5  # the hub was down past its limit: Slurm's --time
+    engine.code[jid] = 143
+    await until(lambda: row.state == "timed_out")
+    assert "ended by the backend's own limit" in row.message
+    assert runner.view(row)["attempt"] == 1 and cluster.ledger.allocations() == []
+
+
+async def test_jobs_are_refused_on_a_backend_that_does_not_run_them(world):
+    runner, cluster, engine = world
+    engine.backend_name = "kubernetes"
+    with pytest.raises(JobRefused) as e:
+        await submit(runner)
+    assert e.value.status == 503 and "Docker and Slurm backends only" in str(e.value)
+    assert runner.store.active() == []
+
+
 def test_active_jobs_limit_and_bad_settings():
     from traitlets import TraitError
 

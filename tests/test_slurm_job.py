@@ -28,6 +28,7 @@ from gpuspawner.backends.slurm.job import (
     check_readback,
     gpu_positions,
     job_script,
+    job_time,
     mem_mib,
     picked,
     plan_job,
@@ -419,3 +420,102 @@ def test_the_ledger_adopts_slurms_core_when_it_is_free(free: bool) -> None:
             run(b.launch(spec_of(alloc, home=None), state, lambda p, m: None))
         assert ("scancel", "17") in client.calls
         assert ledger.get(alloc.id) == alloc
+
+
+# --------------------------------------------------------------------------- notebook jobs
+# (a launch spec with port 0 from the job runner: no port, the job's own --time, its output
+# read back from the output file)
+
+
+def notebook_job_spec(**kw: object) -> LaunchSpec:
+    """A notebook job's spec as the job runner makes it (port 0, a time limit)."""
+    args: dict = dict(name="job-ann--" + "f" * 32, user="ann", server="job/" + "f" * 32,
+                      allocation=alloc_on(), image="x",
+                      cmd=["python3", "-c", "print('the job')"],
+                      env={"GPUSPAWNER_JOB_NAME": "n", "TRICKY": TRICKY}, uid=2001, gid=2001,
+                      port=1, home=HomeMount("/home/ann", "/home/jovyan"))
+    args.update(kw)
+    return replace(launch_spec(**args), port=0, time_limit=100)
+
+
+def test_job_time_is_whole_minutes_past_the_limit_and_its_margin() -> None:
+    assert [job_time(s) for s in (1, 59, 60, 61, 3600)] == ["2", "2", "2", "3", "61"]
+    assert job_time(120, 0) == "2" and job_time(121, 0) == "3"
+    with pytest.raises(ValueError):
+        job_time(0)
+    with pytest.raises(Exception, match="job_time_margin: must be >= 0"):
+        SlurmBackend(job_time_margin=-1)
+
+
+def test_a_notebook_jobs_script_picks_no_port_and_execs_the_job_python(tmp_path: Path) -> None:
+    b = SlurmBackend(job_python="/opt/jobenv/bin/python")
+    spec = b._command(notebook_job_spec(home=None))
+    assert spec.cmd[0] == "/opt/jobenv/bin/python"
+    # a server's python3 stays (only a job's program is the job's Python)
+    assert b._command(spec_of(alloc_on(), cmd=["python3", "x"])).cmd[0] == "python3"
+    script = job_script(spec, python="/usr/bin/python3")
+    assert "port=" not in script and "Comment=" not in script and "# gpuspawner: notebook job" \
+        in script
+    assert script.rstrip().endswith("exec /opt/jobenv/bin/python -c 'print('\"'\"'the job'"
+                                    "\"'\"')'")
+    path = tmp_path / "job.sh"
+    path.write_text(script.replace("/opt/jobenv/bin/python", "/usr/bin/python3"))
+    out = subprocess.run(["bash", str(path)], capture_output=True, text=True, check=True,
+                         env={"PATH": os.environ["PATH"]})
+    assert out.stdout == "the job\n"
+
+
+class JobClient(FakeClient):
+    """A notebook job's commands: sbatch records its options, the job has ended (COMPLETED)
+    by the time it is first shown, with its output file."""
+
+    def __init__(self, out: Path, state: str = "COMPLETED", exit_code: str = "0:0") -> None:
+        job = state_job(state, exit_code).replace("JobName=jupyter-ann",
+                                                  "JobName=job-ann--" + "f" * 32)
+        super().__init__(job + f"   StdOut={out}\n", node_state="MIXED")
+
+
+def test_a_notebook_job_gets_its_time_limit_as_time_and_may_end_before_it_is_seen(
+        tmp_path: Path) -> None:
+    out = tmp_path / "job.out"
+    out.write_bytes(b"log\n" * 10)
+    client = JobClient(out)
+    b = fake_backend(client, time_limit="8:00:00", job_time_margin=60)
+    state: dict = {}
+    ip, port = run(b.launch(notebook_job_spec(), state, lambda p, m: None))
+    assert (ip, port) == ("127.0.0.1", 0)
+    (sbatch,) = [c for c in client.calls if c[0] == "sbatch"]
+    assert "--time=3" in sbatch and "--time=8:00:00" not in sbatch  # 100 s + 60 s -> 3 min
+    assert state["kind"] == "job" and (state["uid"], state["gid"]) == (2001, 2001)
+    assert state["output_path"] == str(out)
+    assert run(b.poll(state)) == 0
+    # the file is this test's: read (and removed) as its owner
+    state = dict(state, uid=os.geteuid(), gid=os.getegid())
+    assert run(b.read_output(state, 8)) == b"log\nlog\n"  # the last max_bytes
+    assert run(b.read_output({k: v for k, v in state.items() if k != "kind"}, 8)) is None
+    run(b.cleanup(None, state))
+    assert not out.exists() and ("scancel", "17") in client.calls
+
+
+@pytest.mark.parametrize("job_state, exit_code, status, failed", [
+    ("COMPLETED", "0:0", 0, False),
+    ("FAILED", "1:0", 1, False),
+    ("CANCELLED", "0:15", 143, False),  # scancel from outside: as a container's SIGTERM
+    ("TIMEOUT", "0:9", 137, False),
+    ("NODE_FAIL", "0:15", 143, True),
+    ("OUT_OF_MEMORY", "0:125", 253, False),
+])
+def test_a_notebook_jobs_end_as_the_job_runner_reads_it(
+        job_state: str, exit_code: str, status: int, failed: bool) -> None:
+    b = fake_backend(FakeClient(state_job(job_state, exit_code), node_state="MIXED"))
+    state = {"node": "node1", "job_id": 7, "started": True, "kind": "job"}
+    assert run(b.poll(state)) == status
+    why = run(b.node_failure(state))
+    assert (why is not None) == failed
+    if failed:
+        assert why.startswith("Slurm job 7 ended NODE_FAIL on node1")
+    report = run(b.exit_report(state))
+    assert ("(out of memory)" in report) == (job_state == "OUT_OF_MEMORY")
+    # a server's poll is as before: at least 1 unless COMPLETED
+    assert run(b.poll({**state, "kind": None})) == (0 if job_state == "COMPLETED" else
+                                                    max(1, int(exit_code.split(":")[0])))

@@ -20,6 +20,8 @@ Lifecycle of one server, as the spawner drives it::
     launch(spec, state, progress)       # start it; returns (ip, port)
     exit_report(state)                  # while waiting for readiness: did it die?
     poll(state) / stop(state)           # later
+    read_output(state, max_bytes)       # a notebook job's output (log and result)
+    node_failure(state)                 # an ended notebook job: lost with its node?
     cleanup(state)                      # after any failure: remove everything, never raise
 
 Errors: :class:`BackendUnavailable` (the node's engine or controller does not answer: the
@@ -319,6 +321,17 @@ class Backend(LoggingConfigurable):
         """The standard output of the ended program of ``state`` (a notebook job hands its
         executed notebook over this way), at most the last ``max_bytes`` bytes; None when
         this backend cannot read it or the program is gone. Default: None.
+
+        Raises:
+            BackendUnavailable: the node cannot be asked.
+        """
+        return None
+
+    async def node_failure(self, state: Mapping[str, Any]) -> str | None:
+        """Why the ended program of ``state`` was lost with its node, as far as the engine
+        itself says so (Slurm: the job ended ``NODE_FAIL``), in words; None when it did not
+        or this backend cannot tell (the job runner then asks for the node's state). Default:
+        None.
 
         Raises:
             BackendUnavailable: the node cannot be asked.

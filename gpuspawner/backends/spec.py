@@ -64,6 +64,9 @@ class LaunchSpec:
         labels: labels every engine object of this server carries (allocation included).
         certs_dir: host folder with the server's internal_ssl files (read-only mount), or "".
         mounts: the site's folders mounted beside the home (:class:`Mount`), in order.
+        time_limit: a notebook job's time limit in seconds (0: none, a server's). The job
+            runner stops the job at its limit itself; a backend with a limit of its own
+            (Slurm's ``--time``) sets it a little later, as a backstop while the hub is down.
     """
 
     name: str
@@ -81,6 +84,7 @@ class LaunchSpec:
     labels: Mapping[str, str] = field(default_factory=dict)
     certs_dir: str = ""
     mounts: tuple[Mount, ...] = ()
+    time_limit: int = 0
 
 
 def allocation_env(alloc: Allocation) -> dict[str, str]:

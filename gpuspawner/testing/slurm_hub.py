@@ -1,6 +1,7 @@
 """A real JupyterHub on loopback whose GPUSpawner runs servers as Slurm jobs on the private
-cluster of ``scripts/slurm.sh`` (``make slurm``): :class:`SlurmHub`, the job users
-(:data:`USER`, :data:`OTHER`) and a stand-in server program (:data:`SERVER`)."""
+cluster of ``scripts/slurm.sh`` (``make slurm``): :class:`SlurmHub` (with ``jobs=True`` also
+the gpuspawner service and its notebook jobs, run by the nodes' :func:`job_python`), the job
+users (:data:`USER`, :data:`OTHER`) and a stand-in server program (:data:`SERVER`)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,16 @@ USER = "gpsuser1"
 OTHER = "gpsuser2"
 
 
+def job_python() -> str | None:
+    """The nodes' Python for notebook jobs (papermill, ipykernel, nbconvert) that
+    ``scripts/slurm-jobenv.sh`` makes in var/slurm/jobenv, or None when it is not there."""
+    for base in (REPO, Path("/work/main")):
+        path = base / "var" / "slurm" / "jobenv" / "bin" / "python"
+        if path.exists():
+            return str(path)
+    return None
+
+
 def chp() -> str | None:
     for base in (REPO, Path("/work/main")):
         path = base / "node_modules" / ".bin" / "configurable-http-proxy"
@@ -57,7 +68,8 @@ class SlurmHub(HubProcess):
 
     def __init__(self, state_dir: Path, conf: str, cmd: list[str] | None = None,
                  environment: dict[str, str] | None = None, internal_ssl: bool = False,
-                 profiles: list[dict] | None = None, extra: str = "") -> None:
+                 profiles: list[dict] | None = None, extra: str = "",
+                 jobs: bool = False) -> None:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         super().__init__(state_dir, url, f"{url}/hub/api", secrets.token_hex(16))
@@ -110,5 +122,24 @@ c.Authenticator.allow_all = True
 c.JupyterHub.services = [{{"name": "admin", "api_token": {self.token!r}}}]
 c.JupyterHub.load_roles = [{{"name": "admin-svc", "services": ["admin"], "scopes": [
     "admin:users", "admin:servers", "list:users", "read:users", "access:servers"]}}]
-""" + extra)
+""" + (self._jobs_config() if jobs else "") + extra)
         self.home = home
+
+    def _jobs_config(self) -> str:
+        """The gpuspawner service (its api/jobs) with notebook jobs run by the nodes'
+        :func:`job_python`; the admin service may make users' tokens; the runner's log lines
+        go to hub.log."""
+        return f"""
+from gpuspawner.hub.service import configure_service
+configure_service(c)
+for _r in c.JupyterHub.load_roles:
+    if _r.get("name") == "admin-svc":
+        _r["scopes"] = list(_r["scopes"]) + ["tokens", "access:services"]
+c.SlurmBackend.job_python = {job_python() or "/usr/bin/python3"!r}
+c.SlurmBackend.stop_timeout = 15
+c.GPUJobs.poll_interval = 0.5
+c.GPUJobs.retry_backoff = 0.5
+import logging as _logging
+_logging.getLogger("gpuspawner").addHandler(_logging.StreamHandler())
+_logging.getLogger("gpuspawner").setLevel(_logging.INFO)
+"""

@@ -17,6 +17,14 @@ Per-server ``state`` keys: ``node``, ``job_id``, ``submitted`` (seconds since th
 ``port``, and ``picked`` (what Slurm granted, :func:`~.job.picked`: in model mode the devices
 the ledger should adopt).
 
+Notebook jobs (docs/jobs.md; a launch spec with port 0, from
+:class:`~gpuspawner.hub.jobs.runner.JobRunner`) run the same way without a port: the job
+script ``exec``\\ s ``job_python -c`` :mod:`gpuspawner.jobs.execute` (papermill), ``--time`` is
+the job's time limit plus ``job_time_margin``, and the hub reads the job's log and result
+from its output file (:meth:`~.readback.JobReadback.read_output`, as the job's user), then
+removes the file. Their ``state`` also has ``kind`` ("job"), ``name``, ``uid``, ``gid`` and
+``output_path`` (the output file, as Slurm expanded it).
+
 The hub's environment never reaches a job: the commands run with ``PATH`` and ``SLURM_CONF``
 only (sbatch exports the submitting environment to the job), and the job script sets the
 server's environment from the spec.
@@ -112,6 +120,24 @@ class SlurmBackend(JobSubmission, JobReadback, NodeEvents, Backend):
     @default("python")
     def _default_python(self) -> str:
         return sys.executable
+
+    job_python = Unicode(
+        help="""Absolute path of the Python 3 on the nodes that runs notebook jobs
+        (``python -c`` :mod:`gpuspawner.jobs.execute`, docs/jobs.md): it needs papermill,
+        ipykernel (the notebooks' ``python3`` kernel) and nbconvert (the HTML export), e.g. a
+        virtual environment on the shared file system (``scripts/slurm-jobenv.sh`` makes one
+        for the test cluster). Default: ``python``.""",
+    ).tag(config=True)
+
+    @default("job_python")
+    def _default_job_python(self) -> str:
+        return self.python
+
+    job_time_margin = Int(
+        60, help="""Seconds added to a notebook job's time limit for its sbatch ``--time``
+        (rounded up to whole minutes): the hub stops a job at its limit itself; Slurm's limit
+        is the backstop while the hub is down.""",
+    ).tag(config=True)
 
     extra_sbatch_options = List(
         Unicode(),
@@ -228,6 +254,13 @@ class SlurmBackend(JobSubmission, JobReadback, NodeEvents, Backend):
             raise TraitError(f"SlurmBackend.extra_sbatch_options: {e}") from None
         return proposal.value
 
+    @validate("job_time_margin")
+    def _validate_margin(self, proposal: Any) -> int:
+        if proposal.value < 0:
+            raise TraitError(f"SlurmBackend.job_time_margin: must be >= 0 seconds, got "
+                             f"{proposal.value}")
+        return proposal.value
+
     @validate("submit_timeout", "port_timeout", "stop_timeout", "command_timeout")
     def _validate_positive(self, proposal: Any) -> float:
         if not proposal.value > 0:
@@ -277,7 +310,7 @@ class SlurmBackend(JobSubmission, JobReadback, NodeEvents, Backend):
         if self.slurm_conf and not os.path.isfile(self.slurm_conf):
             raise SlurmConfigError(f"SlurmBackend.slurm_conf: no such file "
                                    f"{self.slurm_conf!r}")
-        for trait in ("server_command", "python"):
+        for trait in ("server_command", "python", "job_python"):
             if not getattr(self, trait).startswith("/"):
                 raise SlurmConfigError(f"SlurmBackend.{trait}: must be an absolute path, got "
                                        f"{getattr(self, trait)!r}")
@@ -362,9 +395,12 @@ class SlurmBackend(JobSubmission, JobReadback, NodeEvents, Backend):
         return rt.node
 
     def _command(self, spec: LaunchSpec) -> LaunchSpec:
-        """The spec with a bare ``jupyterhub-singleuser`` replaced by ``server_command``."""
+        """The spec with a bare ``jupyterhub-singleuser`` replaced by ``server_command``, and
+        a notebook job's bare ``python3`` (port 0) by ``job_python``."""
         if spec.cmd and spec.cmd[0] == "jupyterhub-singleuser":
             return replace(spec, cmd=(self.server_command, *spec.cmd[1:]))
+        if spec.port == 0 and spec.cmd and spec.cmd[0] in ("python3", "python"):
+            return replace(spec, cmd=(self.job_python, *spec.cmd[1:]))
         return spec
 
     # -- one server -------------------------------------------------------------------------
@@ -397,7 +433,8 @@ class SlurmBackend(JobSubmission, JobReadback, NodeEvents, Backend):
             delay = min(delay * 1.5, 1.0)
 
     async def cleanup(self, alloc: Allocation | None, state: Mapping[str, Any]) -> None:
-        """scancel the job ``state`` names, if any. Never raises."""
+        """scancel the job ``state`` names, if any; a notebook job's output file, which the
+        hub has read by now, is removed (:meth:`remove_output`). Never raises."""
         job_id = state.get("job_id")
         if job_id:
             try:
@@ -405,6 +442,7 @@ class SlurmBackend(JobSubmission, JobReadback, NodeEvents, Backend):
             except Exception as e:
                 self.log.warning("node %s: scancel %s failed: %s", state.get("node", "?"),
                                  job_id, e)
+        await self.remove_output(state)
 
     async def remove_server(self, node: str, server: ServerRef) -> None:
         """Cancel the jobs named ``server.name`` that carry this user and server in their

@@ -45,6 +45,7 @@ __all__ = [
     "check_readback",
     "gpu_positions",
     "job_script",
+    "job_time",
     "mem_mib",
     "picked",
     "plan_job",
@@ -176,6 +177,21 @@ def _gres(alloc: Allocation, node: Node, mode: str) -> tuple[str, bool]:
     return ",".join(parts), len(numa) == 1 and None not in numa
 
 
+def job_time(seconds: int, margin: int = 60) -> str:
+    """A notebook job's ``--time`` in whole minutes (sbatch(1): "minutes"): its time limit
+    plus ``margin`` seconds, rounded up. Slurm's limit is the backstop for a hub that is down
+    when the limit passes; the hub stops the job at its limit itself (SIGTERM, then SIGKILL
+    after Slurm's KillWait), before Slurm would.
+
+    Raises:
+        ValueError: a time limit below 1 s or a negative margin.
+    """
+    if seconds < 1 or margin < 0:
+        raise ValueError(f"a job's time limit must be >= 1 s and its margin >= 0, got "
+                         f"{seconds} and {margin}")
+    return str(-(-(int(seconds) + int(margin)) // 60))
+
+
 def workdir_of(spec: LaunchSpec) -> str:
     """The job's working directory: the home's path on the node (a job runs in the node's own
     file system: no mount), else the spec's working directory, else ``/tmp``."""
@@ -268,8 +284,8 @@ def home_lines(spec: LaunchSpec) -> list[str]:
 
 def job_script(spec: LaunchSpec, *, python: str, scontrol: str = "scontrol",
                prologue: Sequence[str] = (), listen: str = "127.0.0.1") -> str:
-    """The batch script of one server, built from the spec alone (never from
-    ``user_options``).
+    """The batch script of one server (or notebook job), built from the spec alone (never
+    from ``user_options``).
 
     A bash script that exports ``spec.env`` (every value quoted with :func:`shlex.quote`;
     ``HOME`` is the home's path on the node), runs the admin's ``prologue`` lines, changes to
@@ -281,6 +297,11 @@ def job_script(spec: LaunchSpec, *, python: str, scontrol: str = "scontrol",
     without a port means 80) and ``GPUSPAWNER_PORT``, and ``exec``\\ s ``spec.cmd``. Jobs share
     their node's network, so a fixed port could be taken; batchspawner's
     ``batchspawner-singleuser`` likewise picks the port on the node before the server starts.
+
+    A notebook job's spec (``port`` 0: nothing listens) gets no port: the script exports the
+    environment, runs the prologue, applies the home rules, changes to the working directory
+    and ``exec``\\ s the job's program (``python -c`` :mod:`gpuspawner.jobs.execute`), whose
+    standard output (the log and the result frame) is the job's ``--output`` file.
 
     Exit codes of the script before the server runs: 70 (no working directory), 71 (no free
     port), 72 (the port could not be reported), 73 and 74 (the home: :func:`home_lines`).
@@ -304,9 +325,10 @@ def job_script(spec: LaunchSpec, *, python: str, scontrol: str = "scontrol",
         raise ValueError(f"the server command must start with an absolute path, got "
                          f"{spec.cmd[:1]!r}")
     q = shlex.quote
+    what = "notebook job" if spec.port == 0 else "server"
     lines = ["#!/bin/bash",
-             f"# gpuspawner: server {spec.name} (allocation {spec.allocation.id}), written by",
-             "# SlurmBackend from the spawner's launch spec."]
+             f"# gpuspawner: {what} {spec.name} (allocation {spec.allocation.id}), written by",
+             "# SlurmBackend from the launch spec."]
     for key in sorted(env):
         if not _ENV_NAME.match(key):
             raise ValueError(f"environment name {key!r} is not a shell identifier")
@@ -323,8 +345,12 @@ def job_script(spec: LaunchSpec, *, python: str, scontrol: str = "scontrol",
         before = urlunsplit((parts.scheme, netloc_host + ":", "", "", ""))
         after = urlunsplit(("", "", parts.path, parts.query, parts.fragment))
     lines += home_lines(spec)
+    lines.append(
+        f"cd -- {q(workdir)} || {{ echo 'gpuspawner: cannot enter {workdir}' >&2; exit 70; }}")
+    if spec.port == 0:  # a notebook job: no port to pick or report
+        lines.append("exec " + " ".join(q(a) for a in spec.cmd))
+        return "\n".join(lines) + "\n"
     lines += [
-        f"cd -- {q(workdir)} || {{ echo 'gpuspawner: cannot enter {workdir}' >&2; exit 70; }}",
         f"port=$({q(python)} -c {q(_PICK_PORT)} {q(host)}) "
         f"|| {{ echo 'gpuspawner: no free port on {host}' >&2; exit 71; }}",
         f'{q(scontrol)} update JobId="$SLURM_JOB_ID" Comment="{PORT_MARKER}$port" '

@@ -1,7 +1,8 @@
 """Read-back of the jobs Slurm runs for us (a part of
 :class:`~gpuspawner.backends.slurm.backend.SlurmBackend`): a server's state and exit report
 (with its output file's last lines, read with the job user's rights), its poll (and its
-node's health), and the jobs of ours found after a hub restart."""
+node's health), a notebook job's output (its log and result, read from its output file with
+the job user's rights), and the jobs of ours found after a hub restart."""
 
 from __future__ import annotations
 
@@ -77,9 +78,58 @@ class JobReadback:
             return None
         if job.state in HOLDING:
             return None if self._fresh(state) else 1
-        code = job.fields.get("ExitCode", "0:0").split(":")[0]
+        code, _, signal = job.fields.get("ExitCode", "0:0").partition(":")
         status = int(code) if code.isdigit() else 1
+        if state.get("kind") == "job" and status == 0 and signal.isdigit() and int(signal):
+            # a notebook job ended by a signal (scancel from outside, Slurm's own --time):
+            # 128 + the signal, as a container's exit status says it, which the job runner
+            # reads (143 SIGTERM, 137 SIGKILL)
+            return 128 + int(signal)
         return status if job.state == "COMPLETED" else max(status, 1)
+
+    async def node_failure(self, state: Mapping[str, Any]) -> str | None:
+        """"Slurm job N ended NODE_FAIL (Reason=...)" when the job ended with its node
+        (slurmctld set the node down under it, or it stopped responding); None otherwise or
+        when Slurm no longer knows the job.
+
+        Raises:
+            BackendUnavailable: the controller does not answer.
+        """
+        job_id, node = state.get("job_id"), state.get("node", "")
+        if not job_id:
+            return None
+        job = await self._ask(node, self.client.show_job(int(job_id)))
+        if job is None or job.state not in NODE_FAILED:
+            return None
+        return (f"Slurm job {job.job_id} ended {job.state} on {','.join(job.node_list) or node}"
+                f" (Reason={job.reason or 'None'})")
+
+    async def read_output(self, state: Mapping[str, Any], max_bytes: int) -> bytes | None:
+        """A notebook job's standard output (its log, then its result frame): the last
+        ``max_bytes`` of its output file (``output_path``, on a file system the hub shares,
+        read with the job user's rights: :func:`_read_tail`). None for a server's state, or
+        when the file cannot be read (the hub cannot see it, it is gone)."""
+        if state.get("kind") != "job" or not state.get("job_id"):
+            return None
+        path = str(state.get("output_path") or "")
+        if not path:
+            path = str(state.get("output") or "").replace("%j", str(state["job_id"])).replace(
+                "%x", str(state.get("name", "")))
+        if not path.startswith("/"):
+            return None
+        return await asyncio.to_thread(_read_tail, path, max_bytes, state.get("uid"),
+                                       state.get("gid"))
+
+    async def remove_output(self, state: Mapping[str, Any]) -> None:
+        """Remove a notebook job's output file once the hub has read it (as the job's user:
+        :func:`_remove_as`). Never raises."""
+        path = str(state.get("output_path") or "")
+        if state.get("kind") != "job" or not path.startswith("/"):
+            return
+        try:
+            await asyncio.to_thread(_remove_as, path, state.get("uid"), state.get("gid"))
+        except Exception as e:
+            self.log.warning("node %s: removing %s failed: %s", state.get("node", "?"), path, e)
 
     async def _cached_nodes(self, node: str) -> dict[str, Any]:
         """Every node's :class:`~.commands.NodeInfo` by name, from one ``scontrol show
@@ -104,6 +154,8 @@ class JobReadback:
         """
         text = (f"Slurm job {job.job_id} {job.state} (ExitCode={job.fields.get('ExitCode', '?')}"
                 f", Reason={job.reason or 'None'})")
+        if job.state == "OUT_OF_MEMORY":  # the words the job runner looks for
+            text += " (out of memory)"
         path = job.fields.get("StdOut", "") or (state_output or "")
         path = path.replace("%j", str(job.job_id)).replace("%x", job.name)
         gid = _GROUP.match(job.fields.get("GroupId", ""))
@@ -138,6 +190,8 @@ class JobReadback:
         return out
 
 
+#: job states of a job that ended because its node failed (squeue(1) JOB STATE CODES)
+NODE_FAILED = frozenset({"NODE_FAIL", "BOOT_FAIL"})
 #: the gid of ``GroupId=name(gid)``
 _GROUP = re.compile(r".*\((\d+)\)$")
 
@@ -169,3 +223,48 @@ def _tail(path: str, lines: int, uid: int | None = None, gid: int | None = None)
             f.seek(max(0, st.st_size - 16384))
             data = f.read(16384).decode("utf-8", "replace")
     return "\n".join(data.strip().splitlines()[-lines:])
+
+
+def _read_tail(path: str, max_bytes: int, uid: int | None = None, gid: int | None = None
+               ) -> bytes | None:
+    """The last ``max_bytes`` bytes of a job's output file, read with the job user's rights
+    (None when it cannot be read; blocking), as :func:`_tail` reads: a hub running as root
+    reads it in a ``tail`` running as ``uid:gid`` (no supplementary groups), never itself;
+    otherwise it opens it without following a link and only when it is a regular file of
+    ``uid``."""
+    max_bytes = max(1, int(max_bytes))
+    if uid is not None and uid != 0 and os.geteuid() == 0:
+        try:
+            out = subprocess.run(["tail", "-c", str(max_bytes), "--", path],
+                                 capture_output=True, timeout=30, user=uid,
+                                 group=gid if gid is not None else uid, extra_groups=[],
+                                 stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout if out.returncode == 0 else None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or (uid is not None and st.st_uid != uid):
+            return None
+        f.seek(max(0, st.st_size - max_bytes))
+        return f.read(max_bytes)
+
+
+def _remove_as(path: str, uid: int | None = None, gid: int | None = None) -> None:
+    """Remove a job's output file as its user (a hub running as root runs ``rm`` as
+    ``uid:gid``: the file's folder may be the user's to change); blocking."""
+    if uid is not None and uid != 0 and os.geteuid() == 0:
+        subprocess.run(["rm", "-f", "--", path], capture_output=True, timeout=30, user=uid,
+                       group=gid if gid is not None else uid, extra_groups=[],
+                       stdin=subprocess.DEVNULL, check=False)
+        return
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(st.st_mode) and (uid is None or st.st_uid == uid):
+        os.unlink(path)

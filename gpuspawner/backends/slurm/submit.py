@@ -26,11 +26,19 @@ from .job import (
     admin_comment,
     check_readback,
     job_script,
+    job_time,
     picked,
     plan_job,
     reported_port,
 )
 from .rest import job_properties
+
+
+def output_path(job: JobInfo, pattern: str) -> str:
+    """The job's output file: Slurm's ``StdOut`` (expanded by scontrol), else ``pattern``
+    with the job id (``%j``) and name (``%x``) filled in."""
+    path = job.fields.get("StdOut", "") or pattern
+    return path.replace("%j", str(job.job_id)).replace("%x", job.name)
 
 
 class JobSubmission:
@@ -100,8 +108,15 @@ class JobSubmission:
         """Submit the server's job (held), mark it with the allocation, release it, wait
         until it runs on exactly the allocation, then until it reports its port.
 
+        A notebook job (``spec.port`` 0) reports no port: its ``--time`` is its time limit
+        plus ``job_time_margin`` (:func:`~.job.job_time`), the launch returns once it runs on
+        its allocation (or has ended already: a short notebook may end before it is seen
+        running; then :meth:`poll` says how), and ``state`` keeps what :meth:`read_output`
+        needs (``kind`` "job", the user's ``uid``/``gid``, the job's ``name`` and its
+        ``output_path``).
+
         Returns:
-            (the node's ``host``, the port the job reported).
+            (the node's ``host``, the port the job reported; 0 for a notebook job).
 
         Raises:
             LaunchRefused: the node is not configured, the allocation cannot be a Slurm job
@@ -116,9 +131,12 @@ class JobSubmission:
         alloc = spec.allocation
         node = self._node(alloc.node)
         spec = self._command(spec)
+        notebook_job = spec.port == 0
         try:
+            limit = (job_time(spec.time_limit, self.job_time_margin)
+                     if notebook_job and spec.time_limit else self.time_limit)
             plan = plan_job(spec, node, mode=self.gpu_mode, partition=self.partition,
-                            time_limit=self.time_limit, output=self.output,
+                            time_limit=limit, output=self.output,
                             extra=self.extra_sbatch_options)
             script = job_script(spec, python=self.python, scontrol=self._cmd("scontrol"),
                                 prologue=self.job_prologue, listen=self.listen_address)
@@ -134,6 +152,8 @@ class JobSubmission:
                     alloc.node, f"node state {'+'.join([info.state, *sorted(info.flags)])}"
                     + (f" ({info.reason})" if info.reason else ""), "slurmd")
         state.update(node=alloc.node, output=self.output, submitted=time.time(), started=False)
+        if notebook_job:
+            state.update(kind="job", name=spec.name, uid=spec.uid, gid=spec.gid)
         try:
             job_id = await self._submit(script, plan, spec)
         except SlurmError as e:
@@ -148,8 +168,12 @@ class JobSubmission:
         await self._ask(alloc.node, self.client.run(
             "scontrol", "update", f"JobId={job_id}", f"AdminComment={admin_comment(alloc)}"))
         await self._ask(alloc.node, self.client.run("scontrol", "release", str(job_id)))
-        job = await self._wait_running(job_id, alloc.node, progress)
+        job = await self._wait_running(job_id, alloc.node, progress, ended_ok=notebook_job)
         state["started"] = True
+        if notebook_job:
+            state["output_path"] = output_path(job, self.output)
+            if job.state != "RUNNING":  # it ran and ended already: poll says how
+                return self.nodes[alloc.node].host, 0
         problems = check_readback(job, alloc, node, plan.memory_mb, self.gpu_mode)
         state["picked"] = granted = picked(job, node)
         # model mode: Slurm picked the devices, so the allocation must name them even when the
@@ -163,6 +187,8 @@ class JobSubmission:
             await self._cancel(job_id, alloc.node)
             raise LaunchFailed(f"Slurm job {job_id} does not hold allocation {alloc.id}: "
                                f"{'; '.join(problems)}; the job was cancelled")
+        if notebook_job:
+            return self.nodes[alloc.node].host, 0
         progress(50, f"Slurm job {job_id} runs on {alloc.node}, waiting for its port")
         port = await self._wait_port(job_id, alloc.node)
         state["port"] = port
@@ -193,9 +219,11 @@ class JobSubmission:
             f"AdminComment={admin_comment(adopted)}"))
         return adopted, []
 
-    async def _wait_running(self, job_id: int, node: str, progress: Progress) -> JobInfo:
+    async def _wait_running(self, job_id: int, node: str, progress: Progress,
+                            ended_ok: bool = False) -> JobInfo:
         """Poll ``scontrol show job -d`` until the job is RUNNING with its detail lines, at
-        most ``submit_timeout`` seconds (every 0.2 s, backing off to 1 s).
+        most ``submit_timeout`` seconds (every 0.2 s, backing off to 1 s). ``ended_ok`` (a
+        notebook job): a job that has ended already is returned, not a failure.
 
         Raises:
             LaunchFailed: it ended first, or it still waits at the deadline (then it is
@@ -211,6 +239,8 @@ class JobSubmission:
             if job.state == "RUNNING" and job.details:
                 return job
             if job.state not in HOLDING:
+                if ended_ok and job.state != "CANCELLED":
+                    return job
                 raise LaunchFailed(await self._ended(job, state_output=None))
             if job.reason and job.reason != said and job.reason != "None":
                 said = job.reason

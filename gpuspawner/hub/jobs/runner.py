@@ -8,24 +8,30 @@ asyncio task per job in the hub process::
 
     queued -> (waiting: in the wait queue) -> starting: placed, backend.prepare (its own
     network), backend.launch (the user's uid, the home mounted, no port; inside, papermill:
-    gpuspawner.jobs.execute) -> running: backend.poll every GPUJobs.poll_interval
+    gpuspawner.jobs.execute; on Slurm an sbatch job with the bundle's GRES, cores and
+    memory and --time from the time limit) -> running: backend.poll every
+    GPUJobs.poll_interval
     -> completed (exit 0) | failed (a cell raised, or it could not start)
      | timed_out (its time limit: backend.stop, SIGTERM then SIGKILL) | cancelled (DELETE)
-     | lost (its node stopped answering, its container was gone or killed from outside the
-       hub, or a GPU of it was drained as unhealthy) -> queued again after a back-off while
-       it has retries left (``max_retries``, Kubernetes Job backoffLimit), else final
+     | lost (its node stopped answering or is down when the program ended without a
+       result, e.g. Slurm's NODE_FAIL; its container or Slurm job was gone or killed from
+       outside the hub; or a GPU of it was drained as unhealthy) -> queued again after a
+       back-off while it has retries left (``max_retries``, Kubernetes Job backoffLimit),
+       else final
 
 When an attempt ends, the executed notebook, its HTML export and the log (everything before
-the result frame) are read back from the container's standard output, the container and its
-network are removed (``backend.cleanup``), the allocation is released and its GPU-seconds
-counted (:mod:`gpuspawner.hub.jobs.metrics`). Each attempt's summary and log stay in the
-job's :class:`~gpuspawner.hub.jobs.store.JobRun`; each attempt writes a folder of its own in
-the home.
+the result frame) are read back from the program's standard output (``backend.read_output``:
+the container's log, the Slurm job's output file), the container and its network or the
+Slurm job and its output file are removed (``backend.cleanup``), the allocation is released
+and its GPU-seconds counted (:mod:`gpuspawner.hub.jobs.metrics`). Each attempt's summary and
+log stay in the job's :class:`~gpuspawner.hub.jobs.store.JobRun`; each attempt writes a
+folder of its own in the home.
 
 After a hub restart (:meth:`JobRunner.restore`): the ledger is rebuilt from the running
-containers' labels (:meth:`~gpuspawner.hub.cluster.Cluster.ensure_restored`, which leaves
-jobs' allocations alone), a running job is adopted (watched again from the backend state kept
-in the jobs database), a queued one claims its place in the restored wait queue, and a job
+containers' labels or Slurm jobs' AdminComment
+(:meth:`~gpuspawner.hub.cluster.Cluster.ensure_restored`, which leaves jobs' allocations
+alone), a running job is adopted (watched again from the backend state kept in the jobs
+database), a queued one claims its place in the restored wait queue, and a job
 allocation that no active job owns is removed and released.
 """
 
@@ -84,8 +90,31 @@ EXECUTE_SOURCE = __import__("inspect").getsource(execute)
 KILLED_FROM_OUTSIDE = {137: "SIGKILL", 143: "SIGTERM"}
 #: seconds a read of a job's log may take
 LOG_READ_TIMEOUT_S = 15.0
+#: the backends (``backend_name``) that run notebook jobs; a hub on another one answers a
+#: submission with 503
+JOB_BACKENDS = ("docker", "slurm")
+#: the keys of a backend state that name a launched program (a container, a Slurm job)
+HANDLE_KEYS = ("container_id", "job_id")
 #: the longest back-off before a retry (seconds; Kubernetes Job's 6 minutes)
 RETRY_BACKOFF_MAX_S = 360.0
+
+
+def launched(state: Any) -> bool:
+    """Whether a job's backend state names a launched program (a container id, a Slurm job
+    id): there is something to read a log from and to stop."""
+    return bool(state) and any(state.get(k) for k in HANDLE_KEYS)
+
+
+def check_backend(cluster: Cluster) -> None:
+    """Refuse jobs on a hub whose backend does not run them (:data:`JOB_BACKENDS`).
+
+    Raises:
+        JobRefused: 503, naming the backend.
+    """
+    name = cluster.backend.backend_name
+    if name not in JOB_BACKENDS:
+        raise JobRefused(503, f"notebook jobs run on the Docker and Slurm backends only; "
+                              f"this hub uses {name!r}")
 
 
 class JobRefused(Exception):
@@ -189,9 +218,7 @@ class JobRunner:
         limit = check_time_limit(req.time_limit, default, maximum,
                                  f"profile {profile.slug!r}")
         cluster = self.cluster
-        if cluster.backend.backend_name != "docker":
-            raise JobRefused(503, f"notebook jobs run on the Docker backend only; this hub "
-                                  f"uses {cluster.backend.backend_name!r}")
+        check_backend(cluster)
         await cluster.ensure_restored()
         job_id = secrets.token_hex(16)
         owner = Owner(user, job_server(job_id), tuple(groups))
@@ -387,7 +414,8 @@ class JobRunner:
         """The job's :class:`~gpuspawner.backends.spec.LaunchSpec`: the user's uid/gid and
         home, the site's and the profile's mounts as a server of the user gets them
         (:mod:`gpuspawner.hub.volumes`), the profile's image, ``python3 -c``
-        :mod:`gpuspawner.jobs.execute`, no port."""
+        :mod:`gpuspawner.jobs.execute` (the Slurm backend runs its ``job_python``), no port,
+        the job's time limit (Slurm's ``--time`` backstop)."""
         uid, gid = await self._user_ids(row)
         sp = self.spawner
         escaped = safe_name(row.user)
@@ -414,7 +442,8 @@ class JobRunner:
                            port=1, home=home, mounts=mounts_for(
                                [*site_volumes(sp.get("volumes"), sp.get("group_volumes")),
                                 *profile.volumes], escaped, row.get_json("groups", [])))
-        return replace(spec, port=0)  # nothing listens: no port
+        # nothing listens: no port
+        return replace(spec, port=0, time_limit=int(row.time_limit))
 
     async def _user_ids(self, row: JobRow) -> tuple[int, int]:
         """(uid, gid) as a server of the user would get them: auth_state, then uid_map, then
@@ -504,6 +533,16 @@ class JobRunner:
                 report = await self.cluster.backend.exit_report(state)
             except Exception:
                 pass
+            if row.started is not None and time.time() >= row.started + row.time_limit:
+                # the backend's own limit (Slurm's --time) ended it while the hub did not
+                await self._end(row, "timed_out", f"time limit of {row.time_limit} s "
+                                "reached: ended by the backend's own limit" +
+                                (f" ({report})" if report else ""))
+                return
+            lost = await self._node_lost(row, state)
+            if lost:
+                await self._end(row, "lost", f"it ended without a result: {lost}")
+                return
             if code == 0:
                 await self._end(row, "lost", "its container was gone or handed over no result")
             elif code in KILLED_FROM_OUTSIDE and "out of memory" not in (report or ""):
@@ -525,6 +564,32 @@ class JobRunner:
             what = f"{error.get('ename')}: {error.get('evalue')}" if error else ""
             await self._end(row, "failed", f"exit status {code}" +
                             (f"; {where}{what}" if what else ""))
+
+    async def _node_lost(self, row: JobRow, state: dict[str, Any]) -> str:
+        """Why the job's program, which ended without a result, was lost with its node, in
+        words; "" when it was not. The engine's own word first (``backend.node_failure``:
+        Slurm's NODE_FAIL), else the node's state asked at once (a node set down a moment
+        ago, as the spawner asks for a server that ended); a drained node is no failure
+        (running work runs on there). A lost node is marked suspect: no new placement there
+        until a health check sees it up, and it is swept first."""
+        if not row.node:
+            return ""
+        cluster = self.cluster
+        try:
+            why = await cluster.backend.node_failure(state)
+        except Exception as e:
+            log.warning("job %s: asking whether its node failed: %s", row.id, e)
+            why = None
+        if why:
+            cluster.mark_suspect(row.node, why)
+            return why
+        try:
+            await cluster.refresh_health(max_age=0)
+        except Exception as e:
+            log.warning("job %s: reading the nodes' states failed: %s", row.id, e)
+            return ""
+        node_state, reason = cluster.ledger.node_state(row.node)
+        return f"its node {row.node} is down ({reason})" if node_state == "down" else ""
 
     async def _end(self, row: JobRow, final: str, message: str) -> None:
         """Stop and remove what the job has on its node, release its allocation, record its
@@ -553,7 +618,7 @@ class JobRunner:
         state = row.get_json("backend_state", {}) or {}
         alloc_d = row.get_json("allocation")
         alloc = Allocation.from_dict(alloc_d) if alloc_d else None
-        if state.get("container_id"):
+        if launched(state):
             run = self.run_of(row)
             if str(run.attempt) not in unpack(run.logs, {}):
                 try:  # what it logged until now: the container goes next
@@ -648,7 +713,7 @@ class JobRunner:
         attempt = run.attempt if run is not None else 1
         logs = unpack(run.logs, {}) if run is not None else {}
         state = row.get_json("backend_state", {}) or {}
-        if row.active and state.get("container_id") and str(attempt) not in logs:
+        if row.active and launched(state) and str(attempt) not in logs:
             try:
                 out = await asyncio.wait_for(self.cluster.backend.read_output(
                     state, self.settings.max_log_bytes), LOG_READ_TIMEOUT_S)
@@ -712,7 +777,7 @@ class JobRunner:
                 cluster.ledger.release(found.id, missing_ok=True)
             self._start_task(row.id, self._run(row.id))
             return
-        if row.state == "running" and state.get("container_id"):
+        if row.state == "running" and launched(state):
             try:
                 code = await cluster.backend.poll(state)
             except BackendUnavailable:
@@ -816,5 +881,5 @@ def output_size(row: JobRow) -> int:
     return len(zlib.decompress(row.output)) if row.output else 0
 
 
-__all__ = ["JobRefused", "JobRunner", "check_max_retries", "job_view", "output_size",
-           "strip_result"]
+__all__ = ["JOB_BACKENDS", "JobRefused", "JobRunner", "check_backend", "check_max_retries",
+           "job_view", "launched", "output_size", "strip_result"]

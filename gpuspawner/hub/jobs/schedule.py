@@ -51,7 +51,7 @@ from ...jobs.model import (
     check_time_limit,
 )
 from ..profiles import OptionsError, choose_profile
-from .runner import JobRefused, JobRunner, iso
+from .runner import JobRefused, JobRunner, check_backend, iso
 from .store import DefinitionRow, JobRow, JobStore, pack
 
 log = logging.getLogger("gpuspawner")
@@ -182,9 +182,7 @@ class Scheduler:
         limit = check_time_limit(job.time_limit, default, maximum,
                                  f"profile {profile.slug!r}")
         cluster = self.runner.cluster
-        if cluster.backend.backend_name != "docker":
-            raise JobRefused(503, f"notebook jobs run on the Docker backend only; this hub "
-                                  f"uses {cluster.backend.backend_name!r}")
+        check_backend(cluster)
         problem = cluster.ledger.capacity_refusal(profile.bundle, profile.nodes or None)
         if problem is not None:
             raise JobInputError("profile", f"{profile.slug!r} can never be placed: {problem}")

@@ -270,7 +270,7 @@ class JobOutputHandler(_JobsBase):
 
 class JobLogHandler(_JobsBase):
     """``GET api/jobs/{id}/log``: the job's log as text (papermill's lines and the cells'
-    output; each attempt's, read from the running container while it runs)."""
+    output; each attempt's, read from the running container or Slurm job while it runs)."""
 
     async def get(self, job_id: str) -> None:
         runner, row = await self.own_job(job_id)
