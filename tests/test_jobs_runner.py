@@ -34,7 +34,7 @@ from gpuspawner.hub.jobs.settings import GPUJobs  # noqa: E402
 from gpuspawner.hub.jobs.store import JobRow, JobStore, pack  # noqa: E402
 from gpuspawner.jobs import execute  # noqa: E402
 from gpuspawner.jobs.model import OUTPUT_BEGIN, OUTPUT_END, JobInputError, JobRequest  # noqa: E402
-from gpuspawner.placement import Ledger  # noqa: E402
+from gpuspawner.placement import Bundle, Ledger, Owner  # noqa: E402
 from tests.factories import make_node  # noqa: E402
 from tests.test_jobs_units import notebook  # noqa: E402
 
@@ -175,6 +175,24 @@ async def test_a_job_whose_engine_is_gone_is_retried_on_a_healthy_node(world):
     assert "===== attempt 1 on n1, lost" in log and "===== attempt 2" in log
     assert "log line of c2" in log and OUTPUT_BEGIN not in log
     assert runner.html_of(row) == "<p>done</p>" and runner.view(row)["has_html"]
+
+
+async def test_a_waiting_job_carries_the_jobs_queue_priority(world):
+    """c.GPUJobs.queue_priority = -1: a job waiting for its GPU is ordered behind a server's
+    spawn (priority 0) that came later."""
+    runner, cluster, engine = world
+    runner.settings.queue_priority = -1
+    for node in ("n1", "n2"):
+        cluster.ledger.reserve(Bundle(cores=1, gpus=2, memory_bytes=2**30), Owner("x", node),
+                               nodes=[node])
+    row = await submit(runner)
+    await until(lambda: row.state == "waiting")
+    server = cluster.queue.wq.add(Owner("bob"), Bundle(cores=1, gpus=1, memory_bytes=2**30))
+    assert [(e.owner.user, e.priority) for e in cluster.queue.wq.order()] == [
+        ("bob", 0), ("ann", -1)]
+    cluster.queue.wq.remove(server.id)
+    await runner.cancel(row, "ann")
+    assert row.state == "cancelled"
 
 
 async def test_retries_run_out_and_the_job_stays_lost(world):

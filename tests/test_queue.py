@@ -69,6 +69,34 @@ def test_a_user_holding_gpus_does_not_jump_ahead_of_one_holding_none():
     assert q.position(first.id) == (1, 1)
 
 
+def test_a_higher_priority_starts_first_and_fairness_orders_within_one():
+    """Interactive servers before jobs (c.GPUJobs.queue_priority = -1): the job that came
+    first and whose user holds nothing still waits behind every server; among the servers,
+    DRF (the rich user after the poor one), and the priority survives the queue file."""
+    ledger = one_node(4)
+    ledger.reserve(gpus(3), Owner("rich", "held"))
+    ledger.reserve(gpus(1), Owner("other", "held"))  # all 4 taken
+    q = WaitQueue(ledger)
+    job = q.add(Owner("jobber", "job/1"), gpus(1), priority=-1)
+    rich = q.add(Owner("rich", "more"), gpus(1))
+    poor = q.add(Owner("poor"), gpus(1))
+    assert [e.id for e in q.order()] == [poor.id, rich.id, job.id]
+    assert q.position(job.id) == (3, 3)
+    # the same entries at one priority: fair order puts the job (holds nothing, first) first
+    flat = WaitQueue(one_node(4))
+    for e in (job, rich, poor):
+        flat.add(e.owner, e.bundle)
+    assert [e.owner.user for e in flat.order()][0] == "jobber"
+    # kept across a restart (the queue file) and re-set when a spawn claims its entry
+    again = WaitQueue(ledger)
+    again.restore(json.loads(json.dumps(q.to_list())))
+    assert [e.owner.user for e in again.order()] == ["poor", "rich", "jobber"]
+    claimed = again.add(Owner("jobber", "job/1"), gpus(1), priority=5)
+    assert claimed.priority == 5 and again.order()[0].owner.user == "jobber"
+    ledger.release(ledger.find("other", "held").id)
+    assert started(q.schedule()) == ["poor"]
+
+
 def test_fifo_within_a_user_and_between_equal_users():
     ledger = one_node(2)
     ledger.reserve(gpus(2), Owner("x"))

@@ -153,6 +153,11 @@ class SpawnerSettings(LoggingConfigurable):
         of the user's groups, else 1.""").tag(config=True)
     queue_restore_grace = Float(300.0, help="""Seconds an entry restored after a hub restart
         keeps its place while its server is spawned again.""").tag(config=True)
+    queue_priority = Int(0, help="""Priority of the servers' spawns in the wait queue, which
+        notebook jobs share (c.GPUJobs.queue_priority is theirs): every waiting request of a
+        higher priority starts before any of a lower one; fairness (DRF) orders requests of
+        one priority. 0 for both by default (one fair order); e.g.
+        c.GPUJobs.queue_priority = -1 lets interactive servers go first.""").tag(config=True)
 
     def queue_settings(self, db_url: str | None = None) -> QueueSettings:
         """The ``queue_*`` traits as :class:`~gpuspawner.hub.spawn_queue.QueueSettings`."""

@@ -185,7 +185,7 @@ class SpawnQueue:
                       nodes: Iterable[str] = (), options: Mapping[str, Any] | None = None,
                       wait: bool = True,
                       on_wait: Callable[[QueueEntry, int, int], None] | None = None,
-                      quotas: QuotaTable | None = None) -> Allocation:
+                      quotas: QuotaTable | None = None, priority: int = 0) -> Allocation:
         """Book ``bundle`` for ``owner`` now, or wait in the queue until it can be booked.
 
         Args:
@@ -199,6 +199,8 @@ class SpawnQueue:
                 the queue changes.
             quotas: the request's own quota table (the spawner's ``quotas`` after JupyterHub's
                 ``group_overrides``), None = the ledger's.
+            priority: the request's queue priority (higher starts first, before fairness;
+                :mod:`gpuspawner.placement.queue`).
 
         Returns:
             the allocation (booked in the ledger).
@@ -215,7 +217,7 @@ class SpawnQueue:
         nodes = tuple(nodes)
         self.wq.check_admissible(bundle, owner, nodes or None, quotas)
         entry = self.wq.add(owner, bundle, profile=profile, nodes=nodes, options=options,
-                            quotas=quotas)
+                            quotas=quotas, priority=priority)
         self._cancelled.discard(entry.id)
         fut: asyncio.Future[QueueOutcome] = asyncio.get_running_loop().create_future()
         self._waiters[entry.id] = fut

@@ -174,7 +174,8 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
             alloc = await cluster.queue.acquire(
                 owner, profile.bundle, profile=profile.slug, nodes=profile.nodes,
                 options=dict(request.options), wait=request.queue,
-                on_wait=self._queue_progress, quotas=self.request_quotas())
+                on_wait=self._queue_progress, quotas=self.request_quotas(),
+                priority=self.queue_priority)
         except QueueTimeout as e:
             placement_refused(e)
             raise self.refused(503, f"profile {profile.slug!r}: {e}", profile.slug) from None

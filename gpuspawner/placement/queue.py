@@ -7,7 +7,13 @@ the next task goes to the user with the smallest dominant share; weighted DRF, Â
 dimensions are GPU (milli-GPU), cores and memory; a user's share counts what the user holds now
 (:meth:`~.ledger.Ledger.usage`) plus the bundles ahead of it in the order, divided by the user's
 weight (the largest weight of the user's groups, ``group_weights``; 1 by default). Within one
-user, first come first served.
+user, first come first served. Above fairness, a request may carry a *priority* (an integer,
+0 by default; the hub sets it per kind: ``c.GPUSpawner.queue_priority`` for servers,
+``c.GPUJobs.queue_priority`` for notebook jobs): every entry of a higher priority is ordered
+before every entry of a lower one, and DRF orders the entries within one priority (the
+projected shares carry over from the higher priorities). Slurm's multifactor priority plugin
+is the model: a partition's ``PriorityTier`` is compared before any other factor
+(slurm.conf(5), ``PriorityTier``).
 
 Start (:meth:`WaitQueue.schedule`): the entries are tried in that order. The first one that does
 not fit now becomes the *head*. Entries behind it may still start if they fit now (backfill,
@@ -81,6 +87,7 @@ class QueueEntry:
         restored_at: when it was restored (seconds since the epoch), for expiry.
         quotas: the request's own quota table (a ``group_overrides`` of ``quotas``), None =
             the ledger's; checked at admission and at each try.
+        priority: higher starts first, before any fairness (see the module's docstring).
     """
 
     id: str
@@ -95,6 +102,7 @@ class QueueEntry:
     claimed: bool = True
     restored_at: float = 0.0
     quotas: QuotaTable | None = None
+    priority: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (what the queue file keeps and the REST API shows)."""
@@ -103,6 +111,7 @@ class QueueEntry:
             "groups": list(self.owner.groups), "bundle": bundle_to_dict(self.bundle),
             "profile": self.profile, "nodes": list(self.nodes), "options": self.options,
             "enqueued": self.enqueued, "seq": self.seq, "bypassed": self.bypassed,
+            "priority": self.priority,
         }
 
     @classmethod
@@ -114,7 +123,7 @@ class QueueEntry:
                    bundle=bundle_from_dict(d["bundle"]), profile=str(d.get("profile", "")),
                    nodes=tuple(d.get("nodes") or ()), options=dict(d.get("options") or {}),
                    enqueued=float(d["enqueued"]), seq=int(d["seq"]),
-                   bypassed=int(d.get("bypassed", 0)))
+                   bypassed=int(d.get("bypassed", 0)), priority=int(d.get("priority", 0)))
 
 
 @dataclass
@@ -182,9 +191,10 @@ class WaitQueue:
     # -- entries ------------------------------------------------------------------------------
     def add(self, owner: Owner, bundle: Bundle, *, profile: str = "",
             nodes: Iterable[str] = (), options: Mapping[str, Any] | None = None,
-            quotas: QuotaTable | None = None) -> QueueEntry:
+            quotas: QuotaTable | None = None, priority: int = 0) -> QueueEntry:
         """Queue a spawn, or claim the entry a restored queue kept for the same user and
-        server (keeping its place; the bundle, options and quota table are the new ones).
+        server (keeping its place; the bundle, options, quota table and priority are the new
+        ones). ``priority``: higher starts first (see the module's docstring).
 
         Raises:
             PlacementError: that server already has a claimed entry (a second spawn of it).
@@ -196,13 +206,13 @@ class WaitQueue:
                                      "in the queue")
             old.claimed, old.owner, old.bundle = True, owner, bundle
             old.profile, old.nodes, old.options = profile, tuple(nodes), dict(options or {})
-            old.quotas = quotas
+            old.quotas, old.priority = quotas, priority
             return old
         self.ledger.observe(bundle)  # one arrival, however often schedule() retries it
         e = QueueEntry(id=f"q{next(self._ids)}-{int(self._clock() * 1000) % 10**9}",
                        owner=owner, bundle=bundle, profile=profile, nodes=tuple(nodes),
                        options=dict(options or {}), enqueued=self._clock(),
-                       seq=next(self._seq), quotas=quotas)
+                       seq=next(self._seq), quotas=quotas, priority=priority)
         self._entries[e.id] = e
         return e
 
@@ -237,17 +247,33 @@ class WaitQueue:
         return max(shares, default=0.0)
 
     def order(self) -> list[QueueEntry]:
-        """Entries in the order they get to start: repeatedly the user with the smallest
-        weighted dominant share (holdings now plus the bundles already ordered before), ties by
-        the user's earliest entry; each user's entries first come first served.
+        """Entries in the order they get to start: the higher priorities first; within one
+        priority, repeatedly the user with the smallest weighted dominant share (holdings now
+        plus the bundles already ordered before), ties by the user's earliest entry; each
+        user's entries first come first served.
 
         O(E log U) for E entries of U users.
         """
-        by_user: dict[str, list[QueueEntry]] = {}
-        for e in sorted(self._entries.values(), key=lambda e: e.seq):
-            by_user.setdefault(e.owner.user, []).append(e)
         cap = self.ledger.capacity()
-        projected = {u: self.ledger.usage(u) for u in by_user}
+        projected: dict[str, Usage] = {}
+        levels: dict[int, list[QueueEntry]] = {}
+        for e in self._entries.values():
+            levels.setdefault(e.priority, []).append(e)
+        out: list[QueueEntry] = []
+        for level in sorted(levels, reverse=True):
+            out += self._drf_order(levels[level], cap, projected)
+        return out
+
+    def _drf_order(self, entries: list[QueueEntry], cap: Usage,
+                   projected: dict[str, Usage]) -> list[QueueEntry]:
+        """Weighted DRF order of ``entries`` (one priority); ``projected`` (user -> usage
+        counted so far, the ledger's when absent) grows by each entry ordered."""
+        by_user: dict[str, list[QueueEntry]] = {}
+        for e in sorted(entries, key=lambda e: e.seq):
+            by_user.setdefault(e.owner.user, []).append(e)
+        for u in by_user:
+            if u not in projected:
+                projected[u] = self.ledger.usage(u)
         heap = [(self.dominant_share(projected[u], cap) / self.weight(es[0].owner), es[0].seq, u)
                 for u, es in by_user.items()]
         heapq.heapify(heap)
@@ -259,9 +285,9 @@ class WaitQueue:
             e = es[pos[u]]
             out.append(e)
             pos[u] += 1
+            b = e.bundle
+            projected[u] = projected[u] + Usage(b.total_gpu_milli, b.cores, b.memory_bytes)
             if pos[u] < len(es):
-                b = e.bundle
-                projected[u] = projected[u] + Usage(b.total_gpu_milli, b.cores, b.memory_bytes)
                 nxt = es[pos[u]]
                 heapq.heappush(heap, (self.dominant_share(projected[u], cap) / self.weight(
                     nxt.owner), nxt.seq, u))

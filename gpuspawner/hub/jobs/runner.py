@@ -362,7 +362,8 @@ class JobRunner:
         try:
             alloc = await cluster.queue.acquire(
                 owner, profile.bundle, profile=profile.slug, nodes=profile.nodes,
-                options={"job": row.id}, wait=True, on_wait=waiting)
+                options={"job": row.id}, wait=True, on_wait=waiting,
+                priority=self.settings.queue_priority)
         except PlacementError as e:
             await self._end(row, "failed", f"not placed: {e}")
             return

@@ -62,6 +62,10 @@ class GPUJobs(LoggingConfigurable):
         raised) is never retried.""").tag(config=True)
     max_retries_max = Int(10, help="Most max_retries a submission may ask for.").tag(
         config=True)
+    queue_priority = Int(0, help="""Priority of notebook jobs in the wait queue they share
+        with interactive servers (c.GPUSpawner.queue_priority is the servers'): every waiting
+        request of a higher priority starts before any of a lower one; fairness (DRF) orders
+        those of one priority. E.g. -1: interactive servers go first.""").tag(config=True)
     retry_backoff = Float(10.0, help="""Seconds before the first retry of a lost job; each
         further retry waits twice as long, at most 360 s (Kubernetes Job's back-off).
         """).tag(config=True)
