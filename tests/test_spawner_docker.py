@@ -556,6 +556,48 @@ async def test_a_broken_user_image_is_refused_before_anything_is_booked(
     assert client.containers(all=True, filters={"label": "gpuspawner.image-check"}) == []
 
 
+@pytest.fixture(scope="module")
+def silent_image(client):
+    """The single-user image made to pass the image check but never serve:
+    ``jupyterhub-singleuser --version`` answers as the real one does, anything else sleeps."""
+    import io
+
+    tag = "gpuspawner/test-user-image:silent"
+    script = ('#!/bin/sh\\n[ "$1" = --version ] && exec /opt/venv/bin/jupyterhub-singleuser.real '
+              '--version\\nexec sleep 3600\\n')  # printf's escapes
+    dockerfile = (f"FROM {IMAGE}\nUSER root\n"
+                  "RUN mv /opt/venv/bin/jupyterhub-singleuser "
+                  "/opt/venv/bin/jupyterhub-singleuser.real"
+                  f" && printf '{script}' > /opt/venv/bin/jupyterhub-singleuser"
+                  " && chmod 755 /opt/venv/bin/jupyterhub-singleuser\n")
+    for _ in client.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True,
+                          network_mode="none", decode=True):
+        pass
+    yield tag
+    try:
+        client.remove_image(tag, force=True)
+    except docker.errors.APIError:
+        pass
+
+
+async def test_a_user_image_that_never_opens_its_port_fails_cleanly(make_spawner, client,
+                                                                   silent_image):
+    """The image passes the check (its jupyterhub-singleuser prints a version) but its server
+    never listens: the spawn fails after http_timeout, and the container, its network and the
+    booking are all gone."""
+    sp = make_spawner("silent", options={"profile": "own", "image--unlisted-choice": silent_image},
+                      profiles=USER_IMAGE_PROFILES, image_check_timeout=30,
+                      cmd=["jupyterhub-singleuser"], http_timeout=6)
+    t0 = time.monotonic()
+    with pytest.raises(web.HTTPError) as e:
+        await asyncio.wait_for(sp.start(), 90)
+    assert time.monotonic() - t0 >= 6, "failed before its http_timeout"
+    assert e.value.status_code == 500, e.value
+    assert sp.cluster.ledger.allocations() == []
+    assert client.containers(all=True, filters={"label": "gpuspawner.user=silent"}) == []
+    assert client.networks(filters={"label": "gpuspawner.user=silent"}) == []
+
+
 # -- restart elsewhere (GPUSpawner.restart_elsewhere) -------------------------------------------
 class EngineForwarder:
     """A node's engine that can fail: a unix socket forwarding to the real engine; ``fail()``
