@@ -12,6 +12,8 @@
 #   make slurm        a private three-node Slurm cluster on loopback for the Slurm backend's
 #                     tests (scripts/slurm.sh; `scripts/slurm.sh --stop` stops it) and the
 #                     nodes' Python for notebook jobs (scripts/slurm-jobenv.sh)
+#   make registry     a private image registry on 127.0.0.1:17010 for the users'-own-images
+#                     tests (scripts/registry.sh; `scripts/registry.sh --stop` stops it)
 #   make test         lint + the docs (warnings are errors) + the whole test suite (docker- and
 #                     slurm-marked tests included)
 #   make test-unit    tests without an engine, a hub, a browser, slapd, Slurm or slow processes
@@ -29,7 +31,8 @@ HUB_CONFIG ?= hub_config/jupyterhub_config.py
 PYTEST_ARGS ?=
 LINT_DIRS := $(wildcard gpuspawner tests idle_culler benchmarks hub_config labextension/ui-tests)
 
-.PHONY: help venv chp engine btrfs-engine labext labext-ui images slurm up hub test test-unit lint \
+.PHONY: help venv chp engine btrfs-engine labext labext-ui images slurm registry up hub test \
+	test-unit lint \
 	docs clean distclean
 
 help:
@@ -92,11 +95,16 @@ slurm:
 	scripts/slurm.sh
 	scripts/slurm-jobenv.sh
 
+# Debian's docker-registry on 127.0.0.1:17010 (GPUSPAWNER_REGISTRY_PORT), blobs in var/registry/:
+# the tests push users' images there and pull them back (docs/howto/user-images.md)
+registry:
+	scripts/registry.sh
+
 # slapd + ldap-utils + chromium for the LDAP and service tests (Debian packages)
 test-tools:
 	scripts/ldap.sh
 
-test: venv chp engine images btrfs-engine test-tools slurm labext-ui lint docs
+test: venv chp engine images btrfs-engine test-tools slurm registry labext-ui lint docs
 	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
 test-unit: venv
@@ -109,9 +117,11 @@ clean:
 	find . -name __pycache__ -type d -prune -not -path './$(VENV)/*' -not -path './node_modules/*' -exec rm -rf {} +
 
 # also the venv, node_modules and var/ (wheelhouse, btrfs loop file); engines' images stay;
-# the Slurm cluster is stopped (its state in var/slurm/ stays)
+# the Slurm cluster is stopped (its state in var/slurm/ stays), the registry stopped and its blobs
+# removed
 distclean: clean
 	-scripts/slurm.sh --stop
+	-scripts/registry.sh --stop
 	-scripts/btrfs-engine.sh --stop
 	-scripts/network.sh --stop
-	rm -rf $(VENV) node_modules var/wheelhouse var/btrfs var/build
+	rm -rf $(VENV) node_modules var/wheelhouse var/btrfs var/build var/registry
