@@ -556,6 +556,30 @@ async def test_a_broken_user_image_is_refused_before_anything_is_booked(
     assert client.containers(all=True, filters={"label": "gpuspawner.image-check"}) == []
 
 
+async def test_a_user_image_over_the_size_limit_is_refused_before_anything_is_booked(
+        make_spawner, client, root_image):
+    """c.GPUSpawner.image_max_bytes: an image on the node larger than it is a 400 naming the
+    image field and its size; nothing booked, no check container; the same image passes with
+    no limit (the test would pass for the wrong reason otherwise)."""
+    size = client.inspect_image(root_image)["Size"]
+    sp = make_spawner("bigimg", options={"profile": "own", "image--unlisted-choice": root_image},
+                      profiles=USER_IMAGE_PROFILES, image_max_bytes=size // 2)
+    with pytest.raises(web.HTTPError) as e:
+        await asyncio.wait_for(sp.start(), 90)
+    assert e.value.status_code == 400, e.value
+    assert "image--unlisted-choice" in str(e.value) and "larger than users' images" in \
+        str(e.value), str(e.value)
+    assert sp.cluster.ledger.allocations() == [] and not container_id(sp)
+    assert client.containers(all=True, filters={"label": "gpuspawner.image-check"}) == []
+    ok = make_spawner("bigimg2", options={"profile": "own", "image--unlisted-choice": root_image},
+                      profiles=USER_IMAGE_PROFILES, image_max_bytes=size)
+    try:
+        await asyncio.wait_for(ok.start(), 90)
+        assert ok.get_state()["image"]["reference"] == root_image
+    finally:
+        await ok.stop()
+
+
 @pytest.fixture(scope="module")
 def silent_image(client):
     """The single-user image made to pass the image check but never serve:

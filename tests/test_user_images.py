@@ -10,6 +10,8 @@ import re
 
 import pytest
 
+from gpuspawner.backends.base import ImageRefused
+from gpuspawner.backends.docker_image import check_image_blocking
 from gpuspawner.hub.config_check import HubConfigError, check_spawner_settings
 from gpuspawner.hub.images import (
     ImageOptionError,
@@ -157,3 +159,36 @@ def test_the_hub_refuses_bad_image_settings_at_start(settings, message, tmp_path
                                 "state_dir": str(tmp_path), **settings})
     assert str(e.value).startswith(message), str(e.value)
     reset_clusters()
+
+
+class PullingEngine:
+    """A test double of docker-py's APIClient for a pull: the image is not on the node, and
+    ``pull(stream=True)`` yields the engine's progress events (three 40 MiB layers announced
+    one after another, then their progress); counts the events it handed out."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+    def inspect_image(self, image: str) -> dict:
+        from docker.errors import ImageNotFound
+        raise ImageNotFound("no such image")
+
+    def pull(self, repo: str, tag: str, stream: bool, decode: bool):
+        events = [{"id": f"l{i}", "status": "Downloading",
+                   "progressDetail": {"current": 0, "total": 40 * 2**20}} for i in range(3)]
+        events += [{"id": f"l{i}", "status": "Downloading",
+                    "progressDetail": {"current": 40 * 2**20, "total": 40 * 2**20}}
+                   for i in range(3)]
+        for e in events:
+            self.sent += 1
+            yield e
+
+
+def test_a_pull_stops_once_its_layers_pass_the_size_limit() -> None:
+    cli, said = PullingEngine(), []
+    with pytest.raises(ImageRefused) as e:
+        check_image_blocking(cli, "n1", "registry.example.org/big:1", 1000, 100, 30,
+                             said.append, {}, max_bytes=100 * 2**20)
+    assert "larger than users' images may be here: its layers are at least 120 MiB, at most " \
+        "100 MiB" in str(e.value)
+    assert cli.sent == 3  # the third layer's announcement passed 100 MiB: no more was read

@@ -287,10 +287,11 @@ class Backend(LoggingConfigurable):
         return host_dir
 
     async def check_image(self, node: str, image: str, uid: int, gid: int, timeout_s: float,
-                          progress: Progress) -> ImageCheck:
+                          progress: Progress, max_bytes: int = 0) -> ImageCheck:
         """Check a user's own image on ``node`` before anything is booked for it: present or
-        pulled, for the node's architecture, ``jupyterhub-singleuser`` runs in it (in a
-        throwaway container: no network, no devices, the user's uid, ``timeout_s`` seconds).
+        pulled, not larger than ``max_bytes`` (0: any size), for the node's architecture,
+        ``jupyterhub-singleuser`` runs in it (in a throwaway container: no network, no
+        devices, the user's uid, ``timeout_s`` seconds).
         Default: this backend runs no user images.
 
         Raises:

@@ -546,8 +546,9 @@ class DockerBackend(Backend):
                                "or pull it (make images)")
 
     async def check_image(self, node: str, image: str, uid: int, gid: int, timeout_s: float,
-                          progress: Progress) -> ImageCheck:
-        """A user's own image on ``node``: pulled if missing (progress in MiB), for the node's
+                          progress: Progress, max_bytes: int = 0) -> ImageCheck:
+        """A user's own image on ``node``: pulled if missing (progress in MiB; stopped once its
+        layers pass ``max_bytes``), at most ``max_bytes`` on the node (0: any), for the node's
         architecture, ``jupyterhub-singleuser --version`` runs in it in a throwaway container
         (no network, no devices, the user's uid; :mod:`~gpuspawner.backends.docker_image`),
         once per image digest and node.
@@ -563,7 +564,7 @@ class DockerBackend(Backend):
             loop.call_soon_threadsafe(progress, 12, text)
 
         return await self._call(node, lambda: check_image_blocking(
-            self.client(node), node, image, uid, gid, timeout_s, report, known))
+            self.client(node), node, image, uid, gid, timeout_s, report, known, max_bytes))
 
     async def _remove_named(self, node: str, server: ServerRef) -> None:
         """Remove the container named ``server.name`` when it is this server's leftover.

@@ -2,7 +2,10 @@
 before anything is booked for the server, so a pull or a broken image never holds a GPU.
 
 1. The image is on the node, or is pulled (``APIClient.pull(stream=True)``: the engine reports
-   each layer's ``progressDetail`` ``current``/``total`` in bytes; their sums are shown).
+   each layer's ``progressDetail`` ``current``/``total`` in bytes; their sums are shown). With
+   a size limit, a pull stops as soon as the layers it has announced (compressed bytes, as the
+   registry sends them) pass it, and an image on the node is refused when its ``Size``
+   (``docker image inspect``: uncompressed bytes) does.
 2. It is for the node's architecture (the image's ``Architecture`` against the engine's
    ``docker info`` ``Architecture``, as Go names it: ``x86_64`` is ``amd64``).
 3. ``jupyterhub-singleuser --version`` runs in it and prints a version, in a throwaway
@@ -37,15 +40,25 @@ CHECK_LABEL = "gpuspawner.image-check"
 _VERSION = re.compile(r"\b(\d+\.\d+(?:\.\d+)?(?:[.\w-]*)?)\b")
 
 
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def _too_large(image: str, size: int, max_bytes: int, what: str) -> ImageRefused:
+    return ImageRefused(f"image {image!r} is larger than users' images may be here: {what} "
+                        f"{_size(size)}, at most {_size(max_bytes)}")
+
+
 def _pull(cli: Any, node: str, image: str, deadline: float,
-          report: Callable[[str], None]) -> None:
+          report: Callable[[str], None], max_bytes: int = 0) -> None:
     """Pull ``image`` on the node, reporting bytes done of bytes known (``"pulling image X:
     12 of 64 MiB"``, the layers' ``progressDetail`` summed) at most once a second, and once
     more when the pull ends (a pull over loopback may end within the first second). Layers
     already on the node count for nothing.
 
     Raises:
-        ImageRefused: the pull failed or passed the deadline.
+        ImageRefused: the pull failed, passed the deadline, or its layers passed ``max_bytes``
+            (0: no limit; the engine cancels the pull when the stream is closed).
     """
     repo, tag = docker.utils.parse_repository_tag(image)
     if "@" in repo:  # parse_repository_tag leaves a digest on the repository
@@ -67,6 +80,9 @@ def _pull(cli: Any, node: str, image: str, deadline: float,
             detail = event.get("progressDetail") or {}
             if event.get("id") and detail.get("total"):
                 layers[event["id"]] = (int(detail.get("current", 0)), int(detail["total"]))
+                announced = sum(t for _, t in layers.values())
+                if max_bytes and announced > max_bytes:
+                    raise _too_large(image, announced, max_bytes, "its layers are at least")
             now = time.monotonic()
             if now > deadline:
                 raise ImageRefused(f"image {image!r}: the pull on node {node} took longer than "
@@ -87,7 +103,7 @@ def _pull(cli: Any, node: str, image: str, deadline: float,
 
 def check_image_blocking(cli: Any, node: str, image: str, uid: int, gid: int,
                          timeout_s: float, report: Callable[[str], None],
-                         known: dict[str, ImageCheck]) -> ImageCheck:
+                         known: dict[str, ImageCheck], max_bytes: int = 0) -> ImageCheck:
     """Check ``image`` on ``node`` (see the module's docstring).
 
     Args:
@@ -97,9 +113,10 @@ def check_image_blocking(cli: Any, node: str, image: str, uid: int, gid: int,
         report: called with progress words (from this thread).
         known: earlier results by image digest (``sha256:...``), read and filled: an image
             passes the container check once per digest.
+        max_bytes: the largest image allowed (0: any), see the module's docstring.
 
     Raises:
-        ImageRefused: not pullable, another architecture, no working
+        ImageRefused: not pullable, too large, another architecture, no working
             ``jupyterhub-singleuser``, or past ``timeout_s``.
     """
     deadline = time.monotonic() + timeout_s
@@ -107,11 +124,14 @@ def check_image_blocking(cli: Any, node: str, image: str, uid: int, gid: int,
         info = cli.inspect_image(image)
     except (ImageNotFound, NotFound):
         report(f"pulling image {image} on node {node}")
-        _pull(cli, node, image, deadline, report)
+        _pull(cli, node, image, deadline, report, max_bytes)
         try:
             info = cli.inspect_image(image)
         except (ImageNotFound, NotFound):
             raise ImageRefused(f"image {image!r} is not on node {node} after its pull") from None
+    size = int(info.get("Size") or 0)
+    if max_bytes and size > max_bytes:
+        raise _too_large(image, size, max_bytes, "it is")
     digest = str(info.get("Id", ""))
     arch = str(info.get("Architecture", ""))
     engine_arch = str(cli.info().get("Architecture", ""))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from jupyterhub.traitlets import ByteSpecification
 from tornado import web
 from traitlets import (
     Bool,
@@ -84,6 +85,10 @@ class SpawnerSettings(LoggingConfigurable):
     image_check_timeout = Float(60.0, help="""Seconds the check of a user's own image may
         take on a node (pull, then ``jupyterhub-singleuser --version`` in a throwaway
         container without network or devices); longer is a refusal.""").tag(config=True)
+    image_max_bytes = ByteSpecification(0, help="""Largest user's own image (bytes, or "20G"):
+        a pull stops once the layers it announced pass it, an image already on the node is
+        refused when its size does (HTTP 400 naming image); 0 = no limit. Profile images are
+        the admin's and are not checked.""").tag(config=True)
     home_path_template = Unicode("", help="""Host path of the user's home on the shared file
         system, e.g. "/shared/home/{username}" ({username}: the escaped user name). Created when
         missing, owned by the user's uid/gid, mounted at home_mount_point. Empty = none.

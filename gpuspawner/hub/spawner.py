@@ -218,7 +218,8 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
         for node in nodes:
             try:
                 found = await self.backend_obj.check_image(
-                    node, image, uid, gid, self.image_check_timeout, self._emit)
+                    node, image, uid, gid, self.image_check_timeout, self._emit,
+                    self.image_max_bytes)
             except ImageRefused as e:
                 raise self.refused(400, f"image--unlisted-choice: {e}", profile.slug) from None
             except BackendUnavailable as e:
