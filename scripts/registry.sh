@@ -13,12 +13,16 @@
 # It stops only the process it recorded in var/run/registry.pid ("PID START-TIME", the start
 # time from /proc/PID/stat so that a reused PID is not taken for it, and the process's command
 # line must name var/registry/config.yml). A port held by anything else is left alone: the
-# script names it and exits 1. Debian's package ships a service of its own (all addresses, port
+# script names it and exits 1. A registry of another checkout (its command line names another
+# .../registry/config.yml) is stopped only with GPUSPAWNER_STOP_OTHER_REGISTRY=1 (.ci/run sets
+# it), and then by this script's --stop for that checkout's var/, which stops only what that
+# var/ recorded. Debian's package ships a service of its own (all addresses, port
 # 5000): this script keeps the package's postinst from starting it (a policy-rc.d for the
 # install, only where the machine has none) and never starts, stops or uses that one.
 # The address in use is written to var/run/registry.addr ("127.0.0.1:PORT") for the tests.
 # Environment (all optional):
 #   GPUSPAWNER_REGISTRY_PORT  the loopback port (default 17010)
+#   GPUSPAWNER_STOP_OTHER_REGISTRY=1  stop another checkout's registry on that port (above)
 #   GPUSPAWNER_VAR            where var/ is (scripts/lib.sh)
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -121,9 +125,37 @@ if pid="$(recorded_pid)"; then
   stop_ours
 fi
 
+# other_var: the var/ of another checkout's registry holding our port (its config file is
+# VAR/registry/config.yml), printed; fails when the holder is anything else
+other_var() {
+  local pid conf
+  command -v ss >/dev/null 2>&1 || return 1
+  pid="$(ss -Hltnp "sport = :$PORT" 2>/dev/null | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2)"
+  [ -n "$pid" ] || return 1
+  tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | grep -qE "(^|/)$BIN$" || return 1
+  conf="$(tr '\0' '\n' <"/proc/$pid/cmdline" | grep -m1 '/registry/config\.yml$')" || return 1
+  [ "$conf" != "$CONF" ] || return 1
+  echo "${conf%/registry/config.yml}"
+}
+
 if port_taken; then
-  die "127.0.0.1:$PORT is taken by a process this script did not start (left alone);" \
-      "choose another port with GPUSPAWNER_REGISTRY_PORT"
+  if other="$(other_var)"; then
+    stop_cmd=(env "GPUSPAWNER_VAR=$other" "GPUSPAWNER_REGISTRY_PORT=$PORT" "$REPO/scripts/registry.sh" --stop)
+    if [ "${GPUSPAWNER_STOP_OTHER_REGISTRY:-0}" = 1 ]; then
+      log "GPUSPAWNER_STOP_OTHER_REGISTRY=1: stopping the registry of $other on $ADDR"
+      "${stop_cmd[@]}" >&2 || die "could not stop the registry of $other"
+      for _ in $(seq 1 40); do port_taken || break; sleep 0.25; done
+    else
+      die "127.0.0.1:$PORT is held by the registry of another checkout ($other); this script" \
+          "does not stop what it did not start. Stop it with: ${stop_cmd[*]}  (or run this" \
+          "script with GPUSPAWNER_STOP_OTHER_REGISTRY=1 to do that), or choose another port" \
+          "with GPUSPAWNER_REGISTRY_PORT"
+    fi
+  fi
+  if port_taken; then
+    die "127.0.0.1:$PORT is taken by a process this script did not start (left alone);" \
+        "choose another port with GPUSPAWNER_REGISTRY_PORT"
+  fi
 fi
 
 command -v "$BIN" >/dev/null 2>&1 || install_registry

@@ -37,9 +37,9 @@ def alive(pid: int) -> bool:
         return False
 
 
-def run(var: Path, port: int, *args: str) -> subprocess.CompletedProcess[str]:
+def run(var: Path, port: int, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
     env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
-           "GPUSPAWNER_VAR": str(var), "GPUSPAWNER_REGISTRY_PORT": str(port)}
+           "GPUSPAWNER_VAR": str(var), "GPUSPAWNER_REGISTRY_PORT": str(port), **extra}
     return subprocess.run([str(SCRIPT), *args], env=env, capture_output=True, text=True,
                           timeout=120)
 
@@ -114,3 +114,33 @@ def test_start_again_and_stop(tmp_path) -> None:
                 os.kill(pid, signal.SIGTERM)
         except (OSError, ValueError):
             pass
+
+
+def recorded(var: Path) -> int:
+    return int((var / "run" / "registry.pid").read_text().split()[0])
+
+
+@pytest.mark.skipif(shutil.which("docker-registry") is None,
+                    reason="needs Debian's docker-registry (make registry installs it)")
+def test_another_checkouts_registry_is_stopped_only_when_asked(tmp_path) -> None:
+    """A CI clone beside a developer's checkout: the other registry on the port is named and
+    left running; with GPUSPAWNER_STOP_OTHER_REGISTRY=1 (.ci/run) it is stopped by --stop for
+    its own var/, and this one starts."""
+    port, a, b = free_port(), tmp_path / "a", tmp_path / "b"
+    first = run(a, port)
+    try:
+        assert first.returncode == 0, first.stderr
+        pid_a = recorded(a)
+        refused = run(b, port)
+        assert refused.returncode == 1, refused.stderr
+        assert f"held by the registry of another checkout ({a})" in refused.stderr
+        assert "GPUSPAWNER_STOP_OTHER_REGISTRY=1" in refused.stderr and alive(pid_a)
+        took = run(b, port, GPUSPAWNER_STOP_OTHER_REGISTRY="1")
+        assert took.returncode == 0, took.stderr
+        wait_until(lambda: not alive(pid_a), timeout=10, message="a's registry stopped")
+        assert f"registry ready on http://127.0.0.1:{port}" in took.stderr
+        assert not (a / "run" / "registry.pid").exists()
+        assert str(b) in Path(f"/proc/{recorded(b)}/cmdline").read_text()
+    finally:
+        for var in (a, b):
+            run(var, port, "--stop")
