@@ -65,6 +65,8 @@ from gpuspawner.singleuser.scheduler import (  # noqa: E402
     job_files,
     scheduler_id,
     submission,
+    time_limit_choices,
+    time_limit_of,
 )
 
 TOKEN = "t0ken-of-the-server"
@@ -397,6 +399,27 @@ def test_submission_maps_the_create_job_model():
         submission(create(package_input_folder=True), notebook())
     with pytest.raises(SchedulerError, match="time_limit"):
         submission(create(runtime_environment_parameters={"time_limit": "soon"}), notebook())
+    # the form's "Compute type" select carries the time limit
+    assert submission(create(compute_type="time limit 2 h"), notebook())["time_limit"] == 7200
+    assert submission(create(compute_type="time limit 10 min (default)"),
+                      notebook())["time_limit"] == 600
+    assert submission(create(compute_type="time limit 2 h",
+                             runtime_environment_parameters={"time_limit": "60"}),
+                      notebook())["time_limit"] == 60
+    with pytest.raises(SchedulerError, match="compute type 'gpu-xl'"):
+        submission(create(compute_type="gpu-xl"), notebook())
+
+
+def test_the_profiles_time_limits_are_the_forms_compute_types():
+    labels, default = time_limit_choices(600, 3600)
+    assert labels == ["time limit 10 min (default)", "time limit 15 min", "time limit 30 min",
+                      "time limit 1 h"]
+    assert default == "time limit 10 min (default)"
+    assert [time_limit_of(x) for x in labels] == [600, 900, 1800, 3600]
+    labels, default = time_limit_choices(3600, 86400)
+    assert labels[-1] == "time limit 24 h" and default == "time limit 1 h (default)"
+    assert time_limit_choices(90, 90) == (["time limit 90 s (default)"],
+                                          "time limit 90 s (default)")
 
 
 def test_hub_client_reads_the_servers_environment():
@@ -580,6 +603,8 @@ async def test_environments_are_the_users_profiles(fake):
     assert all(e.label == e.name for e in envs)  # the UI shows the name, selects the label
     assert envs[0].description == "One A100; 1 x A100, 8 cores, 32.0 GiB; for training"
     assert "time limit 600 s (at most 3600 s)" in envs[1].description
+    assert envs[1].default_compute_type == "time limit 10 min (default)"
+    assert envs[1].compute_types[-1] == "time limit 1 h"
     assert envs[1].output_formats == ["ipynb", "html"]
     assert manager.output_formats_mapping() == {"ipynb": "Notebook", "html": "HTML"}
     refused = HubEnvironmentManager(JobsClient(fake.url, "wrong", timeout=10))

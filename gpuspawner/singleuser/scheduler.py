@@ -34,7 +34,10 @@ its routes' pattern)               (:func:`scheduler_id` / :func:`hub_id`)
 ``name`` (may hold spaces)         ``name`` (one folder name: other characters -> ``-``)
 ``parameters`` (strings)           ``parameters``: JSON scalars or lists where the
                                    string is one, else the string (as ``-p``)
-``runtime_environment_parameters   ``time_limit`` (seconds)
+``compute_type`` (the form's       ``time_limit``: the environment's compute types are
+"Compute type" select)             the profile's time limits, ``time limit 2 h``
+                                   (:func:`time_limit_choices`)
+``runtime_environment_parameters   ``time_limit`` (seconds; over ``compute_type``)
 ["time_limit"]``
 ``output_formats``                 ``ipynb`` and ``html``: the job writes both (and
                                    the snapshot it ran and a log)
@@ -111,6 +114,44 @@ _SAID_IN_MESSAGE = frozenset({"waiting", "starting", "timed_out", "lost"})
 #: what a job writes, by jupyter-scheduler's output format name -> its label (a job writes
 #: both, whichever the UI asked for: ``<name>.ipynb`` and ``<name>.html``)
 OUTPUT_FORMATS: dict[str, str] = {"ipynb": "Notebook", "html": "HTML"}
+#: the time limits (seconds) the create-job form offers, as far as a profile's maximum allows
+TIME_LIMIT_CHOICES_S = (900, 1800, 3600, 2 * 3600, 4 * 3600, 8 * 3600, 12 * 3600, 24 * 3600)
+_TIME_LIMIT = "time limit "
+_DURATION = re.compile(r"^time limit (\d+) (h|min|s)(?: \(default\))?$")
+
+
+def duration_words(seconds: int) -> str:
+    """``3600`` -> ``"1 h"``, ``1800`` -> ``"30 min"``, ``90`` -> ``"90 s"``."""
+    if seconds % 3600 == 0:
+        return f"{seconds // 3600} h"
+    if seconds % 60 == 0:
+        return f"{seconds // 60} min"
+    return f"{seconds} s"
+
+
+def time_limit_choices(default: int, maximum: int) -> tuple[list[str], str]:
+    """The job time limits of a profile as jupyter-scheduler's *compute types* (the create-job
+    form's only per-environment choice; jupyter-scheduler has no time-limit field): ``time
+    limit <duration>`` for :data:`TIME_LIMIT_CHOICES_S` below ``maximum``, the profile's
+    ``default`` (marked ``(default)``) and ``maximum``, shortest first; and the default's
+    label. Read back by :func:`time_limit_of`."""
+    limits = sorted({s for s in TIME_LIMIT_CHOICES_S if s < maximum} | {default, maximum})
+    labels = [_TIME_LIMIT + duration_words(s) + (" (default)" if s == default else "")
+              for s in limits]
+    return labels, labels[limits.index(default)]
+
+
+def time_limit_of(compute_type: str) -> int:
+    """Seconds of a compute type of :func:`time_limit_choices` (``"time limit 2 h"``).
+
+    Raises:
+        SchedulerError: not one of those labels.
+    """
+    m = _DURATION.match(compute_type.strip())
+    if m is None:
+        raise SchedulerError(f"compute type {compute_type!r}: choose a time limit of the list")
+    n, unit = int(m.group(1)), m.group(2)
+    return n * {"h": 3600, "min": 60, "s": 1}[unit]
 #: the file of the service's API that each request goes to
 _JOBS = "api/jobs"
 _PROFILES = "api/profiles"
@@ -236,6 +277,8 @@ def describe_job(job: Mapping[str, Any], root_dir: str, home: str,
         input_filename=f"{name}.input.ipynb",
         runtime_environment_name=str(job.get("profile") or ""),
         runtime_environment_parameters={"time_limit": int(job.get("time_limit") or 0)},
+        compute_type=(_TIME_LIMIT + duration_words(int(job["time_limit"]))
+                      if job.get("time_limit") else None),
         output_formats=list(OUTPUT_FORMATS),
         parameters={k: _text(v) for k, v in (job.get("parameters") or {}).items()},
         url=f"{_JOBS}/{job['id']}", create_time=created, update_time=updated,
@@ -253,7 +296,8 @@ def submission(model: CreateJob, notebook: dict[str, Any]) -> dict[str, Any]:
     """The body of ``POST api/jobs`` for jupyter-scheduler's :class:`CreateJob` and the
     notebook's content: ``profile`` = the environment's name, ``name`` made one folder name
     (:func:`gpuspawner.jobs.client.default_name`), each parameter read as ``-p NAME=VALUE``
-    is (JSON scalar or list, else the string), ``time_limit`` from
+    is (JSON scalar or list, else the string), ``time_limit`` from the compute type (the
+    form's time limit choice, :func:`time_limit_of`) or, over it,
     ``runtime_environment_parameters["time_limit"]`` when given.
 
     Raises:
@@ -279,6 +323,8 @@ def submission(model: CreateJob, notebook: dict[str, Any]) -> dict[str, Any]:
         name, parsed = parse_parameter(f"{key}={value}")
         params[name] = parsed
     body["parameters"] = params
+    if model.compute_type:
+        body["time_limit"] = time_limit_of(model.compute_type)
     limit = (model.runtime_environment_parameters or {}).get("time_limit")
     if limit not in (None, ""):
         try:
@@ -709,8 +755,10 @@ def environment(profile: Mapping[str, Any]) -> RuntimeEnvironment:
     if profile.get("summary"):
         parts.append(str(profile["summary"]))
     limits = profile.get("time_limit") or {}
+    choices: tuple[list[str] | None, str | None] = (None, None)
     if limits:
         parts.append(f"time limit {limits.get('default')} s (at most {limits.get('max')} s)")
+        choices = time_limit_choices(int(limits["default"]), int(limits["max"]))
     if profile.get("description"):
         parts.append(str(profile["description"]))
     return RuntimeEnvironment(
@@ -718,5 +766,5 @@ def environment(profile: Mapping[str, Any]) -> RuntimeEnvironment:
         output_formats=list(OUTPUT_FORMATS),
         metadata={"display_name": str(profile.get("display_name") or slug),
                   "summary": str(profile.get("summary") or "")},
-        compute_types=None, default_compute_type=None, utc_only=None)
+        compute_types=choices[0], default_compute_type=choices[1], utc_only=None)
 
