@@ -183,6 +183,30 @@ def test_a_job_completes_into_the_users_home_and_releases(hub, engine):
     assert [j["id"] for j in r.json()["jobs"]] == [job["id"]]
 
 
+def test_the_gpu_monitor_widget_runs_inside_a_jobs_notebook(hub, engine):
+    """%load_ext gpuspawner.kernel in a job: the monitor widget is displayed (an ipywidgets
+    view in the executed notebook) and reads the job's own session (a CPU profile: no GPU row,
+    the header says why), and the job's allocation is in its environment."""
+    u = User(hub, "jb-widget")
+    nb = notebook("%load_ext gpuspawner.kernel",
+                  "import json, os\nfrom gpuspawner.singleuser.kernel import widget_state\n"
+                  "print(json.dumps({'w': widget_state(), "
+                  "'a': json.loads(os.environ['GPUSPAWNER_ALLOCATION'])}))")
+    job = u.submit(nb, profile="cpu", name="widget")
+    done = u.wait_state(job["id"], ("completed", "failed", "lost"))
+    assert done["state"] == "completed", done
+    out = u.call("GET", f"api/jobs/{job['id']}/output").json()
+    outputs = [o for c in out["cells"] for o in c.get("outputs", [])]
+    views = [o["data"]["application/vnd.jupyter.widget-view+json"] for o in outputs
+             if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    (printed,) = [json.loads("".join(o["text"])) for o in outputs if o.get("name") == "stdout"]
+    assert views and views[0]["model_id"] == printed["w"]["model_id"], (views, printed)
+    assert printed["w"]["gpus"] == [] and printed["w"]["header"], printed
+    assert printed["a"]["owner"]["user"] == "jb-widget" and \
+        printed["a"]["owner"]["server"] == f"job/{job['id']}", printed
+    wait_until(lambda: released(hub, engine, "jb-widget"), 30, 0.3, "released")
+
+
 def test_a_failing_cell_fails_the_job_naming_the_cell(hub, engine):
     u = User(hub, "jb-fail")
     job = u.submit(notebook("1 / 0"), name="boom")

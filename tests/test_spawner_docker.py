@@ -493,12 +493,17 @@ USER_IMAGE_PROFILES = [{"slug": "own", "cpu": 1, "memory": "256M", "profile_opti
 @pytest.fixture(scope="module")
 def root_image(client):
     """The single-user image made hostile: ``USER root`` and a setuid-root copy of ``id``."""
+    yield from built_image(client, "gpuspawner/test-user-image:setuid",
+                           "RUN cp /usr/bin/id /usr/local/bin/suid-id"
+                           " && chmod 4755 /usr/local/bin/suid-id\n")
+
+
+def built_image(client, tag: str, steps: str):  # noqa: ANN201 - a fixture's generator
+    """Build ``tag`` from the single-user image as root plus ``steps`` (Dockerfile lines,
+    no network), yield it, remove it."""
     import io
 
-    tag = "gpuspawner/test-user-image:setuid"
-    dockerfile = (f"FROM {IMAGE}\nUSER root\n"
-                  "RUN cp /usr/bin/id /usr/local/bin/suid-id"
-                  " && chmod 4755 /usr/local/bin/suid-id\n")
+    dockerfile = f"FROM {IMAGE}\nUSER root\n{steps}"
     for _ in client.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True,
                           network_mode="none", decode=True):
         pass
@@ -584,24 +589,13 @@ async def test_a_user_image_over_the_size_limit_is_refused_before_anything_is_bo
 def silent_image(client):
     """The single-user image made to pass the image check but never serve:
     ``jupyterhub-singleuser --version`` answers as the real one does, anything else sleeps."""
-    import io
-
-    tag = "gpuspawner/test-user-image:silent"
     script = ('#!/bin/sh\\n[ "$1" = --version ] && exec /opt/venv/bin/jupyterhub-singleuser.real '
               '--version\\nexec sleep 3600\\n')  # printf's escapes
-    dockerfile = (f"FROM {IMAGE}\nUSER root\n"
-                  "RUN mv /opt/venv/bin/jupyterhub-singleuser "
-                  "/opt/venv/bin/jupyterhub-singleuser.real"
-                  f" && printf '{script}' > /opt/venv/bin/jupyterhub-singleuser"
-                  " && chmod 755 /opt/venv/bin/jupyterhub-singleuser\n")
-    for _ in client.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True,
-                          network_mode="none", decode=True):
-        pass
-    yield tag
-    try:
-        client.remove_image(tag, force=True)
-    except docker.errors.APIError:
-        pass
+    yield from built_image(client, "gpuspawner/test-user-image:silent",
+                           "RUN mv /opt/venv/bin/jupyterhub-singleuser "
+                           "/opt/venv/bin/jupyterhub-singleuser.real"
+                           f" && printf '{script}' > /opt/venv/bin/jupyterhub-singleuser"
+                           " && chmod 755 /opt/venv/bin/jupyterhub-singleuser\n")
 
 
 async def test_a_user_image_that_never_opens_its_port_fails_cleanly(make_spawner, client,
