@@ -173,6 +173,9 @@ def test_a_job_made_in_jupyterlab_runs_in_its_own_container(hub):
             page.locator("input[name='parameter-0-name']").fill("x")
             page.locator("input[name='parameter-0-value']").fill("21")
             page.locator("input[name='parameter-0-value']").press("Tab")  # validated on blur
+            # the time limit: the profile's time limits are the form's compute types
+            page.get_by_label("Compute type").click()
+            page.get_by_role("option", name="time limit 15 min", exact=True).click()
             _shot(page, "lab-create-job.png")
             page.get_by_role("button", name="Create", exact=True).click()
             # the Notebook Jobs panel: the job, then (its Reload button) Completed
@@ -208,6 +211,7 @@ def test_a_job_made_in_jupyterlab_runs_in_its_own_container(hub):
     assert record["state"] == "completed" and record["exit_code"] == 0, record
     assert record["profile"] == "cpu" and record["node"] == "local"
     assert record["parameters"] == {"x": 21}
+    assert record["time_limit"] == 900  # "time limit 15 min" on the form
     assert [h["state"] for h in record["history"]][-2:] == ["running", "completed"]
     # its outputs, written by the job as the user, are where the panel's links point
     folder = home / record["output_dir"][2:]
