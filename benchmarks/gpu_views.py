@@ -9,7 +9,7 @@ sampling.
 
 ``--nvml double`` (the default when ``nvmlInit()`` fails here) samples the test double of
 gpuspawner/testing/nvml_metrics.py (two GPUs with processes), which exercises the sampler's code
-path but not the driver's cost. Goal (issue 5): < 1 % of one core with the panel open, no
+path but not the driver's cost. Goal: < 1 % of one core with the panel open, no
 added event-loop latency above 5 ms.
 """
 

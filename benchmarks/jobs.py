@@ -1,4 +1,4 @@
-"""Notebook jobs, measured side by side in one run (issue 25's goals):
+"""Notebook jobs, measured side by side in one run (the goals of docs/jobs.md):
 
 1. **due -> notebook start**: a job submitted with ``at`` 7-8 s ahead, through the
    real hub (JupyterHub + configurable-http-proxy + the gpuspawner service, the real Docker

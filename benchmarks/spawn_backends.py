@@ -5,7 +5,7 @@ Both hubs run GPUSpawner with the real ``jupyterhub-singleuser`` and the profile
 device files). Docker: a new container on its own bridge network (``make engine images``).
 Slurm: a batch job on the private three-node cluster of ``scripts/slurm.sh`` (``make slurm``),
 running as the job user, which picks its port and reports it through the job's Comment.
-Goal (issue 14): Slurm within 2x of Docker (medians).
+Goal: Slurm within 2x of Docker (medians).
 
 Run: ``.venv/bin/python benchmarks/spawn_backends.py [--n 5]``. Bounded: ``--n`` sequential
 spawns per backend, each with a 120 s limit.

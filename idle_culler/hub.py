@@ -159,7 +159,7 @@ class HubClient:
 
     async def gpu_queue(self, url: str, timeout: float = 10.0) -> dict[str, Any] | None:
         """gpuspawner's wait queue: ``GET url`` (``.../services/gpuspawner/api/queue``), one
-        try, at most ``timeout`` seconds, with this client's token. The document (issue 15)::
+        try, at most ``timeout`` seconds, with this client's token. The document::
 
             {"length": 2, "by_profile": {"a100-1": 2}, "waiting_gpus": {"A100": 2},
              "entries": [{"id": "q1-...", "user": "bob", "server": "", "profile": "a100-1",

@@ -1,4 +1,4 @@
-"""GPU pressure: who waits in gpuspawner's queue for which GPU model (issue 15, point 5).
+"""GPU pressure: who waits in gpuspawner's queue for which GPU model.
 
 gpuspawner keeps a spawn that fits the cluster but not what is free now in a wait queue and
 serves it at ``GET /services/gpuspawner/api/queue`` (:meth:`idle_culler.hub.HubClient.gpu_queue`

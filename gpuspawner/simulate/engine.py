@@ -409,9 +409,9 @@ def simulate_replay_queue(nodes: Sequence[Node], pods: Sequence[Pod], policy: st
                           max_pods: int | None = None, time_limit_s: float | None = None,
                           explain: bool = False, users: int = 50,
                           max_bypass: int = 3) -> dict[str, Any]:
-    """Replay mode with the hub's wait queue (:class:`~gpuspawner.placement.queue.WaitQueue`,
-    issue 15): a pod that fits the cluster's capacity but not what is free now waits instead
-    of being dropped.
+    """Replay mode with the hub's wait queue (:class:`~gpuspawner.placement.queue.WaitQueue`):
+    a pod that fits the cluster's capacity but not what is free now waits instead of being
+    dropped.
 
     Rules (stated here once; ``docs/placement.md``, "Queue replay"):
 

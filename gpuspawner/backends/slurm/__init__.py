@@ -1,4 +1,4 @@
-"""The Slurm engine's pieces (issue 14): GPUs as per-device GRES types (:mod:`.gres`) and an
+"""The Slurm engine's pieces: GPUs as per-device GRES types (:mod:`.gres`) and an
 async client for the Slurm commands with parsers for their output (:mod:`.commands`).
 
 The private three-node cluster that the tests run against is started by ``scripts/slurm.sh``

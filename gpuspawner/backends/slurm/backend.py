@@ -1,4 +1,4 @@
-"""SlurmBackend: each server a Slurm batch job pinned to its allocation (issue 14).
+"""SlurmBackend: each server a Slurm batch job pinned to its allocation.
 
 Configured as ``c.SlurmBackend.*`` with ``c.GPUSpawner.backend = "slurm"`` (docs/slurm.md).
 The hub runs the Slurm commands (:class:`~gpuspawner.backends.slurm.commands.SlurmClient`)
