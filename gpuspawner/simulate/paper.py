@@ -35,6 +35,7 @@ What the Go code does and this module copies:
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterable, Sequence
 
@@ -247,6 +248,41 @@ def score_fgd_whole(c: PaperCluster, node: PaperNode, t: PodType
     return (s, used), gpu
 
 
+def _growth(c: PaperCluster, model: str, cpu_left: int, gpu_left: Sequence[int],
+            t: PodType) -> tuple[float, list[int] | None, int]:
+    """Exact FGD growth of placing ``t`` on a node state (FGD's GPU choice for a share);
+    ``(inf, None, -1)`` when it does not fit. Returns ``(growth, gpu_left after, share GPU)``."""
+    if cpu_left < t.milli_cpu:
+        return math.inf, None, -1
+    if t.gpu_number and not accessible(model, t.gpu_type):
+        return math.inf, None, -1
+    f = c.frag
+    before = f.score(model, cpu_left, gpu_left)
+    cpu_after = cpu_left - t.milli_cpu
+    if t.is_share:
+        best, arg, gl_best = math.inf, -1, None
+        for i, g in enumerate(gpu_left):
+            if g >= t.milli_gpu:
+                after = list(gpu_left)
+                after[i] -= t.milli_gpu
+                d = f.score(model, cpu_after, after) - before
+                if d < best:
+                    best, arg, gl_best = d, i, after
+        return best, gl_best, arg
+    after = sub_pack(gpu_left, t)
+    if after is None:
+        return math.inf, None, -1
+    return f.score(model, cpu_after, after) - before, after, -1
+
+
+#: ``fgd-lookahead``: nodes compared (the first in tie order whose FGD score is within
+#: ``LOOKAHEAD_SLACK`` of the best), next-request types (the most likely of the target
+#: workload); docs/placement.md "Beyond FGD" has the settings that were measured
+LOOKAHEAD_CANDIDATES = 8
+LOOKAHEAD_TYPES = 5
+LOOKAHEAD_SLACK = 1
+
+
 def score_first_fit(c: PaperCluster, node: PaperNode, t: PodType) -> tuple[int, int]:
     """First fit (ours, not in the paper): every node scores the same, so the first feasible
     node in configuration order wins (see :class:`PaperCluster`). Shares: best-fit GPU."""
@@ -279,10 +315,12 @@ def score_random(c: PaperCluster, node: PaperNode, t: PodType) -> tuple[int, int
 
 
 #: policy name -> score function; ``random`` and ``first-fit`` are special-cased by the
-#: cluster (a uniform pick, and configuration order); ``fgd-whole`` is ours, not the paper's
+#: cluster (a uniform pick, and configuration order); ``fgd-whole`` and ``fgd-lookahead``
+#: (``fgd``'s score, then :meth:`PaperCluster._lookahead` among the near-best nodes) are ours
 PAPER_POLICIES: dict[str, ScoreFn] = {
     "fgd": score_fgd,
     "fgd-whole": score_fgd_whole,
+    "fgd-lookahead": score_fgd,
     "best-fit": score_best_fit,
     "dot-product": score_dot_product,
     "gpu-packing": score_gpu_packing,
@@ -299,8 +337,8 @@ PAPER_NAMES: dict[str, str] = {
 }
 
 #: scores that do not change with the node's state between calls are cached per node state
-_CACHEABLE = frozenset({"fgd", "fgd-whole", "best-fit", "dot-product", "gpu-packing",
-                        "gpu-clustering", "first-fit", "spread"})
+_CACHEABLE = frozenset({"fgd", "fgd-whole", "fgd-lookahead", "best-fit", "dot-product",
+                        "gpu-packing", "gpu-clustering", "first-fit", "spread"})
 
 
 class PaperCluster:
@@ -353,7 +391,8 @@ class PaperCluster:
         self.gpu_capacity = sum(n.gpus for n in self.nodes) * MILLI
         self.gpu_used = 0
         self.last_gpus: list[int] = []  #: GPU indices the last :meth:`place` booked
-        self._type_ids: dict[PodType, int] = {}
+        self._type_ids: dict[PodType | tuple[str, PodType], int] = {}
+        self._la_types: list[tuple[PodType, float]] | None = None
 
     def quantize(self, delta: float) -> int | float:
         """The score of a fragmentation growth: Go's integer score, or ``-delta`` when
@@ -450,7 +489,84 @@ class PaperCluster:
                 best, best_score, best_gpu = n, s, got[1]
         if best is None:
             return None
+        if self.policy == "fgd-lookahead" and not self.numa_strict:
+            return self._lookahead(t, memory_mib, key, best_score, best, best_gpu)
         return best, best_gpu
+
+    def _next_types(self) -> list[tuple[PodType, float]]:
+        """The look-ahead's next-request types: the most likely of the target workload."""
+        got = self._la_types
+        if got is None:
+            top = sorted(self.frag.typical, key=lambda tp: -tp[1])[:LOOKAHEAD_TYPES]
+            total = sum(p for _, p in top) or 1.0
+            got = self._la_types = [(t, p / total) for t, p in top]
+        return got
+
+    def _best_two(self, t: PodType) -> tuple[float, PaperNode | None, float]:
+        """Best and second-best exact growth of ``t`` over the cluster now (cached per node
+        state under a key of its own), and the node of the best."""
+        key = self._type_ids.get(("la", t))
+        if key is None:
+            key = self._type_ids[("la", t)] = len(self._type_ids)
+        b1, n1, b2 = math.inf, None, math.inf
+        for n in self.ranked:
+            g = n.cache.get(key)
+            if g is None:
+                g = n.cache[key] = _growth(self, n.model, n.cpu_left, n.gpu_left, t)[0] \
+                    if (not t.gpu_number or n.gpus) else math.inf
+            if g < b1:
+                b1, n1, b2 = g, n, b1
+            elif g < b2:
+                b2 = g
+        return b1, n1, b2
+
+    def _lookahead(self, t: PodType, memory_mib: int, key: int, best_score: int,
+                   best: PaperNode, best_gpu: int) -> tuple[PaperNode, int]:
+        """``fgd-lookahead`` (ours; docs/placement.md "Beyond FGD"): the candidates are the
+        first :data:`LOOKAHEAD_CANDIDATES` nodes in tie order whose FGD score (cached by
+        :meth:`choose`) is within :data:`LOOKAHEAD_SLACK` of the best. For each, with ``t``
+        placed there as ``fgd`` would (same GPUs), and for each of the
+        :data:`LOOKAHEAD_TYPES` most likely types *u* of the target workload (probabilities
+        renormalised), the best exact FGD growth *u* can then get anywhere: on this node's
+        new state, or the best elsewhere (the cluster's best for *u* now, or its second best
+        when the best is this node); *u*'s total milli-GPU when it fits nowhere (a refusal
+        leaves that much demand unserved). The candidate with the smallest expectation wins,
+        ties to the first in tie order, so when the look-ahead sees no difference the pick
+        is ``fgd``'s. The current pod's own growth is not added (measured: adding it loses).
+        Not applied under strict NUMA (there it is ``fgd``)."""
+        cands = []
+        for n in self.ranked:
+            got = n.cache.get(key)
+            if got is None or got[0] is None:
+                continue
+            if got[0] >= best_score - LOOKAHEAD_SLACK and n.cpu_left >= t.milli_cpu \
+                    and n.memory_left >= memory_mib:
+                cands.append((n, got[1]))
+                if len(cands) >= LOOKAHEAD_CANDIDATES:
+                    break
+        if len(cands) <= 1:
+            return best, best_gpu
+        nxt = [(u, p, self._best_two(u)) for u, p in self._next_types()]
+        best_v, pick = None, (best, best_gpu)
+        for n, gpu in cands:
+            if t.is_share:
+                gl = list(n.gpu_left)
+                gl[gpu] -= t.milli_gpu
+            else:
+                gl = sub_pack(n.gpu_left, t) if t.gpu_number else list(n.gpu_left)
+            cpu_after = n.cpu_left - t.milli_cpu
+            v = 0.0
+            for u, p, (b1, n1, b2) in nxt:
+                here = _growth(self, n.model, cpu_after, gl, u)[0] \
+                    if (not u.gpu_number or n.gpus) else math.inf
+                other = b2 if n1 is n else b1
+                g = min(here, other)
+                if g == math.inf:
+                    g = u.total_milli_gpu or 0.0
+                v += p * g
+            if best_v is None or v < best_v - 1e-9:
+                best_v, pick = v, (n, gpu)
+        return pick
 
     def place(self, t: PodType, memory_mib: int = 0) -> PaperNode | None:
         """Schedule one pod: choose a node, book milli-CPU, memory and milli-GPU there
