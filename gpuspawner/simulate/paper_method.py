@@ -336,6 +336,16 @@ def summarize(results: Sequence[dict[str, Any]], paper: bool = True) -> list[dic
     return out
 
 
+def _by_trace_and_seed(results: Sequence[dict[str, Any]]
+                       ) -> dict[str, dict[int, dict[str, float]]]:
+    """trace -> seed -> policy -> unallocated GPUs of :func:`compare`'s results."""
+    by: dict[str, dict[int, dict[str, float]]] = {}
+    for r in results:
+        by.setdefault(r["trace"], {}).setdefault(r["seed"], {})[r["policy"]] = \
+            r["unallocated_gpus"]
+    return by
+
+
 def default_wins(results: Sequence[dict[str, Any]], default: str = "fgd"
                  ) -> list[dict[str, Any]]:
     """Per trace, whether ``default`` leaves strictly fewer unallocated GPUs than every other
@@ -347,10 +357,7 @@ def default_wins(results: Sequence[dict[str, Any]], default: str = "fgd"
         ``mean_won`` (bool), ``lost`` (``[seed, policy, theirs, ours]`` for each tie or loss,
         GPUs rounded to 0.1).
     """
-    by: dict[str, dict[int, dict[str, float]]] = {}
-    for r in results:
-        by.setdefault(r["trace"], {}).setdefault(r["seed"], {})[r["policy"]] = \
-            r["unallocated_gpus"]
+    by = _by_trace_and_seed(results)
     out = []
     for trace, seeds in by.items():
         if not any(default in v for v in seeds.values()):
@@ -404,10 +411,7 @@ def paired(results: Sequence[dict[str, Any]], policy: str, baseline: str = "fgd"
     seed is the same pod order and node ranking): ``seeds``, ``mean_diff`` (unallocated GPUs,
     policy minus baseline; negative = fewer idle GPUs), ``diff_percent`` of the baseline's
     mean, ``fewer`` / ``equal`` / ``more`` (seeds), ``p`` (:func:`sign_flip_p`)."""
-    by: dict[str, dict[int, dict[str, float]]] = {}
-    for r in results:
-        by.setdefault(r["trace"], {}).setdefault(r["seed"], {})[r["policy"]] = \
-            r["unallocated_gpus"]
+    by = _by_trace_and_seed(results)
     out = []
     for trace, seeds in by.items():
         pairs = [(v[policy], v[baseline]) for _, v in sorted(seeds.items())
