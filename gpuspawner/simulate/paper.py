@@ -249,30 +249,28 @@ def score_fgd_whole(c: PaperCluster, node: PaperNode, t: PodType
 
 
 def _growth(c: PaperCluster, model: str, cpu_left: int, gpu_left: Sequence[int],
-            t: PodType) -> tuple[float, list[int] | None, int]:
-    """Exact FGD growth of placing ``t`` on a node state (FGD's GPU choice for a share);
-    ``(inf, None, -1)`` when it does not fit. Returns ``(growth, gpu_left after, share GPU)``."""
+            t: PodType) -> float:
+    """Exact FGD growth of placing ``t`` on a node state (for a share, on the GPU where it
+    grows least); ``inf`` when it does not fit."""
     if cpu_left < t.milli_cpu:
-        return math.inf, None, -1
+        return math.inf
     if t.gpu_number and not accessible(model, t.gpu_type):
-        return math.inf, None, -1
+        return math.inf
     f = c.frag
     before = f.score(model, cpu_left, gpu_left)
     cpu_after = cpu_left - t.milli_cpu
     if t.is_share:
-        best, arg, gl_best = math.inf, -1, None
+        best = math.inf
         for i, g in enumerate(gpu_left):
             if g >= t.milli_gpu:
                 after = list(gpu_left)
                 after[i] -= t.milli_gpu
-                d = f.score(model, cpu_after, after) - before
-                if d < best:
-                    best, arg, gl_best = d, i, after
-        return best, gl_best, arg
+                best = min(best, f.score(model, cpu_after, after) - before)
+        return best
     after = sub_pack(gpu_left, t)
     if after is None:
-        return math.inf, None, -1
-    return f.score(model, cpu_after, after) - before, after, -1
+        return math.inf
+    return f.score(model, cpu_after, after) - before
 
 
 #: ``fgd-lookahead``: nodes compared (the first in tie order whose FGD score is within
@@ -512,7 +510,7 @@ class PaperCluster:
         for n in self.ranked:
             g = n.cache.get(key)
             if g is None:
-                g = n.cache[key] = _growth(self, n.model, n.cpu_left, n.gpu_left, t)[0] \
+                g = n.cache[key] = _growth(self, n.model, n.cpu_left, n.gpu_left, t) \
                     if (not t.gpu_number or n.gpus) else math.inf
             if g < b1:
                 b1, n1, b2 = g, n, b1
@@ -557,7 +555,7 @@ class PaperCluster:
             cpu_after = n.cpu_left - t.milli_cpu
             v = 0.0
             for u, p, (b1, n1, b2) in nxt:
-                here = _growth(self, n.model, cpu_after, gl, u)[0] \
+                here = _growth(self, n.model, cpu_after, gl, u) \
                     if (not u.gpu_number or n.gpus) else math.inf
                 other = b2 if n1 is n else b1
                 g = min(here, other)
