@@ -24,13 +24,6 @@ PIDFILE="$VAR/run/docker-btrfs.pid"
 EXEC_ROOT="/run/gpuspawner-btrfs-$(printf '%s' "${GPUSPAWNER_VAR:+$VAR}${GPUSPAWNER_VAR:-$REPO}" | sha256sum | cut -c1-8)"
 DAEMON_JSON="$VAR/run/docker-btrfs.json"
 
-# alive PID: the process exists and is no zombie
-alive() {
-  local st
-  st="$(sed -n 's/^.*) \(.\).*$/\1/p' "/proc/$1/stat" 2>/dev/null)" || return 1
-  [ -n "$st" ] && [ "$st" != Z ]
-}
-
 # running_pid: the PID in PIDFILE when that process is the engine this script starts (its
 # command line has --pidfile PIDFILE); a reused PID is someone else's
 running_pid() {

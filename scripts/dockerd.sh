@@ -45,18 +45,6 @@ hook_on_path() {
   return 1
 }
 
-# running PID: the process exists and is no zombie
-running() {
-  local st
-  st="$(sed -n 's/^.*) \(.\).*$/\1/p' "/proc/$1/stat" 2>/dev/null)" || return 1
-  [ -n "$st" ] && [ "$st" != Z ]
-}
-
-# start_time PID: field 22 of /proc/PID/stat (clock ticks after boot), after the "(comm)"
-start_time() {
-  sed -n 's/^.*) //p' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f20
-}
-
 proc_list() {  # PID FILE: /proc/PID/FILE, one NUL-separated entry a line (empty if unreadable)
   tr '\0' '\n' <"/proc/$1/$2" 2>/dev/null || true
 }
@@ -69,7 +57,7 @@ env_var() {  # PID NAME: the value of NAME in the process's environment (empty i
 engine_pid() {
   local pid
   pid="$(cat "$ENGINE_PIDFILE" 2>/dev/null || true)"
-  [[ "$pid" =~ ^[0-9]+$ ]] && running "$pid" && echo "$pid"
+  [[ "$pid" =~ ^[0-9]+$ ]] && alive "$pid" && echo "$pid"
 }
 
 # recorded_pid: the PID of the engine this checkout started, when the record matches a live
@@ -78,7 +66,7 @@ recorded_pid() {
   local pid st
   [ -f "$RECORD" ] || return 1
   read -r pid st <"$RECORD" || true
-  [[ "$pid" =~ ^[0-9]+$ ]] && running "$pid" && [ -n "$st" ] && [ "$(start_time "$pid")" = "$st" ] \
+  [[ "$pid" =~ ^[0-9]+$ ]] && alive "$pid" && [ -n "$st" ] && [ "$(start_time "$pid")" = "$st" ] \
     && echo "$pid"
 }
 
@@ -220,10 +208,10 @@ stop_engine() {
     kill "$pid" 2>/dev/null || true
   fi
   for _ in $(seq 1 60); do
-    running "$pid" || break
+    alive "$pid" || break
     sleep 0.5
   done
-  running "$pid" && die "dockerd (pid $pid) did not stop within 30 s"
+  alive "$pid" && die "dockerd (pid $pid) did not stop within 30 s"
   if [ "$(recorded_pid || true)" = "" ]; then rm -f "$RECORD"; fi
   return 0
 }

@@ -9,6 +9,19 @@ mkdir -p "$VAR/log" "$VAR/run"
 log() { printf '[%s] %s\n' "$(basename "$0")" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
+# alive PID: the process exists and is no zombie
+alive() {
+  local st
+  st="$(sed -n 's/^.*) \(.\).*$/\1/p' "/proc/$1/stat" 2>/dev/null)" || return 1
+  [ -n "$st" ] && [ "$st" != Z ]
+}
+
+# start_time PID: field 22 of /proc/PID/stat (clock ticks after boot), after the "(comm)";
+# with the PID it names one process, so a reused PID is not taken for a recorded one
+start_time() {
+  sed -n 's/^.*) //p' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f20
+}
+
 # apt-get update only when a package is missing, and at most once an hour across the scripts
 # (a failed install after a skipped update updates and retries once).
 _APT_UPDATED=0

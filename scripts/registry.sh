@@ -38,18 +38,6 @@ ADDR_FILE="$VAR/run/registry.addr"
 LOGF="$VAR/log/registry.log"
 BIN=docker-registry
 
-# alive PID: the process exists and is no zombie
-alive() {
-  local st
-  st="$(sed -n 's/^.*) \(.\).*$/\1/p' "/proc/$1/stat" 2>/dev/null)" || return 1
-  [ -n "$st" ] && [ "$st" != Z ]
-}
-
-# start_time PID: field 22 of /proc/PID/stat (clock ticks after boot), after the "(comm)"
-start_time() {
-  sed -n 's/^.*) //p' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f20
-}
-
 # recorded_pid: the registry this script started: the record's PID is alive, has the recorded
 # start time and runs with our config file
 recorded_pid() {
