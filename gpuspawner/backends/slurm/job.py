@@ -45,8 +45,10 @@ __all__ = [
     "check_readback",
     "gpu_positions",
     "job_script",
+    "expand_output",
     "job_time",
     "mem_mib",
+    "output_path",
     "picked",
     "plan_job",
     "reported_port",
@@ -190,6 +192,18 @@ def job_time(seconds: int, margin: int = 60) -> str:
         raise ValueError(f"a job's time limit must be >= 1 s and its margin >= 0, got "
                          f"{seconds} and {margin}")
     return str(-(-(int(seconds) + int(margin)) // 60))
+
+
+def output_path(job: JobInfo, pattern: str) -> str:
+    """The job's output file: Slurm's ``StdOut`` (expanded by scontrol), else ``pattern`` (the
+    ``--output`` given) with the job id (``%j``) and name (``%x``) filled in (sbatch(1),
+    "filename pattern")."""
+    return expand_output(job.fields.get("StdOut", "") or pattern, job.job_id, job.name)
+
+
+def expand_output(pattern: str, job_id: int | str, name: str) -> str:
+    """``pattern`` with sbatch's ``%j`` (job id) and ``%x`` (job name) filled in."""
+    return pattern.replace("%j", str(job_id)).replace("%x", name)
 
 
 def workdir_of(spec: LaunchSpec) -> str:

@@ -22,9 +22,7 @@ from ..base import (
 )
 from .commands import JobInfo, parse_jobs
 from .common import HOLDING
-from .job import (
-    allocation_of,
-)
+from .job import allocation_of, expand_output, output_path
 
 
 class JobReadback:
@@ -113,8 +111,8 @@ class JobReadback:
             return None
         path = str(state.get("output_path") or "")
         if not path:
-            path = str(state.get("output") or "").replace("%j", str(state["job_id"])).replace(
-                "%x", str(state.get("name", "")))
+            path = expand_output(str(state.get("output") or ""), state["job_id"],
+                                 str(state.get("name", "")))
         if not path.startswith("/"):
             return None
         return await asyncio.to_thread(_read_tail, path, max_bytes, state.get("uid"),
@@ -156,8 +154,7 @@ class JobReadback:
                 f", Reason={job.reason or 'None'})")
         if job.state == "OUT_OF_MEMORY":  # the words the job runner looks for
             text += " (out of memory)"
-        path = job.fields.get("StdOut", "") or (state_output or "")
-        path = path.replace("%j", str(job.job_id)).replace("%x", job.name)
+        path = output_path(job, state_output or "")
         gid = _GROUP.match(job.fields.get("GroupId", ""))
         lines = await asyncio.to_thread(
             _tail, path, 8, job.uid, int(gid.group(1)) if gid else None,
@@ -203,40 +200,24 @@ def _tail(path: str, lines: int, uid: int | None = None, gid: int | None = None)
     ``tail`` running as ``uid:gid`` (no supplementary groups), never itself; otherwise it opens
     it without following a link (``O_NOFOLLOW``) and only when it is a regular file of
     ``uid``."""
-    if uid is not None and uid != 0 and os.geteuid() == 0:
-        try:
-            out = subprocess.run(["tail", "-c", "16384", "--", path], capture_output=True,
-                                 timeout=10, user=uid, group=gid if gid is not None else uid,
-                                 extra_groups=[], stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.SubprocessError):
-            return ""
-        data = out.stdout.decode("utf-8", "replace") if out.returncode == 0 else ""
-    else:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
-            return ""
-        with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode) or (uid is not None and st.st_uid != uid):
-                return ""
-            f.seek(max(0, st.st_size - 16384))
-            data = f.read(16384).decode("utf-8", "replace")
-    return "\n".join(data.strip().splitlines()[-lines:])
+    data = _read_tail(path, 16384, uid, gid, timeout=10)
+    if data is None:
+        return ""
+    return "\n".join(data.decode("utf-8", "replace").strip().splitlines()[-lines:])
 
 
-def _read_tail(path: str, max_bytes: int, uid: int | None = None, gid: int | None = None
-               ) -> bytes | None:
+def _read_tail(path: str, max_bytes: int, uid: int | None = None, gid: int | None = None,
+               timeout: float = 30) -> bytes | None:
     """The last ``max_bytes`` bytes of a job's output file, read with the job user's rights
     (None when it cannot be read; blocking), as :func:`_tail` reads: a hub running as root
     reads it in a ``tail`` running as ``uid:gid`` (no supplementary groups), never itself;
     otherwise it opens it without following a link and only when it is a regular file of
-    ``uid``."""
+    ``uid``. ``timeout``: seconds the ``tail`` may take."""
     max_bytes = max(1, int(max_bytes))
     if uid is not None and uid != 0 and os.geteuid() == 0:
         try:
             out = subprocess.run(["tail", "-c", str(max_bytes), "--", path],
-                                 capture_output=True, timeout=30, user=uid,
+                                 capture_output=True, timeout=timeout, user=uid,
                                  group=gid if gid is not None else uid, extra_groups=[],
                                  stdin=subprocess.DEVNULL)
         except (OSError, subprocess.SubprocessError):

@@ -27,18 +27,12 @@ from .job import (
     check_readback,
     job_script,
     job_time,
+    output_path,
     picked,
     plan_job,
     reported_port,
 )
 from .rest import job_properties
-
-
-def output_path(job: JobInfo, pattern: str) -> str:
-    """The job's output file: Slurm's ``StdOut`` (expanded by scontrol), else ``pattern``
-    with the job id (``%j``) and name (``%x``) filled in."""
-    path = job.fields.get("StdOut", "") or pattern
-    return path.replace("%j", str(job.job_id)).replace("%x", job.name)
 
 
 class JobSubmission:
