@@ -67,16 +67,18 @@ def pin_to_one_core() -> str:
 
 
 def reference_fgd(nodes: list[Node], pods, seed: int, max_decisions: int,
-                  time_limit: float) -> dict[str, Any]:
+                  time_limit: float, policy: str = "fgd") -> dict[str, Any]:
     """The reference: FGD as the paper's simulator computes it (every feasible node scored
     per decision, :class:`gpuspawner.simulate.paper.PaperCluster`, milli-CPU, no NUMA), on the
     same nodes and the same fill-mode arrivals (``random.Random(seed)`` draws, until demand
-    reaches capacity or the caps). Its typical pods are those of the pod list."""
+    reaches capacity or the caps). Its typical pods are those of the pod list. ``policy``:
+    another of the simulator's policies on the same model and arrivals (``fgd-lookahead``,
+    docs/placement.md "Beyond FGD"); ``policy`` in the result."""
     pn = [PaperNode(n.name, n.gpus[0].model if n.gpus else "", n.cpu_count * 1000,
                     n.memory_bytes >> 20, len(n.gpus)) for n in nodes]
     types = [(pod_type(p.cpu_milli, p.num_gpu, p.gpu_milli, "|".join(p.gpu_spec)),
               p.memory_mib) for p in pods]
-    cluster = PaperCluster(pn, "fgd", typical_pods(t for t, _ in types), seed=seed)
+    cluster = PaperCluster(pn, policy, typical_pods(t for t, _ in types), seed=seed)
     rng = random.Random(seed)
     lat: list[int] = []
     cpu: list[int] = []
@@ -103,7 +105,7 @@ def reference_fgd(nodes: list[Node], pods, seed: int, max_decisions: int,
     def pct(q: float, v: list[int] = lat) -> float:
         return v[max(1, -(-int(q * len(v)) // 100)) - 1] / 1000 if v else 0.0
 
-    return {"nodes": len(nodes), "decisions": len(lat), "placed": placed,
+    return {"nodes": len(nodes), "policy": policy, "decisions": len(lat), "placed": placed,
             "rejected": len(lat) - placed, "p50_us": pct(50), "p99_us": pct(99),
             "p99_cpu_us": pct(99, cpu),
             "decisions_per_s": len(lat) / (sum(lat) / 1e9) if lat else 0.0,
@@ -127,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-reference", action="store_true",
                         help="skip the reference: the FGD simulator's algorithm "
                              "(gpuspawner.simulate.paper, every node scored per decision)")
+    parser.add_argument("--paper-policies", nargs="+", default=["fgd"],
+                        choices=["fgd", "fgd-whole", "fgd-lookahead"],
+                        help="the simulator's policies timed beside the ledger's (default: "
+                             "fgd, the reference; fgd-lookahead: docs/placement.md)")
     parser.add_argument("--max-decisions", type=int, default=20_000)
     parser.add_argument("--time-limit", type=float, default=120.0,
                         help="seconds per policy and size (default: 120)")
@@ -159,16 +165,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  done: {m['nodes']} nodes, {policy}: {m['pods_total']} decisions in "
                       f"{m['wall_s']:.1f} s", file=sys.stderr, flush=True)
 
-    refs: dict[int, dict[str, Any]] = {}
+    refs: dict[tuple[int, str], dict[str, Any]] = {}
     if not args.no_reference:
         for size in args.sizes:
             nodes = base if size == 0 else replicate_nodes(base, size)
-            refs[len(nodes)] = reference_fgd(nodes, pods, args.seed, args.max_decisions,
-                                             args.time_limit)
-            if not args.json:
-                r = refs[len(nodes)]
-                print(f"  done: {r['nodes']} nodes, reference fgd: {r['decisions']} decisions",
-                      file=sys.stderr, flush=True)
+            for pp in args.paper_policies:
+                r = refs[(len(nodes), pp)] = reference_fgd(
+                    nodes, pods, args.seed, args.max_decisions, args.time_limit, pp)
+                if not args.json:
+                    print(f"  done: {r['nodes']} nodes, reference {pp}: {r['decisions']} "
+                          "decisions", file=sys.stderr, flush=True)
 
     header = {"python": platform.python_version(), "machine": platform.machine(),
               "processor": platform.processor() or platform.machine(), "affinity": pinned,
@@ -186,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
           f"decisions / {args.time_limit:g} s per run")
     cols = ["nodes", "policy", "decisions", "decisions/s", "p50 us", "p99 us", "p99 cpu us",
             "placed", "rejected", "GPU alloc", "setup s", "wall s", "stop"]
-    rows = [[str(r["nodes"]), "reference fgd (paper.py, O(nodes))", str(r["decisions"]),
+    rows = [[str(r["nodes"]), f"reference {r['policy']} (paper.py, O(nodes))",
+             str(r["decisions"]),
              f"{r['decisions_per_s']:,.0f}", f"{r['p50_us']:.1f}", f"{r['p99_us']:.1f}",
              f"{r['p99_cpu_us']:.1f}", str(r["placed"]), str(r["rejected"]),
              f"{r['gpu_allocation_ratio']:.4f}", "-",
