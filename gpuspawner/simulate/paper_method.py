@@ -63,7 +63,9 @@ from gpuspawner.simulate.paper import (
 
 #: the paper's 10-seed means of unallocated GPUs at 100 % arrived, openb_node_list_gpu_node.csv
 #: (6,212 GPUs), from experiments/analysis/expected_results/analysis_allo_discrete.csv:
-#: ``total_gpus * (1 - column "100" / 100)`` averaged over seeds 42..51
+#: ``total_gpus * (1 - column "100" / 100)`` averaged over seeds 42..51. The first three
+#: traces are in ``../shared/data/alibaba-gpu-v2023``; the pod lists of the others are in the
+#: simulator's repository (``data/csv/``, commit 8f3d641), which is where the results are from.
 PAPER_UNALLOCATED: dict[str, dict[str, float]] = {
     "default": {"random": 850.9, "dot-product": 582.6, "gpu-clustering": 518.7,
                 "gpu-packing": 510.7, "best-fit": 443.4, "fgd": 296.5},
@@ -71,6 +73,34 @@ PAPER_UNALLOCATED: dict[str, dict[str, float]] = {
                    "gpu-packing": 244.5, "best-fit": 271.9, "fgd": 180.5},
     "gpushare100": {"random": 1310.7, "dot-product": 1119.5, "gpu-clustering": 1104.2,
                     "gpu-packing": 1109.8, "best-fit": 955.7, "fgd": 829.9},
+    "cpu050": {"random": 682.0, "dot-product": 432.7, "gpu-clustering": 402.5,
+                   "gpu-packing": 406.1, "best-fit": 400.1, "fgd": 310.8},
+    "cpu100": {"random": 780.5, "dot-product": 513.7, "gpu-clustering": 471.2,
+                   "gpu-packing": 466.2, "best-fit": 418.5, "fgd": 297.7},
+    "cpu200": {"random": 1054.4, "dot-product": 779.3, "gpu-clustering": 641.9,
+                   "gpu-packing": 622.5, "best-fit": 487.5, "fgd": 321.5},
+    "cpu250": {"random": 1242.5, "dot-product": 1020.6, "gpu-clustering": 760.9,
+                   "gpu-packing": 742.4, "best-fit": 546.0, "fgd": 422.7},
+    "gpushare40": {"random": 940.2, "dot-product": 664.4, "gpu-clustering": 636.3,
+                   "gpu-packing": 635.2, "best-fit": 531.6, "fgd": 375.1},
+    "gpushare60": {"random": 1068.0, "dot-product": 819.0, "gpu-clustering": 813.7,
+                   "gpu-packing": 798.4, "best-fit": 679.6, "fgd": 543.2},
+    "gpushare80": {"random": 1203.8, "dot-product": 985.5, "gpu-clustering": 963.0,
+                   "gpu-packing": 953.7, "best-fit": 828.9, "fgd": 678.2},
+    "gpuspec10": {"random": 853.7, "dot-product": 610.4, "gpu-clustering": 499.7,
+                   "gpu-packing": 482.2, "best-fit": 428.7, "fgd": 331.5},
+    "gpuspec20": {"random": 875.8, "dot-product": 727.3, "gpu-clustering": 676.5,
+                   "gpu-packing": 665.7, "best-fit": 716.7, "fgd": 331.6},
+    "gpuspec25": {"random": 905.8, "dot-product": 904.6, "gpu-clustering": 844.5,
+                   "gpu-packing": 821.7, "best-fit": 890.2, "fgd": 378.5},
+    "gpuspec33": {"random": 1002.2, "dot-product": 1253.8, "gpu-clustering": 1174.7,
+                   "gpu-packing": 1104.6, "best-fit": 1217.9, "fgd": 755.6},
+    "multigpu20": {"random": 812.6, "dot-product": 506.5, "gpu-clustering": 413.5,
+                   "gpu-packing": 403.8, "best-fit": 389.2, "fgd": 277.8},
+    "multigpu30": {"random": 830.5, "dot-product": 428.3, "gpu-clustering": 338.4,
+                   "gpu-packing": 329.0, "best-fit": 337.6, "fgd": 226.3},
+    "multigpu40": {"random": 908.5, "dot-product": 370.2, "gpu-clustering": 289.1,
+                   "gpu-packing": 273.8, "best-fit": 304.5, "fgd": 192.2},
 }
 
 CPU_ROUNDING = ("none", "ceil")
