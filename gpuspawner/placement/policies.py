@@ -8,6 +8,10 @@ Policies, selectable by name (``POLICIES``):
     simulator ``pkg/simulator/plugin/fgd_score.go``): the node whose fragmentation
     (:mod:`.fragmentation`: frag.go's definition, CPU included, NUMA-aware) over the target
     workload grows least; ties to the smallest node name.
+``fgd-lookahead``
+    ``fgd``, then among the nodes within one score of the best the one after which the likely
+    next requests fit with the least fragmentation growth (:mod:`.lookahead`; ours, measured
+    in docs/placement.md "Beyond FGD").
 ``best-fit``, ``dot-product``, ``gpu-packing``, ``gpu-clustering``, ``random``
     The paper's baselines, scored as in :mod:`.baselines` (highest score, ties by node name;
     ``random`` uniform among nodes that fit, seeded).
@@ -29,6 +33,7 @@ from collections.abc import Callable, Iterable, Iterator
 from heapq import heapify, heappop
 from typing import Protocol
 
+from . import lookahead
 from .baselines import (
     PaperNode,
     ScoreFn,
@@ -65,6 +70,8 @@ class ClusterView(Protocol):
     by_sid: dict[int, dict[tuple[int, int, int], None]]
     by_name: dict[str, NodeState]
     profiles: dict[tuple, NodeState]
+    created: list[tuple[int, int, int]]
+    lookahead: dict
 
 
 def demand_of(bundle: Bundle, aligned: bool) -> Demand:
@@ -176,6 +183,24 @@ def fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> C
     return _fgd(c, bundle, spill, ok)
 
 
+def fgd_lookahead(c: ClusterView, bundle: Bundle, spill: bool,
+                  ok: NodeFilter | None) -> Choice | None:
+    """``fgd`` with a one-step look-ahead among the near-best nodes (:mod:`.lookahead`): the
+    same NUMA pass first for aligned multi-GPU bundles, the same MIG rule; where the
+    look-ahead's candidates have no room, ``fgd``'s own order. Equal to ``fgd`` when the
+    fragmentation model has no workload yet."""
+    if bundle.mig:
+        return _fgd_mig(c, bundle, spill, ok)
+    if not spill and bundle.gpus >= 2 and _one_numa_possible(c, bundle):
+        def one_numa(st: NodeState) -> bool:
+            return (ok is None or ok(st)) and min_numa_count(st, bundle) == 1
+
+        got = _fgd(c, bundle, spill, one_numa, look=True)
+        if got is not None:
+            return got
+    return _fgd(c, bundle, spill, ok, look=True)
+
+
 def _fgd_mig(c: ClusterView, bundle: Bundle, spill: bool,
              ok: NodeFilter | None) -> Choice | None:
     """FGD for a MIG bundle. How fragmentation counts MIG slices: frag.go's rule (Weng et al.,
@@ -216,7 +241,8 @@ def _one_numa_possible(c: ClusterView, bundle: Bundle) -> bool:
     return got[1]
 
 
-def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> Choice | None:
+def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None,
+         look: bool = False) -> Choice | None:
     d = demand_of(bundle, aligned=not spill)
     frag = c.frag
     cores = bundle.cores
@@ -266,6 +292,14 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> 
                     best = rank
     if best is None:
         return None
+    if look and quantize:
+        near = [key for rank, key in cands if rank <= best + lookahead.SLACK]
+        if len(near) > 1:
+            for key in lookahead.order(frag, c.buckets, c.created, c.lookahead,
+                                       lambda k: _first(c, k), near, d, cores):
+                got = _try(_by_name(c, [key]), bundle, spill, ok)
+                if got is not None:
+                    return got
     best_keys = [key for rank, key in cands if rank == best]
     got = _try(_by_name(c, best_keys), bundle, spill, ok)
     if got is not None:
@@ -286,6 +320,14 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> 
             for k in keys:
                 no_fit[k] = versions[k]
     return None
+
+
+def _first(c: ClusterView, key: tuple[int, int, int]) -> str:
+    """The smallest node name of a bucket (cached in ``ClusterView.first_name``)."""
+    name = c.first_name.get(key)
+    if name is None:
+        name = c.first_name[key] = min(c.buckets[key])
+    return name
 
 
 def _by_name(c: ClusterView, keys: list[tuple[int, int, int]]) -> Iterator[NodeState]:
@@ -384,6 +426,7 @@ PolicyFn = Callable[[ClusterView, Bundle, bool, "NodeFilter | None"], "Choice | 
 
 POLICIES: dict[str, PolicyFn] = {
     "fgd": fgd,
+    "fgd-lookahead": fgd_lookahead,
     "first-fit": first_fit,
     "best-fit": best_fit_paper,
     "dot-product": dot_product,

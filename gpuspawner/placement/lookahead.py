@@ -1,0 +1,153 @@
+"""``fgd-lookahead`` on the ledger (ours): among the nodes whose FGD score is within one of the
+best, the one after which the likely next requests fit with the least fragmentation growth.
+
+The rule is the simulator's ``PaperCluster._lookahead`` (``gpuspawner/simulate/paper.py``;
+docs/placement.md "Beyond FGD", where it is measured against the FGD paper's FGD on the
+paper's 17 traces), on the ledger's buckets instead of single nodes. Nodes of one bucket
+(same GPU signature, free cores and memory class, :class:`~.ledger_index.LedgerIndex`) are
+equal for fragmentation, so the look-ahead scores buckets:
+
+1. Candidates: the buckets whose FGD rank (minus the plugin's integer score,
+   :meth:`~.fragmentation.FragmentationModel.ranker`) is within :data:`SLACK` of the best, the
+   first :data:`CANDIDATES` by their smallest node name (FGD's tie order).
+2. For each candidate, the bundle placed there (:func:`~.fragmentation.apply`); for each of
+   the :data:`TYPES` most likely types *u* of the fragmentation model's workload (frequencies
+   renormalised), the smallest exact growth *u* could then get: on the candidate's new state,
+   or on any other bucket now (the best bucket, or the second best when the best is the
+   candidate and holds one node only). A type that fits nowhere costs its milli-GPU.
+3. Value = :data:`OWN` x the bundle's own exact growth there + the expectation of 2.
+   Candidates are tried by value, ties by name; when none has room (the device plan refuses)
+   the plain ``fgd`` order follows.
+
+Units: milli-GPU (growths), milli-CPU. Pure: standard library only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from heapq import heapify, heappop, heappush
+
+from .fragmentation import Demand, FragmentationModel
+from .workload import PodType
+
+#: FGD ranks within this of the best are candidates (the plugin's integer score)
+SLACK = 1
+#: at most this many candidate buckets, by smallest node name
+CANDIDATES = 8
+#: the next-request types: this many of the workload's most likely
+TYPES = 5
+#: weight of the bundle's own exact growth on the candidate
+OWN = 0.5
+
+Key = tuple[int, int, int]  # (signature id, free cores, memory class): a ledger bucket
+
+
+def type_demand(t: PodType) -> tuple[Demand, int]:
+    """A workload type as the fragmentation model's :class:`~.fragmentation.Demand` (not
+    NUMA-aligned) and its milli-CPU."""
+    models = frozenset(x.lower() for x in t.gpu_type.split("|") if x)
+    if not t.milli_gpu:
+        return Demand(0, 0, models, False), t.milli_cpu
+    if t.is_share:
+        return Demand(0, t.milli_gpu, models, False), t.milli_cpu
+    return Demand(t.gpu_number, 0, models, False), t.milli_cpu
+
+
+def next_types(frag: FragmentationModel) -> list[tuple[Demand, int, float, int]]:
+    """The :data:`TYPES` most likely types of ``frag``'s workload as ``(demand, milli-CPU,
+    probability renormalised over them, total milli-GPU)``; empty without a workload."""
+    top = sorted(frag.workload, key=lambda tp: -tp[1])[:TYPES]
+    total = sum(p for _, p in top)
+    if not total:
+        return []
+    return [(*type_demand(t), p / total, t.total_milli_gpu) for t, p in top]
+
+
+def _growth(frag: FragmentationModel, sid: int, cores: int, d: Demand, cpu: int) -> float:
+    if cores * 1000 < cpu:
+        return math.inf
+    g = frag.delta(sid, cores * 1000, d, cpu)
+    return math.inf if g is None else g
+
+
+def _best_two(state: dict, frag: FragmentationModel, buckets: dict[Key, dict],
+              created: list[Key], nxt: list[tuple[Demand, int, float, int]]
+              ) -> list[tuple[float, Key | None, float]]:
+    """Per next type: (best growth over the buckets, its key, best growth on another key).
+
+    Kept across decisions in ``state`` (the ledger's ``LedgerIndex.lookahead``): one min-heap
+    of (growth, key) per type; a bucket's growth for a type depends only on its key (GPU
+    signature and free cores), so an entry stays right while its bucket exists. New buckets
+    come from ``created`` (``LedgerIndex.created``, appended by the ledger), gone ones are
+    dropped when they reach the top (lazy deletion). Rebuilt from ``buckets`` when the
+    workload changes or when ``created`` has grown past twice the buckets."""
+    wl = frag.workload
+    if state.get("workload") is not wl or len(created) > 2 * len(buckets) + 1024:
+        heaps: list[list[tuple[float, Key]]] = []
+        for du, cu, _p, _m in nxt:
+            h = [(g, key) for key in buckets
+                 if (g := _growth(frag, key[0], key[1], du, cu)) != math.inf]
+            heapify(h)
+            heaps.append(h)
+        created.clear()
+        state.clear()
+        state.update(workload=wl, heaps=heaps, seen=0)
+    heaps = state["heaps"]
+    seen = state["seen"]
+    if seen < len(created):
+        for key in created[seen:]:
+            if key in buckets:
+                for (du, cu, _p, _m), h in zip(nxt, heaps, strict=True):
+                    g = _growth(frag, key[0], key[1], du, cu)
+                    if g != math.inf:
+                        heappush(h, (g, key))
+        state["seen"] = len(created)
+    out = []
+    for h in heaps:
+        while h and h[0][1] not in buckets:
+            heappop(h)
+        if not h:
+            out.append((math.inf, None, math.inf))
+            continue
+        top = heappop(h)
+        while h and (h[0][1] not in buckets or h[0][1] == top[1]):
+            heappop(h)  # a gone bucket, or a second entry of the top's (re-created) one
+        b2 = h[0][0] if h else math.inf
+        heappush(h, top)
+        out.append((top[0], top[1], b2))
+    return out
+
+
+def order(frag: FragmentationModel, buckets: dict[Key, dict], created: list[Key],
+          state: dict, name_of: Callable[[Key], str], near: list[Key], d: Demand,
+          cores: int) -> list[Key]:
+    """The candidate buckets ``near`` (already within :data:`SLACK` of the best FGD rank and
+    able to take ``cores``) in look-ahead order (module docstring): at most
+    :data:`CANDIDATES`, the first by smallest node name (``name_of(key)``), sorted by value
+    then name. ``buckets``: key -> {node name: state}; ``created`` and ``state``: see
+    :func:`_best_two`."""
+    near = sorted(near, key=name_of)[:CANDIDATES]
+    nxt = next_types(frag)
+    if len(near) <= 1 or not nxt:
+        return near
+    best = _best_two(state, frag, buckets, created, nxt)
+    scored = []
+    for key in near:
+        sid, free, _mem = key
+        after = frag.after(sid, d)
+        if after is None:  # pragma: no cover - near holds buckets whose GPUs fit
+            continue
+        left = free - cores
+        v = OWN * (frag.score(after, left * 1000) - frag.score(sid, free * 1000)) if OWN else 0.0
+        for (du, cu, p, milli), (b1, k1, b2) in zip(nxt, best, strict=True):
+            here = _growth(frag, after, left, du, cu)
+            other = b2 if k1 == key and len(buckets[key]) == 1 else b1
+            g = min(here, other)
+            v += p * (milli if g == math.inf else g)
+        scored.append((round(v, 9), name_of(key), key))
+    scored.sort()
+    return [key for _v, _name, key in scored]
+
+
+__all__ = ["CANDIDATES", "OWN", "SLACK", "TYPES", "next_types", "order", "type_demand"]
