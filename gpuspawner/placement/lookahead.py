@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from heapq import heapify, heappop, heappush
+from heapq import heapify, heappop, heappush, nsmallest
 
 from .fragmentation import Demand, FragmentationModel
 from .workload import PodType
@@ -91,7 +91,6 @@ def _best_two(state: dict, frag: FragmentationModel, buckets: dict[Key, dict],
             heapify(h)
             heaps.append(h)
         created.clear()
-        state.clear()
         state.update(workload=wl, heaps=heaps, seen=0)
     heaps = state["heaps"]
     seen = state["seen"]
@@ -127,8 +126,10 @@ def order(frag: FragmentationModel, buckets: dict[Key, dict], created: list[Key]
     :data:`CANDIDATES`, the first by smallest node name (``name_of(key)``), sorted by value
     then name. ``buckets``: key -> {node name: state}; ``created`` and ``state``: see
     :func:`_best_two`."""
-    near = sorted(near, key=name_of)[:CANDIDATES]
-    nxt = next_types(frag)
+    near = nsmallest(CANDIDATES, near, key=name_of)
+    if state.get("types_for") is not frag.workload:
+        state["types_for"], state["types"] = frag.workload, next_types(frag)
+    nxt = state["types"]
     if len(near) <= 1 or not nxt:
         return near
     best = _best_two(state, frag, buckets, created, nxt)
