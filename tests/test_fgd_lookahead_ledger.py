@@ -104,3 +104,41 @@ def test_kept_heaps_agree_with_a_full_scan_under_churn() -> None:
         assert [(b1, b2) for b1, _k, b2 in kept] == [(b1, b2) for b1, _k, b2 in brute], step
         checked += 1
     assert checked > 300
+
+
+def test_plain_fgd_keeps_no_log_of_new_buckets() -> None:
+    # The log of created buckets feeds fgd-lookahead's heaps only: a hub on fgd books and
+    # releases for months, and the log must not grow with every booking.
+    rng = random.Random(3)
+    led = Ledger([make_node(f"n{i}", gpus=4, shareable=True) for i in range(10)], "fgd",
+                 workload=[(PodType(1000, 500, 1), 0.5), (PodType(1000, 1000, 1), 0.5)])
+    held = []
+    for step in range(300):
+        if held and rng.random() < 0.5:
+            led.release(held.pop())
+        else:
+            try:
+                held.append(led.reserve(Bundle(cores=1, gpu_milli=500), Owner("u", str(step))).id)
+            except Exception:  # PlacementRefused
+                pass
+    assert led._c.created == [] and led._c.lookahead == {}
+
+
+def test_the_log_stays_bounded_under_fgd_lookahead() -> None:
+    rng = random.Random(4)
+    led = Ledger([make_node(f"n{i}", gpus=4, shareable=True) for i in range(6)],
+                 "fgd-lookahead",
+                 workload=[(PodType(1000, 500, 1), 0.5), (PodType(1000, 1000, 1), 0.5)])
+    held = []
+    most = 0
+    for step in range(3000):
+        if held and rng.random() < 0.5:
+            led.release(held.pop(rng.randrange(len(held))))
+        else:
+            try:
+                held.append(led.reserve(Bundle(cores=1, gpu_milli=rng.choice((250, 500))),
+                                        Owner("u", str(step))).id)
+            except Exception:  # PlacementRefused
+                pass
+        most = max(most, len(led._c.created))
+    assert most <= 4 * len(led._c.buckets) + 4096 + 1

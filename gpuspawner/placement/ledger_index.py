@@ -60,8 +60,9 @@ class LedgerIndex:
     #: hardware profile (per NUMA node: cores, memory, GPU models and shareability) -> the
     #: first node of it
     profiles: dict[tuple, NodeState] = field(default_factory=dict)
-    #: bucket keys in the order their buckets were created (read, and cleared when it has
-    #: grown long, by :mod:`.lookahead`, whose per-type heaps it keeps up to date)
+    #: bucket keys in the order their buckets were created while ``lookahead`` holds state
+    #: (read, and cleared when it has grown long, by :mod:`.lookahead`, whose per-type heaps
+    #: it keeps up to date; cleared here with ``lookahead`` when no look-ahead reads it)
     created: list[tuple[int, int, int]] = field(default_factory=list)
     #: :mod:`.lookahead`'s state: per next-request type a heap of (growth, bucket key)
     lookahead: dict = field(default_factory=dict)
@@ -109,7 +110,11 @@ class IndexMaintenance:
             if bucket is None:
                 bucket = c.buckets[key] = {}
                 c.by_sid.setdefault(key[0], {})[key] = None
-                c.created.append(key)
+                if c.lookahead:  # only while fgd-lookahead keeps its heaps
+                    c.created.append(key)
+                    if len(c.created) > 4 * len(c.buckets) + 4096:
+                        c.created.clear()  # the look-ahead rebuilds its heaps
+                        c.lookahead.clear()
             bucket[st.name] = st
             first = c.first_name.get(key)
             if first is not None and st.name < first:
