@@ -55,6 +55,12 @@ class Demand:
         return not self.models or model.lower() in self.models
 
 
+def allowed_models(t: PodType) -> frozenset[str]:
+    """The GPU models a task type allows, lower case (empty = any): its ``gpu_type`` split
+    on ``|`` (the trace's ``gpu_spec``)."""
+    return frozenset(x.lower() for x in t.gpu_type.split("|") if x)
+
+
 def _allows(models: frozenset[str], model: str) -> bool:
     return not models or model.lower() in models
 
@@ -72,7 +78,7 @@ def type_fragmentation(sig: Signature, cpu_left: int, t: PodType, numa_aware: bo
     if total == 0 or t.milli_gpu == 0:
         return total
     if models is None:
-        models = frozenset(x.lower() for x in t.gpu_type.split("|") if x)
+        models = allowed_models(t)
     if t.is_share:
         usable = 0
         for numa in sig:
@@ -220,8 +226,7 @@ class FragmentationModel:
     def _parsed(self) -> list[tuple[PodType, float, frozenset[str]]]:
         """The workload with each type's allowed models parsed (cached per workload)."""
         if self._parsed_for is not self.workload:
-            self._parsed_list = [(t, p, frozenset(x.lower() for x in t.gpu_type.split("|")
-                                                  if x)) for t, p in self.workload]
+            self._parsed_list = [(t, p, allowed_models(t)) for t, p in self.workload]
             self._parsed_for = self.workload
             self._cpu_levels = sorted({t.milli_cpu for t, _ in self.workload})
             self._lvmul = len(self._cpu_levels) + 1  # CPU levels are 0..len

@@ -28,7 +28,7 @@ import math
 from collections.abc import Callable
 from heapq import heapify, heappop, heappush, nsmallest
 
-from .fragmentation import Demand, FragmentationModel
+from .fragmentation import Demand, FragmentationModel, allowed_models
 from .workload import PodType
 
 #: FGD ranks within this of the best are candidates (the plugin's integer score)
@@ -46,7 +46,7 @@ Key = tuple[int, int, int]  # (signature id, free cores, memory class): a ledger
 def type_demand(t: PodType) -> tuple[Demand, int]:
     """A workload type as the fragmentation model's :class:`~.fragmentation.Demand` (not
     NUMA-aligned) and its milli-CPU."""
-    models = frozenset(x.lower() for x in t.gpu_type.split("|") if x)
+    models = allowed_models(t)
     if not t.milli_gpu:
         return Demand(0, 0, models, False), t.milli_cpu
     if t.is_share:

@@ -335,13 +335,10 @@ def _by_name(c: ClusterView, keys: list[tuple[int, int, int]]) -> Iterator[NodeS
     name, ``ClusterView.first_name``, kept across decisions), usually all that is needed; the
     rest in order only when asked for."""
     buckets = c.buckets
-    firsts = c.first_name
     first = None
     at = keys[0]
     for k in keys:
-        name = firsts.get(k)
-        if name is None:
-            name = firsts[k] = min(buckets[k])
+        name = _first(c, k)
         if first is None or name < first:
             first, at = name, k
     yield buckets[at][first]  # type: ignore[index]
