@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable, Sequence
 
-from gpuspawner.placement import Bundle, Ledger, Owner
+from gpuspawner.placement import Bundle, Ledger, Owner, PlacementRefused
 from gpuspawner.placement import lookahead as la
 from gpuspawner.placement.workload import PodType
 from tests.factories import make_node
@@ -49,7 +50,7 @@ def test_an_exact_fit_keeps_a_whole_gpu_for_the_next_requests() -> None:
             try:
                 led.reserve(Bundle(cores=1, gpu_milli=300), Owner("z", str(i)))
                 ok += 1
-            except Exception:  # PlacementRefused
+            except PlacementRefused:
                 pass
         assert ok == served, policy
 
@@ -61,6 +62,23 @@ def test_without_a_difference_ahead_the_pick_is_fgds() -> None:
         led = Ledger([make_node("b"), make_node("a")], policy,
                      workload=[(PodType(1000, 1000, 1), 1.0)])
         assert led.reserve(Bundle(cores=1, gpus=1), Owner("u")).node == "a", policy
+
+
+def churn(led: Ledger, rng: random.Random, steps: int, shapes: Sequence[Bundle],
+          p_release: float, after: Callable[[int], None] = lambda step: None) -> None:
+    """``steps`` random steps on ``led``: release a random held allocation with probability
+    ``p_release`` (when any is held), else book a random shape (a refusal is skipped);
+    ``after(step)`` is called after each release or granted booking."""
+    held: list[str] = []
+    for step in range(steps):
+        if held and rng.random() < p_release:
+            led.release(held.pop(rng.randrange(len(held))))
+        else:
+            try:
+                held.append(led.reserve(rng.choice(shapes), Owner("u", str(step))).id)
+            except PlacementRefused:
+                continue
+        after(step)
 
 
 def brute_best_two(c, nxt):
@@ -87,23 +105,18 @@ def test_kept_heaps_agree_with_a_full_scan_under_churn() -> None:
     led = Ledger(nodes, "fgd-lookahead", workload=workload)
     c = led._c
     nxt = la.next_types(c.frag)
-    held = []
     shapes = [Bundle(cores=1, gpus=1), Bundle(cores=2, gpu_milli=500), Bundle(cores=4, gpus=2),
               Bundle(cores=2), Bundle(cores=1, gpu_milli=250)]
-    checked = 0
-    for step in range(400):
-        if held and rng.random() < 0.4:
-            led.release(held.pop(rng.randrange(len(held))))
-        else:
-            try:
-                held.append(led.reserve(rng.choice(shapes), Owner("u", str(step))).id)
-            except Exception:  # PlacementRefused
-                continue
+    checked = []
+
+    def check(step: int) -> None:
         kept = la._best_two(c.lookahead, c.frag, c.buckets, c.created, nxt)
         brute = brute_best_two(c, nxt)
         assert [(b1, b2) for b1, _k, b2 in kept] == [(b1, b2) for b1, _k, b2 in brute], step
-        checked += 1
-    assert checked > 300
+        checked.append(step)
+
+    churn(led, rng, 400, shapes, 0.4, check)
+    assert len(checked) > 300
 
 
 def test_plain_fgd_keeps_no_log_of_new_buckets() -> None:
@@ -112,15 +125,9 @@ def test_plain_fgd_keeps_no_log_of_new_buckets() -> None:
     rng = random.Random(3)
     led = Ledger([make_node(f"n{i}", gpus=4, shareable=True) for i in range(10)], "fgd",
                  workload=[(PodType(1000, 500, 1), 0.5), (PodType(1000, 1000, 1), 0.5)])
-    held = []
-    for step in range(300):
-        if held and rng.random() < 0.5:
-            led.release(held.pop())
-        else:
-            try:
-                held.append(led.reserve(Bundle(cores=1, gpu_milli=500), Owner("u", str(step))).id)
-            except Exception:  # PlacementRefused
-                pass
+    steps = []
+    churn(led, rng, 300, [Bundle(cores=1, gpu_milli=500)], 0.5, steps.append)
+    assert len(steps) > 200  # bookings and releases happened
     assert led._c.created == [] and led._c.lookahead == {}
 
 
@@ -129,16 +136,11 @@ def test_the_log_stays_bounded_under_fgd_lookahead() -> None:
     led = Ledger([make_node(f"n{i}", gpus=4, shareable=True) for i in range(6)],
                  "fgd-lookahead",
                  workload=[(PodType(1000, 500, 1), 0.5), (PodType(1000, 1000, 1), 0.5)])
-    held = []
-    most = 0
-    for step in range(3000):
-        if held and rng.random() < 0.5:
-            led.release(held.pop(rng.randrange(len(held))))
-        else:
-            try:
-                held.append(led.reserve(Bundle(cores=1, gpu_milli=rng.choice((250, 500))),
-                                        Owner("u", str(step))).id)
-            except Exception:  # PlacementRefused
-                pass
-        most = max(most, len(led._c.created))
-    assert most <= 4 * len(led._c.buckets) + 4096 + 1
+    most = [0]
+
+    def measure(step: int) -> None:
+        most[0] = max(most[0], len(led._c.created))
+
+    churn(led, rng, 3000, [Bundle(cores=1, gpu_milli=250), Bundle(cores=1, gpu_milli=500)],
+          0.5, measure)
+    assert most[0] <= 4 * len(led._c.buckets) + 4096 + 1
