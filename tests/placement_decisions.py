@@ -126,16 +126,22 @@ def record(name: str) -> list[str]:
 
 
 def record_trace(folder: Path, size: int, steps: int, numa_policy: str = "strict",
-                 seed: int = 0) -> list[str]:
+                 seed: int = 0, refresh_tolerance: float = 0.0) -> list[str]:
     """The decisions of the benchmark's fill run on the Alibaba trace in ``folder``
     (``openb_node_list_all_node.csv`` replicated to ``size`` nodes, 0 = as is, and
     ``openb_pod_list_default.csv`` drawn with ``random.Random(seed)``), ``steps`` arrivals at
-    most, lines as :func:`record` writes them."""
+    most, lines as :func:`record` writes them.
+
+    ``refresh_tolerance``: the learned workload's (``FragmentationModel.refresh_tolerance``).
+    The recorded digests were written when every learned change was adopted, so they are
+    checked with 0: the decision code itself is unchanged; the tolerance, the one intended
+    change of decisions since, is tested in tests/test_workload_refresh.py."""
     nodes = load_nodes(folder / "openb_node_list_all_node.csv")
     if size:
         nodes = replicate_nodes(nodes, size)
     pods = load_pods(folder / "openb_pod_list_default.csv")
     ledger = Ledger(nodes, "fgd", seed=seed, clock=lambda: 0.0)
+    ledger._c.frag.refresh_tolerance = refresh_tolerance
     capacity = ledger.gpu_milli_capacity()
     rng = random.Random(seed)
     requested = 0

@@ -31,12 +31,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .units import GPU_MILLI
-from .workload import PodType, fgd_score_from_delta, typical_pods
+from .workload import PodType, fgd_score_from_delta, typical_pods, workload_distance
 
 Signature = tuple  # tuple over NUMA nodes of sorted tuples (model, free_milli, shareable)
 
 _MISS = object()
 
+#: a learned workload replaces the one in use when its total variation distance from it is at
+#: least this (:class:`FragmentationModel`)
+REFRESH_TOLERANCE = 0.05
 
 
 @dataclass(frozen=True)
@@ -168,16 +171,24 @@ class FragmentationModel:
     e.g. :func:`~.workload.typical_pods` of a trace or :class:`~.prior.LivePrior`'s output). Until
     one is given, the model learns one online: every bundle the ledger sees is counted
     (:meth:`observe`, CPU-only ones included) and the typical pods of those counts (95 % of
-    them, frag.go's rule) become the workload after 16, 32, 64, ... and then every
-    ``refresh_every`` observations. A new workload clears the score caches.
+    them, frag.go's rule) are computed after 16, 32, 64, ... and then every ``refresh_every``
+    observations, and become the workload when they differ from the one in use by at least
+    ``refresh_tolerance`` (:func:`~.workload.workload_distance`, total variation: the share of
+    probability mass that moved). A new workload clears the score caches, so every bucket is
+    scored again on the next decisions; the tolerance keeps a learned mix that only drifts by
+    a percent or two from costing that (ours: in ``benchmarks/placement.py``'s fill mode, with
+    tolerance 0 every refresh was adopted and the cold decisions after them made most of the
+    p99; docs/placement.md "Decision time").
 
     Signatures are interned to small integer ids (:meth:`intern`).
     """
 
     def __init__(self, workload: list[tuple[PodType, float]] | None = None,
-                 numa_aware: bool = True, refresh_every: int = 512) -> None:
+                 numa_aware: bool = True, refresh_every: int = 512,
+                 refresh_tolerance: float = REFRESH_TOLERANCE) -> None:
         self.numa_aware = numa_aware
         self.refresh_every = refresh_every
+        self.refresh_tolerance = refresh_tolerance
         self.static = workload is not None
         self.counts: dict[PodType, float] = {}
         self._since = 0
@@ -278,7 +289,8 @@ class FragmentationModel:
             self._since = 0
             self._next_refresh = min(self.refresh_every, self._next_refresh * 2)
             new = typical_pods(self.counts)
-            if new != self.workload:
+            if new != self.workload and (
+                    workload_distance(new, self.workload) >= self.refresh_tolerance):
                 self.workload = new
                 self._score.clear()
                 self._delta.clear()

@@ -151,6 +151,16 @@ def typical_pods(pods: Iterable[PodType] | Mapping[PodType, float], threshold: i
     return [(t, c / cum) for t, c in ordered[:i]]
 
 
+def workload_distance(a: list[tuple[PodType, float]], b: list[tuple[PodType, float]]) -> float:
+    """Total variation distance between two workloads (``[(type, frequency)]``, frequencies
+    summing to 1, as :func:`typical_pods` returns them): half the summed absolute difference
+    of each type's frequency, a type missing from one counting as frequency 0 there. 0 for
+    equal workloads, 1 for workloads with no type in common."""
+    fa = dict(a)
+    fb = dict(b)
+    return 0.5 * sum(abs(fa.get(t, 0.0) - fb.get(t, 0.0)) for t in fa.keys() | fb.keys())
+
+
 def sigmoid(x: float) -> float:
     """``plugin.sigmoid`` (``plugin_utils.go``): 1 / (1 + e^-x)."""
     return 1.0 / (1.0 + math.exp(-x))
