@@ -25,7 +25,6 @@ Units: milli-GPU (growths), milli-CPU. Pure: standard library only.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from heapq import heapify, heappop, heappush, nsmallest
 
 from .fragmentation import Demand, FragmentationModel, allowed_models
@@ -119,22 +118,21 @@ def _best_two(state: dict, frag: FragmentationModel, buckets: dict[Key, dict],
 
 
 def order(frag: FragmentationModel, buckets: dict[Key, dict], created: list[Key],
-          state: dict, name_of: Callable[[Key], str], near: list[Key], d: Demand,
-          cores: int) -> list[Key]:
-    """The candidate buckets ``near`` (already within :data:`SLACK` of the best FGD rank and
-    able to take ``cores``) in look-ahead order (module docstring): at most
-    :data:`CANDIDATES`, the first by smallest node name (``name_of(key)``), sorted by value
+          state: dict, near: list[tuple[str, Key]], d: Demand, cores: int) -> list[Key]:
+    """The candidate buckets ``near`` (``(smallest node name, key)``, already within
+    :data:`SLACK` of the best FGD rank and able to take ``cores``) in look-ahead order (module
+    docstring): at most :data:`CANDIDATES`, the first by smallest node name, sorted by value
     then name. ``buckets``: key -> {node name: state}; ``created`` and ``state``: see
     :func:`_best_two`."""
-    near = nsmallest(CANDIDATES, near, key=name_of)
+    near = nsmallest(CANDIDATES, near)
     if state.get("types_for") is not frag.workload:
         state["types_for"], state["types"] = frag.workload, next_types(frag)
     nxt = state["types"]
     if len(near) <= 1 or not nxt:
-        return near
+        return [key for _name, key in near]
     best = _best_two(state, frag, buckets, created, nxt)
     scored = []
-    for key in near:
+    for name, key in near:
         sid, free, _mem = key
         after = frag.after(sid, d)
         if after is None:  # pragma: no cover - near holds buckets whose GPUs fit
@@ -146,7 +144,7 @@ def order(frag: FragmentationModel, buckets: dict[Key, dict], created: list[Key]
             other = b2 if k1 == key and len(buckets[key]) == 1 else b1
             g = min(here, other)
             v += p * (milli if g == math.inf else g)
-        scored.append((round(v, 9), name_of(key), key))
+        scored.append((round(v, 9), name, key))
     scored.sort()
     return [key for _v, _name, key in scored]
 

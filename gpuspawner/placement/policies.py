@@ -293,10 +293,14 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None,
     if best is None:
         return None
     if look and quantize:
-        near = [key for rank, key in cands if rank <= best + lookahead.SLACK]
+        # (smallest node name, key) of the buckets within SLACK of the best: tuples, so the
+        # look-ahead picks its candidates by name in C (names are unique across buckets)
+        lim = best + lookahead.SLACK
+        names = c.first_name
+        near = [(names.get(key) or _first(c, key), key) for rank, key in cands if rank <= lim]
         if len(near) > 1:
-            for key in lookahead.order(frag, c.buckets, c.created, c.lookahead,
-                                       lambda k: _first(c, k), near, d, cores):
+            for key in lookahead.order(frag, c.buckets, c.created, c.lookahead, near, d,
+                                       cores):
                 got = _try(_by_name(c, [key]), bundle, spill, ok)
                 if got is not None:
                     return got
