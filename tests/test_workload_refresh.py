@@ -1,7 +1,7 @@
 """The learned workload of the fragmentation model is replaced only when it has moved by at
 least ``refresh_tolerance`` (total variation distance), so a mix that drifts by a percent does
 not clear every cached score (the cold decisions after a refresh were most of the ledger's p99
-decision time, docs/placement.md "Decision time")."""
+decision time, docs/placement.md "Speed")."""
 
 from __future__ import annotations
 

@@ -178,7 +178,7 @@ class FragmentationModel:
     scored again on the next decisions; the tolerance keeps a learned mix that only drifts by
     a percent or two from costing that (ours: in ``benchmarks/placement.py``'s fill mode, with
     tolerance 0 every refresh was adopted and the cold decisions after them made most of the
-    p99; docs/placement.md "Decision time").
+    p99; docs/placement.md "Speed").
 
     Signatures are interned to small integer ids (:meth:`intern`).
     """
