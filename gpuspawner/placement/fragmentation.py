@@ -229,6 +229,11 @@ class FragmentationModel:
         self.workload = list(workload or [])
         if workload is None:
             self.workload = typical_pods(self.counts)
+        self._drop_scores()
+
+    def _drop_scores(self) -> None:
+        """Clear every cache that depends on the workload: F, growths, policy keys, ranks
+        (the GPU-only values per kind and the after-placement signatures do not)."""
         self._score.clear()
         self._delta.clear()
         self._keys.clear()
@@ -292,10 +297,7 @@ class FragmentationModel:
             if new != self.workload and (
                     workload_distance(new, self.workload) >= self.refresh_tolerance):
                 self.workload = new
-                self._score.clear()
-                self._delta.clear()
-                self._keys.clear()
-                self._ranks.clear()
+                self._drop_scores()
 
     def score(self, sid: int, cpu_left: int) -> float:
         """F(n) in milli-GPU for signature id ``sid`` and ``cpu_left`` free milli-CPU."""
