@@ -296,8 +296,7 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None,
         # (smallest node name, key) of the buckets within SLACK of the best: tuples, so the
         # look-ahead picks its candidates by name in C (names are unique across buckets)
         lim = best + lookahead.SLACK
-        names = c.first_name
-        near = [(names.get(key) or _first(c, key), key) for rank, key in cands if rank <= lim]
+        near = [(_first(c, key), key) for rank, key in cands if rank <= lim]
         if len(near) > 1:
             for key in lookahead.order(frag, c.buckets, c.created, c.lookahead, near, d,
                                        cores):
