@@ -44,6 +44,9 @@ class LedgerIndex:
     versions: dict[tuple[int, int, int], int] = field(default_factory=dict)
     #: bundle shape id -> {bucket key: version at which no node of it fitted}
     no_fit: dict[int, dict[tuple[int, int, int], int]] = field(default_factory=dict)
+    #: bundle shape id -> {bucket key: version at which each of its nodes had failed}
+    #: (``fgd``'s node walk, :func:`~.policies._try_keys`)
+    spent: dict[int, dict[tuple[int, int, int], int]] = field(default_factory=dict)
     shapes: dict[tuple, int] = field(default_factory=dict)
     #: node name -> GPU-affinity tag -> allocations with it (for ``gpu-clustering``)
     affinity: dict[str, dict[str, int]] = field(default_factory=dict)

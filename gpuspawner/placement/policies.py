@@ -29,8 +29,8 @@ filter, and returns ``(node state, device plan)`` or None.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Iterator
-from heapq import heapify, heappop
+from collections.abc import Callable, Iterable
+from heapq import heapify, heappop, heapreplace
 from typing import Protocol
 
 from . import lookahead
@@ -60,6 +60,7 @@ class ClusterView(Protocol):
     buckets: dict[tuple[int, int, int], dict[str, NodeState]]
     versions: dict[tuple[int, int, int], int]
     no_fit: dict[int, dict[tuple[int, int, int], int]]
+    spent: dict[int, dict[tuple[int, int, int], int]]
     shapes: dict[tuple, int]
     frag: FragmentationModel
     rng: random.Random
@@ -254,10 +255,13 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None,
             if len(c.shapes) > 10_000:
                 c.shapes.clear()
                 c.no_fit.clear()
+                c.spent.clear()
             shape = c.shapes[(bundle, spill)] = len(c.shapes)
         no_fit = c.no_fit.setdefault(shape, {})
+        spent = c.spent.setdefault(shape, {})
     else:
         no_fit = {}
+        spent = {}
     versions = c.versions
     quantize = c.quantize
     ranks = frag.keys(d, cpu, quantize)  # bucket key -> rank, cached until the workload changes
@@ -300,11 +304,11 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None,
         if len(near) > 1:
             for key in lookahead.order(frag, c.buckets, c.created, c.lookahead, near, d,
                                        cores):
-                got = _try(_by_name(c, [key]), bundle, spill, ok)
+                got = _try_keys(c, [key], bundle, spill, ok, spent)
                 if got is not None:
                     return got
     best_keys = [key for rank, key in cands if rank == best]
-    got = _try(_by_name(c, best_keys), bundle, spill, ok)
+    got = _try_keys(c, best_keys, bundle, spill, ok, spent)
     if got is not None:
         return got
     if ok is None:
@@ -316,7 +320,7 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None,
             scored.setdefault(rank, []).append(key)
     for rank in sorted(scored):
         keys = scored[rank]
-        got = _try(_by_name(c, keys), bundle, spill, ok)
+        got = _try_keys(c, keys, bundle, spill, ok, spent)
         if got is not None:
             return got
         if ok is None:
@@ -333,26 +337,67 @@ def _first(c: ClusterView, key: tuple[int, int, int]) -> str:
     return name
 
 
-def _by_name(c: ClusterView, keys: list[tuple[int, int, int]]) -> Iterator[NodeState]:
-    """The nodes of these buckets by name: the smallest first (from each bucket's smallest
-    name, ``ClusterView.first_name``, kept across decisions), usually all that is needed; the
-    rest in order only when asked for."""
+def _try_keys(c: ClusterView, keys: list[tuple[int, int, int]], bundle: Bundle, spill: bool,
+              ok: NodeFilter | None, spent: dict[tuple[int, int, int], int]) -> Choice | None:
+    """The first node of these buckets, by name, that passes ``ok`` and has room (the quick
+    check, then the device plan), with its plan; None when none has.
+
+    Usually the smallest name is all that is tried (found from each bucket's smallest name,
+    ``ClusterView.first_name``, kept across decisions). When it fails, the rest follow in name
+    order by a merge over the buckets (a heap of each bucket's next name), so a bucket's names
+    are sorted only once its first node has failed.
+
+    ``spent`` (the bundle shape's ``ClusterView.spent``: bucket key -> version) records the
+    buckets all of whose nodes failed, at the bucket's version; such a bucket is skipped until
+    its version changes (a node joined it or grew: bookings only shrink a node, so a node that
+    failed fails again). Strict NUMA makes this common: a bucket key counts a node's free cores
+    and memory over all its NUMA nodes, and a CPU-only bundle must find them on one. Skipped
+    nodes are nodes that would fail, so the node chosen is the same."""
     buckets = c.buckets
-    first = None
-    at = keys[0]
+    versions = c.versions
+    aligned = not spill
+    first = at = None
     for k in keys:
+        if spent and spent.get(k, -1) == versions[k]:
+            continue
         name = _first(c, k)
         if first is None or name < first:
             first, at = name, k
-    yield buckets[at][first]  # type: ignore[index]
-    names: list[str] = []
-    for k in keys:
-        names.extend(buckets[k])
-    names.remove(first)  # type: ignore[arg-type]
-    heapify(names)  # a heap, not a sort: usually only a few more are asked for
-    where = c.by_name
-    while names:
-        yield where[heappop(names)]
+    if first is None:
+        return None
+    st = buckets[at][first]  # type: ignore[index]
+    if (ok is None or ok(st)) and quick_fit(st, bundle, aligned):
+        p = plan(st, bundle, spill)
+        if p is not None:
+            return st, p
+    # the merge: (name, key) of each bucket's next node; a failed node is replaced by the
+    # next name of its bucket, or its bucket is spent
+    heap = [(_first(c, k), k) for k in keys
+            if k != at and not (spent and spent.get(k, -1) == versions[k])]
+    heap.append((first, at))  # type: ignore[arg-type]
+    heapify(heap)
+    sorted_names: dict[tuple[int, int, int], tuple[list[str], list[int]]] = {}
+    while heap:
+        name, k = heap[0]
+        bucket = buckets[k]
+        if name != first:
+            st = bucket[name]
+            if (ok is None or ok(st)) and quick_fit(st, bundle, aligned):
+                p = plan(st, bundle, spill)
+                if p is not None:
+                    return st, p
+        first = None  # the first node was tried above
+        got = sorted_names.get(k)
+        if got is None:
+            got = sorted_names[k] = (sorted(bucket), [0])
+        names, at_i = got
+        at_i[0] += 1
+        if at_i[0] < len(names):
+            heapreplace(heap, (names[at_i[0]], k))
+        else:
+            heappop(heap)
+            spent[k] = versions[k]
+    return None
 
 
 # -- the FGD paper's baselines on the ledger: the same scores as .baselines, on whole cores --
