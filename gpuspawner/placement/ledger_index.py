@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from .fragmentation import FragmentationModel
 from .model import GPU_MILLI, Allocation
+from .rank_index import KEEP
 from .state import NodeState
 
 
@@ -69,6 +70,12 @@ class LedgerIndex:
     created: list[tuple[int, int, int]] = field(default_factory=list)
     #: :mod:`.lookahead`'s state: per next-request type a heap of (growth, bucket key)
     lookahead: dict = field(default_factory=dict)
+    #: bucket keys whose bucket changed (created, a node joined or left, version bumped), in
+    #: order, for :mod:`.rank_index`; ``changes_base`` counts the entries dropped before it
+    changes: list[tuple[int, int, int]] = field(default_factory=list)
+    changes_base: int = 0
+    #: bundle shape id -> its :class:`~.rank_index.RankHeaps`
+    rank_heaps: dict = field(default_factory=dict)
 
 
 
@@ -107,8 +114,11 @@ class IndexMaintenance:
                         del same_sig[old]
                         if not same_sig:
                             del c.by_sid[old[0]]
-                    if c.first_name.get(old) == st.name:
+                    first = c.first_name.get(old)
+                    if first == st.name:
                         del c.first_name[old]  # recomputed when next asked for
+                    if bucket and first in (None, st.name):
+                        c.changes.append(old)  # its smallest name may have changed
             bucket = c.buckets.get(key)
             if bucket is None:
                 bucket = c.buckets[key] = {}
@@ -123,5 +133,13 @@ class IndexMaintenance:
             if first is not None and st.name < first:
                 c.first_name[key] = st.name
             c.versions[key] = c.versions.get(key, 0) + 1
+            c.changes.append(key)
         elif grew:
             c.versions[key] = c.versions.get(key, 0) + 1
+            c.changes.append(key)
+        if len(c.changes) > 2 * (len(c.buckets) + KEEP):
+            # keep the newest: an index that has not read the dropped ones rebuilds, as it
+            # would anyway with more than half the buckets to read (rank_index.ShapeRanks)
+            drop = len(c.changes) - (len(c.buckets) // 2 + KEEP)
+            c.changes_base += drop
+            del c.changes[:drop]

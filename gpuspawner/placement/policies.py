@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable
-from heapq import heapify, heappop, heapreplace
+from heapq import heapify, heappop, heappush, heapreplace
 from typing import Protocol
 
 from . import lookahead
@@ -45,6 +45,7 @@ from .baselines import (
 from .devices import min_numa_count, plan, quick_fit
 from .fragmentation import Demand, FragmentationModel
 from .model import GPU_MILLI, Bundle, mig_slices
+from .rank_index import ShapeRanks
 from .state import NodeState, Plan
 from .workload import PodType
 
@@ -73,6 +74,9 @@ class ClusterView(Protocol):
     profiles: dict[tuple, NodeState]
     created: list[tuple[int, int, int]]
     lookahead: dict
+    changes: list[tuple[int, int, int]]
+    changes_base: int
+    rank_heaps: dict
 
 
 def demand_of(bundle: Bundle, aligned: bool) -> Demand:
@@ -178,7 +182,7 @@ def fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> C
         def one_numa(st: NodeState) -> bool:
             return (ok is None or ok(st)) and min_numa_count(st, bundle) == 1
 
-        got = _fgd(c, bundle, spill, one_numa)
+        got = _fgd(c, bundle, spill, one_numa, static=ok is None)
         if got is not None:
             return got
     return _fgd(c, bundle, spill, ok)
@@ -196,6 +200,8 @@ def fgd_lookahead(c: ClusterView, bundle: Bundle, spill: bool,
         def one_numa(st: NodeState) -> bool:
             return (ok is None or ok(st)) and min_numa_count(st, bundle) == 1
 
+        # not static: shared no-fit results would leave buckets out of the look-ahead's
+        # candidates that this pass used to offer it, and change its decisions
         got = _fgd(c, bundle, spill, one_numa, look=True)
         if got is not None:
             return got
@@ -243,20 +249,25 @@ def _one_numa_possible(c: ClusterView, bundle: Bundle) -> bool:
 
 
 def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None,
-         look: bool = False) -> Choice | None:
+         look: bool = False, static: bool = False) -> Choice | None:
+    """``fgd``'s choice among the nodes ``ok`` accepts (all when None). ``static``: ``ok``
+    depends only on the nodes' hardware (``fgd``'s one-NUMA-node pass), so what it rejects
+    stays rejected and the shape's caches (no-fit, spent, :mod:`.rank_index`) may be kept
+    across decisions as for an unfiltered one, under their own shape."""
     d = demand_of(bundle, aligned=not spill)
     frag = c.frag
     cores = bundle.cores
     cpu = cores * 1000
     mib = bundle.memory_bytes >> 20
-    if ok is None:
-        shape = c.shapes.get((bundle, spill))
+    if ok is None or static:
+        shape = c.shapes.get((bundle, spill, static))
         if shape is None:
             if len(c.shapes) > 10_000:
                 c.shapes.clear()
                 c.no_fit.clear()
                 c.spent.clear()
-            shape = c.shapes[(bundle, spill)] = len(c.shapes)
+                c.rank_heaps.clear()
+            shape = c.shapes[(bundle, spill, static)] = len(c.shapes)
         no_fit = c.no_fit.setdefault(shape, {})
         spent = c.spent.setdefault(shape, {})
     else:
@@ -269,6 +280,9 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None,
     miss = _MISS
 
     afters = frag.after_table(d)
+    if (ok is None or static) and quantize:
+        return _fgd_ranked(c, ShapeRanks(c, shape, d, cores, mib, ranks, rank_of, no_fit), d,
+                           bundle, spill, ok, spent, look)
 
     # one pass over the buckets: (rank, bucket key) of every bucket that may take the bundle
     # (signatures whose GPUs cannot take it are skipped with all their buckets); the best
@@ -311,9 +325,8 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None,
     got = _try_keys(c, best_keys, bundle, spill, ok, spent)
     if got is not None:
         return got
-    if ok is None:
-        for k in best_keys:
-            no_fit[k] = versions[k]
+    for k in best_keys:
+        no_fit[k] = versions[k]  # the shape's, or a local one under a filter
     scored: dict[float, list[tuple[int, int, int]]] = {}
     for rank, key in cands:
         if rank != best:
@@ -323,9 +336,85 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None,
         got = _try_keys(c, keys, bundle, spill, ok, spent)
         if got is not None:
             return got
-        if ok is None:
-            for k in keys:
-                no_fit[k] = versions[k]
+        for k in keys:
+            no_fit[k] = versions[k]
+    return None
+
+
+def _fgd_ranked(c: ClusterView, sr: ShapeRanks, d: Demand, bundle: Bundle, spill: bool,
+                ok: NodeFilter | None, spent: dict[tuple[int, int, int], int],
+                look: bool) -> Choice | None:
+    """:func:`_fgd` for an unfiltered (or statically filtered) decision from the shape's kept
+    candidate buckets
+    (:mod:`.rank_index`) instead of a pass over every bucket: the same best rank, the same
+    look-ahead candidates (the smallest names within one score of it) and the same walk
+    (the best rank's nodes by name, then the next ranks'), so the same choice."""
+    best = sr.best()
+    if best is None:
+        return None
+    if look:
+        near = [e for r in range(best, best + lookahead.SLACK + 1)
+                for e in sr.smallest(r, lookahead.CANDIDATES)]
+        if len(near) > 1:
+            for key in lookahead.order(c.frag, c.buckets, c.created, c.lookahead, near, d,
+                                       bundle.cores):
+                got = _try_keys(c, [key], bundle, spill, ok, spent)
+                if got is not None:
+                    return got
+    got = _walk_rank(c, sr, best, bundle, spill, ok, spent)
+    if got is not None:
+        return got
+    for r in sr.ranks_from(best):
+        got = _walk_rank(c, sr, r, bundle, spill, ok, spent)
+        if got is not None:
+            return got
+    return None
+
+
+def _walk_rank(c: ClusterView, sr: ShapeRanks, r: int, bundle: Bundle, spill: bool,
+               ok: NodeFilter | None, spent: dict[tuple[int, int, int], int]) -> Choice | None:
+    """The first node with room among rank ``r``'s buckets, by name (:func:`_try_keys`'s
+    walk and ``spent`` rule, over the rank's heap): the buckets come off the heap by smallest
+    name as they are needed and go back on after. When no node has room, every bucket of the
+    rank goes into the shape's no-fit cache (as :func:`_fgd` does) and stays off the heap."""
+    buckets = c.buckets
+    versions = c.versions
+    aligned = not spill
+    taken: list[tuple[str, tuple[int, int, int]]] = []  # entries off the heap
+    keys: set[tuple[int, int, int]] = set()
+    nxt: list[tuple[str, tuple[int, int, int]]] = []  # next names of buckets being walked
+    sorted_names: dict[tuple[int, int, int], tuple[list[str], list[int]]] = {}
+    top = sr.peek(r)
+    while top is not None or nxt:
+        if top is not None and (not nxt or top[0] < nxt[0][0]):
+            sr.pop(r)
+            name, k = top
+            top = sr.peek(r)
+            if k in keys:
+                continue  # a second entry of a bucket
+            keys.add(k)
+            taken.append((name, k))
+            if spent and spent.get(k, -1) == versions[k]:
+                continue
+        else:
+            name, k = heappop(nxt)
+        st = buckets[k][name]
+        if (ok is None or ok(st)) and quick_fit(st, bundle, aligned):
+            p = plan(st, bundle, spill)
+            if p is not None:
+                sr.put_back(r, taken)
+                return st, p
+        got = sorted_names.get(k)
+        if got is None:
+            got = sorted_names[k] = (sorted(buckets[k]), [0])
+        names, at = got
+        at[0] += 1
+        if at[0] < len(names):
+            heappush(nxt, (names[at[0]], k))
+        else:
+            spent[k] = versions[k]
+    for _name, k in taken:
+        sr.no_fit[k] = versions[k]
     return None
 
 

@@ -1,0 +1,221 @@
+"""``fgd``'s candidate buckets per bundle shape, kept across decisions (ours).
+
+Without it, every ``fgd`` decision passes over all of the ledger's buckets (one per GPU
+signature, free cores and memory class, :class:`~.ledger_index.LedgerIndex`) to find the best
+rank, and then over the best rank's buckets to find their smallest node name. Near capacity a
+10,000-node cluster has ~4,000 buckets, and for a CPU-only bundle nearly all of them have the
+best rank (placing it changes no node's GPU fragmentation), so those passes were most of the
+slowest decisions' time.
+
+A bucket's rank for a bundle shape depends only on its key and the fragmentation model's
+workload (:meth:`~.fragmentation.FragmentationModel.keys`), so it stays right while the bucket
+exists. Per shape this keeps, for each rank, a heap of ``(smallest node name, bucket key)``.
+Buckets that change (created, a node joins or leaves, a version bump) are appended by the
+ledger to ``LedgerIndex.changes``; each shape's index reads the entries it has not seen
+before its next decision and pushes a fresh entry for each. Old entries are dropped when they
+reach a heap's top (lazy deletion): an entry is current while its bucket exists, its name is
+still the bucket's smallest and the bucket is not in the shape's no-fit cache at its version.
+An index is rebuilt from all buckets when the workload changes (its rank table is a new one),
+when more buckets changed since it last read than half the buckets, or when stale entries have
+piled up. The ledger keeps only the newest changes (``LedgerIndex.changes``, at least
+:data:`KEEP` + half the buckets), so an index that has not read the older ones rebuilds.
+
+The decisions are the same as the full pass's: the same best rank, and its buckets' nodes in
+name order (tests/test_placement_decisions.py, and a check to capacity on the trace).
+
+Pure: standard library only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from heapq import heapify, heappop, heappush
+
+Key = tuple[int, int, int]  # (signature id, free cores, memory class): a ledger bucket
+Entry = tuple[str, Key]  # (the bucket's smallest node name, its key)
+
+_MISS = object()
+
+#: at most this many shapes keep an index; past it they are all dropped (rebuilt when used)
+MAX_SHAPES = 512
+#: the ledger keeps at least this many changes more than half its buckets
+KEEP = 4096
+
+
+@dataclass(slots=True)
+class RankHeaps:
+    """One bundle shape's candidate buckets: rank -> heap of :data:`Entry`."""
+
+    #: the fragmentation model's rank table these ranks came from (a new one: new workload)
+    table: dict
+    #: how far into ``LedgerIndex.changes`` (counted from its start, ``changes_base``
+    #: included) this index has read
+    pos: int
+    heaps: dict[int, list[Entry]] = field(default_factory=dict)
+    #: entries in the heaps, stale ones included
+    entries: int = 0
+
+
+class ShapeRanks:
+    """The candidate buckets of one decision's bundle shape, by rank then smallest node name.
+
+    ``c`` is the policy's :class:`~.policies.ClusterView`; ``shape`` the bundle shape's id
+    (``ClusterView.shapes``); ``d`` its GPU demand, ``cores`` and ``mib`` (memory, MiB) what
+    a bucket's free cores and memory class must allow; ``ranks`` the fragmentation model's
+    rank table for the shape (:meth:`~.fragmentation.FragmentationModel.keys`: bucket key ->
+    rank, lower is better; its identity says the workload is unchanged) and ``rank_of`` the
+    function that fills it (:meth:`~.fragmentation.FragmentationModel.ranker`); ``no_fit``
+    the shape's no-fit cache (bucket key -> version)."""
+
+    def __init__(self, c, shape: int, d, cores: int, mib: int, ranks: dict,
+                 rank_of: Callable[[int, int], int | float | None],
+                 no_fit: dict[Key, int]) -> None:
+        self.c = c
+        self.no_fit = no_fit
+        self._args = (d, cores, mib, ranks, rank_of)
+        store = c.rank_heaps
+        idx = store.get(shape)
+        base = c.changes_base
+        unread: dict[Key, None] | None = None
+        if idx is not None and idx.table is ranks and idx.pos >= base:
+            if idx.pos < base + len(c.changes):
+                # the buckets changed since this index last read, each once
+                unread = dict.fromkeys(c.changes[idx.pos - base:])
+                if len(unread) > len(c.buckets) // 2 + 64:
+                    idx = None  # as cheap to rebuild
+            if idx is not None and idx.entries > 2 * len(c.buckets) + 1024:
+                idx = None  # stale entries piled up
+        else:
+            idx = None
+        if idx is None:
+            if len(store) >= MAX_SHAPES:
+                store.clear()
+            idx = store[shape] = RankHeaps(ranks, base + len(c.changes))
+            self._add(idx, c.buckets, True)
+        elif unread:
+            self._add(idx, unread, False)
+            idx.pos = base + len(c.changes)
+        self.idx = idx
+
+    def _add(self, idx: RankHeaps, keys, build: bool) -> None:
+        """Add an entry for each of ``keys`` (bucket keys; gone ones skipped) that can take
+        the shape; ``build``: the heaps are new, so append and heapify once."""
+        c = self.c
+        buckets = c.buckets
+        first = c.first_name
+        frag = c.frag
+        d, cores, mib, ranks, rank_of = self._args
+        afters = frag.after_table(d)
+        heaps = idx.heaps
+        miss = _MISS
+        added = 0
+        for key in keys:
+            sid, free, mem = key
+            if cores > free or mib >> mem:
+                continue
+            bucket = buckets.get(key)
+            if bucket is None:
+                continue
+            r = ranks.get(key, miss)
+            if r is miss:
+                after = afters.get(sid, miss)
+                if after is miss:
+                    after = frag.after(sid, d)
+                r = ranks[key] = None if after is None else rank_of(sid, free * 1000)
+            if r is None:
+                continue
+            name = first.get(key)
+            if name is None:
+                name = first[key] = min(bucket)
+            h = heaps.get(r)
+            if h is None:
+                h = heaps[r] = []
+            if build:
+                h.append((name, key))
+            else:
+                heappush(h, (name, key))
+            added += 1
+        if build:
+            for h in heaps.values():
+                heapify(h)
+        idx.entries += added
+
+    def current(self, e: Entry) -> bool:
+        """True when entry ``e`` is current: its bucket exists, ``e``'s name is still the
+        bucket's smallest, and the bucket is not in the shape's no-fit cache."""
+        name, key = e
+        c = self.c
+        bucket = c.buckets.get(key)
+        if bucket is None:
+            return False
+        first = c.first_name.get(key)
+        if first is None:
+            first = c.first_name[key] = min(bucket)
+        if first != name:
+            return False
+        v = self.no_fit.get(key)
+        return v is None or v != c.versions[key]
+
+    def best(self) -> int | None:
+        """The best (lowest) rank that has a current entry, or None when none has."""
+        heaps = self.idx.heaps
+        for r in sorted(heaps):
+            h = heaps[r]
+            while h and not self.current(h[0]):
+                heappop(h)
+                self.idx.entries -= 1
+            if h:
+                return r
+            del heaps[r]
+        return None
+
+    def ranks_from(self, r: int) -> list[int]:
+        """The ranks above ``r`` that have entries, in order."""
+        return sorted(x for x in self.idx.heaps if x > r)
+
+    def smallest(self, r: int, n: int) -> list[Entry]:
+        """Up to ``n`` current entries of rank ``r``, by name (one per bucket); the heap is
+        left as it was, less stale entries."""
+        h = self.idx.heaps.get(r)
+        if not h:
+            return []
+        out: list[Entry] = []
+        seen: set[Key] = set()
+        while h and len(out) < n:
+            e = heappop(h)
+            self.idx.entries -= 1
+            if e[1] in seen or not self.current(e):
+                continue
+            seen.add(e[1])
+            out.append(e)
+        for e in out:
+            heappush(h, e)
+        self.idx.entries += len(out)
+        return out
+
+    def peek(self, r: int) -> Entry | None:
+        """The next current entry of rank ``r`` (stale ones above it are dropped), or None."""
+        h = self.idx.heaps.get(r)
+        while h and not self.current(h[0]):
+            heappop(h)
+            self.idx.entries -= 1
+        return h[0] if h else None
+
+    def pop(self, r: int) -> None:
+        """Take the entry :meth:`peek` returned off rank ``r``'s heap; :meth:`put_back` returns
+        the ones still wanted."""
+        heappop(self.idx.heaps[r])
+        self.idx.entries -= 1
+
+    def put_back(self, r: int, entries: list[Entry]) -> None:
+        """Push entries taken with :meth:`pop` back onto rank ``r``'s heap."""
+        h = self.idx.heaps.get(r)
+        if h is None:
+            h = self.idx.heaps[r] = []
+        for e in entries:
+            heappush(h, e)
+        self.idx.entries += len(entries)
+
+
+__all__ = ["MAX_SHAPES", "RankHeaps", "ShapeRanks"]
