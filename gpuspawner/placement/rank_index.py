@@ -37,8 +37,9 @@ Entry = tuple[str, Key]  # (the bucket's smallest node name, its key)
 
 _MISS = object()
 
-#: at most this many shapes keep an index; past it they are all dropped (rebuilt when used)
-MAX_SHAPES = 512
+#: at most this many shapes keep an index: a new one evicts the least recently used (memory:
+#: about 64 bytes per bucket per shape, so 256 shapes of 4,000 buckets hold ~65 MB)
+MAX_SHAPES = 256
 #: the ledger keeps at least this many changes more than half its buckets
 KEEP = 4096
 
@@ -75,7 +76,7 @@ class ShapeRanks:
         self.no_fit = no_fit
         self._args = (d, cores, mib, ranks, rank_of)
         store = c.rank_heaps
-        idx = store.get(shape)
+        idx = store.pop(shape, None)  # put back last: the store is in order of use
         base = c.changes_base
         unread: dict[Key, None] | None = None
         if idx is not None and idx.table is ranks and idx.pos >= base:
@@ -89,13 +90,14 @@ class ShapeRanks:
         else:
             idx = None
         if idx is None:
-            if len(store) >= MAX_SHAPES:
-                store.clear()
-            idx = store[shape] = RankHeaps(ranks, base + len(c.changes))
+            while len(store) >= MAX_SHAPES:
+                del store[next(iter(store))]  # the least recently used
+            idx = RankHeaps(ranks, base + len(c.changes))
             self._add(idx, c.buckets, True)
         elif unread:
             self._add(idx, unread, False)
             idx.pos = base + len(c.changes)
+        store[shape] = idx
         self.idx = idx
 
     def _add(self, idx: RankHeaps, keys, build: bool) -> None:
