@@ -344,11 +344,11 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None,
 def _fgd_ranked(c: ClusterView, sr: ShapeRanks, d: Demand, bundle: Bundle, spill: bool,
                 ok: NodeFilter | None, spent: dict[tuple[int, int, int], int],
                 look: bool) -> Choice | None:
-    """:func:`_fgd` for an unfiltered (or statically filtered) decision from the shape's kept
-    candidate buckets
-    (:mod:`.rank_index`) instead of a pass over every bucket: the same best rank, the same
-    look-ahead candidates (the smallest names within one score of it) and the same walk
-    (the best rank's nodes by name, then the next ranks'), so the same choice."""
+    """:func:`_fgd` for an unfiltered (or statically filtered) decision from the shape's
+    candidate buckets kept across decisions (:mod:`.rank_index`) instead of a pass over every
+    bucket: the same best rank, the same look-ahead candidates (the smallest names within one
+    score of it) and the same walk (the best rank's nodes by name, then the next ranks'), so
+    the same choice."""
     best = sr.best()
     if best is None:
         return None
@@ -383,7 +383,7 @@ def _walk_rank(c: ClusterView, sr: ShapeRanks, r: int, bundle: Bundle, spill: bo
     taken: list[tuple[str, tuple[int, int, int]]] = []  # entries off the heap
     keys: set[tuple[int, int, int]] = set()
     nxt: list[tuple[str, tuple[int, int, int]]] = []  # next names of buckets being walked
-    sorted_names: dict[tuple[int, int, int], tuple[list[str], list[int]]] = {}
+    sorted_names: dict[tuple[int, int, int], list] = {}
     top = sr.peek(r)
     while top is not None or nxt:
         if top is not None and (not nxt or top[0] < nxt[0][0]):
@@ -404,13 +404,9 @@ def _walk_rank(c: ClusterView, sr: ShapeRanks, r: int, bundle: Bundle, spill: bo
             if p is not None:
                 sr.put_back(r, taken)
                 return st, p
-        got = sorted_names.get(k)
-        if got is None:
-            got = sorted_names[k] = (sorted(buckets[k]), [0])
-        names, at = got
-        at[0] += 1
-        if at[0] < len(names):
-            heappush(nxt, (names[at[0]], k))
+        after = _next_name(buckets[k], k, sorted_names)
+        if after is not None:
+            heappush(nxt, (after, k))
         else:
             spent[k] = versions[k]
     for _name, k in taken:
@@ -465,7 +461,7 @@ def _try_keys(c: ClusterView, keys: list[tuple[int, int, int]], bundle: Bundle, 
             if k != at and not (spent and spent.get(k, -1) == versions[k])]
     heap.append((first, at))  # type: ignore[arg-type]
     heapify(heap)
-    sorted_names: dict[tuple[int, int, int], tuple[list[str], list[int]]] = {}
+    sorted_names: dict[tuple[int, int, int], list] = {}
     while heap:
         name, k = heap[0]
         bucket = buckets[k]
@@ -476,17 +472,25 @@ def _try_keys(c: ClusterView, keys: list[tuple[int, int, int]], bundle: Bundle, 
                 if p is not None:
                     return st, p
         first = None  # the first node was tried above
-        got = sorted_names.get(k)
-        if got is None:
-            got = sorted_names[k] = (sorted(bucket), [0])
-        names, at_i = got
-        at_i[0] += 1
-        if at_i[0] < len(names):
-            heapreplace(heap, (names[at_i[0]], k))
+        after = _next_name(bucket, k, sorted_names)
+        if after is not None:
+            heapreplace(heap, (after, k))
         else:
             heappop(heap)
             spent[k] = versions[k]
     return None
+
+
+def _next_name(bucket: dict[str, NodeState], k: tuple[int, int, int],
+               sorted_names: dict[tuple[int, int, int], list]) -> str | None:
+    """In a walk by name, the name after the one just tried in bucket ``k`` (None: it was the
+    last). ``sorted_names`` is the walk's: key -> [the bucket's names sorted, position], made
+    when the bucket's first node has failed."""
+    got = sorted_names.get(k)
+    if got is None:
+        got = sorted_names[k] = [sorted(bucket), 0]
+    got[1] += 1
+    return got[0][got[1]] if got[1] < len(got[0]) else None
 
 
 # -- the FGD paper's baselines on the ledger: the same scores as .baselines, on whole cores --
