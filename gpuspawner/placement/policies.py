@@ -45,7 +45,7 @@ from .baselines import (
 from .devices import min_numa_count, plan, quick_fit
 from .fragmentation import Demand, FragmentationModel
 from .model import GPU_MILLI, Bundle, mig_slices
-from .rank_index import ShapeRanks
+from .rank_index import ShapeRanks, first_name
 from .state import NodeState, Plan
 from .workload import PodType
 
@@ -273,16 +273,15 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None,
     else:
         no_fit = {}
         spent = {}
-    versions = c.versions
     quantize = c.quantize
     ranks = frag.keys(d, cpu, quantize)  # bucket key -> rank, cached until the workload changes
     rank_of = frag.ranker(d, cpu, quantize)
-    miss = _MISS
-
-    afters = frag.after_table(d)
     if (ok is None or static) and quantize:
         return _fgd_ranked(c, ShapeRanks(c, shape, d, cores, mib, ranks, rank_of, no_fit), d,
                            bundle, spill, ok, spent, look)
+    versions = c.versions
+    miss = _MISS
+    afters = frag.after_table(d)
 
     # one pass over the buckets: (rank, bucket key) of every bucket that may take the bundle
     # (signatures whose GPUs cannot take it are skipped with all their buckets); the best
@@ -314,7 +313,7 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None,
         # (smallest node name, key) of the buckets within SLACK of the best: tuples, so the
         # look-ahead picks its candidates by name in C (names are unique across buckets)
         lim = best + lookahead.SLACK
-        near = [(_first(c, key), key) for rank, key in cands if rank <= lim]
+        near = [(first_name(c, key), key) for rank, key in cands if rank <= lim]
         if len(near) > 1:
             for key in lookahead.order(frag, c.buckets, c.created, c.lookahead, near, d,
                                        cores):
@@ -414,23 +413,15 @@ def _walk_rank(c: ClusterView, sr: ShapeRanks, r: int, bundle: Bundle, spill: bo
     return None
 
 
-def _first(c: ClusterView, key: tuple[int, int, int]) -> str:
-    """The smallest node name of a bucket (cached in ``ClusterView.first_name``)."""
-    name = c.first_name.get(key)
-    if name is None:
-        name = c.first_name[key] = min(c.buckets[key])
-    return name
-
-
 def _try_keys(c: ClusterView, keys: list[tuple[int, int, int]], bundle: Bundle, spill: bool,
               ok: NodeFilter | None, spent: dict[tuple[int, int, int], int]) -> Choice | None:
     """The first node of these buckets, by name, that passes ``ok`` and has room (the quick
     check, then the device plan), with its plan; None when none has.
 
     Usually the smallest name is all that is tried (found from each bucket's smallest name,
-    ``ClusterView.first_name``, kept across decisions). When it fails, the rest follow in name
-    order by a merge over the buckets (a heap of each bucket's next name), so a bucket's names
-    are sorted only once its first node has failed.
+    :func:`~.rank_index.first_name`, kept across decisions). When it fails, the rest follow in
+    name order by a merge over the buckets (a heap of each bucket's next name), so a bucket's
+    names are sorted only once its first node has failed.
 
     ``spent`` (the bundle shape's ``ClusterView.spent``: bucket key -> version) records the
     buckets all of whose nodes failed, at the bucket's version; such a bucket is skipped until
@@ -445,7 +436,7 @@ def _try_keys(c: ClusterView, keys: list[tuple[int, int, int]], bundle: Bundle, 
     for k in keys:
         if spent and spent.get(k, -1) == versions[k]:
             continue
-        name = _first(c, k)
+        name = first_name(c, k)
         if first is None or name < first:
             first, at = name, k
     if first is None:
@@ -457,7 +448,7 @@ def _try_keys(c: ClusterView, keys: list[tuple[int, int, int]], bundle: Bundle, 
             return st, p
     # the merge: (name, key) of each bucket's next node; a failed node is replaced by the
     # next name of its bucket, or its bucket is spent
-    heap = [(_first(c, k), k) for k in keys
+    heap = [(first_name(c, k), k) for k in keys
             if k != at and not (spent and spent.get(k, -1) == versions[k])]
     heap.append((first, at))  # type: ignore[arg-type]
     heapify(heap)

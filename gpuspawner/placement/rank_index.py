@@ -58,6 +58,15 @@ class RankHeaps:
     entries: int = 0
 
 
+def first_name(c, key: Key) -> str:
+    """The smallest node name of bucket ``key`` of ``c`` (a :class:`~.policies.ClusterView`),
+    cached in ``c.first_name`` (the ledger drops the cached name when that node leaves)."""
+    name = c.first_name.get(key)
+    if name is None:
+        name = c.first_name[key] = min(c.buckets[key])
+    return name
+
+
 class ShapeRanks:
     """The candidate buckets of one decision's bundle shape, by rank then smallest node name.
 
@@ -127,7 +136,7 @@ class ShapeRanks:
                 r = ranks[key] = None if after is None else rank_of(sid, free * 1000)
             if r is None:
                 continue
-            name = first.get(key)
+            name = first.get(key)  # first_name(c, key), without a call per bucket
             if name is None:
                 name = first[key] = min(bucket)
             h = heaps.get(r)
@@ -148,13 +157,7 @@ class ShapeRanks:
         bucket's smallest, and the bucket is not in the shape's no-fit cache."""
         name, key = e
         c = self.c
-        bucket = c.buckets.get(key)
-        if bucket is None:
-            return False
-        first = c.first_name.get(key)
-        if first is None:
-            first = c.first_name[key] = min(bucket)
-        if first != name:
+        if key not in c.buckets or first_name(c, key) != name:
             return False
         v = self.no_fit.get(key)
         return v is None or v != c.versions[key]
@@ -163,11 +166,7 @@ class ShapeRanks:
         """The best (lowest) rank that has a current entry, or None when none has."""
         heaps = self.idx.heaps
         for r in sorted(heaps):
-            h = heaps[r]
-            while h and not self.current(h[0]):
-                heappop(h)
-                self.idx.entries -= 1
-            if h:
+            if self.peek(r) is not None:
                 return r
             del heaps[r]
         return None
@@ -220,4 +219,4 @@ class ShapeRanks:
         self.idx.entries += len(entries)
 
 
-__all__ = ["MAX_SHAPES", "RankHeaps", "ShapeRanks"]
+__all__ = ["KEEP", "MAX_SHAPES", "RankHeaps", "ShapeRanks", "first_name"]
