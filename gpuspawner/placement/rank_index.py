@@ -102,16 +102,58 @@ class ShapeRanks:
             while len(store) >= MAX_SHAPES:
                 del store[next(iter(store))]  # the least recently used
             idx = RankHeaps(ranks, base + len(c.changes))
-            self._add(idx, c.buckets, True)
+            self._build(idx)
         elif unread:
-            self._add(idx, unread, False)
+            self._add(idx, unread)
             idx.pos = base + len(c.changes)
         store[shape] = idx
         self.idx = idx
 
-    def _add(self, idx: RankHeaps, keys, build: bool) -> None:
-        """Add an entry for each of ``keys`` (bucket keys; gone ones skipped) that can take
-        the shape; ``build``: the heaps are new, so append and heapify once."""
+    def _build(self, idx: RankHeaps) -> None:
+        """Fill new heaps from every bucket: signature by signature (``c.by_sid``), so that a
+        signature whose GPUs cannot take the shape is skipped with all its buckets (e.g. the
+        nodes with no free GPU, for a GPU bundle), then as :meth:`_add`; appended, then each
+        heap heapified once."""
+        c = self.c
+        buckets = c.buckets
+        first = c.first_name
+        frag = c.frag
+        d, cores, mib, ranks, rank_of = self._args
+        afters = frag.after_table(d)
+        heaps = idx.heaps
+        miss = _MISS
+        added = 0
+        for sid, keys in c.by_sid.items():
+            after = afters.get(sid, miss)
+            if after is miss:
+                after = frag.after(sid, d)
+            if after is None:
+                continue
+            for key in keys:
+                _sid, free, mem = key
+                if cores > free or mib >> mem:
+                    continue
+                r = ranks.get(key, miss)
+                if r is miss:
+                    r = ranks[key] = rank_of(sid, free * 1000)
+                if r is None:
+                    continue
+                name = first.get(key)  # first_name(c, key), without a call per bucket
+                if name is None:
+                    name = first[key] = min(buckets[key])
+                h = heaps.get(r)
+                if h is None:
+                    heaps[r] = [(name, key)]
+                else:
+                    h.append((name, key))
+                added += 1
+        for h in heaps.values():
+            heapify(h)
+        idx.entries += added
+
+    def _add(self, idx: RankHeaps, keys) -> None:
+        """Push an entry for each of ``keys`` (bucket keys read from the change log; gone ones
+        skipped) that can take the shape."""
         c = self.c
         buckets = c.buckets
         first = c.first_name
@@ -142,14 +184,8 @@ class ShapeRanks:
             h = heaps.get(r)
             if h is None:
                 h = heaps[r] = []
-            if build:
-                h.append((name, key))
-            else:
-                heappush(h, (name, key))
+            heappush(h, (name, key))
             added += 1
-        if build:
-            for h in heaps.values():
-                heapify(h)
         idx.entries += added
 
     def current(self, e: Entry) -> bool:
