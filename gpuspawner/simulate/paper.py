@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable, Sequence
+from bisect import bisect_right
+from collections.abc import Iterable, Mapping, Sequence
 
 from gpuspawner.placement.baselines import (
     PaperNode,
@@ -60,7 +61,8 @@ from gpuspawner.placement.workload import (
     typical_pods,
 )
 
-__all__ = ["PAPER_NAMES", "PAPER_POLICIES", "Fragmentation", "PaperCluster", "PaperNode",
+__all__ = ["LOOKAHEAD_POLICIES", "MEMORY_POLICIES", "PAPER_NAMES", "PAPER_POLICIES",
+           "Fragmentation", "PaperCluster", "PaperNode",
            "PodType", "ScoreFn", "accessible", "fgd_score_from_delta", "pod_type",
            "score_best_fit", "score_dot_product", "score_fgd", "score_fgd_whole",
            "score_first_fit",
@@ -88,6 +90,12 @@ class Fragmentation:
 
     The score is ``sum_m p * (counted milli-GPU)`` (``FragAmountSumExceptQ3``), milli-GPU.
 
+    **Memory (ours, not the paper's):** with ``memory`` (type -> MiB it typically asks) and a
+    node's free memory passed to :meth:`score`, a GPU type whose memory does not fit counts
+    all idle GPU too, as one whose CPU does not fit (``fgd-mem`` and ``fgd-mem-lookahead``;
+    docs/placement.md "Memory-aware fragmentation"). The paper's F has no memory term: on the
+    trace, nodes whose memory ran out with GPUs still free were left as they were.
+
     **Why the simulator keeps this rule beside** :mod:`gpuspawner.placement.fragmentation`:
     the definition is the same (on a paper node, one GPU model and every GPU shareable,
     ``type_fragmentation`` summed over the workload gives the same F up to the last bit of a
@@ -99,12 +107,18 @@ class Fragmentation:
     own GPU signatures, which a paper node does not have). The ledger never uses it.
     """
 
-    def __init__(self, typical: Sequence[tuple[PodType, float]]) -> None:
+    def __init__(self, typical: Sequence[tuple[PodType, float]],
+                 memory: Mapping[PodType, int] | None = None) -> None:
         self.typical = list(typical)
-        self._per_model: dict[str, tuple[float, tuple[tuple[int, int, int, float], ...]]] = {}
+        #: type -> memory it typically asks, MiB (absent: 0, always fits)
+        self.memory = dict(memory or {})
+        self._mem_levels = sorted(set(self.memory.values()))
+        self._per_model: dict[str, tuple[float, tuple[tuple[int, int, int, float, int],
+                                                       ...]]] = {}
         self._memo: dict[tuple, float] = {}
 
-    def _terms(self, model: str) -> tuple[float, tuple[tuple[int, int, int, float], ...]]:
+    def _terms(self, model: str
+               ) -> tuple[float, tuple[tuple[int, int, int, float, int], ...]]:
         got = self._per_model.get(model)
         if got is None:
             whole = 0.0  # frequency of types for which every idle milli-GPU is fragment
@@ -113,13 +127,21 @@ class Fragmentation:
                 if t.milli_gpu == 0 or not accessible(model, t.gpu_type):
                     whole += p
                 else:
-                    gpu_terms.append((t.milli_cpu, t.milli_gpu, t.gpu_number, p))
+                    gpu_terms.append((t.milli_cpu, t.milli_gpu, t.gpu_number, p,
+                                      self.memory.get(t, 0)))
             got = self._per_model[model] = (whole, tuple(gpu_terms))
         return got
 
-    def score(self, model: str, cpu_left: int, gpu_left: Sequence[int]) -> float:
-        """F(node), milli-GPU, for free ``cpu_left`` milli-CPU and free milli-GPU per GPU."""
-        key = (model, cpu_left, tuple(sorted(gpu_left)))
+    def score(self, model: str, cpu_left: int, gpu_left: Sequence[int],
+              mem_left: int | None = None) -> float:
+        """F(node), milli-GPU, for free ``cpu_left`` milli-CPU and free milli-GPU per GPU;
+        ``mem_left`` (free MiB): also count a type whose memory does not fit (class
+        docstring); None: the paper's F."""
+        if mem_left is None:
+            key: tuple = (model, cpu_left, tuple(sorted(gpu_left)))
+        else:  # F depends on the free memory only through which types' memory it reaches
+            key = (model, cpu_left, tuple(sorted(gpu_left)),
+                   bisect_right(self._mem_levels, mem_left))
         s = self._memo.get(key)
         if s is not None:
             return s
@@ -129,7 +151,7 @@ class Fragmentation:
         else:
             whole, terms = self._terms(model)
             s = whole * total
-            for cpu, milli, number, p in terms:
+            for cpu, milli, number, p, mem in terms:
                 fits = 0
                 frag = 0
                 for g in gpu_left:
@@ -137,7 +159,8 @@ class Fragmentation:
                         fits += 1
                     else:
                         frag += g
-                if fits >= number and cpu_left >= cpu:
+                if fits >= number and cpu_left >= cpu and (mem_left is None
+                                                           or mem_left >= mem):
                     s += p * frag
                 else:
                     s += p * total
@@ -148,7 +171,7 @@ class Fragmentation:
 
 
     def score_numa(self, model: str, cpu_left: int, gpu_left: Sequence[int],
-                   numa_of_gpu: Sequence[int]) -> float:
+                   numa_of_gpu: Sequence[int], mem_left: int | None = None) -> float:
         """:meth:`score` with strict NUMA (ours, not the paper's): a whole-GPU type of k GPUs
         that fits one NUMA node (one holds >= k GPUs) can use only the fully free GPUs of NUMA
         nodes with >= k of them, so free GPUs stranded elsewhere count as fragment, and it
@@ -157,7 +180,8 @@ class Fragmentation:
         groups: dict[int, list[int]] = {}
         for g, k in zip(gpu_left, numa_of_gpu, strict=True):
             groups.setdefault(k, []).append(g)
-        key = ("numa", model, cpu_left, tuple(sorted(tuple(sorted(v)) for v in groups.values())))
+        key = ("numa", model, cpu_left, tuple(sorted(tuple(sorted(v)) for v in groups.values())),
+               None if mem_left is None else bisect_right(self._mem_levels, mem_left))
         s = self._memo.get(key)
         if s is not None:
             return s
@@ -169,7 +193,7 @@ class Fragmentation:
             s = whole * total
             cap = max(len(v) for v in groups.values())
             full = [sum(1 for g in v if g == MILLI) for v in groups.values()]
-            for cpu, milli, number, p in terms:
+            for cpu, milli, number, p, mem in terms:
                 if milli < MILLI:
                     fits = 0
                     frag = 0
@@ -183,7 +207,8 @@ class Fragmentation:
                     usable = sum(f for f in full if f >= number) if cap >= number else sum(full)
                     ok = usable >= number
                     frag = total - usable * MILLI
-                s += p * (frag if ok and cpu_left >= cpu else total)
+                s += p * (frag if ok and cpu_left >= cpu
+                          and (mem_left is None or mem_left >= mem) else total)
         if len(self._memo) > 2_000_000:
             self._memo.clear()
         self._memo[key] = s
@@ -198,15 +223,19 @@ def score_fgd(c: PaperCluster, node: PaperNode, t: PodType) -> tuple[int, int]:
     which is also the GPU the share gets (``allocateGpuIdBasedOnFGDScore``); for other pods the
     state after is ``NodeResource.Sub`` (:func:`sub_pack`)."""
     f = c.frag
+    m0 = m1 = None
+    if c.mem_aware:  # fgd-mem: the node's free memory before and after (ours)
+        m0 = node.memory_left
+        m1 = m0 - c.request_memory
     if c.numa_strict:
         numa = node.numa_of_gpu
 
-        def score(cpu_left, gl):
-            return f.score_numa(node.model, cpu_left, gl, numa)
+        def score(cpu_left, gl, m):
+            return f.score_numa(node.model, cpu_left, gl, numa, m)
     else:
-        def score(cpu_left, gl):
-            return f.score(node.model, cpu_left, gl)
-    before = score(node.cpu_left, node.gpu_left)
+        def score(cpu_left, gl, m):
+            return f.score(node.model, cpu_left, gl, m)
+    before = score(node.cpu_left, node.gpu_left, m0)
     cpu_after = node.cpu_left - t.milli_cpu
     if t.is_share:
         best, gpu = -1, -1
@@ -215,7 +244,7 @@ def score_fgd(c: PaperCluster, node: PaperNode, t: PodType) -> tuple[int, int]:
             if g >= t.milli_gpu:
                 after = list(gl)
                 after[i] -= t.milli_gpu
-                s = c.quantize(score(cpu_after, after) - before)
+                s = c.quantize(score(cpu_after, after, m1) - before)
                 if gpu < 0 or s > best:
                     best, gpu = s, i
         return best, gpu
@@ -230,7 +259,7 @@ def score_fgd(c: PaperCluster, node: PaperNode, t: PodType) -> tuple[int, int]:
         after = sub_pack(node.gpu_left, t)
     if after is None:
         return -1, -1
-    return c.quantize(score(cpu_after, after) - before), -1
+    return c.quantize(score(cpu_after, after, m1) - before), -1
 
 
 def score_fgd_whole(c: PaperCluster, node: PaperNode, t: PodType
@@ -249,15 +278,22 @@ def score_fgd_whole(c: PaperCluster, node: PaperNode, t: PodType
 
 
 def _growth(c: PaperCluster, model: str, cpu_left: int, gpu_left: Sequence[int],
-            t: PodType) -> float:
+            t: PodType, mem_left: int | None = None) -> float:
     """Exact FGD growth of placing ``t`` on a node state (for a share, on the GPU where it
-    grows least); ``inf`` when it does not fit."""
+    grows least); ``inf`` when it does not fit. ``mem_left``: the node's free MiB, for the
+    memory-aware policies (``t`` then asks the memory its type typically asks); None: the
+    paper's F, memory not looked at."""
     if cpu_left < t.milli_cpu:
         return math.inf
+    m1 = None
+    if mem_left is not None:
+        m1 = mem_left - c.frag.memory.get(t, 0)
+        if m1 < 0:
+            return math.inf
     if t.gpu_number and not accessible(model, t.gpu_type):
         return math.inf
     f = c.frag
-    before = f.score(model, cpu_left, gpu_left)
+    before = f.score(model, cpu_left, gpu_left, mem_left)
     cpu_after = cpu_left - t.milli_cpu
     if t.is_share:
         best = math.inf
@@ -265,12 +301,12 @@ def _growth(c: PaperCluster, model: str, cpu_left: int, gpu_left: Sequence[int],
             if g >= t.milli_gpu:
                 after = list(gpu_left)
                 after[i] -= t.milli_gpu
-                best = min(best, f.score(model, cpu_after, after) - before)
+                best = min(best, f.score(model, cpu_after, after, m1) - before)
         return best
     after = sub_pack(gpu_left, t)
     if after is None:
         return math.inf
-    return f.score(model, cpu_after, after) - before
+    return f.score(model, cpu_after, after, m1) - before
 
 
 #: ``fgd-lookahead``: nodes compared (the first in tie order whose FGD score is within
@@ -317,11 +353,15 @@ def score_random(c: PaperCluster, node: PaperNode, t: PodType) -> tuple[int, int
 
 #: policy name -> score function; ``random`` and ``first-fit`` are special-cased by the
 #: cluster (a uniform pick, and configuration order); ``fgd-whole`` and ``fgd-lookahead``
-#: (``fgd``'s score, then :meth:`PaperCluster._lookahead` among the near-best nodes) are ours
+#: (``fgd``'s score, then :meth:`PaperCluster._lookahead` among the near-best nodes) are ours,
+#: and so are ``fgd-mem`` and ``fgd-mem-lookahead``: the same with memory-aware
+#: fragmentation (:class:`Fragmentation`, ``type_memory``)
 PAPER_POLICIES: dict[str, ScoreFn] = {
     "fgd": score_fgd,
     "fgd-whole": score_fgd_whole,
     "fgd-lookahead": score_fgd,
+    "fgd-mem": score_fgd,
+    "fgd-mem-lookahead": score_fgd,
     "best-fit": score_best_fit,
     "dot-product": score_dot_product,
     "gpu-packing": score_gpu_packing,
@@ -338,8 +378,13 @@ PAPER_NAMES: dict[str, str] = {
 }
 
 #: scores that do not change with the node's state between calls are cached per node state
-_CACHEABLE = frozenset({"fgd", "fgd-whole", "fgd-lookahead", "best-fit", "dot-product",
-                        "gpu-packing", "gpu-clustering", "first-fit", "spread"})
+_CACHEABLE = frozenset({"fgd", "fgd-whole", "fgd-lookahead", "fgd-mem", "fgd-mem-lookahead",
+                        "best-fit", "dot-product", "gpu-packing", "gpu-clustering",
+                        "first-fit", "spread"})
+#: policies that add the look-ahead (:meth:`PaperCluster._lookahead`) to ``fgd``'s score
+LOOKAHEAD_POLICIES = frozenset({"fgd-lookahead", "fgd-mem-lookahead"})
+#: policies whose fragmentation also counts a type whose memory does not fit (ours)
+MEMORY_POLICIES = frozenset({"fgd-mem", "fgd-mem-lookahead"})
 
 
 class PaperCluster:
@@ -357,6 +402,10 @@ class PaperCluster:
         numa_strict: whole-GPU pods of at most as many GPUs as one NUMA node holds must take
             them from one NUMA node (``PaperNode.numa_of_gpu``); fragmentation then also counts
             free GPUs that only fit such pods across NUMA nodes (see :meth:`numa_fits`).
+        type_memory: MiB each workload type typically asks (``run_paper`` passes the median
+            over the trace's pods of the type); used by the memory-aware policies only
+            (:data:`MEMORY_POLICIES`), whose fragmentation then counts a type whose memory
+            does not fit the node's free memory.
 
     Raises:
         ValueError: unknown policy or duplicate node names.
@@ -365,7 +414,8 @@ class PaperCluster:
     def __init__(self, nodes: Iterable[PaperNode], policy: str,
                  typical: Sequence[tuple[PodType, float]] = (), seed: int | None = None,
                  exact_fgd: bool = False, numa_strict: bool = False,
-                 tie_order: Sequence[str] | None = None) -> None:
+                 tie_order: Sequence[str] | None = None,
+                 type_memory: Mapping[PodType, int] | None = None) -> None:
         if policy not in PAPER_POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose one of "
                              f"{', '.join(PAPER_POLICIES)}")
@@ -384,7 +434,10 @@ class PaperCluster:
             n.cache.clear()
         self.policy = policy
         self.fn = PAPER_POLICIES[policy]
-        self.frag = Fragmentation(typical)
+        self.mem_aware = policy in MEMORY_POLICIES
+        self.frag = Fragmentation(typical, type_memory if self.mem_aware else None)
+        #: the memory (MiB) of the pod being placed, for the memory-aware score
+        self.request_memory = 0
         self.rng = random.Random(seed)
         self.exact = exact_fgd
         self.numa_strict = numa_strict
@@ -469,9 +522,13 @@ class PaperCluster:
         best_gpu = -1
         cpu = t.milli_cpu
         wants_gpu = t.gpu_number > 0
-        key = self._type_ids.get(t)  # node caches are keyed by a small int, hashed fast
+        # node caches are keyed by a small int, hashed fast; the memory-aware score also
+        # depends on the pod's memory
+        tkey = (t, memory_mib) if self.mem_aware else t
+        key = self._type_ids.get(tkey)
         if key is None:
-            key = self._type_ids[t] = len(self._type_ids)
+            key = self._type_ids[tkey] = len(self._type_ids)
+        self.request_memory = memory_mib
         for n in self.ranked:
             if n.cpu_left < cpu or n.memory_left < memory_mib:
                 continue
@@ -490,7 +547,7 @@ class PaperCluster:
                 best, best_score, best_gpu = n, s, got[1]
         if best is None:
             return None
-        if self.policy == "fgd-lookahead" and not self.numa_strict:
+        if self.policy in LOOKAHEAD_POLICIES and not self.numa_strict:
             return self._lookahead(t, memory_mib, key, best_score, best, best_gpu)
         return best, best_gpu
 
@@ -509,11 +566,13 @@ class PaperCluster:
         key = self._type_ids.get(("la", t))
         if key is None:
             key = self._type_ids[("la", t)] = len(self._type_ids)
+        mem = self.mem_aware
         b1, n1, b2 = math.inf, None, math.inf
         for n in self.ranked:
             g = n.cache.get(key)
             if g is None:
-                g = n.cache[key] = _growth(self, n.model, n.cpu_left, n.gpu_left, t) \
+                g = n.cache[key] = _growth(self, n.model, n.cpu_left, n.gpu_left, t,
+                                           n.memory_left if mem else None) \
                     if (not t.gpu_number or n.gpus) else math.inf
             if g < b1:
                 b1, n1, b2 = g, n, b1
@@ -557,13 +616,17 @@ class PaperCluster:
             else:
                 gl = sub_pack(n.gpu_left, t) if t.gpu_number else list(n.gpu_left)
             cpu_after = n.cpu_left - t.milli_cpu
+            m0 = m1 = None
+            if self.mem_aware:
+                m0 = n.memory_left
+                m1 = m0 - memory_mib
             v = 0.0
             if LOOKAHEAD_OWN:
                 f = self.frag
-                v = LOOKAHEAD_OWN * (f.score(n.model, cpu_after, gl)
-                                     - f.score(n.model, n.cpu_left, n.gpu_left))
+                v = LOOKAHEAD_OWN * (f.score(n.model, cpu_after, gl, m1)
+                                     - f.score(n.model, n.cpu_left, n.gpu_left, m0))
             for u, p, (b1, n1, b2) in nxt:
-                here = _growth(self, n.model, cpu_after, gl, u) \
+                here = _growth(self, n.model, cpu_after, gl, u, m1) \
                     if (not u.gpu_number or n.gpus) else math.inf
                 other = b2 if n1 is n else b1
                 g = min(here, other)

@@ -51,6 +51,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from gpuspawner.simulate.paper import (
+    MEMORY_POLICIES,
     MILLI,
     PAPER_NAMES,
     PAPER_POLICIES,
@@ -273,7 +274,9 @@ def run_paper(rows: Sequence[tuple[str, int, int, int, str]], tasks: Sequence[Ta
     work = tune_workload(tasks, cap, 1.3, rng)
     ranked = rank_nodes([n.name for n in nodes], rng) if node_order == "shuffled" else None
     cluster = PaperCluster(nodes, policy, typical, seed=seed, exact_fgd=exact_fgd,
-                           numa_strict=(numa == "strict"), tie_order=ranked)
+                           numa_strict=(numa == "strict"), tie_order=ranked,
+                           type_memory=type_memory(tasks) if policy in MEMORY_POLICIES
+                           else None)
     arrived = 0
     placed = rejected = 0
     lat: list[int] = []
@@ -316,6 +319,16 @@ def run_paper(rows: Sequence[tuple[str, int, int, int, str]], tasks: Sequence[Ta
         "decision_us_p50": _percentile(lat, 50), "decision_us_p99": _percentile(lat, 99),
         "typical_pods": len(typical), "wall_s": time.perf_counter() - t_start, **extra,
     }
+
+
+def type_memory(tasks: Sequence[Task]) -> dict[PodType, int]:
+    """The memory each pod type of ``tasks`` typically asks, MiB: the lower median over the
+    type's pods (on the Alibaba traces most types ask one amount), for the memory-aware
+    policies (:data:`~gpuspawner.simulate.paper.MEMORY_POLICIES`)."""
+    seen: dict[PodType, list[int]] = {}
+    for _name, t, mem in tasks:
+        seen.setdefault(t, []).append(mem)
+    return {t: statistics.median_low(v) for t, v in seen.items()}
 
 
 def _job(args: tuple) -> dict[str, Any]:
