@@ -124,6 +124,8 @@ class ShapeRanks:
         miss = _MISS
         added = 0
         for sid, keys in c.by_sid.items():
+            # the after-table first, as policies._fgd's pass does: calling frag.after for
+            # every signature made a rebuild ~30 % slower (thread time over a 1,523-node fill)
             after = afters.get(sid, miss)
             if after is miss:
                 after = frag.after(sid, d)
