@@ -8,10 +8,12 @@ import math
 import random
 from collections.abc import Callable, Sequence
 
+import pytest
+
 from gpuspawner.placement import Bundle, Ledger, Owner, PlacementRefused
 from gpuspawner.placement import lookahead as la
 from gpuspawner.placement.workload import PodType
-from tests.factories import make_node
+from tests.factories import GiB, make_node
 
 #: shares of 300 and 500 milli-GPU, half each (1 core each, as the bundles below)
 WORKLOAD = [(PodType(1000, 300, 1), 0.5), (PodType(1000, 500, 1), 0.5)]
@@ -83,8 +85,9 @@ def churn(led: Ledger, rng: random.Random, steps: int, shapes: Sequence[Bundle],
 
 def brute_best_two(c, nxt):
     out = []
-    for du, cu, _p, _m in nxt:
-        gs = sorted((la._growth(c.frag, k[0], k[1], du, cu), k) for k in c.buckets)
+    for du, cu, _p, _m, mu in nxt:
+        gs = sorted((la._growth(c.frag, k[0], k[1], du, cu, c.frag.mem_left(k[2]), mu), k)
+                    for k in c.buckets)
         gs = [(g, k) for g, k in gs if g != math.inf]
         if not gs:
             out.append((math.inf, None, math.inf))
@@ -93,20 +96,28 @@ def brute_best_two(c, nxt):
     return out
 
 
-def test_kept_heaps_agree_with_a_full_scan_under_churn() -> None:
+@pytest.mark.parametrize("policy", ["fgd-lookahead", "fgd-mem-lookahead"])
+def test_kept_heaps_agree_with_a_full_scan_under_churn(policy: str) -> None:
     # Random bookings and releases on 30 nodes: after every step the best and second-best
     # growth per next type kept across decisions equal a scan of every bucket (the key of the
-    # best may differ only where two buckets tie).
+    # best may differ only where two buckets tie). The memory-aware policy's types ask memory
+    # (given), so growths also depend on the buckets' memory class.
     rng = random.Random(7)
     nodes = [make_node(f"n{i:02d}", gpus=rng.choice((1, 2, 4, 8)), cores=rng.choice((8, 16, 32)),
-                       shareable=True) for i in range(30)]
+                       shareable=True, memory_gib=rng.choice((16, 32, 64)))
+             for i in range(30)]
     workload = [(PodType(1000, 1000, 1), 0.3), (PodType(2000, 500, 1), 0.3),
                 (PodType(4000, 1000, 2), 0.2), (PodType(2000), 0.1), (PodType(1000, 250, 1), 0.1)]
-    led = Ledger(nodes, "fgd-lookahead", workload=workload)
+    led = Ledger(nodes, policy, workload=workload)
     c = led._c
+    if policy == "fgd-mem-lookahead":
+        c.frag.set_workload(workload, memory={t: 1024 * (3 + 2 * i)
+                                              for i, (t, _p) in enumerate(workload)})
     nxt = la.next_types(c.frag)
-    shapes = [Bundle(cores=1, gpus=1), Bundle(cores=2, gpu_milli=500), Bundle(cores=4, gpus=2),
-              Bundle(cores=2), Bundle(cores=1, gpu_milli=250)]
+    assert any(mu for *_x, mu in nxt) == (policy == "fgd-mem-lookahead")
+    shapes = [Bundle(cores=1, gpus=1, memory_bytes=4 * GiB), Bundle(cores=2, gpu_milli=500),
+              Bundle(cores=4, gpus=2, memory_bytes=9 * GiB), Bundle(cores=2),
+              Bundle(cores=1, gpu_milli=250, memory_bytes=2 * GiB)]
     checked = []
 
     def check(step: int) -> None:

@@ -19,6 +19,14 @@ For a node *n* and the target workload, a list of typical task types *m* with fr
 ones, so free GPUs stranded on the other NUMA nodes are fragment for it and it does not fit
 when no NUMA node has k free. This is what ``strict`` placement needs.
 
+**Memory (ours, ``fgd-mem`` and ``fgd-mem-lookahead``):** with ``memory_aware``, a type whose
+typical memory (:attr:`FragmentationModel.memory`, MiB: the lower median of what the bundles
+of that type asked) does not fit the node's free memory counts all free milli-GPU, as one
+whose CPU does not fit. The free memory read is the lower bound of the node's memory class
+(:func:`mem_class`, :func:`mem_low`: within 1/8 of the free MiB), so that a bucket's rank is
+a function of its key (:mod:`.rank_index`). The paper's F has no memory term; the rule and
+what it wins are in docs/placement.md "Memory-aware fragmentation".
+
 CPU is the node's free logical CPUs x 1000 (the ledger books whole CPUs). Scores are computed on
 the node's GPU *signature* (:attr:`~.state.NodeState.sig`) and free CPU, so equal nodes are
 scored once. Units: milli-GPU, milli-CPU.
@@ -27,7 +35,7 @@ scored once. Units: milli-GPU, milli-CPU.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from .units import GPU_MILLI
@@ -40,6 +48,39 @@ _MISS = object()
 #: a learned workload replaces the one in use when its total variation distance from it is at
 #: least this (:class:`FragmentationModel`)
 REFRESH_TOLERANCE = 0.05
+
+#: mantissa bits of the memory classes of the memory-aware policies (:func:`mem_class`):
+#: classes are exact below 16 MiB, then 8 per power of two (steps of 1/8 to 1/16)
+MEM_BITS = 3
+_MEM_EXACT = 1 << (MEM_BITS + 1)
+#: free memory of "memory not looked at": above every type's memory
+MEM_ANY = 1 << 62
+
+
+def mem_class(mib: int, fine: bool) -> int:
+    """The memory class of ``mib`` free MiB in a ledger bucket key: its bit length (classes
+    of powers of two: the ``fgd`` policies skip a bucket whose nodes are all too small), or,
+    with ``fine`` (the memory-aware policies), a log-linear class with :data:`MEM_BITS`
+    mantissa bits, as a floating-point number's exponent and leading bits: exact below 16
+    MiB, then 8 classes per power of two. Classes are monotone in ``mib``, so a bundle of
+    ``m`` MiB can fit only buckets of class ``>= mem_class(m, fine)``."""
+    e = mib.bit_length()
+    if not fine:
+        return e
+    if e <= MEM_BITS + 1:
+        return mib
+    s = e - MEM_BITS - 1
+    return (s << MEM_BITS) + (mib >> s)
+
+
+def mem_low(c: int, fine: bool) -> int:
+    """The smallest MiB of memory class ``c`` (:func:`mem_class`)."""
+    if not fine:
+        return (1 << c) >> 1
+    if c < _MEM_EXACT:
+        return c
+    s = (c >> MEM_BITS) - 1
+    return (c - (s << MEM_BITS)) << s
 
 
 @dataclass(frozen=True)
@@ -181,12 +222,29 @@ class FragmentationModel:
     p99; docs/placement.md "Speed").
 
     Signatures are interned to small integer ids (:meth:`intern`).
+
+    With ``memory_aware`` (``fgd-mem``, ``fgd-mem-lookahead``), F also counts a type whose
+    memory does not fit (module docstring). A type's memory (:attr:`memory`, MiB) is the one
+    given to :meth:`set_workload`, or else the lower median of the memory of the bundles of
+    that type seen so far (:meth:`observe`), re-read at the same points as the learned
+    workload; a change clears the score caches. Without it, the memory arguments below are
+    ignored and F is the one above to the last bit.
     """
 
     def __init__(self, workload: list[tuple[PodType, float]] | None = None,
                  numa_aware: bool = True, refresh_every: int = 512,
-                 refresh_tolerance: float = REFRESH_TOLERANCE) -> None:
+                 refresh_tolerance: float = REFRESH_TOLERANCE,
+                 memory_aware: bool = False,
+                 memory: Mapping[PodType, int] | None = None) -> None:
         self.numa_aware = numa_aware
+        self.memory_aware = memory_aware
+        #: type -> MiB it typically asks (absent: 0); read by the memory-aware F only
+        self.memory: dict[PodType, int] = dict(memory or {})
+        self._memory_given = memory is not None
+        #: type -> {MiB asked: bundles seen}
+        self.mem_counts: dict[PodType, dict[int, int]] = {}
+        self._mem_levels: list[int] = []
+        self._mmul = 1
         self.refresh_every = refresh_every
         self.refresh_tolerance = refresh_tolerance
         self.static = workload is not None
@@ -223,13 +281,49 @@ class FragmentationModel:
         self._kvals: dict[int, list[int]] = {}
         self._kvals_by: dict[tuple, dict[int, list[int]]] = {}
 
-    def set_workload(self, workload: list[tuple[PodType, float]] | None) -> None:
-        """Use a static workload (None: go back to learning it online)."""
+    def set_workload(self, workload: list[tuple[PodType, float]] | None,
+                     memory: Mapping[PodType, int] | None = None) -> None:
+        """Use a static workload (None: go back to learning it online). ``memory``: MiB each
+        type typically asks, for the memory-aware F (None: learned from the bundles seen,
+        :meth:`observe`)."""
         self.static = workload is not None
         self.workload = list(workload or [])
         if workload is None:
             self.workload = typical_pods(self.counts)
+        self._memory_given = memory is not None
+        self.memory = dict(memory or {})
+        self._learn_memory()
         self._drop_scores()
+
+    def set_memory_aware(self, on: bool) -> None:
+        """Turn the memory term on or off (a policy switch); clears the score caches."""
+        if on != self.memory_aware:
+            self.memory_aware = on
+            self._learn_memory()
+            self._drop_scores()
+
+    def _learn_memory(self) -> bool:
+        """Re-read :attr:`memory` from the bundles seen (unless it was given): the lower
+        median per type of the workload (``statistics.median_low``, as the simulator's
+        ``paper_method.type_memory``). True when it changed."""
+        if self._memory_given or not self.memory_aware:
+            return False
+        new = {}
+        for t, _p in self.workload:
+            seen = self.mem_counts.get(t)
+            if seen:
+                n = sum(seen.values())
+                half = (n + 1) // 2  # the lower median: the ((n + 1) // 2)-th smallest
+                acc = 0
+                for mib in sorted(seen):
+                    acc += seen[mib]
+                    if acc >= half:
+                        new[t] = mib
+                        break
+        if new == self.memory:
+            return False
+        self.memory = new
+        return True
 
     def _drop_scores(self) -> None:
         """Clear every cache that depends on the workload: F, growths, policy keys, ranks
@@ -238,6 +332,7 @@ class FragmentationModel:
         self._delta.clear()
         self._keys.clear()
         self._ranks.clear()
+        self._parsed_for = None  # the levels and template too (the memory may have changed)
 
     def _parsed(self) -> list[tuple[PodType, float, frozenset[str]]]:
         """The workload with each type's allowed models parsed (cached per workload)."""
@@ -245,7 +340,11 @@ class FragmentationModel:
             self._parsed_list = [(t, p, allowed_models(t)) for t, p in self.workload]
             self._parsed_for = self.workload
             self._cpu_levels = sorted({t.milli_cpu for t, _ in self.workload})
-            self._lvmul = len(self._cpu_levels) + 1  # CPU levels are 0..len
+            mem = self.memory if self.memory_aware else {}
+            self._mem_levels = sorted({m for t, _ in self.workload if (m := mem.get(t, 0))})
+            self._mmul = len(self._mem_levels) + 1  # memory levels are 0..len
+            # a node's level: CPU level * _mmul + memory level (0 without the memory term)
+            self._lvmul = (len(self._cpu_levels) + 1) * self._mmul  # CPU levels are 0..len
             # the distinct GPU demands ("kinds") of the workload, grouped by allowed models
             # (sorted, so that a new workload with the same kinds keeps their values)
             kinds = {k: i for i, k in enumerate(sorted(
@@ -254,7 +353,7 @@ class FragmentationModel:
                 key=lambda k: (sorted(k[0]), *k[1:])))}
             self._template = [
                 (p, kinds[(models, t.is_share, t.milli_gpu, t.gpu_number)] if t.milli_gpu
-                 else -1, t.milli_cpu) for t, p, models in self._parsed_list]
+                 else -1, t.milli_cpu, mem.get(t, 0)) for t, p, models in self._parsed_list]
             if tuple(kinds) != self._kinds_key:
                 self._kinds_key = tuple(kinds)
                 if len(self._kvals_by) > 8:
@@ -284,26 +383,38 @@ class FragmentationModel:
         """The signature of an id."""
         return self._sigs[sid]
 
-    def observe(self, t: PodType) -> None:
-        """Count one arriving request (used while no static workload is set)."""
+    def observe(self, t: PodType, mib: int = 0) -> None:
+        """Count one arriving request of ``mib`` MiB memory (the workload is learned from
+        them while no static one is set; the types' memory while none was given)."""
         self.counts[t] = self.counts.get(t, 0) + 1
-        if self.static:
+        seen = self.mem_counts.get(t)
+        if seen is None:
+            seen = self.mem_counts[t] = {}
+        seen[mib] = seen.get(mib, 0) + 1
+        if self.static and not self.memory_aware:
             return
         self._since += 1
         if self._since >= self._next_refresh:
             self._since = 0
             self._next_refresh = min(self.refresh_every, self._next_refresh * 2)
-            new = typical_pods(self.counts)
-            if new != self.workload and (
-                    workload_distance(new, self.workload) >= self.refresh_tolerance):
-                self.workload = new
+            if not self.static:
+                new = typical_pods(self.counts)
+                if new != self.workload and (
+                        workload_distance(new, self.workload) >= self.refresh_tolerance):
+                    self.workload = new
+                    self._learn_memory()
+                    self._drop_scores()
+                    return
+            if self._learn_memory():
                 self._drop_scores()
 
-    def score(self, sid: int, cpu_left: int) -> float:
-        """F(n) in milli-GPU for signature id ``sid`` and ``cpu_left`` free milli-CPU."""
-        # F depends on cpu_left only through which types' milli-CPU it reaches: key by that
+    def score(self, sid: int, cpu_left: int, mem_left: int = MEM_ANY) -> float:
+        """F(n) in milli-GPU for signature id ``sid``, ``cpu_left`` free milli-CPU and
+        ``mem_left`` free MiB (read only when memory-aware)."""
+        # F depends on cpu_left (mem_left) only through which types' milli-CPU (memory) it
+        # reaches: key by that
         self._parsed()
-        key = sid * self._lvmul + bisect_right(self._cpu_levels, cpu_left)
+        key = sid * self._lvmul + self.level(cpu_left, mem_left)
         s = self._score.get(key)
         if s is None:
             if len(self._score) > 1_000_000:
@@ -321,9 +432,29 @@ class FragmentationModel:
                 if len(self._kvals) > 200_000:
                     self._kvals.clear()
                 vals = self._kvals[sid] = self._kind_values(self._sigs[sid], total)
-            s = self._score[key] = sum([p * (total if ki < 0 or cpu_left < c else vals[ki])
-                                        for p, ki, c in self._template])
+            s = self._score[key] = sum([
+                p * (total if ki < 0 or cpu_left < c or mem_left < m else vals[ki])
+                for p, ki, c, m in self._template])
         return s
+
+    def level(self, cpu_left: int, mem_left: int = MEM_ANY) -> int:
+        """A node's level: which of the workload's milli-CPU and (memory-aware) memory levels
+        ``cpu_left`` milli-CPU and ``mem_left`` MiB reach; F of a signature depends on free
+        CPU and memory only through it."""
+        self._parsed()
+        lv = bisect_right(self._cpu_levels, cpu_left)
+        if self._mmul > 1:
+            return lv * self._mmul + bisect_right(self._mem_levels, mem_left)
+        return lv
+
+    def mem_need(self, mib: int) -> int:
+        """The smallest bucket memory class that may hold ``mib`` MiB (:func:`mem_class`)."""
+        return mem_class(mib, self.memory_aware)
+
+    def mem_left(self, cls: int) -> int:
+        """The free MiB the memory-aware F reads for a bucket of memory class ``cls``: the
+        class's lower bound (:data:`MEM_ANY` without the memory term)."""
+        return mem_low(cls, True) if self.memory_aware else MEM_ANY
 
     def _kind_values(self, sig: Signature, total: int) -> list[int]:
         """F(n, m) for each GPU kind of the workload when m's CPU fits, for a node of
@@ -387,18 +518,23 @@ class FragmentationModel:
         after = table[sid] = None if sig is None else self.intern(sig)
         return after
 
-    def ranker(self, d: Demand, cpu: int, quantize: bool
-               ) -> Callable[[int, int], int | float | None]:
-        """``rank(sid, cpu_left)``: ``fgd``'s rank of a node (lower is better) for a task of
-        GPU demand ``d`` and ``cpu`` milli-CPU on a node of signature ``sid`` with
-        ``cpu_left`` free milli-CPU: minus the FGD plugin's integer score of the growth
-        :meth:`delta` (:func:`~.workload.fgd_score_from_delta`, ``fgd_score.go``) when
-        ``quantize``, else the growth rounded to 1e-6; None when the GPUs do not fit.
+    def ranker(self, d: Demand, cpu: int, quantize: bool, mib: int = 0
+               ) -> Callable[[int, int, int], int | float | None]:
+        """``rank(sid, cpu_left, mem_class)``: ``fgd``'s rank of a node (lower is better) for
+        a task of GPU demand ``d``, ``cpu`` milli-CPU and ``mib`` MiB on a node of signature
+        ``sid`` with ``cpu_left`` free milli-CPU and bucket memory class ``mem_class`` (read
+        as :meth:`mem_left`; ignored without the memory term): minus the FGD plugin's
+        integer score of the growth :meth:`delta` (:func:`~.workload.fgd_score_from_delta`,
+        ``fgd_score.go``) when ``quantize``, else the growth rounded to 1e-6; None when the
+        GPUs do not fit.
 
-        Ranks are cached by the CPU levels of ``cpu_left`` and ``cpu_left - cpu`` (F depends
-        on free CPU only through them), so requests that differ only in CPU share entries.
-        The function is valid until the workload changes (get a new one per decision)."""
+        Ranks are cached by the levels (:meth:`level`) before and after the task (F depends
+        on free CPU and memory only through them), so requests that differ only in CPU or
+        memory share entries. The function is valid until the workload changes (get a new
+        one per decision)."""
         self._parsed()
+        if self._mmul > 1:
+            return self._ranker_mem(d, cpu, quantize, mib)
         lv = self._cpu_levels
         table = self._ranks.get((d, quantize))
         if table is None:
@@ -414,7 +550,7 @@ class FragmentationModel:
         miss = _MISS
         mul = self._lvmul
 
-        def rank(sid: int, cpu_left: int) -> int | float | None:
+        def rank(sid: int, cpu_left: int, _mem: int = 0) -> int | float | None:
             la = bisect_right(lv, cpu_left - cpu)
             lb = bisect_right(lv, cpu_left)
             k = (sid * mul + la) * mul + lb  # an int key (see _score)
@@ -439,12 +575,51 @@ class FragmentationModel:
 
         return rank
 
-    def delta(self, sid: int, cpu_left: int, d: Demand, cpu: int) -> float | None:
-        """Growth of F when a task of GPU demand ``d`` and ``cpu`` milli-CPU is placed on a node
-        with signature ``sid`` and ``cpu_left`` free milli-CPU (GPUs taken the way
-        :mod:`.devices` takes them, :func:`apply`); None if its GPUs do not fit."""
-        table = self.deltas(d, cpu)
-        key = (sid, cpu_left)
+    def _ranker_mem(self, d: Demand, cpu: int, quantize: bool, mib: int
+                    ) -> Callable[[int, int, int], int | float | None]:
+        """:meth:`ranker` with the memory term: the levels also read the bucket's free memory
+        (:meth:`mem_left`) before and ``mib`` less after."""
+        table = self._ranks.get((d, quantize))
+        if table is None:
+            if len(self._ranks) > 10_000:
+                self._ranks.clear()
+            table = self._ranks[(d, quantize)] = {}
+        elif len(table) > 200_000:
+            table.clear()
+        after_of = self.after
+        score = self.score
+        level = self.level
+        mul = self._lvmul
+        miss = _MISS
+
+        def rank(sid: int, cpu_left: int, mem_cls: int = 0) -> int | float | None:
+            m = mem_low(mem_cls, True)
+            la = level(cpu_left - cpu, m - mib)
+            lb = level(cpu_left, m)
+            k = (sid * mul + la) * mul + lb
+            r = table.get(k, miss)
+            if r is not miss:
+                return r  # type: ignore[return-value]
+            after = after_of(sid, d)
+            if after is None:
+                table[k] = None
+                return None
+            # m < mib is ranked (memory level 0 after), not refused: a node of the class may
+            # have up to 1/8 more than m free, and the device plan decides
+            delta = score(after, cpu_left - cpu, m - mib) - score(sid, cpu_left, m)
+            out = table[k] = -fgd_score_from_delta(delta) if quantize else round(delta, 6)
+            return out
+
+        return rank
+
+    def delta(self, sid: int, cpu_left: int, d: Demand, cpu: int, mem_left: int = MEM_ANY,
+              mib: int = 0) -> float | None:
+        """Growth of F when a task of GPU demand ``d``, ``cpu`` milli-CPU and ``mib`` MiB is
+        placed on a node with signature ``sid``, ``cpu_left`` free milli-CPU and ``mem_left``
+        free MiB (GPUs taken the way :mod:`.devices` takes them, :func:`apply`); None if its
+        GPUs (or, memory-aware, its memory) do not fit."""
+        table = self.deltas(d, cpu, mib)
+        key = (sid, cpu_left, mem_left)
         try:
             return table[key]
         except KeyError:
@@ -452,26 +627,32 @@ class FragmentationModel:
         after = self.after(sid, d)
         if len(table) > 200_000:
             table.clear()
-        out = None if after is None else (self.score(after, cpu_left - cpu)
-                                          - self.score(sid, cpu_left))
+        if after is None or (self.memory_aware and mem_left < mib):
+            out = None
+        else:
+            out = (self.score(after, cpu_left - cpu, mem_left - mib)
+                   - self.score(sid, cpu_left, mem_left))
         table[key] = out
         return out
 
-    def deltas(self, d: Demand, cpu: int) -> dict[tuple[int, int], float | None]:
-        """The cache of :meth:`delta` for one request: ``(signature id, free milli-CPU) ->
-        growth``. A policy looks there first and calls :meth:`delta` on a miss."""
-        table = self._delta.get((d, cpu))
+    def deltas(self, d: Demand, cpu: int, mib: int = 0
+               ) -> dict[tuple[int, int, int], float | None]:
+        """The cache of :meth:`delta` for one request: ``(signature id, free milli-CPU, free
+        MiB) -> growth``. A policy looks there first and calls :meth:`delta` on a miss."""
+        table = self._delta.get((d, cpu, mib))
         if table is None:
             if len(self._delta) > 10_000:
                 self._delta.clear()
-            table = self._delta[(d, cpu)] = {}
+            table = self._delta[(d, cpu, mib)] = {}
         return table
 
-    def keys(self, d: Demand, cpu: int, quantize: bool) -> dict[tuple, float | int | None]:
+    def keys(self, d: Demand, cpu: int, quantize: bool, mib: int = 0
+             ) -> dict[tuple, float | int | None]:
         """A cache for a policy that ranks nodes by a function of :meth:`delta` (``fgd``'s
         integer plugin score, or the rounded growth): ``bucket key -> rank key`` for one
-        request, cleared whenever the deltas are (a new workload)."""
-        k = (d, cpu, quantize)
+        request of ``mib`` MiB (counted only when memory-aware), cleared whenever the deltas
+        are (a new workload)."""
+        k = (d, cpu, quantize, mib if self.memory_aware else 0)
         table = self._keys.get(k)
         if table is None:
             if len(self._keys) > 10_000:

@@ -26,7 +26,7 @@ from .ledger_health import NODE_STATES, LedgerHealth
 from .ledger_index import IndexMaintenance, LedgerIndex, affinity_tag, node_profile
 from .ledger_restore import LedgerRestore
 from .model import GPU_MILLI, Allocation, Bundle, GPUShare, MigShare, Node, Owner, now
-from .policies import DEFAULT_POLICY, POLICIES, get_policy, pod_type_of
+from .policies import DEFAULT_POLICY, MEMORY_POLICIES, POLICIES, get_policy, pod_type_of
 from .prior import LivePrior
 from .quota import QuotaTable, Usage
 from .state import NodeState, Plan
@@ -76,7 +76,8 @@ class Ledger(LedgerCapacity, LedgerRestore, LedgerHealth, IndexMaintenance):
         self._policy = get_policy(policy)
         self.quotas = quotas or QuotaTable()
         self._clock = clock
-        self._c = LedgerIndex(rng=random.Random(seed), frag=FragmentationModel(workload))
+        self._c = LedgerIndex(rng=random.Random(seed), frag=FragmentationModel(
+            workload, memory_aware=policy in MEMORY_POLICIES))
         self.prior = prior if workload is None else None
         self._prior_refresh_s = prior_refresh_s
         self._prior_read: float | None = None
@@ -150,6 +151,10 @@ class Ledger(LedgerCapacity, LedgerRestore, LedgerHealth, IndexMaintenance):
         fn = get_policy(name)
         with self._lock:
             self._policy, self.policy_name = fn, name
+            mem = name in MEMORY_POLICIES
+            if mem != self._c.frag.memory_aware:
+                self._c.frag.set_memory_aware(mem)
+                self._rebucket_all()
 
     # -- queries -----------------------------------------------------------------------------
     def allocations(self, user: str | None = None) -> list[Allocation]:
@@ -189,7 +194,7 @@ class Ledger(LedgerCapacity, LedgerRestore, LedgerHealth, IndexMaintenance):
         """Count ``bundle`` as one arriving request of ``fgd``'s online workload model (what
         :meth:`reserve` does unless ``observe=False``)."""
         with self._lock:
-            self._c.frag.observe(pod_type_of(bundle))
+            self._c.frag.observe(pod_type_of(bundle), bundle.memory_bytes >> 20)
 
     def check_quota(self, bundle: Bundle, owner: Owner,
                     quotas: QuotaTable | None = None) -> None:
@@ -244,7 +249,7 @@ class Ledger(LedgerCapacity, LedgerRestore, LedgerHealth, IndexMaintenance):
             (quotas or self.quotas).check(owner.user, owner.groups, _bundle_usage(bundle),
                                           self.usage(owner.user), self._group_used)
             if observe:
-                self._c.frag.observe(pod_type_of(bundle))
+                self._c.frag.observe(pod_type_of(bundle), bundle.memory_bytes >> 20)
             if self.prior is not None:
                 t = self._clock()
                 if self._prior_read is None or t - self._prior_read >= self._prior_refresh_s:

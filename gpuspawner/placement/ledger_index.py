@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from .fragmentation import FragmentationModel
+from .fragmentation import FragmentationModel, mem_class
 from .model import GPU_MILLI, Allocation
 from .rank_index import KEEP
 from .state import NodeState
@@ -90,9 +90,26 @@ class IndexMaintenance:
         """(GPU signature id, free cores, free-memory class); the class is the bit length of
         the free MiB, so class c holds amounts in [2**(c-1), 2**c - 1] and the ``fgd`` policy
         can skip a whole bucket whose nodes are all too small. Free cores are exact: the
-        fragmentation depends on them (a task type that no longer fits the CPU)."""
-        return (self._c.frag.intern(st.sig), st.free_cpu_count(),
-                (st.free_memory() >> 20).bit_length())
+        fragmentation depends on them (a task type that no longer fits the CPU). Under a
+        memory-aware policy the fragmentation reads free memory too, so the class is finer
+        (:func:`~.fragmentation.mem_class`: 8 per power of two)."""
+        frag = self._c.frag
+        return (frag.intern(st.sig), st.free_cpu_count(),
+                mem_class(st.free_memory() >> 20, frag.memory_aware))
+
+    def _rebucket_all(self) -> None:
+        """Put every node in a new bucket of its current key, every index and cache that
+        reads bucket keys started afresh (a switch to or from a memory-aware policy changes
+        what the keys' memory class means)."""
+        c = self._c
+        c.changes_base += len(c.changes)
+        for d in (c.buckets, c.versions, c.no_fit, c.spent, c.first_name, c.by_sid,
+                  c.rank_heaps, c.lookahead, c.shapes):
+            d.clear()
+        c.created.clear()
+        c.changes.clear()
+        for st in c.states:
+            self._rebucket(st, grew=False)
 
     def _rebucket(self, st: NodeState, old: tuple[int, int, int] | None = None,
                   grew: bool = True) -> None:

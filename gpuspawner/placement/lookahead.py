@@ -19,6 +19,11 @@ equal for fragmentation, so the look-ahead scores buckets:
    Candidates are tried by value, ties by name; when none has room (the device plan refuses)
    the plain ``fgd`` order follows.
 
+Under a memory-aware policy (``fgd-mem-lookahead``) growths are the memory-aware ones, each
+type *u* asks the memory it typically asks (``FragmentationModel.memory``) and a bucket's free
+memory is its class's lower bound (:meth:`~.fragmentation.FragmentationModel.mem_left`), as
+the simulator's ``fgd-mem-lookahead`` does with exact free memory.
+
 Units: milli-GPU (growths), milli-CPU. Pure: standard library only.
 """
 
@@ -53,40 +58,45 @@ def type_demand(t: PodType) -> tuple[Demand, int]:
     return Demand(t.gpu_number, 0, models, False), t.milli_cpu
 
 
-def next_types(frag: FragmentationModel) -> list[tuple[Demand, int, float, int]]:
+def next_types(frag: FragmentationModel) -> list[tuple[Demand, int, float, int, int]]:
     """The :data:`TYPES` most likely types of ``frag``'s workload as ``(demand, milli-CPU,
-    probability renormalised over them, total milli-GPU)``; empty without a workload."""
+    probability renormalised over them, total milli-GPU, memory MiB)`` (memory 0 without the
+    memory term); empty without a workload."""
     top = sorted(frag.workload, key=lambda tp: -tp[1])[:TYPES]
     total = sum(p for _, p in top)
     if not total:
         return []
-    return [(*type_demand(t), p / total, t.total_milli_gpu) for t, p in top]
+    mem = frag.memory if frag.memory_aware else {}
+    return [(*type_demand(t), p / total, t.total_milli_gpu, mem.get(t, 0)) for t, p in top]
 
 
-def _growth(frag: FragmentationModel, sid: int, cores: int, d: Demand, cpu: int) -> float:
+def _growth(frag: FragmentationModel, sid: int, cores: int, d: Demand, cpu: int,
+            mem_left: int, mib: int) -> float:
     if cores * 1000 < cpu:
         return math.inf
-    g = frag.delta(sid, cores * 1000, d, cpu)
+    g = frag.delta(sid, cores * 1000, d, cpu, mem_left, mib)
     return math.inf if g is None else g
 
 
 def _best_two(state: dict, frag: FragmentationModel, buckets: dict[Key, dict],
-              created: list[Key], nxt: list[tuple[Demand, int, float, int]]
+              created: list[Key], nxt: list[tuple[Demand, int, float, int, int]]
               ) -> list[tuple[float, Key | None, float]]:
     """Per next type: (best growth over the buckets, its key, best growth on another key).
 
     Kept across decisions in ``state`` (the ledger's ``LedgerIndex.lookahead``): one min-heap
     of (growth, key) per type; a bucket's growth for a type depends only on its key (GPU
-    signature and free cores), so an entry stays right while its bucket exists. New buckets
+    signature, free cores and, memory-aware, memory class), so an entry stays right while its
+    bucket exists. New buckets
     come from ``created`` (``LedgerIndex.created``, appended by the ledger), gone ones are
     dropped when they reach the top (lazy deletion). Rebuilt from ``buckets`` when the
     workload changes or when ``created`` has grown past twice the buckets."""
     wl = frag.workload
     if state.get("workload") is not wl or len(created) > 2 * len(buckets) + 1024:
         heaps: list[list[tuple[float, Key]]] = []
-        for du, cu, _p, _m in nxt:
+        ml = frag.mem_left
+        for du, cu, _p, _m, mu in nxt:
             h = [(g, key) for key in buckets
-                 if (g := _growth(frag, key[0], key[1], du, cu)) != math.inf]
+                 if (g := _growth(frag, key[0], key[1], du, cu, ml(key[2]), mu)) != math.inf]
             heapify(h)
             heaps.append(h)
         created.clear()
@@ -96,8 +106,8 @@ def _best_two(state: dict, frag: FragmentationModel, buckets: dict[Key, dict],
     if seen < len(created):
         for key in created[seen:]:
             if key in buckets:
-                for (du, cu, _p, _m), h in zip(nxt, heaps, strict=True):
-                    g = _growth(frag, key[0], key[1], du, cu)
+                for (du, cu, _p, _m, mu), h in zip(nxt, heaps, strict=True):
+                    g = _growth(frag, key[0], key[1], du, cu, frag.mem_left(key[2]), mu)
                     if g != math.inf:
                         heappush(h, (g, key))
         state["seen"] = len(created)
@@ -118,11 +128,13 @@ def _best_two(state: dict, frag: FragmentationModel, buckets: dict[Key, dict],
 
 
 def order(frag: FragmentationModel, buckets: dict[Key, dict], created: list[Key],
-          state: dict, near: list[tuple[str, Key]], d: Demand, cores: int) -> list[Key]:
+          state: dict, near: list[tuple[str, Key]], d: Demand, cores: int,
+          mib: int = 0) -> list[Key]:
     """The candidate buckets ``near`` (``(smallest node name, key)``, already within
     :data:`SLACK` of the best FGD rank and able to take ``cores``) in look-ahead order (module
-    docstring): at most :data:`CANDIDATES`, the first by smallest node name, sorted by value
-    then name. ``buckets``: key -> {node name: state}; ``created`` and ``state``: see
+    docstring) for a bundle of GPU demand ``d``, ``cores`` cores and ``mib`` MiB (read only
+    when memory-aware): at most :data:`CANDIDATES`, the first by smallest node name, sorted by
+    value then name. ``buckets``: key -> {node name: state}; ``created`` and ``state``: see
     :func:`_best_two`."""
     near = nsmallest(CANDIDATES, near)
     if state.get("types_for") is not frag.workload:
@@ -133,14 +145,17 @@ def order(frag: FragmentationModel, buckets: dict[Key, dict], created: list[Key]
     best = _best_two(state, frag, buckets, created, nxt)
     scored = []
     for name, key in near:
-        sid, free, _mem = key
+        sid, free, mem = key
         after = frag.after(sid, d)
         if after is None:  # pragma: no cover - near holds buckets whose GPUs fit
             continue
         left = free - cores
-        v = OWN * (frag.score(after, left * 1000) - frag.score(sid, free * 1000)) if OWN else 0.0
-        for (du, cu, p, milli), (b1, k1, b2) in zip(nxt, best, strict=True):
-            here = _growth(frag, after, left, du, cu)
+        m0 = frag.mem_left(mem)
+        m1 = m0 - mib if frag.memory_aware else m0
+        v = (OWN * (frag.score(after, left * 1000, m1) - frag.score(sid, free * 1000, m0))
+             if OWN else 0.0)
+        for (du, cu, p, milli, mu), (b1, k1, b2) in zip(nxt, best, strict=True):
+            here = _growth(frag, after, left, du, cu, m1, mu)
             other = b2 if k1 == key and len(buckets[key]) == 1 else b1
             g = min(here, other)
             v += p * (milli if g == math.inf else g)

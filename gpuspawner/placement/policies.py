@@ -12,6 +12,10 @@ Policies, selectable by name (``POLICIES``):
     ``fgd``, then among the nodes within one score of the best the one after which the likely
     next requests fit with the least fragmentation growth (:mod:`.lookahead`; ours, measured
     in docs/placement.md "Beyond FGD").
+``fgd-mem``, ``fgd-mem-lookahead``
+    ``fgd`` and ``fgd-lookahead`` with memory-aware fragmentation (:mod:`.fragmentation`: a
+    task type whose memory does not fit the node counts all its free GPU; ours, measured in
+    docs/placement.md "Memory-aware fragmentation").
 ``best-fit``, ``dot-product``, ``gpu-packing``, ``gpu-clustering``, ``random``
     The paper's baselines, scored as in :mod:`.baselines` (highest score, ties by node name;
     ``random`` uniform among nodes that fit, seeded).
@@ -148,6 +152,11 @@ def random_fit(c: ClusterView, bundle: Bundle, spill: bool,
 
 _MISS = object()
 
+#: ``fgd`` decides from the candidate buckets kept across decisions (:mod:`.rank_index`);
+#: False: from a pass over every bucket with the same caches (tests/test_rank_index.py
+#: checks that both decide alike)
+RANK_INDEX = True
+
 
 def pod_type_of(bundle: Bundle) -> PodType:
     """The bundle as a fragmentation task type (:class:`~.workload.PodType`): cores x 1000
@@ -259,6 +268,7 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None,
     cores = bundle.cores
     cpu = cores * 1000
     mib = bundle.memory_bytes >> 20
+    need = frag.mem_need(mib)  # a bucket of a smaller memory class cannot hold the bundle
     if ok is None or static:
         shape = c.shapes.get((bundle, spill, static))
         if shape is None:
@@ -274,10 +284,11 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None,
         no_fit = {}
         spent = {}
     quantize = c.quantize
-    ranks = frag.keys(d, cpu, quantize)  # bucket key -> rank, cached until the workload changes
-    rank_of = frag.ranker(d, cpu, quantize)
-    if (ok is None or static) and quantize:
-        return _fgd_ranked(c, ShapeRanks(c, shape, d, cores, mib, ranks, rank_of, no_fit), d,
+    # bucket key -> rank, cached until the workload changes
+    ranks = frag.keys(d, cpu, quantize, mib)
+    rank_of = frag.ranker(d, cpu, quantize, mib)
+    if (ok is None or static) and quantize and RANK_INDEX:
+        return _fgd_ranked(c, ShapeRanks(c, shape, d, cores, need, ranks, rank_of, no_fit), d,
                            bundle, spill, ok, spent, look)
     versions = c.versions
     miss = _MISS
@@ -296,13 +307,13 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None,
         if after is None:
             continue
         for key in keys:
-            if cores > key[1] or mib >> key[2]:
+            if cores > key[1] or key[2] < need:
                 continue
             if no_fit and no_fit.get(key, -1) == versions[key]:
                 continue
             rank = ranks.get(key, miss)
             if rank is miss:
-                rank = ranks[key] = rank_of(sid, key[1] * 1000)
+                rank = ranks[key] = rank_of(sid, key[1] * 1000, key[2])
             if rank is not None:
                 append((rank, key))
                 if best is None or rank < best:
@@ -316,7 +327,7 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None,
         near = [(first_name(c, key), key) for rank, key in cands if rank <= lim]
         if len(near) > 1:
             for key in lookahead.order(frag, c.buckets, c.created, c.lookahead, near, d,
-                                       cores):
+                                       cores, mib):
                 got = _try_keys(c, [key], bundle, spill, ok, spent)
                 if got is not None:
                     return got
@@ -356,7 +367,7 @@ def _fgd_ranked(c: ClusterView, sr: ShapeRanks, d: Demand, bundle: Bundle, spill
                 for e in sr.smallest(r, lookahead.CANDIDATES)]
         if len(near) > 1:
             for key in lookahead.order(c.frag, c.buckets, c.created, c.lookahead, near, d,
-                                       bundle.cores):
+                                       bundle.cores, bundle.memory_bytes >> 20):
                 got = _try_keys(c, [key], bundle, spill, ok, spent)
                 if got is not None:
                     return got
@@ -556,6 +567,8 @@ PolicyFn = Callable[[ClusterView, Bundle, bool, "NodeFilter | None"], "Choice | 
 POLICIES: dict[str, PolicyFn] = {
     "fgd": fgd,
     "fgd-lookahead": fgd_lookahead,
+    "fgd-mem": fgd,
+    "fgd-mem-lookahead": fgd_lookahead,
     "first-fit": first_fit,
     "best-fit": best_fit_paper,
     "dot-product": dot_product,
@@ -565,6 +578,10 @@ POLICIES: dict[str, PolicyFn] = {
     "random": random_fit,
     "pack": best_fit,
 }
+
+#: policies whose fragmentation also counts a task type whose memory does not fit (ours; the
+#: ledger turns :attr:`~.fragmentation.FragmentationModel.memory_aware` on for them)
+MEMORY_POLICIES = frozenset({"fgd-mem", "fgd-mem-lookahead"})
 
 #: old names kept working
 ALIASES: dict[str, str] = {}

@@ -71,19 +71,20 @@ class ShapeRanks:
     """The candidate buckets of one decision's bundle shape, by rank then smallest node name.
 
     ``c`` is the policy's :class:`~.policies.ClusterView`; ``shape`` the bundle shape's id
-    (``ClusterView.shapes``); ``d`` its GPU demand, ``cores`` and ``mib`` (memory, MiB) what
-    a bucket's free cores and memory class must allow; ``ranks`` the fragmentation model's
+    (``ClusterView.shapes``); ``d`` its GPU demand, ``cores`` and ``need`` the free cores
+    and the memory class (:meth:`~.fragmentation.FragmentationModel.mem_need`) a bucket must
+    have at least; ``ranks`` the fragmentation model's
     rank table for the shape (:meth:`~.fragmentation.FragmentationModel.keys`: bucket key ->
     rank, lower is better; its identity says the workload is unchanged) and ``rank_of`` the
     function that fills it (:meth:`~.fragmentation.FragmentationModel.ranker`); ``no_fit``
     the shape's no-fit cache (bucket key -> version)."""
 
-    def __init__(self, c, shape: int, d, cores: int, mib: int, ranks: dict,
-                 rank_of: Callable[[int, int], int | float | None],
+    def __init__(self, c, shape: int, d, cores: int, need: int, ranks: dict,
+                 rank_of: Callable[[int, int, int], int | float | None],
                  no_fit: dict[Key, int]) -> None:
         self.c = c
         self.no_fit = no_fit
-        self._args = (d, cores, mib, ranks, rank_of)
+        self._args = (d, cores, need, ranks, rank_of)
         store = c.rank_heaps
         idx = store.pop(shape, None)  # put back last: the store is in order of use
         base = c.changes_base
@@ -118,7 +119,7 @@ class ShapeRanks:
         buckets = c.buckets
         first = c.first_name
         frag = c.frag
-        d, cores, mib, ranks, rank_of = self._args
+        d, cores, need, ranks, rank_of = self._args
         afters = frag.after_table(d)
         heaps = idx.heaps
         miss = _MISS
@@ -133,11 +134,11 @@ class ShapeRanks:
                 continue
             for key in keys:
                 _sid, free, mem = key
-                if cores > free or mib >> mem:
+                if cores > free or mem < need:
                     continue
                 r = ranks.get(key, miss)
                 if r is miss:
-                    r = ranks[key] = rank_of(sid, free * 1000)
+                    r = ranks[key] = rank_of(sid, free * 1000, mem)
                 if r is None:
                     continue
                 name = first.get(key)  # first_name(c, key), without a call per bucket
@@ -160,14 +161,14 @@ class ShapeRanks:
         buckets = c.buckets
         first = c.first_name
         frag = c.frag
-        d, cores, mib, ranks, rank_of = self._args
+        d, cores, need, ranks, rank_of = self._args
         afters = frag.after_table(d)
         heaps = idx.heaps
         miss = _MISS
         added = 0
         for key in keys:
             sid, free, mem = key
-            if cores > free or mib >> mem:
+            if cores > free or mem < need:
                 continue
             bucket = buckets.get(key)
             if bucket is None:
@@ -177,7 +178,7 @@ class ShapeRanks:
                 after = afters.get(sid, miss)
                 if after is miss:
                     after = frag.after(sid, d)
-                r = ranks[key] = None if after is None else rank_of(sid, free * 1000)
+                r = ranks[key] = None if after is None else rank_of(sid, free * 1000, mem)
             if r is None:
                 continue
             name = first.get(key)  # first_name(c, key), without a call per bucket
