@@ -130,6 +130,27 @@ def test_kept_heaps_agree_with_a_full_scan_under_churn(policy: str) -> None:
     assert len(checked) > 300
 
 
+def test_kept_heaps_follow_a_change_of_the_types_memory() -> None:
+    # fgd-mem-lookahead under a static workload whose types' memory is learned: when the
+    # memory changes (at a refresh point) but the workload does not, the per-type heaps
+    # kept across decisions must be rebuilt, or they hold growths of the old memory.
+    nodes = [make_node(f"n{i}", gpus=2, numa=1, cores=16, memory_gib=m, shareable=True)
+             for i, m in enumerate((8, 16, 24, 48))]
+    workload = [(PodType(1000, 1000, 1), 0.5), (PodType(1000, 500, 1), 0.5)]
+    led = Ledger(nodes, "fgd-mem-lookahead", workload=workload)
+    c = led._c
+    led.reserve(Bundle(cores=1, gpu_milli=500), Owner("u", "0"))  # builds the kept state
+    assert c.frag.memory == {}
+    la._best_two(c.lookahead, c.frag, c.buckets, c.created, la.next_types(c.frag))
+    for _ in range(16):  # the first refresh point: whole GPUs ask 20 GiB from now on
+        led.observe(Bundle(cores=1, gpus=1, memory_bytes=20 * GiB))
+    assert c.frag.memory[PodType(1000, 1000, 1)] == 20 * 1024
+    nxt = la.next_types(c.frag)
+    kept = la._best_two(c.lookahead, c.frag, c.buckets, c.created, nxt)
+    assert [(b1, b2) for b1, _k, b2 in kept] == [(b1, b2) for b1, _k, b2 in
+                                                 brute_best_two(c, nxt)]
+
+
 def test_plain_fgd_keeps_no_log_of_new_buckets() -> None:
     # The log of created buckets feeds fgd-lookahead's heaps only: a hub on fgd books and
     # releases for months, and the log must not grow with every booking.

@@ -246,6 +246,9 @@ class FragmentationModel:
         self.mem_counts: dict[PodType, dict[int, int]] = {}
         self._mem_levels: list[int] = []
         self._mmul = 1
+        #: bumped whenever the score caches are dropped (a new workload or types' memory):
+        #: what :mod:`.lookahead` keys its own state by
+        self.epoch = 0
         self.refresh_every = refresh_every
         self.refresh_tolerance = refresh_tolerance
         self.static = workload is not None
@@ -334,6 +337,7 @@ class FragmentationModel:
         self._keys.clear()
         self._ranks.clear()
         self._parsed_for = None  # the levels and template too (the memory may have changed)
+        self.epoch += 1
 
     def _parsed(self) -> list[tuple[PodType, float, frozenset[str]]]:
         """The workload with each type's allowed models parsed (cached per workload)."""
@@ -541,13 +545,7 @@ class FragmentationModel:
         if self._mmul > 1:
             return self._ranker_mem(d, cpu, quantize, mib)
         lv = self._cpu_levels
-        table = self._ranks.get((d, quantize))
-        if table is None:
-            if len(self._ranks) > 10_000:
-                self._ranks.clear()
-            table = self._ranks[(d, quantize)] = {}
-        elif len(table) > 200_000:
-            table.clear()
+        table = self._rank_table(d, quantize)
         afters = self.after_table(d)
         scores = self._score
         score = self.score
@@ -580,10 +578,10 @@ class FragmentationModel:
 
         return rank
 
-    def _ranker_mem(self, d: Demand, cpu: int, quantize: bool, mib: int
-                    ) -> Callable[[int, int, int], int | float | None]:
-        """:meth:`ranker` with the memory term: the levels also read the bucket's free memory
-        (:meth:`mem_left`) before and ``mib`` less after."""
+    def _rank_table(self, d: Demand, quantize: bool) -> dict[int, int | float | None]:
+        """The rank cache of one GPU demand: packed (signature id, level after, level
+        before) -> rank (bounded: cleared past 200,000 entries, all of them past 10,000
+        demands)."""
         table = self._ranks.get((d, quantize))
         if table is None:
             if len(self._ranks) > 10_000:
@@ -591,6 +589,13 @@ class FragmentationModel:
             table = self._ranks[(d, quantize)] = {}
         elif len(table) > 200_000:
             table.clear()
+        return table
+
+    def _ranker_mem(self, d: Demand, cpu: int, quantize: bool, mib: int
+                    ) -> Callable[[int, int, int], int | float | None]:
+        """:meth:`ranker` with the memory term: the levels also read the bucket's free memory
+        (:meth:`mem_left`) before and ``mib`` less after."""
+        table = self._rank_table(d, quantize)
         after_of = self.after
         score = self.score
         level = self.level

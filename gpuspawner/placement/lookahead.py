@@ -89,9 +89,9 @@ def _best_two(state: dict, frag: FragmentationModel, buckets: dict[Key, dict],
     bucket exists. New buckets
     come from ``created`` (``LedgerIndex.created``, appended by the ledger), gone ones are
     dropped when they reach the top (lazy deletion). Rebuilt from ``buckets`` when the
-    workload changes or when ``created`` has grown past twice the buckets."""
-    wl = frag.workload
-    if state.get("workload") is not wl or len(created) > 2 * len(buckets) + 1024:
+    workload or the types' memory changes (``FragmentationModel.epoch``) or when ``created``
+    has grown past twice the buckets."""
+    if state.get("epoch") != frag.epoch or len(created) > 2 * len(buckets) + 1024:
         heaps: list[list[tuple[float, Key]]] = []
         ml = frag.mem_left
         for du, cu, _p, _m, mu in nxt:
@@ -100,7 +100,7 @@ def _best_two(state: dict, frag: FragmentationModel, buckets: dict[Key, dict],
             heapify(h)
             heaps.append(h)
         created.clear()
-        state.update(workload=wl, heaps=heaps, seen=0)
+        state.update(epoch=frag.epoch, heaps=heaps, seen=0)
     heaps = state["heaps"]
     seen = state["seen"]
     if seen < len(created):
@@ -137,8 +137,8 @@ def order(frag: FragmentationModel, buckets: dict[Key, dict], created: list[Key]
     value then name. ``buckets``: key -> {node name: state}; ``created`` and ``state``: see
     :func:`_best_two`."""
     near = nsmallest(CANDIDATES, near)
-    if state.get("types_for") is not frag.workload:
-        state["types_for"], state["types"] = frag.workload, next_types(frag)
+    if state.get("types_for") != frag.epoch:
+        state["types_for"], state["types"] = frag.epoch, next_types(frag)
     nxt = state["types"]
     if len(near) <= 1 or not nxt:
         return [key for _name, key in near]
