@@ -411,8 +411,8 @@ class FragmentationModel:
                     self._drop_scores()
                 # a learned workload re-reads the memory only with a new workload: every
                 # change drops every score and rank index, and on the trace's fill the four
-                # re-reads between adoptions changed no decision (5 seeds x 2 traces) while
-                # their rebuilds raised the p99 (docs/placement.md)
+                # re-reads between adoptions changed no decision of fgd-mem-lookahead (5
+                # seeds x 2 traces) while their rebuilds raised the p99 (docs/placement.md)
                 return
             if self._learn_memory():
                 self._drop_scores()
