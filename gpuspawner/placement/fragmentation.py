@@ -83,6 +83,10 @@ def mem_low(c: int, fine: bool) -> int:
     return (c - (s << MEM_BITS)) << s
 
 
+#: :func:`mem_low` of every fine class of a MiB count below 2**63
+_MEM_LOWS = [mem_low(c, True) for c in range(mem_class((1 << 63) - 1, True) + 1)]
+
+
 @dataclass(frozen=True)
 class Demand:
     """A task type as the fragmentation measure sees it: whole GPUs ``gpus`` or a share
@@ -596,27 +600,42 @@ class FragmentationModel:
         """:meth:`ranker` with the memory term: the levels also read the bucket's free memory
         (:meth:`mem_left`) before and ``mib`` less after."""
         table = self._rank_table(d, quantize)
+        afters = self.after_table(d)
         after_of = self.after
+        scores = self._score
         score = self.score
-        level = self.level
+        cl = self._cpu_levels
+        ml = self._mem_levels
+        mm = self._mmul
         mul = self._lvmul
         miss = _MISS
+        low = _MEM_LOWS  # mem_low(c, True) of every class a MiB count can have
 
         def rank(sid: int, cpu_left: int, mem_cls: int = 0) -> int | float | None:
-            m = mem_low(mem_cls, True)
-            la = level(cpu_left - cpu, m - mib)
-            lb = level(cpu_left, m)
+            # the levels inline, as :meth:`level` computes them (a rank index rebuild asks
+            # this for every bucket)
+            m = low[mem_cls]
+            la = bisect_right(cl, cpu_left - cpu) * mm + bisect_right(ml, m - mib)
+            lb = bisect_right(cl, cpu_left) * mm + bisect_right(ml, m)
             k = (sid * mul + la) * mul + lb
             r = table.get(k, miss)
             if r is not miss:
                 return r  # type: ignore[return-value]
-            after = after_of(sid, d)
+            after = afters.get(sid, miss)
+            if after is miss:
+                after = after_of(sid, d)
             if after is None:
                 table[k] = None
                 return None
             # m < mib is ranked (memory level 0 after), not refused: a node of the class may
             # have up to 1/8 more than m free, and the device plan decides
-            delta = score(after, cpu_left - cpu, m - mib) - score(sid, cpu_left, m)
+            a = scores.get(after * mul + la)
+            if a is None:
+                a = score(after, cpu_left - cpu, m - mib)
+            b = scores.get(sid * mul + lb)
+            if b is None:
+                b = score(sid, cpu_left, m)
+            delta = a - b
             out = table[k] = -fgd_score_from_delta(delta) if quantize else round(delta, 6)
             return out
 
