@@ -427,7 +427,7 @@ class FragmentationModel:
         # F depends on cpu_left (mem_left) only through which types' milli-CPU (memory) it
         # reaches: key by that
         self._parsed()
-        key = sid * self._lvmul + self.level(cpu_left, mem_left)
+        key = sid * self._lvmul + self._level(cpu_left, mem_left)
         s = self._score.get(key)
         if s is None:
             if len(self._score) > 1_000_000:
@@ -455,6 +455,10 @@ class FragmentationModel:
         ``cpu_left`` milli-CPU and ``mem_left`` MiB reach; F of a signature depends on free
         CPU and memory only through it."""
         self._parsed()
+        return self._level(cpu_left, mem_left)
+
+    def _level(self, cpu_left: int, mem_left: int) -> int:
+        """:meth:`level` once the workload is parsed (:meth:`score` has parsed it)."""
         lv = bisect_right(self._cpu_levels, cpu_left)
         if self._mmul > 1:
             return lv * self._mmul + bisect_right(self._mem_levels, mem_left)

@@ -86,11 +86,10 @@ def _best_two(state: dict, frag: FragmentationModel, buckets: dict[Key, dict],
     Kept across decisions in ``state`` (the ledger's ``LedgerIndex.lookahead``): one min-heap
     of (growth, key) per type; a bucket's growth for a type depends only on its key (GPU
     signature, free cores and, memory-aware, memory class), so an entry stays right while its
-    bucket exists. New buckets
-    come from ``created`` (``LedgerIndex.created``, appended by the ledger), gone ones are
-    dropped when they reach the top (lazy deletion). Rebuilt from ``buckets`` when the
-    workload or the types' memory changes (``FragmentationModel.epoch``) or when ``created``
-    has grown past twice the buckets."""
+    bucket exists. New buckets come from ``created`` (``LedgerIndex.created``, appended by the
+    ledger), gone ones are dropped when they reach the top (lazy deletion). Rebuilt from
+    ``buckets`` when the workload or the types' memory changes (``FragmentationModel.epoch``)
+    or when ``created`` has grown past twice the buckets."""
     if state.get("epoch") != frag.epoch or len(created) > 2 * len(buckets) + 1024:
         heaps: list[list[tuple[float, Key]]] = []
         ml = frag.mem_left

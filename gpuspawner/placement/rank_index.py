@@ -73,11 +73,11 @@ class ShapeRanks:
     ``c`` is the policy's :class:`~.policies.ClusterView`; ``shape`` the bundle shape's id
     (``ClusterView.shapes``); ``d`` its GPU demand, ``cores`` and ``need`` the free cores
     and the memory class (:meth:`~.fragmentation.FragmentationModel.mem_need`) a bucket must
-    have at least; ``ranks`` the fragmentation model's
-    rank table for the shape (:meth:`~.fragmentation.FragmentationModel.keys`: bucket key ->
-    rank, lower is better; its identity says the workload is unchanged) and ``rank_of`` the
-    function that fills it (:meth:`~.fragmentation.FragmentationModel.ranker`); ``no_fit``
-    the shape's no-fit cache (bucket key -> version)."""
+    have at least; ``ranks`` the fragmentation model's rank table for the shape
+    (:meth:`~.fragmentation.FragmentationModel.keys`: bucket key -> rank, lower is better; its
+    identity says the workload is unchanged) and ``rank_of`` the function that fills it
+    (:meth:`~.fragmentation.FragmentationModel.ranker`); ``no_fit`` the shape's no-fit cache
+    (bucket key -> version)."""
 
     def __init__(self, c, shape: int, d, cores: int, need: int, ranks: dict,
                  rank_of: Callable[[int, int, int], int | float | None],
