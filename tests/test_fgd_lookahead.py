@@ -21,15 +21,22 @@ def cluster(policy: str, typical) -> PaperCluster:
     return PaperCluster([node("a", [200, 1000]), node("b", [500])], policy, typical, seed=1)
 
 
+#: shares of 300 and 500 milli-GPU, and a whole V100 that no node here has
+SHARES = [(PodType(1000, 300, 1), 0.45), (PodType(1000, 500, 1), 0.45)]
+V100 = (PodType(1000, 1000, 1, "V100"), 0.1)
+
+
 def test_an_exact_fit_keeps_a_whole_gpu_for_the_next_requests() -> None:
-    # Workload: shares of 300 and 500 milli-GPU, half each. A 500 share arrives; a has a
-    # 200 hole and a free GPU, b one GPU with 500 free. On a's free GPU it leaves [200, 500]
-    # (F 200 before and after: only the 200 hole is a fragment), on b it leaves 0 (F 0 before
-    # and after): growth 0 both, FGD score 50 both, a tie that fgd gives to a. The look-ahead
-    # asks what the next request then costs: after a, a 300 share must cut a 500 GPU down to
-    # a useless 200 (growth +200); after b, a keeps its whole GPU and a 300 share leaves 700
-    # there (growth 0), a 500 share 500 (growth 0). So fgd-lookahead fills b exactly.
-    typical = [(PodType(1000, 300, 1), 0.5), (PodType(1000, 500, 1), 0.5)]
+    # Workload: shares of 300 and 500 milli-GPU, and a whole V100 (no node here has one, so
+    # for it every idle milli-GPU counts: the same growth, -50, on every node for a 500
+    # share). A 500 share arrives; a has a 200 hole and a free GPU, b one GPU with 500 free.
+    # On a's free GPU the shares' F stays 200 (only the 200 hole is a fragment), on b it
+    # stays 0: the same growth both, FGD score the same, a tie that fgd gives to a. The
+    # look-ahead asks what the next request then costs: after a, a 300 share must cut a 500
+    # GPU down to a useless 200 (growth +200); after b, a keeps its whole GPU and a 300 share
+    # leaves 700 there (growth 0), a 500 share 500 (growth 0); the V100 fits nowhere either
+    # way. So fgd-lookahead fills b exactly.
+    typical = [*SHARES, V100]
     share = PodType(1000, 500, 1)
     assert "fgd-lookahead" in PAPER_POLICIES
     got = {}
@@ -44,6 +51,21 @@ def test_an_exact_fit_keeps_a_whole_gpu_for_the_next_requests() -> None:
         c = cluster(policy, typical)
         c.place(share)
         assert sum(c.place(PodType(1000, 300, 1)) is not None for _ in range(3)) == served
+
+
+@pytest.mark.parametrize("policy", ["fgd-lookahead", "fgd-mem", "fgd-mem-lookahead"])
+def test_on_shares_alone_the_policy_is_fgd(policy: str) -> None:
+    # The same case with the shares alone in the workload (no type asks for whole GPUs): our
+    # additions stand aside and the pick is fgd's, a's free GPU. On the paper's gpushare100
+    # trace (shares and CPU-only pods only) the look-ahead and the memory term left more GPUs
+    # idle than fgd (fgd-mem-lookahead +0.6 %, worse on 7 of 10 seeds, p = 0.033;
+    # docs/placement.md "Share-only workloads"), and in a case like this one that is the
+    # rule that holds.
+    typical = [(t, 0.5) for t, _p in SHARES]
+    c = cluster(policy, typical)
+    assert not c.lookahead and not c.mem_aware
+    n, gpu = c.choose(PodType(1000, 500, 1))
+    assert (n.name, gpu) == ("a", 1)
 
 
 def test_without_a_difference_ahead_the_pick_is_fgds() -> None:

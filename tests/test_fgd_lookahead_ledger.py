@@ -15,16 +15,18 @@ from gpuspawner.placement import lookahead as la
 from gpuspawner.placement.workload import PodType
 from tests.factories import GiB, make_node
 
-#: shares of 300 and 500 milli-GPU, half each (1 core each, as the bundles below)
-WORKLOAD = [(PodType(1000, 300, 1), 0.5), (PodType(1000, 500, 1), 0.5)]
+#: shares of 300 and 500 milli-GPU (1 core each, as the bundles below), and a whole V100,
+#: which no node here has
+SHARES = [(PodType(1000, 300, 1), 0.45), (PodType(1000, 500, 1), 0.45)]
+WORKLOAD = [*SHARES, (PodType(1000, 1000, 1, "V100"), 0.1)]
 
 
-def ledger(policy: str) -> Ledger:
+def ledger(policy: str, workload=WORKLOAD) -> Ledger:
     # a: two shareable GPUs, one with 200 milli free after an 800 share; b: one GPU with 500
     # free after a 500 share
     led = Ledger([make_node("a", gpus=2, shareable=True), make_node("b", gpus=1, numa=1,
                                                                      shareable=True)],
-                 policy, workload=WORKLOAD)
+                 policy, workload=workload)
     led.reserve(Bundle(cores=1, gpu_milli=800), Owner("x", "1"), nodes=["a"])
     led.reserve(Bundle(cores=1, gpu_milli=500), Owner("x", "2"), nodes=["b"])
     return led
@@ -32,8 +34,10 @@ def ledger(policy: str) -> Ledger:
 
 def test_an_exact_fit_keeps_a_whole_gpu_for_the_next_requests() -> None:
     # A 500 share: on a it takes the free GPU (a: [200, 500] left), on b the 500 left there
-    # (b: [0]). F grows by 0 either way (FGD score 50 both, a tie fgd gives to a, the smaller
-    # name). The look-ahead asks what the next request costs. After a: a 300 share grows F by
+    # (b: [0]). The shares' F grows by 0 either way, the V100's (every idle milli-GPU counts
+    # for it, as no node has one) falls by 500 x 0.1 either way: the same FGD score, a tie
+    # fgd gives to a, the smaller name. The look-ahead asks what the next request costs (the
+    # V100 fits nowhere either way). After a: a 300 share grows F by
     # 200 wherever it goes (it cuts a 500 down to 200 on a or on b); a 500 share by 0 (a's
     # 500). After b: a 300 share takes a's whole GPU (1000 -> 700, growth 0), a 500 share too
     # (growth 0). Expected 100 against 0: fgd-lookahead fills b exactly.
@@ -55,6 +59,17 @@ def test_an_exact_fit_keeps_a_whole_gpu_for_the_next_requests() -> None:
             except PlacementRefused:
                 pass
         assert ok == served, policy
+
+
+@pytest.mark.parametrize("policy", ["fgd-lookahead", "fgd-mem-lookahead"])
+def test_on_shares_alone_the_pick_is_fgds(policy: str) -> None:
+    # The same case with the shares alone in the workload: no type asks for whole GPUs, so
+    # the look-ahead stands aside and the 500 share goes where fgd puts it, a. On the
+    # paper's gpushare100 trace (shares and CPU-only pods only) the look-ahead left more GPUs
+    # idle than fgd (docs/placement.md "Share-only workloads").
+    led = ledger(policy, workload=[(t, 0.5) for t, _p in SHARES])
+    assert not led._c.frag.asks_whole_gpus()
+    assert led.reserve(Bundle(cores=1, gpu_milli=500), Owner("y")).node == "a"
 
 
 def test_without_a_difference_ahead_the_pick_is_fgds() -> None:

@@ -64,6 +64,24 @@ def test_a_cpu_bundle_does_not_take_the_memory_a_free_gpu_needs(policy: str) -> 
         assert got == served, p
 
 
+def test_on_shares_alone_the_memory_term_stands_aside() -> None:
+    # The case above with a 500-milli share in place of the whole GPU: the memory term would
+    # strand a's GPU for the share type as it does for a whole one and pick b, but on a
+    # workload without a type asking for whole GPUs our additions to fgd stand aside (on the
+    # paper's gpushare100 trace they left more GPUs idle than fgd, docs/placement.md
+    # "Share-only workloads"), so the CPU bundle goes where fgd puts it, a.
+    share = PodType(1000, 500, 1)
+    workload = [(share, 0.5), (CPU_POD, 0.5)]
+    for policy in ("fgd", "fgd-mem", "fgd-mem-lookahead"):
+        led = Ledger([make_node("a", gpus=1, numa=1, cores=8, memory_gib=60, shareable=True),
+                      make_node("b", gpus=1, numa=1, cores=8, memory_gib=100,
+                                shareable=True)], policy, workload=workload)
+        led._c.frag.set_workload(workload, memory={share: 40 * 1024, CPU_POD: 30 * 1024})
+        assert led.reserve(CPU_BUNDLE, Owner("c")).node == "a", policy
+    # with a whole-GPU type in the mix the term is back (the test above, b)
+    assert ledger("fgd-mem").reserve(CPU_BUNDLE, Owner("c")).node == "b"
+
+
 def test_the_types_memory_is_learned_as_the_lower_median() -> None:
     # No memory given: the model reads it from the bundles it sees, at its refresh points
     # (after 16, then 32, 64, ... more observations; the workload here is static). GPU

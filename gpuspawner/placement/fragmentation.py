@@ -25,7 +25,9 @@ of that type asked) does not fit the node's free memory counts all free milli-GP
 whose CPU does not fit. The free memory read is the lower bound of the node's memory class
 (:func:`mem_class`, :func:`mem_low`: within 1/8 of the free MiB), so that a bucket's rank is
 a function of its key (:mod:`.rank_index`). The paper's F has no memory term; the rule and
-what it wins are in docs/placement.md "Memory-aware fragmentation".
+what it wins are in docs/placement.md "Memory-aware fragmentation". The term acts only while
+the workload has a type asking for whole GPUs (:func:`~.workload.asks_whole_gpus`; on GPU
+shares and CPU-only pods alone F is ``fgd``'s, docs/placement.md "Share-only workloads").
 
 CPU is the node's free logical CPUs x 1000 (the ledger books whole CPUs). Scores are computed on
 the node's GPU *signature* (:attr:`~.state.NodeState.sig`) and free CPU, so equal nodes are
@@ -39,7 +41,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from .units import GPU_MILLI
-from .workload import PodType, fgd_score_from_delta, typical_pods, workload_distance
+from .workload import (
+    PodType,
+    asks_whole_gpus,
+    fgd_score_from_delta,
+    typical_pods,
+    workload_distance,
+)
 
 Signature = tuple  # tuple over NUMA nodes of sorted tuples (model, free_milli, shareable)
 
@@ -278,6 +286,7 @@ class FragmentationModel:
         self._parsed_for: object = None
         self._parsed_list: list[tuple[PodType, float, frozenset[str]]] = []
         self._cpu_levels: list[int] = []
+        self._whole = False
         #: per workload type: (frequency, GPU kind index or -1 for no GPU, milli-CPU)
         self._template: list[tuple[float, int, int]] = []
         #: per allowed-models set: (models, [(kind, share milli)], [(kind, whole GPUs)])
@@ -349,7 +358,10 @@ class FragmentationModel:
             self._parsed_list = [(t, p, allowed_models(t)) for t, p in self.workload]
             self._parsed_for = self.workload
             self._cpu_levels = sorted({t.milli_cpu for t, _ in self.workload})
-            mem = self.memory if self.memory_aware else {}
+            self._whole = asks_whole_gpus(self.workload)
+            # the memory term, as the look-ahead, acts only on a workload with a whole-GPU
+            # type (workload.asks_whole_gpus): on shares alone F is fgd's
+            mem = self.memory if self.memory_aware and self._whole else {}
             self._mem_levels = sorted({m for t, _ in self.workload if (m := mem.get(t, 0))})
             self._mmul = len(self._mem_levels) + 1  # memory levels are 0..len
             # a node's level: CPU level * _mmul + memory level (0 without the memory term)
@@ -378,6 +390,13 @@ class FragmentationModel:
             self._keys.clear()
             self._ranks.clear()
         return self._parsed_list
+
+    def asks_whole_gpus(self) -> bool:
+        """True when the current workload has a type asking for whole GPUs
+        (:func:`~.workload.asks_whole_gpus`); the look-ahead and the memory term act only
+        then."""
+        self._parsed()
+        return self._whole
 
     def intern(self, sig: Signature) -> int:
         """The integer id of a signature (new ids for new signatures)."""

@@ -24,6 +24,11 @@ type *u* asks the memory it typically asks (``FragmentationModel.memory``) and a
 memory is its class's lower bound (:meth:`~.fragmentation.FragmentationModel.mem_left`), as
 the simulator's ``fgd-mem-lookahead`` does with exact free memory.
 
+Not applied while the workload has no type asking for whole GPUs
+(:meth:`~.fragmentation.FragmentationModel.asks_whole_gpus`): on GPU shares and CPU-only pods
+alone the look-ahead left more GPUs idle than ``fgd`` (docs/placement.md "Share-only
+workloads"), so there the policy is ``fgd``.
+
 Units: milli-GPU (growths), milli-CPU. Pure: standard library only.
 """
 

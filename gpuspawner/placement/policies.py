@@ -265,6 +265,8 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None,
     across decisions as for an unfiltered one, under their own shape."""
     d = demand_of(bundle, aligned=not spill)
     frag = c.frag
+    # the look-ahead acts only on a workload with a whole-GPU type (workload.asks_whole_gpus)
+    look = look and frag.asks_whole_gpus()
     cores = bundle.cores
     cpu = cores * 1000
     mib = bundle.memory_bytes >> 20

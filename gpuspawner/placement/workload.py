@@ -161,6 +161,16 @@ def workload_distance(a: list[tuple[PodType, float]], b: list[tuple[PodType, flo
     return 0.5 * sum(abs(fa.get(t, 0.0) - fb.get(t, 0.0)) for t in fa.keys() | fb.keys())
 
 
+def asks_whole_gpus(workload: Iterable[tuple[PodType, float]]) -> bool:
+    """True when some type of ``workload`` (``[(type, frequency)]``) asks for whole GPUs
+    (``gpu_number >= 1`` and not a share). Our additions to FGD (the look-ahead and the
+    memory term of ``fgd-lookahead``, ``fgd-mem``, ``fgd-mem-lookahead``) act only then: on
+    a workload of GPU shares and CPU-only pods alone they are ``fgd``, because there they
+    left more GPUs idle than ``fgd`` (the paper's ``gpushare100``, docs/placement.md
+    "Share-only workloads"). Ours, not the paper's."""
+    return any(t.gpu_number >= 1 and not t.is_share for t, _p in workload)
+
+
 def sigmoid(x: float) -> float:
     """``plugin.sigmoid`` (``plugin_utils.go``): 1 / (1 + e^-x)."""
     return 1.0 / (1.0 + math.exp(-x))

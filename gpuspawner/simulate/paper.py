@@ -55,6 +55,7 @@ from gpuspawner.placement.workload import (
     MILLI,
     PodType,
     accessible,
+    asks_whole_gpus,
     fgd_score_from_delta,
     pod_type,
     sigmoid,
@@ -405,7 +406,8 @@ class PaperCluster:
         type_memory: MiB each workload type typically asks (``run_paper`` passes the median
             over the trace's pods of the type); used by the memory-aware policies only
             (:data:`MEMORY_POLICIES`), whose fragmentation then counts a type whose memory
-            does not fit the node's free memory.
+            does not fit the node's free memory, and only when ``typical`` has a whole-GPU
+            type (:func:`~gpuspawner.placement.workload.asks_whole_gpus`).
 
     Raises:
         ValueError: unknown policy or duplicate node names.
@@ -434,7 +436,12 @@ class PaperCluster:
             n.cache.clear()
         self.policy = policy
         self.fn = PAPER_POLICIES[policy]
-        self.mem_aware = policy in MEMORY_POLICIES
+        # our additions to fgd (look-ahead, memory term) act only on a workload with a
+        # whole-GPU type; on shares and CPU-only pods alone the policy is fgd
+        beyond = asks_whole_gpus(typical)
+        self.mem_aware = policy in MEMORY_POLICIES and beyond
+        #: the look-ahead applies (a look-ahead policy, plain NUMA, a whole-GPU type)
+        self.lookahead = policy in LOOKAHEAD_POLICIES and beyond and not numa_strict
         self.frag = Fragmentation(typical, type_memory if self.mem_aware else None)
         #: the memory (MiB) of the pod being placed, for the memory-aware score
         self.request_memory = 0
@@ -547,7 +554,7 @@ class PaperCluster:
                 best, best_score, best_gpu = n, s, got[1]
         if best is None:
             return None
-        if self.policy in LOOKAHEAD_POLICIES and not self.numa_strict:
+        if self.lookahead:
             return self._lookahead(t, memory_mib, key, best_score, best, best_gpu)
         return best, best_gpu
 
@@ -594,7 +601,8 @@ class PaperCluster:
         ties to the first in tie order, so when the look-ahead sees no difference the pick
         is ``fgd``'s. :data:`LOOKAHEAD_OWN` times the pod's own exact growth on the candidate
         is added to the expectation (0.5: measured against 0 and 1 in docs/placement.md).
-        Not applied under strict NUMA (there it is ``fgd``)."""
+        Not applied under strict NUMA, nor on a target workload without a whole-GPU type
+        (:func:`~gpuspawner.placement.workload.asks_whole_gpus`; there it is ``fgd``)."""
         cands = []
         for n in self.ranked:
             got = n.cache.get(key)
