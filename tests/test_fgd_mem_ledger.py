@@ -17,6 +17,7 @@ from gpuspawner.placement.fragmentation import (
     mem_low,
 )
 from gpuspawner.placement.policies import MEMORY_POLICIES, POLICIES
+from gpuspawner.placement.prior import LivePrior
 from gpuspawner.placement.workload import PodType
 from tests.factories import GiB, make_node
 
@@ -80,6 +81,32 @@ def test_on_shares_alone_the_memory_term_stands_aside() -> None:
         assert led.reserve(CPU_BUNDLE, Owner("c")).node == "a", policy
     # with a whole-GPU type in the mix the term is back (the test above, b)
     assert ledger("fgd-mem").reserve(CPU_BUNDLE, Owner("c")).node == "b"
+
+
+@pytest.mark.parametrize("gpu_bundle, node", [
+    (GPU_BUNDLE, "b"),
+    (Bundle(cores=1, gpu_milli=500, memory_bytes=40 * GiB), "a"),
+])
+def test_the_hubs_live_prior_feeds_the_memory_term(gpu_bundle: Bundle, node: str) -> None:
+    # The hub's path: no static workload; a LivePrior whose fallback is the profiles'
+    # bundles (as GPUSpawner builds it for a new hub), read into the fragmentation model at
+    # the first reservation, and each type's memory learned from the bundles seen. With a
+    # whole-GPU profile of 40 GiB beside the 30 GiB CPU-only one, the CPU bundle keeps a's
+    # free GPU usable and goes to b (the first test's case); with a 40 GiB share profile
+    # instead, the workload has no whole-GPU type and the pick is fgd's, a.
+    prior = LivePrior.from_bundles([gpu_bundle, CPU_BUNDLE])
+    shareable = gpu_bundle.gpu_milli > 0
+    led = Ledger([make_node("a", gpus=1, numa=1, cores=8, memory_gib=60, shareable=shareable),
+                  make_node("b", gpus=1, numa=1, cores=8, memory_gib=100,
+                            shareable=shareable)], "fgd-mem-lookahead", prior=prior)
+    for _ in range(8):  # 16 bundles seen: the model's first refresh point
+        led.observe(gpu_bundle)
+        led.observe(CPU_BUNDLE)
+    assert led.reserve(CPU_BUNDLE, Owner("c")).node == node
+    frag = led._c.frag
+    assert {t for t, _p in frag.workload} == {t for t, _p in prior.workload()}
+    assert sorted(frag.memory.values()) == [30 * 1024, 40 * 1024]
+    assert frag.asks_whole_gpus() == (not shareable)
 
 
 def test_the_types_memory_is_learned_as_the_lower_median() -> None:
