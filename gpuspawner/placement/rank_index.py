@@ -16,8 +16,10 @@ before its next decision and pushes a fresh entry for each. Old entries are drop
 reach a heap's top (lazy deletion): an entry is current while its bucket exists, its name is
 still the bucket's smallest and the bucket is not in the shape's no-fit cache at its version.
 An index is rebuilt from all buckets when the workload changes (its rank table is a new one),
-when more buckets changed since it last read than half the buckets, or when stale entries have
-piled up. The ledger keeps only the newest changes (``LedgerIndex.changes``, at least
+when more changes were logged since it last read than half the buckets (counted before
+reading them: reading a long log to count its distinct buckets made those rebuilds the
+slowest decisions; docs/placement.md "Decision latency"), or when stale entries have piled
+up. The ledger keeps only the newest changes (``LedgerIndex.changes``, at least
 :data:`KEEP` + half the buckets), so an index that has not read the older ones rebuilds.
 
 The decisions are the same as the full pass's: the same best rank, and its buckets' nodes in
@@ -90,11 +92,14 @@ class ShapeRanks:
         base = c.changes_base
         unread: dict[Key, None] | None = None
         if idx is not None and idx.table is ranks and idx.pos >= base:
-            if idx.pos < base + len(c.changes):
+            end = base + len(c.changes)
+            if end - idx.pos > len(c.buckets) // 2 + 64:
+                # more changes to read than half the buckets: as cheap to rebuild, and
+                # counted before reading them (the raw count bounds the distinct buckets)
+                idx = None
+            elif idx.pos < end:
                 # the buckets changed since this index last read, each once
                 unread = dict.fromkeys(c.changes[idx.pos - base:])
-                if len(unread) > len(c.buckets) // 2 + 64:
-                    idx = None  # as cheap to rebuild
             if idx is not None and idx.entries > 2 * len(c.buckets) + 1024:
                 idx = None  # stale entries piled up
         else:
