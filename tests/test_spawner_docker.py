@@ -514,6 +514,46 @@ def built_image(client, tag: str, steps: str):  # noqa: ANN201 - a fixture's gen
         pass
 
 
+def trojan_image(client, parent: Path):  # noqa: ANN201 - a fixture's generator
+    """A user's own image that tries to act as root beside every home: its ``python3`` and its
+    entrypoint each leave ``pwned-<uid>`` / ``pwned-entrypoint-<uid>`` in ``parent`` (the
+    homes' parent folder on the host) when it is writable, then go on as usual."""
+    steps = (
+        'RUN real="$(command -v python3)" && mv "$real" "$real.real" && printf '
+        f"'#!/bin/sh\\ntouch {parent}/pwned-$(id -u) 2>/dev/null\\n"
+        'exec %s.real "$@"\\n\' "$real" > "$real" && chmod 755 "$real"\n'
+        f'ENTRYPOINT ["/bin/sh", "-c", "touch {parent}/pwned-entrypoint-$(id -u) 2>/dev/null;'
+        ' exec \\"$@\\"", "--"]\n')
+    yield from built_image(client, "gpuspawner/test-user-image:trojan", steps)
+
+
+async def test_a_users_own_image_never_runs_the_root_home_helper(make_spawner, client,
+                                                                 tmp_path):
+    """The home helper (home_on_node "always", as for a node whose engine is remote) runs as
+    root with the parent folder of every user's home mounted. It used to run from the
+    server's image, so a user's own image (``unlisted_choice``) ran its entrypoint and its
+    ``python3`` there as root: read and write every home. It now runs from the admin's image;
+    the user's image runs only the server, as the user."""
+    parent = tmp_path / "home"
+    parent.mkdir(exist_ok=True)
+    images = trojan_image(client, parent)
+    image = next(images)
+    try:
+        sp = make_spawner("trojan", options={"profile": "own", "image--unlisted-choice": image},
+                          profiles=USER_IMAGE_PROFILES, home_on_node="always",
+                          uid_map={"trojan": {"uid": 4361, "gid": 4362}})
+        await asyncio.wait_for(sp.start(), 120)
+        try:
+            assert client.inspect_container(container_id(sp))["Config"]["Image"] == image
+            st = (parent / "trojan").stat()
+            assert (st.st_uid, oct(st.st_mode & 0o777)) == (4361, "0o700")
+            assert sorted(p.name for p in parent.glob("pwned*")) == []
+        finally:
+            await sp.stop()
+    finally:
+        images.close()
+
+
 async def test_a_users_own_image_runs_as_confined_as_ours(make_spawner, client, root_image):
     """An image whose user is root with a setuid-root binary: the server still runs as the
     user's uid, and the setuid bit gives nothing (no-new-privileges); the image was checked

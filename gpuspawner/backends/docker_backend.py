@@ -194,11 +194,20 @@ class DockerBackend(Backend):
         default_value="auto",
         help="""Where the user's home folder is checked and made (gpuspawner.backends.home):
         "auto": in the hub's process for a node whose engine is on this machine (a unix
-        socket), else on the node itself, through a short-lived helper container of the
-        server's image (root, no network, only the home's parent folder mounted);
+        socket), else on the node itself, through a short-lived helper container
+        (``home_helper_image``; root, no network, only the home's parent folder mounted);
         "always": through the helper container on every node. Either way nothing is made on
         a machine where the home's parent folder (the shared file system) is missing: the
         spawn fails naming the node and the folder.""",
+    ).tag(config=True)
+
+    home_helper_image = Unicode(
+        "", help="""Image of the home helper container (``home_on_node``), which runs
+        ``python3`` as root with the parent folder of every user's home mounted: an image the
+        admin trusts, with ``python3`` on its PATH. Empty: the admin's image of the server
+        being started (the profile's ``image`` or ``c.GPUSpawner.image``), never a user's
+        own image (a profile's ``unlisted_choice``), whose code would otherwise run there as
+        root. Pulled like a server's image (``pull_policy``).""",
     ).tag(config=True)
 
     engine_timeout = Int(
@@ -463,20 +472,25 @@ class DockerBackend(Backend):
         progress(25, f"checking the home {home.host_path} on node {node}")
         args = {"path": home.host_path, "uid": spec.uid, "gid": spec.gid,
                 "legacy": home.legacy_path}
-        answer = await self._call(node, self._home_helper, node, spec.image, args)
+        # never the user's own image: it would run as root beside every home
+        helper = self.home_helper_image or spec.helper_image or spec.image
+        await self._ensure_image(node, helper)
+        answer = await self._call(node, self._home_helper, node, helper, args)
         raise_for(answer, home.host_path, spec.uid, user=spec.user, node=node)
 
     def _home_helper(self, node: str, image: str, args: dict[str, Any]) -> dict[str, Any]:
         """Run :mod:`~gpuspawner.backends.home_script` on ``node`` in a helper container
-        (blocking): root (to give the folder away), no network, the home's parent folder
-        bind-mounted at its own path (a missing one makes the engine refuse: nothing is made
-        on the node). Returns the script's answer."""
+        of ``image`` (blocking): root (to give the folder away), no network, the home's
+        parent folder bind-mounted at its own path (a missing one makes the engine refuse:
+        nothing is made on the node), ``python3`` as the entrypoint (the image's own
+        entrypoint does not run). Returns the script's answer."""
         cli = self.client(node)
         parent = os.path.dirname(os.path.normpath(args["path"]))
         mounts = [docker.types.Mount(parent, parent, type="bind")]
         try:
             cid = cli.create_container(
-                image, ["python3", "-c", HOME_SCRIPT, json.dumps(args)], user="0:0",
+                image, ["-c", HOME_SCRIPT, json.dumps(args)], entrypoint=["python3"],
+                user="0:0",
                 network_disabled=True, labels={"gpuspawner.home-helper": "1"},
                 host_config=cli.create_host_config(
                     mounts=mounts, security_opt=["no-new-privileges"],

@@ -67,6 +67,10 @@ class LaunchSpec:
         time_limit: a notebook job's time limit in seconds (0: none, a server's). The job
             runner stops the job at its limit itself; a backend with a limit of its own
             (Slurm's ``--time``) sets it a little later, as a backstop while the hub is down.
+        helper_image: the image of the short-lived helpers a backend runs as root on the node
+            (the home's check and creation, ``DockerBackend.home_on_node``): an image the
+            admin chose (the profile's or the spawner's), never a user's own, whose entrypoint
+            or ``python3`` would then run as root beside every user's home.
     """
 
     name: str
@@ -85,6 +89,7 @@ class LaunchSpec:
     certs_dir: str = ""
     mounts: tuple[Mount, ...] = ()
     time_limit: int = 0
+    helper_image: str = ""
 
 
 def allocation_env(alloc: Allocation) -> dict[str, str]:
@@ -106,10 +111,12 @@ def allocation_env(alloc: Allocation) -> dict[str, str]:
 def launch_spec(*, name: str, user: str, server: str, allocation: Allocation, image: str,
                 cmd: Sequence[str], env: Mapping[str, str], uid: int, gid: int, port: int,
                 home: HomeMount | None = None, certs_dir: str = "",
-                mounts: Sequence[Mount] = ()) -> LaunchSpec:
+                mounts: Sequence[Mount] = (), helper_image: str = "") -> LaunchSpec:
     """Build the spec of one server: the environment gains the allocation's variables (and
     ``HOME`` with a home mount), the labels name the owner and carry the allocation, the
-    working directory is the home.
+    working directory is the home. ``helper_image``: the admin's image for root helpers
+    (:class:`LaunchSpec`); empty means ``image``, which is then an image the admin chose: a
+    caller that runs a user's own image must pass the admin's here.
 
     Raises:
         ValueError: a uid/gid below 0, a port outside 1..65535, or an empty command.
@@ -129,4 +136,5 @@ def launch_spec(*, name: str, user: str, server: str, allocation: Allocation, im
     return LaunchSpec(name=name, user=user, server=server, allocation=allocation, image=image,
                       cmd=tuple(cmd), env=full_env, uid=uid, gid=gid, port=port, home=home,
                       working_dir=home.mount_point if home else None, labels=labels,
-                      certs_dir=certs_dir, mounts=tuple(mounts))
+                      certs_dir=certs_dir, mounts=tuple(mounts),
+                      helper_image=helper_image or image)

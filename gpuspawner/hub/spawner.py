@@ -308,14 +308,18 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
             profile, alloc = await self._prepare()
             try:
                 uid, gid = self.user_ids()
-                image = self.server_request().image or profile.image or self.image
+                # the admin's image (the profile's or the spawner's) runs the root helpers
+                # on the node; a user's own image runs only the server, as the user
+                admin_image = profile.image or self.image
+                image = self.server_request().image or admin_image
                 spec = launch_spec(
                     name=self.object_name, user=self.user.name, server=self.name or "",
                     allocation=alloc, image=image, cmd=[*self.cmd, *self.get_args()],
                     env={**self.get_env(), "JUPYTER_IMAGE_SPEC": image,
                          **moved_env(self._moving, alloc.node)}, uid=uid, gid=gid,
                     port=self.port, home=self._home_mount(),
-                    certs_dir=self.certs_dir, mounts=self.mounts(profile))
+                    certs_dir=self.certs_dir, mounts=self.mounts(profile),
+                    helper_image=admin_image)
                 ip, port = await self.backend_obj.launch(spec, self.backend_state, self._emit)
                 self.allocation = self.cluster.ledger.get(alloc.id) or alloc  # adopted?
                 self._emit(60, f"Server started ({self.object_name} at {ip}:{port}), "
