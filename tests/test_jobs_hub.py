@@ -294,6 +294,16 @@ def test_bad_input_is_400_naming_the_field_and_stores_nothing(hub, engine):
     r = requests.post(f"{hub.url}{SVC}api/jobs", data="{not json",
                       headers={"Authorization": f"token {u.token}"}, timeout=30)
     assert r.status_code == 400 and r.json()["message"].startswith("body: ")
+    # JSON nested past the parser's depth was an uncaught RecursionError (HTTP 500); a body
+    # far past what a submission may hold was parsed on the hub's event loop (seconds for
+    # tens of MB) before any limit: now 400, and 413 before parsing
+    for path in ("api/jobs", "api/job_definitions"):
+        r = requests.post(f"{hub.url}{SVC}{path}", data="[" * 100_000,
+                          headers={"Authorization": f"token {u.token}"}, timeout=30)
+        assert (r.status_code, r.json()["message"]) == (400, "body: nested too deeply"), r.text
+        r = requests.post(f"{hub.url}{SVC}{path}", data=b"[" + b"{}," * (4 * MiB) + b"{}]",
+                          headers={"Authorization": f"token {u.token}"}, timeout=30)
+        assert r.status_code == 413 and r.json()["message"].startswith("body: "), r.text
     assert u.call("GET", "api/jobs").json()["jobs"] == []
     assert not job_containers(engine, "jb-bad") and not admin_allocations(hub, "jb-bad")
     # no token: 401

@@ -31,9 +31,16 @@ from gpuspawner.hub.jobs.runner import (  # noqa: E402
     strip_result,
 )
 from gpuspawner.hub.jobs.settings import GPUJobs  # noqa: E402
-from gpuspawner.hub.jobs.store import JobRow, JobStore, pack  # noqa: E402
+from gpuspawner.hub.jobs.store import MAX_MESSAGE_CHARS, JobRow, JobStore, pack  # noqa: E402
 from gpuspawner.jobs import execute  # noqa: E402
-from gpuspawner.jobs.model import OUTPUT_BEGIN, OUTPUT_END, JobInputError, JobRequest  # noqa: E402
+from gpuspawner.jobs.model import (  # noqa: E402
+    OUTPUT_BEGIN,
+    OUTPUT_END,
+    JobInputError,
+    JobRequest,
+    ResultTooLarge,
+    parse_output,
+)
 from gpuspawner.placement import Bundle, Ledger, Owner  # noqa: E402
 from tests.factories import make_node  # noqa: E402
 from tests.test_jobs_units import notebook  # noqa: E402
@@ -488,3 +495,74 @@ def test_the_sqlite_jobs_database_writes_ahead_with_its_files_private(tmp_path):
         assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
     store.close()
     assert JobStore(f"sqlite:///{path}").get("b" * 32).user == "u"
+
+
+# -- a job's result is the user's: it must not break the store or the hub's memory -------------
+def finish_with(engine: Engine, cid: str, code: int, result: dict[str, Any]) -> None:
+    engine.out[cid] += frame(result)
+    engine.code[cid] = code
+
+
+async def test_a_lone_surrogate_in_a_jobs_error_breaks_no_one_elses_jobs(world):
+    """A job's error (``ename``, ``evalue``) comes from the job's own output, i.e. its user.
+    A lone surrogate there went into the job's message, SQLite refused the write, and the
+    one session every request shares raised ``PendingRollbackError`` from then on: no one's
+    job could be listed, submitted or ended (their GPUs stayed booked) until a restart."""
+    runner, cluster, engine = world
+    row = await submit(runner, user="mallory")
+    (cid,) = await until(engine.running)
+    finish_with(engine, cid, 1, {"notebook": None, "html": None,
+                                 "error": {"ename": "\ud800", "evalue": "x" * 5000, "cell": 1}})
+    await until(lambda: row.state == "failed")
+    assert row.message.startswith("exit status 1; cell 1: ?: xxx") and row.message.endswith("...")
+    assert len(row.message) == MAX_MESSAGE_CHARS
+    # everyone else's jobs go on: a new one is stored, runs, ends and is released
+    other = await submit(runner, user="ann")
+    (cid2,) = await until(engine.running)
+    engine.finish(cid2)
+    await until(lambda: other.state == "completed")
+    assert [r.id for r in runner.store.list(user="ann")] == [other.id]
+    assert not [a for a in cluster.ledger.allocations() if a.owner.user == "ann"]
+
+
+def test_a_failed_write_leaves_the_store_usable(tmp_path):
+    """Whatever a write fails on, the store rolls back, so the next request is served."""
+    store = JobStore(f"sqlite:///{tmp_path / 'j.sqlite'}")
+    row = JobRow(id="a" * 32, user="u", name="n", profile="p", state="queued", time_limit=1,
+                 notebook=pack({}), created=1.0)
+    store.add(row)
+    row.error = "\udfff"  # not through set_state: the raw column, which SQLite refuses
+    with pytest.raises(UnicodeEncodeError):
+        store.save()
+    assert [r.id for r in store.list()] == ["a" * 32]
+    store.add(JobRow(id="b" * 32, user="v", name="n", profile="p", state="queued",
+                     time_limit=1, notebook=pack({}), created=2.0))
+    assert len(store.list()) == 2
+    store.close()
+
+
+async def test_a_result_that_expands_past_the_limit_is_not_decompressed(world):
+    """A result frame of a few KiB of zlib that expands a thousandfold (a zip bomb) was
+    decompressed whole in the hub. Now the hub decompresses at most max_output_bytes: the
+    job completes, and its executed notebook stays in the user's home only."""
+    runner, cluster, engine = world
+    runner.settings.max_output_bytes = 2**20
+    row = await submit(runner)
+    (cid,) = await until(engine.running)
+    bomb = {"notebook": {"cells": [], "pad": "0" * (8 * 2**20)}, "error": None, "html": None}
+    finish_with(engine, cid, 0, bomb)
+    assert len(engine.out[cid]) < 64 * 2**10  # 8 MiB of JSON in a few KiB
+    await until(lambda: row.state == "completed")
+    assert "larger than 1048576 bytes uncompressed" in row.message
+    assert "stays in the home only" in row.message and row.output is None
+
+
+def test_parse_output_decompresses_no_more_than_asked():
+    small = {"notebook": {"cells": []}, "error": None}
+    assert parse_output(frame(small), 100) == small
+    with pytest.raises(ResultTooLarge, match="larger than 10 bytes"):
+        parse_output(frame(small), 10)
+    deep = frame({"x": 1})  # a frame whose JSON nests past the parser's limit is no result
+    data = base64.b64encode(zlib.compress(b"[" * 100_000)).decode()
+    assert parse_output(f"{OUTPUT_BEGIN}\n{data}\n{OUTPUT_END}\n".encode()) is None
+    assert parse_output(deep) == {"x": 1}

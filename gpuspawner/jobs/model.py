@@ -31,12 +31,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["ACTIVE_STATES", "CONCURRENCY_POLICIES", "DefinitionRequest", "ENV_CHUNK",
-           "FINAL_STATES", "JobInputError", "JobRequest", "Limits", "OUTPUT_BEGIN",
-           "OUTPUT_END", "STATES", "check_at", "check_concurrency_policy", "check_name",
+           "FINAL_STATES", "JobInputError", "JobRequest", "Limits", "OUTPUT_BEGIN", "OUTPUT_END",
+           "ResultTooLarge", "STATES", "check_at", "check_concurrency_policy", "check_name",
            "check_notebook", "check_parameters", "check_schedule", "check_starting_deadline",
-           "check_time_limit", "check_timezone", "encode_notebook", "notebook_env",
-           "output_dir", "parse_definition", "parse_definition_update", "parse_output",
-           "parse_submission"]
+           "check_time_limit", "check_timezone", "encode_notebook", "notebook_env", "output_dir",
+           "parse_definition", "parse_definition_update", "parse_output", "parse_submission"]
 
 #: every state, in the order a job passes them
 STATES = ("queued", "waiting", "starting", "running", "completed", "failed", "timed_out",
@@ -508,10 +507,27 @@ def output_dir(name: str, started: float, job_id: str) -> str:
     return f"jobs/{check_name(name)}/{stamp}-{job_id}"
 
 
-def parse_output(stdout: bytes) -> dict[str, Any] | None:
+class ResultTooLarge(Exception):
+    """A job's result frame decompresses to more than the hub reads back (``limit``, bytes
+    of JSON): the executed notebook stays in the user's home only."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"its result is larger than {limit} bytes uncompressed")
+        self.limit = limit
+
+
+def parse_output(stdout: bytes, max_bytes: int | None = None) -> dict[str, Any] | None:
     """The result the job printed between :data:`OUTPUT_BEGIN` and :data:`OUTPUT_END` (base64
     lines of zlib-compressed JSON: ``{"notebook": {...}, "error": {...} | null}``), or None
-    when there is none or it does not decode (the last complete frame counts)."""
+    when there is none or it does not decode (the last complete frame counts).
+
+    ``max_bytes``: the most bytes of JSON the frame may decompress to (None: no limit). The
+    frame is the job's, i.e. the user's: a few KiB of zlib can expand a thousandfold, so the
+    hub decompresses at most this much.
+
+    Raises:
+        ResultTooLarge: the frame decompresses to more than ``max_bytes``.
+    """
     text = stdout.decode("utf-8", "replace")
     end = text.rfind(OUTPUT_END)
     begin = text.rfind(OUTPUT_BEGIN, 0, end if end >= 0 else None)
@@ -519,7 +535,14 @@ def parse_output(stdout: bytes) -> dict[str, Any] | None:
         return None
     body = "".join(text[begin + len(OUTPUT_BEGIN):end].split())
     try:
-        data = json.loads(zlib.decompress(base64.b64decode(body, validate=True)))
-    except (ValueError, zlib.error):
+        raw = base64.b64decode(body, validate=True)
+        d = zlib.decompressobj()
+        plain = d.decompress(raw) if max_bytes is None else d.decompress(raw, max_bytes + 1)
+        too_large = max_bytes is not None and (len(plain) > max_bytes or bool(d.unconsumed_tail))
+        if not too_large:
+            data = json.loads(plain)
+    except (ValueError, RecursionError, zlib.error):
         return None
+    if too_large:
+        raise ResultTooLarge(max_bytes)  # type: ignore[arg-type]
     return data if isinstance(data, dict) else None

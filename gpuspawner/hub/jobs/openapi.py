@@ -204,7 +204,7 @@ def paths() -> dict[str, Any]:
                     "201": _resp("the job, queued", _JOB),
                     "400": _resp("a bad field, named first in the message; nothing stored",
                                  _ERR),
-                    **_DENIED,
+                    **_DENIED, **_TOO_LARGE,
                     "429": _resp("too many active jobs", _ERR),
                     **_OFF},
             },
@@ -254,7 +254,10 @@ def paths() -> dict[str, Any]:
 
 _DEF_GONE = {"404": _resp("no such job definition of yours (or jobs are off)", _ERR),
              "503": _OFF["503"]}
-_BAD = {"400": _resp("a bad field, named first in the message; nothing stored", _ERR)}
+_BAD = {"400": _resp("a bad field, named first in the message; nothing stored", _ERR),
+        "413": _resp("the body is larger than a submission may be (four times the "
+                     "notebook's and the parameters' limits, plus 64 KiB); not read", _ERR)}
+_TOO_LARGE = {"413": _BAD["413"]}
 
 
 def definition_paths() -> dict[str, Any]:

@@ -59,6 +59,7 @@ from ...jobs.model import (
     OUTPUT_END,
     JobInputError,
     JobRequest,
+    ResultTooLarge,
     check_time_limit,
     notebook_env,
     output_dir,
@@ -522,12 +523,25 @@ class JobRunner:
             except BackendError as e:
                 log.warning("job %s: reading its output failed: %s", row.id, e)
                 await asyncio.sleep(1.0 + attempt)
-        result = parse_output(out) if out else None
+        too_large = None
+        try:
+            # the result is the user's: decompressed no further than the hub reads back
+            result = parse_output(out, self.settings.max_output_bytes) if out else None
+        except ResultTooLarge as e:
+            result, too_large = None, e
         if out:
             self._keep_log(row, out)
         if result is not None and isinstance(result.get("html"), str):
             self.run_of(row).html = pack(result["html"])
         row.exit_code = code
+        if too_large is not None:
+            kept = (f"{too_large}, so the executed notebook stays in the home only "
+                    f"({row.output_dir})")
+            if code == 0:
+                await self._end(row, "completed", f"the notebook ran to its end; {kept}")
+            else:
+                await self._end(row, "failed", f"exit status {code}; {kept}")
+            return
         if result is None:
             report = None
             try:

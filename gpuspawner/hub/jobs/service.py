@@ -40,6 +40,7 @@ from tornado import web
 
 from ...jobs.model import (
     JobInputError,
+    Limits,
     parse_definition,
     parse_definition_update,
     parse_submission,
@@ -137,6 +138,26 @@ async def start(jobs: Jobs, *, deadline_s: float = 300.0) -> None:
 
 
 # -- handlers ----------------------------------------------------------------------------
+#: a submission's body may be this many times its notebook's and parameters' limits ...
+BODY_FACTOR = 4
+#: ... plus this many bytes
+BODY_SLACK = 64 * 2**10
+
+
+async def parse_off_loop(parse: Any, *args: Any, **kw: Any) -> Any:
+    """``parse(*args, **kw)`` in a worker thread (:func:`asyncio.to_thread`), so that checking
+    a large notebook does not hold up the hub's other requests; a ``RecursionError`` (a
+    notebook nested deeper than its check goes) is a :class:`JobInputError`.
+
+    Raises:
+        JobInputError: what ``parse`` raises, or the nesting.
+    """
+    try:
+        return await asyncio.to_thread(parse, *args, **kw)
+    except RecursionError:
+        raise JobInputError("notebook: nested too deeply") from None
+
+
 class _JobsBase(_Base):
     async def runner(self) -> JobRunner:
         jobs: Jobs | None = getattr(self.service, "jobs", None)
@@ -170,6 +191,30 @@ class _JobsBase(_Base):
     def write_job(self, runner: JobRunner, row: JobRow, status: int = 200) -> None:
         self.write_json(runner.view(row), status)
 
+    def json_body(self, limits: Limits) -> Any:
+        """The request's body as JSON, read only when it is no larger than a submission may
+        be: :data:`BODY_FACTOR` times the notebook's and the parameters' limits (their JSON
+        as sent may be longer than as the model measures it; a notebook past its own limit
+        gets the 400 naming it) plus :data:`BODY_SLACK`.
+
+        Raises:
+            web.HTTPError: 413 for a larger body (before it is parsed: parsing runs on the
+                hub's event loop), 400 when it is not JSON or nests deeper than the parser
+                goes (``RecursionError``, else an HTTP 500).
+        """
+        raw = self.request.body or b""
+        most = (BODY_FACTOR * (limits.max_notebook_bytes + limits.max_parameters_bytes)
+                + BODY_SLACK)
+        if len(raw) > most:
+            raise web.HTTPError(413, f"body: {len(raw)} bytes, more than the {most} a "
+                                     "submission may have")
+        try:
+            return json.loads(raw)
+        except RecursionError:
+            raise web.HTTPError(400, "body: nested too deeply") from None
+        except ValueError:
+            raise web.HTTPError(400, "body: not JSON") from None
+
 
 class JobsHandler(_JobsBase):
     """``GET api/jobs`` (own; admins all, or ``?user=``), ``POST api/jobs`` (submit)."""
@@ -193,14 +238,12 @@ class JobsHandler(_JobsBase):
             raise web.HTTPError(403, "jobs are submitted by users (a user's token), not "
                                      "services")
         runner = await self.runner()
-        try:
-            body = json.loads(self.request.body or b"")
-        except ValueError:
-            raise web.HTTPError(400, "body: not JSON") from None
+        body = self.json_body(runner.settings.limits)
         # max_retries is the job runner's (check_max_retries), the rest the model's
         retries = body.pop("max_retries", None) if isinstance(body, dict) else None
         try:
-            req = parse_submission(body, runner.settings.limits)
+            # the notebook's check (nbformat) takes seconds on a large one: off the event loop
+            req = await parse_off_loop(parse_submission, body, runner.settings.limits)
             row = await runner.submit(user["name"], self.groups_of(user), req,
                                       max_retries=retries)
         except JobInputError as e:
@@ -305,11 +348,6 @@ class _DefinitionsBase(_JobsBase):
                          status: int = 200) -> None:
         self.write_json(definition_view(row, scheduler.store.active_of(row.id)), status)
 
-    def body(self) -> Any:
-        try:
-            return json.loads(self.request.body or b"")
-        except ValueError:
-            raise web.HTTPError(400, "body: not JSON") from None
 
 
 class DefinitionsHandler(_DefinitionsBase):
@@ -336,9 +374,10 @@ class DefinitionsHandler(_DefinitionsBase):
                                      "not services")
         scheduler = await self.scheduler()
         settings = scheduler.runner.settings
-        body = self.body()
+        body = self.json_body(settings.limits)
         try:
-            req = parse_definition(body, settings.limits, seconds=settings.cron_seconds)
+            req = await parse_off_loop(parse_definition, body, settings.limits,
+                                       seconds=settings.cron_seconds)
             row = scheduler.create(user["name"], self.groups_of(user), req)
         except JobInputError as e:
             raise web.HTTPError(400, str(e).replace("%", "%%")) from None
@@ -359,7 +398,8 @@ class DefinitionHandler(_DefinitionsBase):
         scheduler, row = await self.own_definition(definition_id)
         try:
             changes = parse_definition_update(
-                self.body(), seconds=scheduler.runner.settings.cron_seconds)
+                self.json_body(scheduler.runner.settings.limits),
+                seconds=scheduler.runner.settings.cron_seconds)
         except JobInputError as e:
             raise web.HTTPError(400, str(e).replace("%", "%%")) from None
         scheduler.update(row, changes)

@@ -39,8 +39,9 @@ class GPUJobs(LoggingConfigurable):
     max_parameters_bytes = Int(16 * 2**10, help="Largest parameters (JSON, bytes).").tag(
         config=True)
     max_output_bytes = Int(64 * 2**20, help="""Most bytes of a job's standard output read
-        back when it ends (the executed notebook travels there, compressed); a larger result
-        stays in the user's home only.""").tag(config=True)
+        back when it ends (the executed notebook travels there, compressed), and most bytes
+        of JSON its result may decompress to; a larger result stays in the user's home
+        only.""").tag(config=True)
     max_active_jobs_per_user = Int(20, help="""Jobs a user may have queued, waiting,
         starting or running at once; more are refused with HTTP 429.""").tag(config=True)
     poll_interval = Float(5.0, help="""Seconds between two looks at a running job (ended?

@@ -47,8 +47,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from ...jobs.model import ACTIVE_STATES
 from ..state import STATE_FILE_MODE, sqlite_file
 
-__all__ = ["DefinitionRow", "JobRow", "JobRun", "JobStore", "SCHEMA_VERSION", "StoreError",
-           "migrate"]
+__all__ = ["DefinitionRow", "JobRow", "JobRun", "JobStore", "MAX_MESSAGE_CHARS",
+           "SCHEMA_VERSION", "StoreError", "clean_text", "migrate"]
 
 #: the last schema version of the version table that came before alembic (kept in
 #: ``gpuspawner_jobs_schema`` by the revisions up to 0003 for releases that read it)
@@ -112,11 +112,12 @@ class JobRow(Base):
 
     def set_state(self, state: str, message: str | None = None,
                   when: float | None = None) -> None:
-        """Change the state, record it in the history with its time."""
+        """Change the state, record it in the history with its time. The message is stored
+        as :func:`clean_text` makes it (it may quote the job's own error)."""
         when = time.time() if when is None else when
         self.state = state
         if message is not None:
-            self.message = message
+            self.message = clean_text(message)
         self.set_json("history", [*self.get_json("history", []), [state, when]])
 
     @property
@@ -130,6 +131,18 @@ class JobRow(Base):
     @property
     def output_notebook(self) -> dict[str, Any] | None:
         return json.loads(zlib.decompress(self.output)) if self.output else None
+
+
+#: the longest message a job keeps (characters); a longer one is cut, ending in "..."
+MAX_MESSAGE_CHARS = 2000
+
+
+def clean_text(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``text`` as the database can store it and a listing can carry it: what UTF-8 cannot
+    encode (a lone surrogate, e.g. from a job's ``evalue``, which SQLite refuses) becomes
+    "?", and past ``limit`` characters it is cut and ends in "..."."""
+    text = text.encode("utf-8", "replace").decode("utf-8")
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def pack(value: Any) -> bytes:
@@ -283,14 +296,24 @@ class JobStore:
             raise
         self.session = Session(self.engine, expire_on_commit=False)
 
+    def _commit(self) -> None:
+        """Commit; when that fails, roll back before raising, so that the one session every
+        user's requests share stays usable (else each later query raises
+        ``PendingRollbackError`` until the hub restarts)."""
+        try:
+            self.session.commit()
+        except BaseException:
+            self.session.rollback()
+            raise
+
     def add(self, row: JobRow) -> JobRow:
         self.session.add(row)
-        self.session.commit()
+        self._commit()
         return row
 
     def save(self) -> None:
-        """Write what changed in the rows."""
-        self.session.commit()
+        """Write what changed in the rows (rolled back when the write fails)."""
+        self._commit()
 
     def get(self, job_id: str) -> JobRow | None:
         return self.session.get(JobRow, job_id)
@@ -317,7 +340,7 @@ class JobStore:
     # -- job definitions -------------------------------------------------------------------
     def add_definition(self, row: DefinitionRow) -> DefinitionRow:
         self.session.add(row)
-        self.session.commit()
+        self._commit()
         return row
 
     def get_definition(self, definition_id: str) -> DefinitionRow | None:
@@ -357,7 +380,7 @@ class JobStore:
     def delete_definition(self, row: DefinitionRow) -> None:
         """Remove a definition (its jobs stay, with their ``definition_id``)."""
         self.session.delete(row)
-        self.session.commit()
+        self._commit()
 
     def close(self) -> None:
         self.session.close()
