@@ -874,3 +874,32 @@ async def test_a_flapping_pair_of_nodes_moves_a_server_at_most_restart_limit_tim
                 cli.remove_container(c["Id"], force=True)
             for n in cli.networks(filters={"label": "gpuspawner.user=flapper"}):
                 cli.remove_network(n["Id"])
+
+
+async def test_a_jobs_output_is_read_back_without_holding_all_of_it(client):
+    """A notebook job's standard output is the user's. ``read_output`` asked the engine for
+    the whole log and kept its tail: a job printing gigabytes exhausted the hub's memory when
+    it ended (and at each look at its log). Now the log is streamed and only the last
+    ``max_bytes`` kept: 40 MB printed, 1 MiB read back, the hub's peak well under the log."""
+    import tracemalloc
+    from types import SimpleNamespace
+
+    cid = client.create_container(
+        IMAGE, ["sh", "-c", "head -c 40000000 /dev/zero | tr '\\0' x; echo END"],
+        labels={"gpuspawner.test": "log-tail"})["Id"]
+    try:
+        client.start(cid)
+        assert client.wait(cid, timeout=120)["StatusCode"] == 0
+        backend = DockerBackend()
+        backend.bind({"local": SimpleNamespace(docker_url="", network_pool="")})  # type: ignore[dict-item]
+        tracemalloc.start()
+        try:
+            out = await backend.read_output({"node": "local", "container_id": cid}, 2**20)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert out is not None and len(out) == 2**20 and out.endswith(b"xxxEND\n")
+        assert peak < 8 * 2**20, f"peak {peak / 2**20:.1f} MiB for 1 MiB read back"
+    finally:
+        client.remove_container(cid, force=True)
+    assert await backend.read_output({"node": "local", "container_id": cid}, 10) is None

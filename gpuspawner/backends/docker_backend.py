@@ -114,6 +114,23 @@ def plain_remote_engine(url: str) -> bool:
     return host not in ("localhost", "::1") and not host.startswith("127.")
 
 
+
+def log_tail(cli: Any, cid: str, max_bytes: int, chunk_bytes: int = 2**20) -> bytes:
+    """The last ``max_bytes`` bytes of container ``cid``'s standard output (all of it when
+    ``max_bytes`` <= 0), read as a stream (docker SDK ``APIClient.logs(stream=True)``) and
+    kept in a buffer of at most ``max_bytes + chunk_bytes``: the log is the user's, and
+    ``logs()`` without a stream returns it whole, however large.
+
+    Raises:
+        docker.errors.NotFound: no such container.
+    """
+    buf = bytearray()
+    for chunk in cli.logs(cid, stdout=True, stderr=False, stream=True, follow=False):
+        buf += chunk
+        if max_bytes > 0 and len(buf) > max_bytes + chunk_bytes:
+            del buf[:len(buf) - max_bytes]
+    return bytes(buf[-max_bytes:]) if max_bytes > 0 else bytes(buf)
+
 class DockerBackend(Backend):
     """Run each server in a new container on its node's Docker engine."""
 
@@ -620,15 +637,15 @@ class DockerBackend(Backend):
 
     async def read_output(self, state: Mapping[str, Any], max_bytes: int) -> bytes | None:
         """The container's standard output (not its standard error), the last ``max_bytes``
-        bytes; None when the container is gone."""
+        bytes (all of it when ``max_bytes`` <= 0); None when the container is gone. The log
+        is streamed and only its tail kept (:func:`log_tail`): a job may print gigabytes."""
         node, cid = state.get("node", ""), state.get("container_id")
         if not cid:
             return None
         try:
-            out = await self._call(node, "logs", cid, stdout=True, stderr=False)
+            return await self._call(node, lambda: log_tail(self.client(node), cid, max_bytes))
         except NotFound:
             return None
-        return bytes(out)[-max_bytes:] if max_bytes > 0 else bytes(out)
 
     async def poll(self, state: Mapping[str, Any]) -> int | None:
         """None while the container runs; its exit code once it stopped; 0 when it is gone.
