@@ -18,7 +18,8 @@ group's name. A mode left out is ``rw``, as in DockerSpawner; ``ro`` is enforced
 :func:`check_volume_settings` runs at hub start (:mod:`gpuspawner.hub.config_check`) and
 refuses, naming the setting and the path: a relative or ``..`` path, a mount over ``/``,
 ``/proc``, ``/sys``, ``/dev`` or over the home, a host path that is the Docker socket, the
-hub's state folder (or holds it), inside another user's home or holding every home, an
+hub's state folder (or holds it), inside any home (the user's own too: a link the user puts
+there would be followed by the engine on the host) or holding every home, an
 untemplated host folder that does not exist on the hub's host, two mounts at one place, and
 any mount on the Slurm backend (its servers are processes on the node, not containers: there
 is no bind mount to make, and the node's file systems are visible as they are).
@@ -209,12 +210,19 @@ def check_volume_settings(volumes: Any, group_volumes: Any, profiles: Iterable[A
             own = posixpath.normpath(home_path_template).replace("{username}", "\0")
             if h0 == own:
                 raise VolumeConfigError(f"{at}: is the user's home itself, mounted already at "
-                                        "home_mount_point; mount a folder inside it")
+                                        "home_mount_point")
+            if _inside(h0, own):
+                # the user may put a link in its place: the engine, as root, would follow it
+                # on the host and mount whatever folder it names
+                raise VolumeConfigError(
+                    f"{at}: is inside the user's home ({home_path_template}), which the user "
+                    "controls: a symbolic link put in its place would make the engine mount "
+                    "any folder of the host. The home is mounted at home_mount_point already "
+                    "(use the folder there), or mount one from outside the homes")
             if _inside(homes, h0):
                 raise VolumeConfigError(f"{at}: holds every user's home ({homes}): mount a "
-                                        "folder beside the homes, or one inside the user's "
-                                        f"own home ({home_path_template}/...)")
-            if _inside(_fixed_prefix(host), homes) and not _inside(h0, own):
+                                        "folder beside the homes")
+            if _inside(_fixed_prefix(host), homes):
                 raise VolumeConfigError(f"{at}: is inside the homes ({homes}) but not the "
                                         f"user's own home ({home_path_template}): it would "
                                         "show another user's files")
