@@ -206,6 +206,19 @@ def test_job_runs_on_the_allocated_gpu_and_core(
         "node1", list(launched.alloc.cpuset), [uuid_], 256)
 
 
+def test_the_jobs_output_file_is_its_users_alone(launched: Launched) -> None:
+    """The job's output file (a server's log; a notebook job's executed notebook with its
+    outputs) was made with the hub's umask (022): readable by every account on the node, in
+    the default /tmp. sbatch now runs with umask 077, which Slurm hands to the job
+    (SLURM_UMASK), so the file is 0600."""
+    path = Path(launched.spec.home.host_path if launched.spec.home else "") / \
+        f"slurm-{launched.spec.name}-{launched.job_id}.out"
+    wait_until(path.exists, timeout=30, interval=0.2, message=f"{path} made by the job")
+    st = path.stat()
+    assert st.st_uid == pwd.getpwnam(JOB_USER).pw_uid
+    assert oct(st.st_mode & 0o777) == "0o600", oct(st.st_mode)
+
+
 def get_json(ip: str, port: int, path: str) -> dict[str, Any]:
     with urllib.request.urlopen(f"http://{ip}:{port}{path}", timeout=5) as r:
         return json.loads(r.read())

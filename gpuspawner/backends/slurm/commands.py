@@ -26,6 +26,7 @@ from ...placement.model import parse_cpu_list
 
 __all__ = [
     "GresAlloc",
+    "JOB_UMASK",
     "JobInfo",
     "JobNodeDetail",
     "NodeInfo",
@@ -39,6 +40,11 @@ __all__ = [
     "parse_key_values",
     "parse_nodes",
 ]
+
+
+#: the umask the Slurm commands run with, which sbatch hands to the job (``SLURM_UMASK``):
+#: the job's output file is its user's alone
+JOB_UMASK = 0o077
 
 
 class SlurmError(RuntimeError):
@@ -514,9 +520,12 @@ class SlurmClient:
             argv[0] = os.path.join(self.bin_dir, argv[0])
         limit = self.timeout if timeout is None else timeout
         try:
+            # umask 077: sbatch hands its umask to the job (SLURM_UMASK), and slurmstepd
+            # makes the job's output file with it: a server's log, or a notebook job's
+            # executed notebook, readable by the job's user only (sbatch(1), "SLURM_UMASK")
             proc = await asyncio.create_subprocess_exec(
                 *argv, env=self._env(), stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, umask=JOB_UMASK,
                 stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL)
         except OSError as e:
             raise SlurmError(argv, None, f"cannot run: {e}") from e
