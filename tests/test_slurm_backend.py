@@ -219,6 +219,34 @@ def test_the_jobs_output_file_is_its_users_alone(launched: Launched) -> None:
     assert oct(st.st_mode & 0o777) == "0o600", oct(st.st_mode)
 
 
+def test_a_users_comment_cannot_forge_another_users_job(
+        backend: SlurmBackend, client: SlurmClient, launched: Launched) -> None:
+    """Slurm keeps a newline in a job's ``Comment`` and ``scontrol show job`` prints it as it
+    is, so a user's own job could print a second record: ``JobId=`` of another user's server
+    with an ``AdminComment`` of the user's choosing. The sweep read it as a server of ours
+    whose allocation is not booked and cancelled the other user's job; a restore would have
+    booked the forged allocation. The hub now lists jobs with ``squeue --json``."""
+    victim = launched.job_id
+    forged = json.dumps({"id": "f0rged", "node": "node1", "owner": {"user": JOB_USER}})
+    comment = (f"x\nJobId={victim} JobName={launched.spec.name}\n   JobState=RUNNING\n"
+               f"   AdminComment=gpuspawner:{forged}")
+    attacker = run(client.sbatch("#!/bin/sh\ntrue\n", ["--hold", "--mem=10",
+                                                        "--output=/dev/null",
+                                                        "--job-name=attacker",
+                                                        f"--comment={comment}"],
+                                 user=JOB_USER))
+    try:
+        text = run(client.run("scontrol", "show", "job", "-d"))
+        assert f"\nJobId={victim} JobName={launched.spec.name}\n   JobState" in text  # forged
+        removed = run(backend.sweep("node1", lambda aid: aid != "f0rged", lambda u, s: True))
+        assert removed == []
+        assert all("f0rged" not in m.allocation for m in run(backend.list_managed()))
+        job = run(client.show_job(victim))
+        assert job is not None and job.state == "RUNNING"
+    finally:
+        run(client.scancel(attacker))
+
+
 def get_json(ip: str, port: int, path: str) -> dict[str, Any]:
     with urllib.request.urlopen(f"http://{ip}:{port}{path}", timeout=5) as r:
         return json.loads(r.read())

@@ -6,7 +6,10 @@
 The parsers turn the ``key=value`` text of ``scontrol show job -d`` (:func:`parse_job`) and
 ``scontrol show node`` (:func:`parse_nodes`) into :class:`JobInfo` and :class:`NodeInfo`.
 Slurm 22.05 has no ``scontrol --json`` (``squeue --json`` exists but lacks the per-node CPU and
-GRES index detail that ``scontrol show job -d`` prints), hence the text parsers.
+GRES index detail that ``scontrol show job -d`` prints), hence the text parsers, used for one
+job at a time. The listing of every job (:meth:`SlurmClient.jobs`, which sweeps, restores and
+clean-ups act on) is ``squeue --json`` (:func:`parse_jobs_json`): in the text, a user's
+``Comment`` with a newline reads as a record of another job.
 
 Sources for the formats: scontrol(1) ("show job -d": "Nodes=... CPU_IDs=... Mem=... GRES=..."
 detail lines; "show node"), sbatch(1) (``--parsable``: "jobid[;cluster_name]"), squeue(1)
@@ -17,6 +20,7 @@ private cluster of ``scripts/slurm.sh`` in ``tests/data/slurm/``.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -37,6 +41,7 @@ __all__ = [
     "parse_gres_detail",
     "parse_job",
     "parse_jobs",
+    "parse_jobs_json",
     "parse_key_values",
     "parse_nodes",
 ]
@@ -385,6 +390,46 @@ def parse_jobs(text: str) -> list[JobInfo]:
     return out
 
 
+def parse_jobs_json(text: str) -> list[JobInfo]:
+    """The jobs of ``squeue --json`` as :class:`JobInfo` without detail lines (``fields``:
+    ``JobName``, ``JobState``, ``Comment``, ``AdminComment``, ``UserId``).
+
+    What a job's user sets (its name, its ``Comment``, its paths) comes as a JSON string
+    there. In ``scontrol show job`` it is printed as it is: a ``Comment`` holding a newline
+    and ``JobId=...`` reads as a record of its own, which named another user's job with an
+    ``AdminComment`` of the attacker's choosing (docs/security.md). Slurm 22.05's
+    ``squeue --json`` (data_parser v0.0.38) gives ``job_state`` as a string, later versions as
+    a list of flags whose first is the state: both are read.
+
+    Raises:
+        ValueError: not squeue's JSON (no ``jobs`` list, or a job without a numeric id).
+    """
+    data = json.loads(text)
+    jobs = data.get("jobs") if isinstance(data, dict) else None
+    if not isinstance(jobs, list):
+        raise ValueError("squeue --json printed no jobs list")
+    out = []
+    for j in jobs:
+        job_id = j.get("job_id") if isinstance(j, dict) else None
+        if not isinstance(job_id, int) or isinstance(job_id, bool):
+            raise ValueError(f"squeue --json: a job without a numeric job_id: {job_id!r}")
+        state = j.get("job_state") or ""
+        if isinstance(state, list):
+            state = state[0] if state else ""
+        uid = j.get("user_id")
+        fields = {"JobName": str(j.get("name") or ""), "JobState": str(state),
+                  "Comment": str(j.get("comment") or ""),
+                  "AdminComment": str(j.get("admin_comment") or ""),
+                  "UserId": f"{j.get('user_name') or ''}({uid})"}
+        out.append(JobInfo(
+            job_id=job_id, name=fields["JobName"], state=fields["JobState"],
+            reason=str(j.get("state_reason") or ""),
+            node_list=expand_hostlist(str(j.get("nodes") or "")),
+            comment=fields["Comment"], user=str(j.get("user_name") or ""),
+            uid=uid if isinstance(uid, int) else None, fields=fields))
+    return out
+
+
 # --------------------------------------------------------------------------- nodes
 
 
@@ -593,6 +638,16 @@ class SlurmClient:
             if len(parts) == 2 and parts[0].isdigit():
                 queue[int(parts[0])] = parts[1]
         return queue
+
+    async def jobs(self) -> list[JobInfo]:
+        """Every job Slurm knows, ended ones included (``squeue --json --states=all``,
+        :func:`parse_jobs_json`: no detail lines, and no way for a job's own text to read as
+        another job).
+
+        Raises:
+            SlurmError: squeue failed; ValueError: it printed no JSON of jobs.
+        """
+        return parse_jobs_json(await self.run("squeue", "--json", "--states=all"))
 
     async def show_job(self, job_id: int) -> JobInfo | None:
         """``scontrol show job -d ID`` parsed; None when Slurm no longer knows the job.

@@ -20,7 +20,7 @@ from ..base import (
     BackendUnavailable,
     Managed,
 )
-from .commands import JobInfo, parse_jobs
+from .commands import JobInfo
 from .common import HOLDING
 from .job import allocation_of, expand_output, output_path
 
@@ -162,13 +162,16 @@ class JobReadback:
         return f"{text}; last lines of {path}:\n{lines}" if lines else text
 
     async def _our_jobs(self, node: str) -> list[tuple[JobInfo, str | None]]:
-        """Every job Slurm knows, with the allocation JSON of ours (None for others).
+        """Every job Slurm knows, with the allocation JSON of ours (None for others), from
+        ``squeue --json`` (:meth:`~.commands.SlurmClient.jobs`): in ``scontrol show job``'s
+        text a user's ``Comment`` can forge a record naming another user's job, which a
+        sweep then cancelled.
 
         Raises:
             BackendUnavailable: the controller does not answer.
         """
-        out = await self._ask(node, self.client.run("scontrol", "show", "job", "-d"))
-        return [(j, allocation_of(j)) for j in parse_jobs(out)]
+        jobs = await self._ask(node, self.client.jobs())
+        return [(j, allocation_of(j)) for j in jobs]
 
     async def list_managed(self) -> list[Managed]:
         """Every job of ours (AdminComment ``gpuspawner:`` + allocation JSON) that is
