@@ -70,6 +70,13 @@ def test_dockerspawner_shapes_are_read() -> None:
     ({"/shared/home/{username}/a/b": {"bind": "/b", "mode": "ro"}}, None, {},
      "a symbolic link put in its place"),
     ({"/a": "/data", "/b": "/data"}, None, {}, "bind '/data' is already the mount point of"),
+    # a user named "home" got /shared/home/scratch: the home of the user named "scratch"
+    ({"/shared/{username}/scratch": "/scratch"}, None, {},
+     "a user or group named 'home' would get a folder inside the homes (/shared/home)"),
+    (None, {"physics": {"/shared/{group}": "/g"}}, {}, "a user or group named 'home'"),
+    # a user named "physics" got the physics project folder
+    ({"/projects/{username}": "/mine"}, {"physics": {"/projects/{group}": "/p"}}, {},
+     "with {username} and {group} swapped: a user named like a group"),
     (None, {"physics": {"/p/{group}": "/p"}}, {"backend": "slurm"},
      "GPUSpawner.group_volumes['physics']: mounts are not supported with the Slurm backend"),
     (None, {"../x": {"/p/{group}": "/p"}}, {}, "a group name with '/' or '..'"),

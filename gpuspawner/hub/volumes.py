@@ -185,6 +185,7 @@ def check_volume_settings(volumes: Any, group_volumes: Any, profiles: Iterable[A
     homes = _fixed_prefix(home_path_template) if home_path_template else ""
     home_target = posixpath.normpath(home_mount_point) if home_mount_point else ""
     seen: dict[tuple[str, str], str] = {}
+    templated: dict[str, tuple[str, set[str]]] = {}  # host path, fields as \0 -> (at, fields)
     for where, v in specs:
         at = f"{where}[{v.host_path!r}]"
         if v.bind == "/" or any(_inside(v.bind, t) for t in FORBIDDEN_TARGETS):
@@ -222,10 +223,30 @@ def check_volume_settings(volumes: Any, group_volumes: Any, profiles: Iterable[A
             if _inside(homes, h0):
                 raise VolumeConfigError(f"{at}: holds every user's home ({homes}): mount a "
                                         "folder beside the homes")
-            if _inside(_fixed_prefix(host), homes):
+            prefix = _fixed_prefix(host)
+            if _fields(host) and prefix != homes and _inside(homes, prefix):
+                # a name equal to the next folder of the homes' path fills the template there
+                nxt = homes[len(prefix):].strip("/").split("/", 1)[0]
+                raise VolumeConfigError(
+                    f"{at}: a user or group named {nxt!r} would get a folder inside the homes "
+                    f"({homes}): keep templated folders out of {prefix}, or give them a "
+                    "folder of their own")
+            if _inside(prefix, homes):
                 raise VolumeConfigError(f"{at}: is inside the homes ({homes}) but not the "
                                         f"user's own home ({home_path_template}): it would "
                                         "show another user's files")
+        fields = _fields(host)
+        if fields:
+            # {username} and {group} in one place: a user named like a group (or the other
+            # way round) gets the other's folder
+            shape = host.replace("{username}", "\0").replace("{group}", "\0")
+            other = templated.get(shape)
+            if other is not None and other[1] != fields:
+                raise VolumeConfigError(
+                    f"{at}: is {other[0]} with {{username}} and {{group}} swapped: a user "
+                    "named like a group would get the group's folder (or a group a user's); "
+                    "keep users' and groups' folders in different places")
+            templated.setdefault(shape, (at, fields))
         key = (v.group, v.bind)
         if key in seen:
             raise VolumeConfigError(f"{at}: bind {v.bind!r} is already the mount point of "
