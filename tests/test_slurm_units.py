@@ -449,3 +449,16 @@ def test_client_squeue_show_job_and_unknown_jobs(tmp_path: Path) -> None:
     assert asyncio.run(client.show_job(99)) is None
     assert [n.name for n in asyncio.run(client.show_nodes())] == ["node1", "node2"]
 
+
+
+def test_the_slurm_commands_umask_follows_who_reads_the_job_output(monkeypatch) -> None:
+    """A root hub reads a job's output file as the job's user, so the jobs get umask 077 (the
+    file is the user's alone); a hub running as SlurmUser reads it itself, so its commands
+    keep its own umask (-1: subprocess leaves it unchanged); an explicit one wins."""
+    from gpuspawner.backends.slurm import commands
+
+    monkeypatch.setattr(commands.os, "geteuid", lambda: 0)
+    assert commands.SlurmClient().umask == 0o077
+    monkeypatch.setattr(commands.os, "geteuid", lambda: 64030)
+    assert commands.SlurmClient().umask == -1
+    assert commands.SlurmClient(umask=0o027).umask == 0o027

@@ -47,8 +47,8 @@ __all__ = [
 ]
 
 
-#: the umask the Slurm commands run with, which sbatch hands to the job (``SLURM_UMASK``):
-#: the job's output file is its user's alone
+#: the umask the Slurm commands run with under a root hub, which sbatch hands to the job
+#: (``SLURM_UMASK``): the job's output file is its user's alone
 JOB_UMASK = 0o077
 
 
@@ -538,13 +538,20 @@ class SlurmClient:
             raised (a controller that is down makes each command wait its own retries, about
             18 s for squeue with the default ``MessageTimeout``).
         bin_dir: directory of the commands; None searches ``PATH``.
+        umask: the commands' umask, which sbatch hands to the job (``SLURM_UMASK``) and
+            slurmstepd makes the job's output file with. None: :data:`JOB_UMASK` (the file is
+            the job user's alone) when this process runs as root, which reads the file as the
+            job's user; else this process's own (a hub running as SlurmUser reads the file
+            itself, so it must stay readable to it).
     """
 
     def __init__(self, conf: str | os.PathLike[str] | None = None, timeout: float = 30.0,
-                 bin_dir: str | None = None) -> None:
+                 bin_dir: str | None = None, umask: int | None = None) -> None:
         self.conf = os.fspath(conf) if conf is not None else None
         self.timeout = timeout
         self.bin_dir = bin_dir
+        self.umask = umask if umask is not None else (
+            JOB_UMASK if os.geteuid() == 0 else -1)  # -1: subprocess leaves it as it is
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -565,12 +572,12 @@ class SlurmClient:
             argv[0] = os.path.join(self.bin_dir, argv[0])
         limit = self.timeout if timeout is None else timeout
         try:
-            # umask 077: sbatch hands its umask to the job (SLURM_UMASK), and slurmstepd
-            # makes the job's output file with it: a server's log, or a notebook job's
-            # executed notebook, readable by the job's user only (sbatch(1), "SLURM_UMASK")
+            # sbatch hands its umask to the job (SLURM_UMASK), and slurmstepd makes the job's
+            # output file with it: under JOB_UMASK a server's log, or a notebook job's
+            # executed notebook, is readable by the job's user only (sbatch(1), "SLURM_UMASK")
             proc = await asyncio.create_subprocess_exec(
                 *argv, env=self._env(), stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, umask=JOB_UMASK,
+                stderr=asyncio.subprocess.PIPE, umask=self.umask,
                 stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL)
         except OSError as e:
             raise SlurmError(argv, None, f"cannot run: {e}") from e
