@@ -19,6 +19,7 @@ nbformat = pytest.importorskip("nbformat")
 pytest.importorskip("sqlalchemy")
 
 from prometheus_client import generate_latest  # noqa: E402
+from traitlets import TraitError  # noqa: E402
 
 from gpuspawner.backends.base import Backend, BackendUnavailable, NodeRuntime  # noqa: E402
 from gpuspawner.hub import metrics  # noqa: E402
@@ -31,7 +32,7 @@ from gpuspawner.hub.jobs.runner import (  # noqa: E402
     strip_result,
 )
 from gpuspawner.hub.jobs.settings import GPUJobs  # noqa: E402
-from gpuspawner.hub.jobs.store import MAX_MESSAGE_CHARS, JobRow, JobStore, pack  # noqa: E402
+from gpuspawner.hub.jobs.store import MAX_MESSAGE_CHARS, JobRow, JobRun, JobStore, pack  # noqa: E402
 from gpuspawner.jobs import execute  # noqa: E402
 from gpuspawner.jobs.model import (  # noqa: E402
     OUTPUT_BEGIN,
@@ -566,3 +567,27 @@ def test_parse_output_decompresses_no_more_than_asked():
     data = base64.b64encode(zlib.compress(b"[" * 100_000)).decode()
     assert parse_output(f"{OUTPUT_BEGIN}\n{data}\n{OUTPUT_END}\n".encode()) is None
     assert parse_output(deep) == {"x": 1}
+
+
+async def test_a_users_ended_jobs_past_the_limit_are_deleted(world):
+    """Every ended job stayed in the jobs database with its notebook (up to 2 MiB), output,
+    log and HTML: a user submitting and cancelling in a loop filled the hub's disk. Now at
+    each submission the user's ended jobs past max_kept_jobs_per_user are deleted (the
+    newest are kept; active jobs and other users' jobs are not touched)."""
+    runner, cluster, engine = world
+    runner.settings.max_kept_jobs_per_user = 2
+    other = await submit(runner, user="bob")
+    ended = []
+    for _ in range(4):
+        row = await submit(runner)
+        await runner.cancel(row, "ann")
+        await until(lambda row=row: row.state == "cancelled")
+        ended.append(row.id)
+    newest = await submit(runner)
+    kept = [r.id for r in runner.store.list(user="ann")]
+    assert kept == [newest.id, ended[3], ended[2]]
+    assert runner.store.get(ended[0]) is None
+    assert runner.store.session.get(JobRun, ended[0]) is None
+    assert runner.store.get(other.id) is not None
+    with pytest.raises(TraitError, match="max_kept_jobs_per_user"):
+        GPUJobs(max_kept_jobs_per_user=0)

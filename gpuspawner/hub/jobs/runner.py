@@ -245,6 +245,10 @@ class JobRunner:
         self.store.session.add(JobRun(job_id=job_id, max_retries=retries, attempt=1,
                                       attempts="[]"))
         self.store.add(row)
+        pruned = self.store.prune(user, self.settings.max_kept_jobs_per_user)
+        if pruned:
+            log.info("jobs of %s: %d ended jobs past max_kept_jobs_per_user deleted", user,
+                     len(pruned))
         log.info("job %s of %s submitted: %s, profile %s, time limit %d s", job_id, user,
                  req.name, profile.slug, limit)
         self._start_task(row.id, self._run(row.id))

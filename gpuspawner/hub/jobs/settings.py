@@ -42,6 +42,10 @@ class GPUJobs(LoggingConfigurable):
         back when it ends (the executed notebook travels there, compressed), and most bytes
         of JSON its result may decompress to; a larger result stays in the user's home
         only.""").tag(config=True)
+    max_kept_jobs_per_user = Int(1000, help="""Ended jobs the hub keeps per user (the newest,
+        with their executed notebooks, logs and HTML exports); at each new submission the
+        user's older ended jobs are deleted from the jobs database (their outputs stay in the
+        user's home). It bounds the database any one user can fill.""").tag(config=True)
     max_active_jobs_per_user = Int(20, help="""Jobs a user may have queued, waiting,
         starting or running at once; more are refused with HTTP 429.""").tag(config=True)
     poll_interval = Float(5.0, help="""Seconds between two looks at a running job (ended?
@@ -108,7 +112,8 @@ class GPUJobs(LoggingConfigurable):
 
     @validate("time_limit_default", "time_limit_max", "poll_interval", "lost_after",
               "max_notebook_bytes",
-              "max_parameters_bytes", "max_output_bytes", "max_active_jobs_per_user")
+              "max_parameters_bytes", "max_output_bytes", "max_active_jobs_per_user",
+              "max_kept_jobs_per_user")
     def _positive(self, proposal: Any) -> Any:
         if not proposal.value > 0:
             raise TraitError(f"GPUJobs.{proposal.trait.name}: must be > 0, got "

@@ -329,6 +329,21 @@ class JobStore:
             q = q.where(JobRow.definition_id == definition_id)
         return list(self.session.scalars(q))
 
+    def prune(self, user: str, keep: int) -> list[str]:
+        """Delete ``user``'s ended jobs (not in :data:`ACTIVE_STATES`) beyond the newest
+        ``keep``, with their runner records (logs, HTML); returns the ids deleted, oldest
+        last. A job's output in the user's home is not touched."""
+        q = (select(JobRow.id).where(JobRow.user == user, JobRow.state.not_in(ACTIVE_STATES))
+             .order_by(JobRow.created.desc()).offset(max(0, keep)))
+        ids = list(self.session.scalars(q))
+        if ids:
+            for row in self.session.scalars(select(JobRow).where(JobRow.id.in_(ids))):
+                self.session.delete(row)
+            for run in self.session.scalars(select(JobRun).where(JobRun.job_id.in_(ids))):
+                self.session.delete(run)
+            self._commit()
+        return ids
+
     def active(self, user: str | None = None) -> list[JobRow]:
         """Jobs that hold or wait for a place (:data:`ACTIVE_STATES`), oldest first."""
         q = select(JobRow).where(JobRow.state.in_(sorted(ACTIVE_STATES))).order_by(
