@@ -60,7 +60,19 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
 
     @property
     def is_admin(self) -> bool:
-        return bool(self.current_user and self.current_user.get("admin"))
+        """Unfiltered ``admin:users`` among the scopes of what authenticated the request, or,
+        for a browser login to the culler (its OAuth cookie), the hub's admin flag. A token
+        sent in a header must carry the scope itself: the model's ``admin`` is its owner's,
+        and an admin's server token (readable by any code in that server) holds only what
+        ``server_token_scopes`` grants, never the right to change policies."""
+        user = self.current_user
+        if not user:
+            return False
+        if "admin:users" in (user.get("scopes") or []):
+            return True
+        if getattr(self, "_token_authenticated", False):
+            return False
+        return bool(user.get("admin"))
 
     def require_admin(self) -> None:
         if not self.is_admin:

@@ -402,6 +402,16 @@ def test_service_policy_changes_at_run_time(hub: CullerHub) -> None:
     r = requests.put(url, json=entry, headers={"Authorization": f"token {xavier}"},
                      timeout=10)
     assert r.status_code == 403
+    # a token of an admin that holds only what a server's token holds (the culler's
+    # access): the model says its owner is an admin, and that once let any code in an
+    # admin's server (which reads the token from its environment) cull everyone
+    r = hub.api("POST", "/users/admin/tokens", {
+        "note": "as a server token", "scopes": ["access:services!service=idle-culler"]})
+    assert r.status_code in (200, 201), r.text
+    narrow = r.json()["token"]
+    r = requests.put(url, json=entry, headers={"Authorization": f"token {narrow}"},
+                     timeout=10)
+    assert r.status_code == 403, r.text
     r = requests.put(url, json={"idle_timeout": "soon"},
                      headers={"Authorization": f"token {admin}"}, timeout=10)
     assert r.status_code == 400 and "users.xavier.idle_timeout" in r.json()["message"]

@@ -82,6 +82,14 @@ def test_drained_gpu_refuses_spawns_across_a_restart_until_undrained(hub):
     tok = user_token(hub, "drainuser")
     r = svc(hub, "POST", f"api/gpus/{UUID}/drain", tok, {"reason": "mine"})
     assert r.status_code == 403, r.text
+    # nor may a token of an admin that holds only a server token's access to the service:
+    # its owner is an admin, the token is not (any code in an admin's server reads it)
+    hub.ensure_user("admin")  # an admin (the shipped config's admin_users)
+    r = hub.api("POST", "/users/admin/tokens", {
+        "note": "as a server token", "scopes": ["access:services!service=gpuspawner"]})
+    assert r.status_code in (200, 201), r.text
+    r = svc(hub, "POST", f"api/gpus/{UUID}/drain", r.json()["token"], {"reason": "mine"})
+    assert r.status_code == 403, r.text
     r = svc(hub, "POST", f"api/gpus/{UUID}/drain", hub.token, {"reason": "bad fan"})
     assert r.status_code == 200, r.text
     assert r.json()["drained"] == "bad fan"

@@ -130,7 +130,9 @@ class ServiceHandler(HubOAuthenticated, web.RequestHandler):
         return user
 
     def is_admin(self, model: dict[str, Any]) -> bool:
-        return self.service.is_admin(model)
+        """The service's admin rule (``GPUService.is_admin``) for this request: by scope
+        alone when the hub authenticated it by a token (``_token_authenticated``)."""
+        return self.service.is_admin(model, token=getattr(self, "_token_authenticated", False))
 
     def write_json(self, data: Any, status: int = 200) -> None:
         self.set_status(status)

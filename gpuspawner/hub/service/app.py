@@ -331,12 +331,18 @@ class GPUService:
             )
         return self._hub_auth
 
-    def is_admin(self, model: dict[str, Any]) -> bool:
-        """Admin view: the custom scope, unfiltered ``admin:users`` or the hub's admin flag."""
+    def is_admin(self, model: dict[str, Any], token: bool = False) -> bool:
+        """Admin view: the custom scope or unfiltered ``admin:users`` among the scopes of
+        what authenticated the request; for a browser login to this service (``token``
+        False: the service's own OAuth cookie) also the hub's admin flag. A token sent in
+        a header must carry the scope itself: the model's ``admin`` says what the token's
+        owner is, not what the token may do, and an admin's server token (which any code in
+        that server reads from its environment) carries only what ``server_token_scopes``
+        grants."""
         scopes = set(model.get("scopes") or [])
         if ADMIN_SCOPE in scopes or "admin:users" in scopes:
             return True
-        if model.get("kind", "user") != "user":
+        if token or model.get("kind", "user") != "user":
             return False
         if model.get("admin"):
             return True
