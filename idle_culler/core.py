@@ -203,7 +203,8 @@ class Culler:
         if uuids:
             fig["gpus"] = uuids
         if uuids and pol.gpu_idle_threshold > 0:
-            w = self.history.mean(uuids, pol.gpu_window, now, pol.gpu_idle_threshold)
+            w = self.history.mean(uuids, pol.gpu_window, now, pol.gpu_idle_threshold,
+                                  since=started)
             fig.update({"gpu_mean_percent": None if w.mean is None else round(w.mean, 1),
                         "gpu_window_s": pol.gpu_window, "gpu_samples": w.samples,
                         "gpu_window_covered": w.covered})
@@ -214,7 +215,8 @@ class Culler:
             elif w.covered and w.mean is not None:
                 due_gpu = now
             elif pol.warning > 0 and pol.warning < pol.gpu_window:
-                part = self.history.mean(uuids, pol.gpu_window - pol.warning, now)
+                part = self.history.mean(uuids, pol.gpu_window - pol.warning, now,
+                                         since=started)
                 if part.covered and part.mean is not None and \
                         part.mean < pol.gpu_idle_threshold:
                     due_gpu = now + pol.warning

@@ -71,11 +71,16 @@ class GPUHistory:
             return list(self._samples)
 
     def mean(self, uuids: Iterable[str], window: float, now: float | None = None,
-             threshold: float | None = None) -> GPUWindow:
-        """Mean utilisation (percent) of ``uuids`` over ``[now - window, now]``."""
+             threshold: float | None = None, since: float | None = None) -> GPUWindow:
+        """Mean utilisation (percent) of ``uuids`` over ``[now - window, now]``, counting no
+        sample before ``since`` (the server's start: a GPU's samples from before the server
+        had it, idle or another tenant's, are not the server's); the window is covered only
+        when the samples, and the server, go back all of it."""
         now = time.time() if now is None else now
         total, n, covered, busy_at = 0.0, 0, True, None
         uuids = list(uuids)
+        if since is not None and since > now - window:
+            covered = False
         with self._lock:
             for u in uuids:
                 q = self._samples.get(u)
@@ -85,6 +90,8 @@ class GPUHistory:
                 if self._first_seen.get(u, now) > now - window:
                     covered = False
                 for t, v in q:
+                    if since is not None and t < since:
+                        continue
                     if threshold is not None and v >= threshold and t <= now:
                         busy_at = t if busy_at is None else max(busy_at, t)
                     if now - window <= t <= now:

@@ -460,3 +460,33 @@ async def test_hub_client_retries_with_backoff() -> None:
     finally:
         srv.stop()
         await asyncio.sleep(0)
+
+
+def test_a_gpus_samples_from_before_the_server_are_not_its_own() -> None:
+    """A GPU sampled before a server got it (idle at 0 %, or another tenant's) counted in the
+    server's GPU window: a server started on a GPU that had been idle was warned at once and
+    culled as "gpu_idle" at the end of its grace period while it used the GPU at 12 %. The
+    window now starts at the server's start, and is covered only once the server has run a
+    whole window."""
+    h = GPUHistory()
+    c = culler({"global": {"idle_timeout": 3600, "gpu_idle_threshold": 5, "gpu_window": 1800,
+                           "grace_period": 600, "warning": 600}}, history=h)
+    u = {"name": "u", "groups": []}
+    for t in range(0, 2400, 10):  # 40 minutes idle before the server, then 12 %
+        h.add("GPU-a", 0, t)
+    for t in range(2400, 2400 + 1300, 10):
+        h.add("GPU-a", 12, t)
+    s = server(2400, 2400, ["GPU-a"])
+    for now in (2410, 2400 + 600, 2400 + 1290):
+        d = c.evaluate(u, "", s, now)
+        assert d.action == "keep", (now, d)
+        assert d.figures["gpu_mean_percent"] == 12 and not d.figures["gpu_window_covered"]
+    # the same GPU idle since the server started: after a whole window it is culled
+    h2 = GPUHistory()
+    c2 = culler({"global": {"idle_timeout": 3600, "gpu_idle_threshold": 5,
+                            "gpu_window": 1800}}, history=h2)
+    for t in range(0, 2400 + 1810, 10):
+        h2.add("GPU-a", 0, t)
+    assert c2.evaluate(u, "", s, 2400 + 1300).action != "cull"
+    d = c2.evaluate(u, "", s, 2400 + 1805)
+    assert (d.action, d.reason) == ("cull", "gpu_idle")
