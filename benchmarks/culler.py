@@ -107,10 +107,10 @@ async def run(args: argparse.Namespace) -> None:
             populate(hub, args.users, deadline)
             history = GPUHistory()
             now = time.time()
-            for i in range(args.users):
-                u = fake_gpu_uuid(f"u{i:05d}", "")
+            for i in range(args.users):  # samples after every server started: the culler
+                u = fake_gpu_uuid(f"u{i:05d}", "")  # counts none from before a server's start
                 for k in range(60):
-                    history.add(u, 40.0, now - 600 + k * 10)
+                    history.add(u, 40.0, now - 1 + k / 60)
             policies = PolicySet({
                 "global": {"idle_timeout": "1d", "gpu_idle_threshold": 5, "gpu_window": "10m",
                            "warning": "10m", "max_age": "7d"},

@@ -481,9 +481,9 @@ async def culler_phase(hub: Hub, names: list[str], uuids: list[str], repeat: int
     Raises AssertionError when a pass does not see every server or culls one."""
     history = GPUHistory()
     now = time.time()
-    for u in uuids:
-        for k in range(60):
-            history.add(u, 40.0, now - 600 + k * 10)
+    for u in uuids:  # within the last second: after every server started (the culler counts
+        for k in range(60):  # no sample from before a server's start)
+            history.add(u, 40.0, now - 1 + k / 60)
     policies = PolicySet({
         "global": {"idle_timeout": "1d", "gpu_idle_threshold": 5, "gpu_window": "10m",
                    "warning": "10m", "max_age": "7d"},
