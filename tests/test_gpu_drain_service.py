@@ -21,16 +21,21 @@ from gpuspawner.backends.base import Backend
 from gpuspawner.hub.cluster import Cluster
 from gpuspawner.hub.drains import DrainStore
 from gpuspawner.hub.service.app import GPUService
+from gpuspawner.hub.service_base import ADMIN_SCOPE
 from gpuspawner.inventory.topology import load_topology_file
 from gpuspawner.placement import Bundle, Ledger, Owner, PlacementRefused
 from tests.test_service_unit import _validate
 
 TOPO = Path(__file__).parent / "data" / "topologies"
 ACCESS = "access:services!service=gpuspawner"
-#: token -> the hub's model of its owner
+#: token -> the hub's model of its owner, with the token's scopes. An admin's own token holds
+#: the service's admin scope (the role the service's configure() gives admin_users); an
+#: admin's server token holds only what server_token_scopes grants
 MODELS = {
     "admin-token": {"kind": "user", "name": "root", "admin": True, "groups": [],
-                    "scopes": [ACCESS]},
+                    "scopes": [ACCESS, ADMIN_SCOPE]},
+    "admin-server-token": {"kind": "user", "name": "root", "admin": True, "groups": [],
+                           "scopes": [ACCESS]},
     "user-token": {"kind": "user", "name": "ann", "admin": False, "groups": [],
                    "scopes": [ACCESS]},
 }
@@ -149,6 +154,13 @@ async def test_only_admins_drain(url, cluster):
     assert cluster.ledger.drained_gpus() == {uuid: "bad"}  # unchanged
     code, _ = await call(f"{url}api/gpus/{uuid}/drain", "POST", None, {"reason": "x"})
     assert code == 401
+    # an admin's token without the admin scope (a server's token: any code in the admin's
+    # server reads it) is no admin: the model's "admin" is the owner's
+    for method in ("POST", "DELETE"):
+        code, body = await call(f"{url}api/gpus/{uuid}/drain", method, "admin-server-token",
+                                {"reason": "x"} if method == "POST" else None)
+        assert code == 403 and "for hub admins" in body["message"], (method, body)
+    assert cluster.ledger.drained_gpus() == {uuid: "bad"}
 
 
 @pytest.mark.parametrize("method", ["POST", "DELETE"])
