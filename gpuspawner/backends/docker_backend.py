@@ -114,7 +114,6 @@ def plain_remote_engine(url: str) -> bool:
     return host not in ("localhost", "::1") and not host.startswith("127.")
 
 
-
 def log_tail(cli: Any, cid: str, max_bytes: int, chunk_bytes: int = 2**20) -> bytes:
     """The last ``max_bytes`` bytes of container ``cid``'s standard output (all of it when
     ``max_bytes`` <= 0), read as a stream (docker SDK ``APIClient.logs(stream=True)``) and
@@ -130,6 +129,7 @@ def log_tail(cli: Any, cid: str, max_bytes: int, chunk_bytes: int = 2**20) -> by
         if max_bytes > 0 and len(buf) > max_bytes + chunk_bytes:
             del buf[:len(buf) - max_bytes]
     return bytes(buf[-max_bytes:]) if max_bytes > 0 else bytes(buf)
+
 
 class DockerBackend(Backend):
     """Run each server in a new container on its node's Docker engine."""

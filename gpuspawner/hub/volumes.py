@@ -195,6 +195,7 @@ def check_volume_settings(volumes: Any, group_volumes: Any, profiles: Iterable[A
             raise VolumeConfigError(f"{at}: bind {v.bind!r} is the home's mount point "
                                     "(home_mount_point): it would hide the home")
         host = v.host_path
+        fields = _fields(host)
         name = posixpath.basename(host)
         if name.endswith(".sock") or "docker.sock" in host or _inside(host, "/var/run/docker") \
                 or _inside(host, "/run/docker"):
@@ -224,7 +225,7 @@ def check_volume_settings(volumes: Any, group_volumes: Any, profiles: Iterable[A
                 raise VolumeConfigError(f"{at}: holds every user's home ({homes}): mount a "
                                         "folder beside the homes")
             prefix = _fixed_prefix(host)
-            if _fields(host) and prefix != homes and _inside(homes, prefix):
+            if fields and prefix != homes and _inside(homes, prefix):
                 # a name equal to the next folder of the homes' path fills the template there
                 nxt = homes[len(prefix):].strip("/").split("/", 1)[0]
                 raise VolumeConfigError(
@@ -235,7 +236,6 @@ def check_volume_settings(volumes: Any, group_volumes: Any, profiles: Iterable[A
                 raise VolumeConfigError(f"{at}: is inside the homes ({homes}) but not the "
                                         f"user's own home ({home_path_template}): it would "
                                         "show another user's files")
-        fields = _fields(host)
         if fields:
             # {username} and {group} in one place: a user named like a group (or the other
             # way round) gets the other's folder
@@ -252,7 +252,7 @@ def check_volume_settings(volumes: Any, group_volumes: Any, profiles: Iterable[A
             raise VolumeConfigError(f"{at}: bind {v.bind!r} is already the mount point of "
                                     f"{seen[key]}")
         seen[key] = at
-        if check_exists and not _fields(host) and not os.path.isdir(host):
+        if check_exists and not fields and not os.path.isdir(host):
             raise VolumeConfigError(f"{at}: the host folder does not exist (or is not a "
                                     "folder) on the hub's host")
     return [v for _, v in specs]

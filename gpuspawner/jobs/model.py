@@ -534,15 +534,16 @@ def parse_output(stdout: bytes, max_bytes: int | None = None) -> dict[str, Any] 
     if begin < 0 or end < 0:
         return None
     body = "".join(text[begin + len(OUTPUT_BEGIN):end].split())
-    try:
-        raw = base64.b64decode(body, validate=True)
-        d = zlib.decompressobj()
-        plain = d.decompress(raw) if max_bytes is None else d.decompress(raw, max_bytes + 1)
-        too_large = max_bytes is not None and (len(plain) > max_bytes or bool(d.unconsumed_tail))
-        if not too_large:
-            data = json.loads(plain)
-    except (ValueError, RecursionError, zlib.error):
+    d = zlib.decompressobj()
+    try:  # max_length 0: no limit (zlib.Decompress.decompress)
+        plain = d.decompress(base64.b64decode(body, validate=True),
+                             0 if max_bytes is None else max_bytes + 1)
+    except (ValueError, zlib.error):
         return None
-    if too_large:
-        raise ResultTooLarge(max_bytes)  # type: ignore[arg-type]
+    if max_bytes is not None and (len(plain) > max_bytes or d.unconsumed_tail):
+        raise ResultTooLarge(max_bytes)
+    try:
+        data = json.loads(plain)
+    except (ValueError, RecursionError):
+        return None
     return data if isinstance(data, dict) else None

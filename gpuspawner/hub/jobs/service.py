@@ -349,7 +349,6 @@ class _DefinitionsBase(_JobsBase):
         self.write_json(definition_view(row, scheduler.store.active_of(row.id)), status)
 
 
-
 class DefinitionsHandler(_DefinitionsBase):
     """``GET api/job_definitions`` (own; admins all, or ``?user=``), ``POST`` (create)."""
 

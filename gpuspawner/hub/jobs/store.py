@@ -333,7 +333,8 @@ class JobStore:
         """Delete ``user``'s ended jobs (not in :data:`ACTIVE_STATES`) beyond the newest
         ``keep``, with their runner records (logs, HTML); returns the ids deleted, oldest
         last. A job's output in the user's home is not touched."""
-        q = (select(JobRow.id).where(JobRow.user == user, JobRow.state.not_in(ACTIVE_STATES))
+        q = (select(JobRow.id)
+             .where(JobRow.user == user, JobRow.state.not_in(sorted(ACTIVE_STATES)))
              .order_by(JobRow.created.desc()).offset(max(0, keep)))
         ids = list(self.session.scalars(q))
         if ids:
