@@ -26,6 +26,12 @@ from gpuspawner.simulate import load_nodes, load_pods, make_node, replicate_node
 
 FIXTURE = Path(__file__).parent / "data" / "placement" / "fgd_decisions.json.gz"
 TRACE_DIGESTS = Path(__file__).parent / "data" / "placement" / "fgd_trace_digests.json"
+#: the look-ahead's (``fgd-mem-lookahead``, the default since issue 44): recorded with the code
+#: before its speed work (c. 053b2d8), so that work can be checked to decide exactly as before
+LOOKAHEAD_POLICY = "fgd-mem-lookahead"
+LOOKAHEAD_FIXTURE = Path(__file__).parent / "data" / "placement" / "mem_lookahead_decisions.json.gz"
+LOOKAHEAD_TRACE_DIGESTS = (Path(__file__).parent / "data" / "placement"
+                           / "mem_lookahead_trace_digests.json")
 #: the Alibaba GPU trace, where the checkout has the shared data folder beside it
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "alibaba-gpu-v2023"
 
@@ -75,16 +81,16 @@ def bundles(rng: random.Random, count: int, numa_policy: str) -> list[Bundle]:
     return out
 
 
-def record(name: str) -> list[str]:
-    """The decisions of one scenario, one line each: ``+ node gpus cpus mems`` for a grant,
-    ``! reason closest-node sentence`` for a refusal, ``- index`` for a departure (by
-    arrival index), ``~ ...`` for a GPU drained or undrained or a node state set."""
+def record(name: str, policy: str = "fgd") -> list[str]:
+    """The decisions of one scenario under ``policy``, one line each: ``+ node gpus cpus mems``
+    for a grant, ``! reason closest-node sentence`` for a refusal, ``- index`` for a departure
+    (by arrival index), ``~ ...`` for a GPU drained or undrained or a node state set."""
     seed, n_nodes, steps, numa_policy, static, depart, explain, health = SCENARIOS[name]
     rng = random.Random(seed)
     nodes = cluster(rng, n_nodes)
     mix = bundles(rng, 300, numa_policy)
     workload = typical_pods(pod_type_of(b) for b in mix) if static else None
-    ledger = Ledger(nodes, "fgd", seed=seed, workload=workload, clock=lambda: 0.0)
+    ledger = Ledger(nodes, policy, seed=seed, workload=workload, clock=lambda: 0.0)
     names = [n.name for n in nodes]
     uuids = [g.uuid for n in nodes for g in n.gpus]
     held: list[tuple[int, str]] = []
@@ -126,7 +132,8 @@ def record(name: str) -> list[str]:
 
 
 def record_trace(folder: Path, size: int, steps: int, numa_policy: str = "strict",
-                 seed: int = 0, refresh_tolerance: float = 0.0) -> list[str]:
+                 seed: int = 0, refresh_tolerance: float | None = 0.0,
+                 policy: str = "fgd") -> list[str]:
     """The decisions of the benchmark's fill run on the Alibaba trace in ``folder``
     (``openb_node_list_all_node.csv`` replicated to ``size`` nodes, 0 = as is, and
     ``openb_pod_list_default.csv`` drawn with ``random.Random(seed)``), ``steps`` arrivals at
@@ -135,13 +142,16 @@ def record_trace(folder: Path, size: int, steps: int, numa_policy: str = "strict
     ``refresh_tolerance``: the learned workload's (``FragmentationModel.refresh_tolerance``).
     The recorded digests were written when every learned change was adopted, so they are
     checked with 0: the decision code itself is unchanged; the tolerance, the one intended
-    change of decisions since, is tested in tests/test_workload_refresh.py."""
+    change of decisions since, is tested in tests/test_workload_refresh.py. ``policy``: the
+    ledger's (the look-ahead's digests are recorded with the tolerance the ledger ships,
+    ``None`` here keeps it)."""
     nodes = load_nodes(folder / "openb_node_list_all_node.csv")
     if size:
         nodes = replicate_nodes(nodes, size)
     pods = load_pods(folder / "openb_pod_list_default.csv")
-    ledger = Ledger(nodes, "fgd", seed=seed, clock=lambda: 0.0)
-    ledger._c.frag.refresh_tolerance = refresh_tolerance
+    ledger = Ledger(nodes, policy, seed=seed, clock=lambda: 0.0)
+    if refresh_tolerance is not None:
+        ledger._c.frag.refresh_tolerance = refresh_tolerance
     capacity = ledger.gpu_milli_capacity()
     rng = random.Random(seed)
     requested = 0
@@ -181,23 +191,41 @@ TRACE_RUNS: dict[str, tuple[int, int, str]] = {
 }
 
 
-def main() -> None:
-    """Write the fixtures from the current code."""
-    FIXTURE.parent.mkdir(parents=True, exist_ok=True)
-    data = {name: record(name) for name in SCENARIOS}
-    with gzip.open(FIXTURE, "wt", encoding="utf-8") as f:
+#: the look-ahead's trace runs with a stored digest: name -> (size, steps, numa_policy)
+LOOKAHEAD_TRACE_RUNS: dict[str, tuple[int, int, str]] = {
+    "trace-1523-strict": (0, 9000, "strict"),
+    "trace-1523-none": (0, 9000, "none"),
+    "trace-10000-strict": (10_000, 4000, "strict"),
+}
+
+
+def main(which: str = "fgd") -> None:
+    """Write the fixtures of ``which`` (``fgd`` or ``lookahead``) from the current code."""
+    if which == "lookahead":
+        fixture, digests_file, runs = (LOOKAHEAD_FIXTURE, LOOKAHEAD_TRACE_DIGESTS,
+                                       LOOKAHEAD_TRACE_RUNS)
+        policy, tolerance = LOOKAHEAD_POLICY, None
+    else:
+        fixture, digests_file, runs = FIXTURE, TRACE_DIGESTS, TRACE_RUNS
+        policy, tolerance = "fgd", 0.0
+    fixture.parent.mkdir(parents=True, exist_ok=True)
+    data = {name: record(name, policy) for name in SCENARIOS}
+    with gzip.open(fixture, "wt", encoding="utf-8") as f:
         json.dump(data, f, separators=(",", ":"))
     for name, lines in data.items():
         grants = sum(x.startswith("+") for x in lines)
         print(f"{name}: {len(lines)} steps, {grants} grants")
     if TRACE.is_dir():
         digests = {}
-        for name, (size, steps, numa) in TRACE_RUNS.items():
-            lines = record_trace(TRACE, size, steps, numa)
+        for name, (size, steps, numa) in runs.items():
+            lines = record_trace(TRACE, size, steps, numa, refresh_tolerance=tolerance,
+                                 policy=policy)
             digests[name] = {"steps": len(lines), "sha256": digest(lines)}
             print(f"{name}: {len(lines)} steps, {digests[name]['sha256'][:12]}")
-        TRACE_DIGESTS.write_text(json.dumps(digests, indent=1) + "\n")
+        digests_file.write_text(json.dumps(digests, indent=1) + "\n")
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    main(*sys.argv[1:2])
