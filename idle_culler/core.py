@@ -45,7 +45,7 @@ from .gpu import GPUHistory
 from .hub import HubAPIError, HubClient
 from .netstats import NetworkMeter
 from .policies import PolicySet
-from .pressure import Demand, Pressure
+from .pressure import Demand, NodeCapacity, Pressure
 
 log = logging.getLogger("idle_culler")
 
@@ -156,6 +156,9 @@ class Culler:
         self.demand: Demand | None = None
         #: GPU UUID -> model, from gpuspawner's inventory (kept across passes)
         self.gpu_model: dict[str, str] = {}
+        #: GPU UUID -> node name, and node name -> what it could hold, from the same inventory
+        self.gpu_node: dict[str, str] = {}
+        self.node_capacity: dict[str, NodeCapacity] = {}
         #: what the last queue read gave, for the status (``ok``, ``length``, ``error``)
         self.queue_status: dict[str, Any] = {}
         self._no_service_logged = False
@@ -223,7 +226,7 @@ class Culler:
             if key in self._gpu_active:
                 last = max(last, self._gpu_active[key])
         fig["inactive_s"] = round(now - last, 1)
-        pressure = self.pressure_on(uuids) if (
+        pressure = self.pressure_on(uuids, ServerState.from_state(server.get("state")).node) if (
             pol.pressure_idle_timeout > 0 and pol.idle_timeout > pol.pressure_idle_timeout
         ) else None
         if pressure is not None:
@@ -275,15 +278,33 @@ class Culler:
                         f"will be culled at {iso(warn.cull_at)}, because {why}",
                         due, warn.cull_at, fig, pj)
 
-    def pressure_on(self, uuids: list[str]) -> Pressure | None:
-        """Who waits in the queue (read this pass) for GPUs a server holding ``uuids`` could
-        free; None for a CPU-only server, without a queue, or when nobody waits for its
-        models. A GPU whose model is unknown (inventory not readable) matches only entries
-        that accept any model."""
+    def pressure_on(self, uuids: list[str], node: str = "") -> Pressure | None:
+        """Who waits in the queue (read this pass) for GPUs a server holding ``uuids`` on
+        ``node`` could free; None for a CPU-only server, without a queue, or when nobody waits
+        for its models. Only entries that would fit on the server's node count (its capacity
+        from the inventory; the node is the state's, else the one listing its GPUs): a spawn
+        that could never run there shortens nobody's timeout on it. A GPU whose model is
+        unknown (inventory not readable) matches only entries that accept any model."""
         if not uuids or not self.demand:
             return None
         models = {self.gpu_model[u] for u in uuids if self.gpu_model.get(u)}
-        return self.demand.match(models)
+        name = node or next((self.gpu_node[u] for u in uuids if u in self.gpu_node), "")
+        return self.demand.match(models, self.node_capacity.get(name))
+
+    def set_inventory(self, nodes: list[dict[str, Any]]) -> None:
+        """Keep what gpuspawner's inventory (``GET api/nodes``) says: each GPU's model and
+        node, each node's capacity (:class:`~idle_culler.pressure.NodeCapacity`).
+
+        Raises:
+            ValueError: a node of ``nodes`` is malformed (the message names it).
+        """
+        for n in nodes:
+            cap = NodeCapacity.from_json(n)
+            self.node_capacity[cap.name] = cap
+            for g in n.get("gpus") or []:
+                if isinstance(g, dict) and g.get("uuid"):
+                    self.gpu_model[str(g["uuid"])] = str(g.get("model") or "")
+                    self.gpu_node[str(g["uuid"])] = cap.name
 
     async def read_queue(self) -> Demand | None:
         """Read gpuspawner's wait queue (once per pass) and, when entries wait for named
@@ -313,12 +334,12 @@ class Culler:
             self.queue_status = {"ok": False, "error": str(e)[:300]}
             return None
         self._no_service_logged = False
-        if demand.specific_models():
+        if demand:  # the models and the nodes' capacity: who would fit where
             try:
-                self.gpu_model.update(await self.hub.gpu_models(
+                self.set_inventory(await self.hub.gpu_nodes(
                     self.gpuspawner_url + "api/nodes", self.queue_timeout))
             except (HubAPIError, ValueError) as e:
-                log.warning("reading gpuspawner's GPU models failed (only 'any GPU' entries "
+                log.warning("reading gpuspawner's inventory failed (only 'any GPU' entries "
                             "count for GPUs not seen before): %s", e)
         self.queue_status = {"ok": True, "length": demand.length,
                              "waiting_gpus": {demand.names[k]: n

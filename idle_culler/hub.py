@@ -184,17 +184,16 @@ class HubClient:
             raise ValueError(f"GET {url}: not a JSON object: {str(doc)[:100]}")
         return doc
 
-    async def gpu_models(self, url: str, timeout: float = 10.0) -> dict[str, str]:
-        """``{GPU UUID: model}`` from gpuspawner's inventory, ``GET url``
-        (``.../services/gpuspawner/api/nodes``: a list of nodes, each with ``gpus: [{"uuid",
-        "model", ...}]``; any user may read it), one try, at most ``timeout`` seconds.
+    async def gpu_nodes(self, url: str, timeout: float = 10.0) -> list[dict[str, Any]]:
+        """gpuspawner's inventory, ``GET url`` (``.../services/gpuspawner/api/nodes``: a list
+        of nodes, each with ``name``, ``gpus: [{"uuid", "model", "shareable", ...}]`` and
+        ``numa_nodes``; any user may read it), one try, at most ``timeout`` seconds.
 
         Raises:
             HubAPIError: the request failed (404 included).
             ValueError: the answer is not a list of nodes.
         """
         _, nodes = await self.request("GET", url, retries=0, timeout=timeout)
-        if not isinstance(nodes, list):
+        if not isinstance(nodes, list) or not all(isinstance(n, dict) for n in nodes):
             raise ValueError(f"GET {url}: not a list of nodes: {str(nodes)[:100]}")
-        return {str(g["uuid"]): str(g.get("model") or "") for n in nodes
-                for g in (n.get("gpus") or []) if isinstance(g, dict) and g.get("uuid")}
+        return nodes

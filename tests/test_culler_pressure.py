@@ -24,10 +24,14 @@ from idle_culler.pressure import Demand
 A100 = "GPU-a100-0000"
 A100_B = "GPU-a100-0001"
 T4 = "GPU-t4-0000"
+A100_SMALL = "GPU-a100-small"  # the one A100 of node-3 (8 cores, 64 GiB), not shareable
 INVENTORY = [
     {"name": "node-1", "gpus": [{"uuid": A100, "index": 0, "model": "A100"},
                                 {"uuid": A100_B, "index": 1, "model": "A100"}]},
     {"name": "node-2", "gpus": [{"uuid": T4, "index": 0, "model": "T4"}]},
+    {"name": "node-3", "gpus": [{"uuid": A100_SMALL, "index": 0, "model": "A100",
+                                 "shareable": False}],
+     "numa_nodes": [{"id": 0, "cpus": list(range(8)), "memory_bytes": 64 << 30}]},
 ]
 
 
@@ -128,7 +132,7 @@ def pressured(policy: dict[str, Any] = POLICY, doc: dict[str, Any] | None = TWO_
     """A culler as after reading ``doc`` (None: no queue) and the inventory."""
     c = Culler(HubClient("http://127.0.0.1:1/hub/api", "x"), PolicySet(policy))
     c.demand = Demand.from_json(doc) if doc is not None else None
-    c.gpu_model = {g["uuid"]: g["model"] for n in INVENTORY for g in n["gpus"]}
+    c.set_inventory(INVENTORY)
     return c
 
 
@@ -309,10 +313,12 @@ async def test_read_queue_over_http(stand: Stand, caplog: pytest.LogCaptureFixtu
     assert any("HTTP 500" in r.message for r in caplog.records)
     assert any("HTTP 599" in r.message for r in caplog.records)  # the 1 s timeout
 
-    stand.mode = "ok"  # back: pressure again; the inventory is read under named models only
+    stand.mode = "ok"  # back: pressure again; the inventory is read while GPUs are waited for
     stand.doc, before = queue_doc(entry("dan", [])), stand.calls["nodes"]
     d = await c.read_queue()
-    assert d is not None and d.match(set()) is not None and stand.calls["nodes"] == before
+    assert d is not None and d.match(set()) is not None and stand.calls["nodes"] == before + 1
+    stand.doc = queue_doc(entry("fay", [], gpus=0))  # no GPU wanted: the inventory is not read
+    assert not await c.read_queue() and stand.calls["nodes"] == before + 1
 
 
 async def test_read_queue_with_a_users_token_and_without_url(stand: Stand) -> None:
@@ -382,3 +388,65 @@ async def test_service_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (c.gpuspawner_url, c.queue_timeout) == ("http://127.0.0.1:9/services/gpuspawner/",
                                                    2.5)
     c.hub.close()
+
+
+# ------------------------------------------------------------------ fit on the server's node
+def test_a_spawn_counts_only_on_nodes_where_it_would_fit() -> None:
+    """Issue 46 item 9: a waiting spawn shortened the idle timeout of every server holding its
+    GPU model, also on nodes where it could never run. Now only where it would fit: enough
+    GPUs of its model, a shareable one for a share, its cores and memory."""
+    two = queue_doc(entry("bob", ["A100"], gpus=2))
+    c = pressured(doc=two)
+    d = c.evaluate(U, "big", server(0, 0, [A100]), 3000)  # node-1 has two A100
+    assert (d.action, d.reason) == ("warn", "pressure_idle"), d.to_json()
+    assert "1 user waiting for A100" in d.message
+    d = c.evaluate(U, "small", server(0, 0, [A100_SMALL]), 3000)  # node-3 has one
+    assert d.action == "keep" and "pressure" not in d.figures, d.to_json()
+    # the node named by the server's state wins over the GPU's listing
+    s = server(0, 0, [A100_SMALL])
+    s["state"]["allocation"]["node"] = "node-1"
+    assert c.evaluate(U, "named", s, 3000).action == "warn"
+    # any model, 2 GPUs: node-1 only; a share: not on node-3 (no shareable GPU)
+    for doc in (queue_doc(entry("dan", [], gpus=2)),
+                queue_doc(entry("eve", ["A100"], gpus=0, milli=250))):
+        c = pressured(doc=doc)
+        assert c.evaluate(U, "small", server(0, 0, [A100_SMALL]), 3000).action == "keep"
+    assert pressured(doc=queue_doc(entry("dan", [], gpus=2))).evaluate(
+        U, "t4", server(0, 0, [T4]), 3000).action == "keep"
+    # more cores or memory than node-3 has: no pressure there; within them: pressure
+    big = {**entry("gus", ["A100"]), "cores": 16, "memory_bytes": 8 << 30}
+    c = pressured(doc=queue_doc(big))
+    assert c.evaluate(U, "small", server(0, 0, [A100_SMALL]), 3000).action == "keep"
+    fits = {**entry("gus", ["A100"]), "cores": 8, "memory_bytes": 64 << 30}
+    c = pressured(doc=queue_doc(fits))
+    assert c.evaluate(U, "small", server(0, 0, [A100_SMALL]), 3000).action == "warn"
+    # only the fitting entries are counted: 2 of the 3 waiting fit node-3
+    c = pressured(doc=queue_doc(entry("bob", ["A100"], gpus=2), entry("cy", ["A100"]),
+                                entry("di", [], position=3)))
+    d = c.evaluate(U, "small", server(0, 0, [A100_SMALL]), 3000)
+    assert d.figures["pressure"] == {"waiting_users": 2, "waiting_spawns": 2,
+                                     "models": ["A100", "GPU"]}
+
+
+async def test_a_pass_shortens_only_servers_where_the_waiting_spawn_fits(
+        stand: Stand) -> None:
+    """The same through whole passes over HTTP (the queue and inventory read from the
+    stand-in of gpuspawner's service): bob waits for two A100; ann's idle A100 server on
+    node-1 (two A100) is warned, zed's on node-3 (one A100) is not. Before the fix both
+    were warned."""
+    now = [1_000_000.0]
+    t0 = now[0]
+    stand.users = [
+        {"name": "ann", "groups": [], "servers": {"": server(t0, t0, [A100])}},
+        {"name": "zed", "groups": [], "servers": {"": server(t0, t0, [A100_SMALL])}},
+    ]
+    stand.doc = queue_doc(entry("bob", ["A100"], gpus=2))
+    c = http_culler(stand, clock=lambda: now[0])
+    now[0] = t0 + 590
+    ds = {d.user: d for d in await c.run_pass()}
+    assert (ds["ann"].action, ds["ann"].reason) == ("warn", "pressure_idle")
+    assert ds["zed"].action == "keep", ds["zed"].to_json()
+    now[0] = t0 + 700
+    ds = {d.user: d for d in await c.run_pass()}
+    assert ds["ann"].action == "cull" and stand.stopped == ["ann"]
+    assert ds["zed"].action == "keep"
