@@ -182,6 +182,26 @@ async def test_a_body_without_a_string_reason_is_400(url, cluster, raw):
     assert cluster.ledger.drained_gpus() == {}
 
 
+async def test_bad_json_is_400_through_the_body_helper(url, cluster):
+    """JSON nested deeper than the parser goes was an HTTP 500 (an uncaught RecursionError in
+    the handler's own json.loads, issue 46); the body is now read by the service's one body
+    helper, as the jobs API's: 400 naming the body, 413 past the drain's limit, nothing
+    drained."""
+    code, body = await call(f"{url}api/gpus/{gpu0(cluster)}/drain", "POST", "admin-token",
+                            raw=b"[" * 50_000)
+    assert code == 400 and body["message"].startswith("body: nested too deeply; "), body
+    assert '"reason"' in body["message"]
+    _validate(body, "Error")
+    from gpuspawner.hub.service.app import DRAIN_BODY_MAX_BYTES
+
+    big = json.dumps({"reason": "x" * DRAIN_BODY_MAX_BYTES}).encode()
+    code, body = await call(f"{url}api/gpus/{gpu0(cluster)}/drain", "POST", "admin-token",
+                            raw=big)
+    assert code == 413 and body["message"].startswith(f"body: {len(big)} bytes"), body
+    _validate(body, "Error")
+    assert cluster.ledger.drained_gpus() == {}
+
+
 def test_the_admin_map_shows_drained_gpus_and_node_state(cluster):
     from gpuspawner.hub.service.views import map_view, page_templates
 

@@ -134,6 +134,31 @@ class ServiceHandler(HubOAuthenticated, web.RequestHandler):
         alone when the hub authenticated it by a token (``_token_authenticated``)."""
         return self.service.is_admin(model, token=getattr(self, "_token_authenticated", False))
 
+    def read_json_body(self, most: int, over: str = "allowed", expected: str = "") -> Any:
+        """The request's body as JSON, parsed only when it is at most ``most`` bytes (the
+        jobs API's and the admin endpoints' one body reader).
+
+        Args:
+            most: the largest body read, bytes.
+            over: how the 413's message ends ("body: N bytes, more than the M <over>").
+            expected: added to a 400's message ("body: not JSON; <expected>").
+
+        Raises:
+            web.HTTPError: 413 for a larger body (before it is parsed: parsing runs on the
+                hub's event loop), 400 when it is not JSON or nests deeper than the parser
+                goes (``RecursionError``, else an HTTP 500).
+        """
+        raw = self.request.body or b""
+        if len(raw) > most:
+            raise web.HTTPError(413, f"body: {len(raw)} bytes, more than the {most} {over}")
+        tail = f"; {expected}" if expected else ""
+        try:
+            return json.loads(raw)
+        except RecursionError:
+            raise web.HTTPError(400, f"body: nested too deeply{tail}") from None
+        except ValueError:
+            raise web.HTTPError(400, f"body: not JSON{tail}") from None
+
     def write_json(self, data: Any, status: int = 200) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json; charset=UTF-8")

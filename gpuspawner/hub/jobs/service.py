@@ -202,18 +202,9 @@ class _JobsBase(_Base):
                 hub's event loop), 400 when it is not JSON or nests deeper than the parser
                 goes (``RecursionError``, else an HTTP 500).
         """
-        raw = self.request.body or b""
         most = (BODY_FACTOR * (limits.max_notebook_bytes + limits.max_parameters_bytes)
                 + BODY_SLACK)
-        if len(raw) > most:
-            raise web.HTTPError(413, f"body: {len(raw)} bytes, more than the {most} a "
-                                     "submission may have")
-        try:
-            return json.loads(raw)
-        except RecursionError:
-            raise web.HTTPError(400, "body: nested too deeply") from None
-        except ValueError:
-            raise web.HTTPError(400, "body: not JSON") from None
+        return self.read_json_body(most, "a submission may have")
 
 
 class JobsHandler(_JobsBase):

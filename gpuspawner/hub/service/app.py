@@ -74,11 +74,17 @@ class NodesHandler(_Base):
         self.write_json(node_views(cluster, viewer))
 
 
+#: the largest body ``POST api/gpus/{uuid}/drain`` reads, bytes (a reason is a line of text)
+DRAIN_BODY_MAX_BYTES = 64 * 1024
+
+
 class GPUDrainHandler(_Base):
     """``POST api/gpus/{uuid}/drain`` with ``{"reason": "..."}``: take a GPU out of placement
     (kept across hub restarts in ``GPUSpawner.gpu_drains_file``); ``DELETE``: give it back.
     Admins only (403 for others), 404 for a UUID no node has, 400 for a body that is not a JSON
-    object with a non-empty string ``reason``. Answers the GPU's drain view
+    object with a non-empty string ``reason`` (read by
+    :meth:`~gpuspawner.hub.service_base.ServiceHandler.read_json_body`, as the jobs API's
+    bodies: 413 past :data:`DRAIN_BODY_MAX_BYTES`). Answers the GPU's drain view
     (:func:`~gpuspawner.hub.service.views.gpu_drain_view`)."""
 
     def _admin(self) -> dict[str, Any]:
@@ -96,14 +102,12 @@ class GPUDrainHandler(_Base):
         user = self._admin()
         cluster = await self.cluster()
         self._known(cluster, uuid)
-        try:
-            body = json.loads(self.request.body or b"")
-        except ValueError:
-            body = None
+        need = 'the body must be a JSON object with a non-empty string "reason", e.g. ' \
+               '{"reason": "fan noise"}'
+        body = self.read_json_body(DRAIN_BODY_MAX_BYTES, expected=need)
         reason = body.get("reason") if isinstance(body, dict) else None
         if not isinstance(reason, str) or not reason.strip():
-            raise web.HTTPError(400, 'the body must be a JSON object with a non-empty string '
-                                     '"reason", e.g. {"reason": "fan noise"}')
+            raise web.HTTPError(400, need)
         cluster.drain_gpu(uuid, reason.strip(), by=user["name"])
         log.warning("GPU %s drained by %s: %s", uuid, user["name"], reason.strip())
         self.write_json(gpu_drain_view(cluster, uuid, admin=True))

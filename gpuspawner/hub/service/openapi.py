@@ -308,9 +308,11 @@ def _document(prefix: str) -> dict[str, Any]:
                         "schema": {"$ref": "#/components/schemas/DrainRequest"}}}},
                     "responses": {
                         "200": _resp("the GPU, drained", _DRAIN),
-                        "400": _resp("the body is not {\"reason\": \"...\"}", _ERR),
+                        "400": _resp("the body is not {\"reason\": \"...\"} (not JSON, "
+                                     "nested too deeply, no string reason)", _ERR),
                         **_DENIED,
-                        "404": _resp("no node has that GPU", _ERR)},
+                        "404": _resp("no node has that GPU", _ERR),
+                        "413": _resp("a body over 64 KiB", _ERR)},
                 },
                 "delete": {
                     "operationId": "undrainGPU",
