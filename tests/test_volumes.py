@@ -88,6 +88,75 @@ def test_each_bad_mount_is_refused_with_its_setting(volumes, group_volumes, kw, 
     assert message in str(e.value), str(e.value)
 
 
+#: the issue's configuration: a group's project folder read-write, a dataset inside it
+PROJECTS = {"physics": {"/srv/projects/{group}": {"bind": "/projects/{group}", "mode": "rw"}}}
+
+
+@pytest.mark.parametrize(("volumes", "group_volumes", "profile_volumes", "message"), [
+    # issue 46, item 1: a member replaced datasets by a link to the homes' parent folder
+    (None, PROJECTS, {"/srv/projects/physics/datasets": {"bind": "/data", "mode": "ro"}},
+     "GPUSpawner.profiles (p).volumes['/srv/projects/physics/datasets']: lies inside (or for "
+     "some user's or group's name is) GPUSpawner.group_volumes['physics']"
+     "['/srv/projects/{group}'], the mount that users can write"),
+    # the group's own entry inside its folder: a member redirects it for the other members
+    (None, {"physics": {"/srv/projects/{group}": "/p",
+                        "/srv/projects/{group}/ref": {"bind": "/ref", "mode": "ro"}}}, None,
+     "GPUSpawner.group_volumes['physics']['/srv/projects/{group}/ref']: lies inside"),
+    # a read-write scratch per user, a shared folder beside it: a user named 'shared' owns it
+    ({"/scratch/{username}": "/scratch", "/scratch/shared/tools": "/tools"}, None, None,
+     "GPUSpawner.volumes['/scratch/shared/tools']: lies inside (or for some user's or group's "
+     "name is) GPUSpawner.volumes['/scratch/{username}']"),
+    ({"/scratch/{username}": "/scratch", "/scratch/shared": {"bind": "/t", "mode": "ro"}},
+     None, None,
+     "GPUSpawner.volumes['/scratch/shared']: lies inside"),
+])
+def test_a_mount_inside_a_folder_users_can_write_is_refused_naming_both(
+        volumes, group_volumes, profile_volumes, message) -> None:
+    """Issue 46, item 1: a mount whose host folder lies inside a folder users can write
+    through another setting is refused at hub start, the message naming both settings."""
+    profiles = load_profiles([{"slug": "p", "volumes": profile_volumes}]) \
+        if profile_volumes else []
+    with pytest.raises(VolumeConfigError) as e:
+        check(volumes, group_volumes, profiles)
+    assert message in str(e.value), str(e.value)
+
+
+def test_mounts_beside_folders_users_can_write_pass() -> None:
+    """What the nesting rule keeps: a dataset beside the projects, the group's folder itself
+    in a profile, another group's entry, read-only folders holding others, two users' templates
+    with different suffixes."""
+    (p,) = load_profiles([{"slug": "p", "volumes": {
+        "/srv/datasets": {"bind": "/data", "mode": "ro"},
+        "/srv/projects/physics": {"bind": "/physics", "mode": "ro"}}}])
+    check({"/srv/ro": {"bind": "/ro", "mode": "ro"}, "/srv/ro/inner": "/inner",
+           "/scratch/{username}-rw": "/s", "/scratch/{username}-ro/x": "/x"},
+          {**PROJECTS, "chem": {"/srv/projects/physics-ref": {"bind": "/ref", "mode": "ro"}}},
+          [p])
+
+
+def test_the_hub_refuses_a_mount_inside_a_group_folder_at_start(tmp_path: Path) -> None:
+    """The start-time check through the hub's settings (as jupyterhub loads them): the
+    issue's configuration stops the hub, naming the profile's and the group's settings."""
+    from gpuspawner.hub.cluster import reset_clusters
+
+    (tmp_path / "projects" / "physics" / "datasets").mkdir(parents=True)
+    reset_clusters()
+    try:
+        with pytest.raises(HubConfigError) as e:
+            check_spawner_settings({
+                "profiles": [{"slug": "data", "cpu": 1, "volumes": {
+                    str(tmp_path / "projects" / "physics" / "datasets"): {
+                        "bind": "/data", "mode": "ro"}}}],
+                "home_path_template": str(tmp_path / "home" / "{username}"),
+                "group_volumes": {"physics": {str(tmp_path / "projects" / "{group}"): {
+                    "bind": "/projects/{group}", "mode": "rw"}}},
+                "state_dir": str(tmp_path / "state")})
+        assert str(e.value).startswith("GPUSpawner.profiles (data).volumes[")
+        assert "GPUSpawner.group_volumes['physics']" in str(e.value)
+    finally:
+        reset_clusters()
+
+
 def test_good_mounts_pass(tmp_path: Path) -> None:
     (tmp_path / "data").mkdir()
     specs = check({str(tmp_path / "data"): {"bind": "/data", "mode": "ro"},

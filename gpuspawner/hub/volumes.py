@@ -20,9 +20,15 @@ refuses, naming the setting and the path: a relative or ``..`` path, a mount ove
 ``/proc``, ``/sys``, ``/dev`` or over the home, a host path that is the Docker socket, the
 hub's state folder (or holds it), inside any home (the user's own too: a link the user puts
 there would be followed by the engine on the host) or holding every home, an
-untemplated host folder that does not exist on the hub's host, two mounts at one place, and
-any mount on the Slurm backend (its servers are processes on the node, not containers: there
+untemplated host folder that does not exist on the hub's host, two mounts at one place, a
+mount whose host folder lies inside (or, for some user's or group's name, is) a folder that
+users can write through another setting (a ``rw`` mount or the homes, :func:`nested_in_writable`:
+a user could put a symbolic link in its place, which the engine follows as root), and any
+mount on the Slurm backend (its servers are processes on the node, not containers: there
 is no bind mount to make, and the node's file systems are visible as they are).
+
+The same paths are checked again on the node at every spawn and job start, before the engine
+is handed them (:func:`gpuspawner.backends.home.check_mount_paths`).
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from typing import Any
 from ..backends.spec import Mount
 
 __all__ = ["VolumeConfigError", "VolumeSpec", "check_volume_settings", "mounts_for",
-           "parse_volumes", "site_volumes"]
+           "nested_in_writable", "parse_volumes", "site_volumes"]
 
 #: container paths no mount may cover (the kernel's file systems)
 FORBIDDEN_TARGETS = ("/proc", "/sys", "/dev")
@@ -150,6 +156,72 @@ def _fixed_prefix(template: str) -> str:
     return posixpath.normpath(head if "{" not in template else head.rsplit("/", 1)[0] or "/")
 
 
+def _component_re(part: str) -> re.Pattern[str]:
+    """One path component with ``{field}``s as any non-empty name without ``/``."""
+    pieces = _FIELD.split(part)  # literal, field, literal, ...
+    return re.compile("".join(re.escape(p) if i % 2 == 0 else "[^/]+"
+                              for i, p in enumerate(pieces)))
+
+
+def _may_equal(a: str, b: str) -> bool:
+    """Whether path components ``a`` and ``b`` (templates) can name the same folder for some
+    names; with fields in both, the literal text before the first and after the last field
+    must agree (conservative: a pair that might match counts)."""
+    fa, fb = bool(_fields(a)), bool(_fields(b))
+    if not fa and not fb:
+        return a == b
+    if fa != fb:
+        pattern, text = (a, b) if fa else (b, a)
+        return _component_re(pattern).fullmatch(text) is not None
+    (pa, *_, sa), (pb, *_, sb) = _FIELD.split(a), _FIELD.split(b)
+    return (pa.startswith(pb) or pb.startswith(pa)) and (sa.endswith(sb) or sb.endswith(sa))
+
+
+def _parts(template: str, group: str) -> list[str]:
+    """The components of a host path template, ``{group}`` filled with the entry's group (a
+    ``group_volumes`` entry applies only to that group)."""
+    path = template.replace("{group}", group) if group else template
+    return [p for p in path.split("/") if p]
+
+
+def nested_in_writable(inner: str, inner_group: str, outer: str, outer_group: str) -> bool:
+    """Whether host path template ``inner`` may lie inside ``outer`` (or, for some names, be
+    that folder without being the same template): every component of ``outer`` may name the
+    component of ``inner`` at its place (:func:`_may_equal`; ``{username}`` any name,
+    ``{group}`` the entry's group)."""
+    a, b = _parts(inner, inner_group), _parts(outer, outer_group)
+    if a == b or len(a) < len(b):
+        return False
+    return all(_may_equal(x, y) for x, y in zip(b, a[:len(b)], strict=True))
+
+
+def _check_nesting(specs: list[tuple[str, VolumeSpec]], home_path_template: str) -> None:
+    """Refuse a mount (or the homes) whose host folder lies inside a folder users can write
+    through another setting: a ``rw`` mount, or a home. Such a user could replace the folder
+    (or one above it) by a symbolic link, which the engine follows as root when it makes the
+    bind mount: the next server with that mount, anyone's, would get any folder of the node.
+
+    Raises:
+        VolumeConfigError: naming both settings.
+    """
+    home_at = f"GPUSpawner.home_path_template ({home_path_template!r})"
+    home = [(home_at, VolumeSpec(posixpath.normpath(home_path_template), "", False))] \
+        if home_path_template else []
+    writable = [(at, v) for at, v in specs if not v.read_only] + home
+    for at, v in [*specs, *home]:
+        for w_at, w in writable:
+            if w_at == at or not nested_in_writable(v.host_path, v.group, w.host_path,
+                                                     w.group):
+                continue
+            whose = "a home" if w_at == home_at else "the mount"
+            raise VolumeConfigError(
+                f"{at}: lies inside (or for some user's or group's name is) {w_at}, {whose} "
+                f"that users can write: a user could put a symbolic link in place of "
+                f"{v.host_path} or of a folder above it, and the engine, as root, would follow "
+                "it and mount any folder of the node for every server with this mount. Mount "
+                "a folder outside it (or mount it read-only)")
+
+
 def check_volume_settings(volumes: Any, group_volumes: Any, profiles: Iterable[Any] = (), *,
                           home_path_template: str = "",
                           home_mount_point: str = "/home/{username}",
@@ -255,6 +327,8 @@ def check_volume_settings(volumes: Any, group_volumes: Any, profiles: Iterable[A
         if check_exists and not fields and not os.path.isdir(host):
             raise VolumeConfigError(f"{at}: the host folder does not exist (or is not a "
                                     "folder) on the hub's host")
+    _check_nesting([(f"{where}[{v.host_path!r}]", v) for where, v in specs],
+                   home_path_template)
     return [v for _, v in specs]
 
 
