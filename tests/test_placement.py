@@ -246,10 +246,11 @@ def test_fgd_is_cpu_aware_and_ties_go_by_name():
     # 2 free GPUs into a Q4 fragment (frag.go), so they go to "b-cpu" despite the name order
     work = [(PodType(8000, 1000, 1), 0.9), (PodType(2000), 0.1)]
     ledger = Ledger([make_node("a-gpu", gpus=2, numa=1, cores=16), make_node("b-cpu", gpus=0)],
-                    workload=work)
+                    "fgd", workload=work)
     assert ledger.workload == work
     assert ledger.reserve(Bundle(cores=10), Owner("c")).node == "b-cpu"
-    # 4 cores leave 12 >= 8 on a-gpu: F does not move on either node, the name decides
+    # 4 cores leave 12 >= 8 on a-gpu: F does not move on either node, the name decides (the
+    # default, fgd-mem-lookahead, looks further: tests/test_placement_default.py)
     assert ledger.reserve(Bundle(cores=4), Owner("d")).node == "a-gpu"
     ledger.set_workload(None)  # back to the online workload of the bundles seen
     assert {t for t, _ in ledger.workload} <= {PodType(10000), PodType(4000)}

@@ -322,7 +322,7 @@ def test_cli_json_has_all_keys(capsys: pytest.CaptureFixture[str]) -> None:
     assert rc == 0
     data = json.loads(out)
     assert REQUIRED_KEYS <= set(data)
-    assert data["policy"] == "fgd" and data["mode"] == "fill" and data["seed"] == 2
+    assert data["policy"] == "fgd-mem-lookahead" and data["mode"] == "fill" and data["seed"] == 2
     assert data["pods_placed"] + data["pods_rejected"] == data["pods_total"]
 
 
@@ -362,7 +362,7 @@ def test_add_arguments_defaults() -> None:
     sim.add_arguments(parser)
     args = parser.parse_args(["--nodes", "n.csv", "--pods", "p.csv"])
     assert (args.policy, args.mode, args.numa_split, args.numa_policy, args.seed, args.json) == (
-        "fgd", "fill", 2, "strict", 0, False)
+        "fgd-mem-lookahead", "fill", 2, "strict", 0, False)
 
 
 # -------------------------------------------------------------------------------- real trace

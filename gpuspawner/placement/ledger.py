@@ -48,7 +48,8 @@ class Ledger(LedgerCapacity, LedgerRestore, LedgerHealth, IndexMaintenance):
 
     Args:
         nodes: the nodes (names must be unique).
-        policy: node-selection policy name, one of :data:`POLICIES` (default ``fgd``).
+        policy: node-selection policy name, one of :data:`POLICIES` (default
+            :data:`DEFAULT_POLICY`, ``fgd-mem-lookahead``).
         quotas: user and group quotas; None = no quotas.
         seed: seed of the ``random`` policy's generator.
         clock: returns seconds since the epoch (``Allocation.created``).

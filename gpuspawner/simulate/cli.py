@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from gpuspawner.placement import POLICIES
+from gpuspawner.placement import DEFAULT_POLICY, POLICIES
 from gpuspawner.placement.model import NUMA_POLICIES
 from gpuspawner.simulate import paper_method
 from gpuspawner.simulate.engine import MODES, compare_queue, simulate
@@ -59,11 +59,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pods", default=None, metavar="PODS.csv",
                         help="pod list: name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec,"
                              "...,creation_time,deletion_time,...]")
-    parser.add_argument("--policy", default="fgd",
+    parser.add_argument("--policy", default=DEFAULT_POLICY,
                         choices=[*POLICIES, *(p for p in PAPER_POLICIES if p not in POLICIES),
                                  "all"],
                         help="placement policy, or 'all' for every policy side by side "
-                             "(default: fgd)")
+                             f"(default: {DEFAULT_POLICY})")
     parser.add_argument("--mode", default="fill", choices=MODES,
                         help="fill: draw pods until demand reaches GPU capacity (Weng et al., "
                              "ATC '23); replay: place and release at the trace's times "

@@ -56,7 +56,13 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
-from gpuspawner.placement import POLICIES, Ledger, PlacementError, PlacementRefused
+from gpuspawner.placement import (
+    DEFAULT_POLICY,
+    POLICIES,
+    Ledger,
+    PlacementError,
+    PlacementRefused,
+)
 from gpuspawner.placement.model import GPU_MILLI, NUMA_POLICIES, Allocation, Bundle, Node, Owner
 from gpuspawner.placement.queue import WaitQueue
 from gpuspawner.simulate.traces import Pod
@@ -209,7 +215,7 @@ class _Run:
         }
 
 
-def simulate_fill(nodes: Sequence[Node], pods: Sequence[Pod], policy: str = "fgd", *,
+def simulate_fill(nodes: Sequence[Node], pods: Sequence[Pod], policy: str = DEFAULT_POLICY, *,
                   numa_policy: str = "strict", seed: int = 0, max_pods: int | None = None,
                   time_limit_s: float | None = None, explain: bool = False) -> dict[str, Any]:
     """Fill mode (Weng et al., "Beware of Fragmentation", USENIX ATC '23): draw pods with
@@ -292,7 +298,7 @@ def _replay_order(pods: Sequence[Pod], max_pods: int | None) -> list[int]:
     return order if max_pods is None else order[:max_pods]
 
 
-def simulate_replay(nodes: Sequence[Node], pods: Sequence[Pod], policy: str = "fgd", *,
+def simulate_replay(nodes: Sequence[Node], pods: Sequence[Pod], policy: str = DEFAULT_POLICY, *,
                     numa_policy: str = "strict", seed: int = 0, max_pods: int | None = None,
                     time_limit_s: float | None = None, explain: bool = False) -> dict[str, Any]:
     """Replay mode: place each pod at ``creation_time``, release it at ``deletion_time``.
@@ -350,7 +356,7 @@ def simulate_replay(nodes: Sequence[Node], pods: Sequence[Pod], policy: str = "f
     return _replay_metrics(run, policy, seed, area, t_first, t_last, start, stop)
 
 
-def simulate(nodes: Sequence[Node], pods: Sequence[Pod], policy: str = "fgd",
+def simulate(nodes: Sequence[Node], pods: Sequence[Pod], policy: str = DEFAULT_POLICY,
              mode: str = "fill", *, numa_policy: str = "strict", seed: int = 0,
              max_pods: int | None = None, time_limit_s: float | None = None,
              explain: bool = False) -> dict[str, Any]:
@@ -404,7 +410,8 @@ def _wait_metrics(waits: Sequence[float]) -> dict[str, Any]:
     }
 
 
-def simulate_replay_queue(nodes: Sequence[Node], pods: Sequence[Pod], policy: str = "fgd", *,
+def simulate_replay_queue(nodes: Sequence[Node], pods: Sequence[Pod],
+                          policy: str = DEFAULT_POLICY, *,
                           numa_policy: str = "strict", seed: int = 0,
                           max_pods: int | None = None, time_limit_s: float | None = None,
                           explain: bool = False, users: int = 50,
@@ -530,7 +537,7 @@ def simulate_replay_queue(nodes: Sequence[Node], pods: Sequence[Pod], policy: st
     return m
 
 
-def compare_queue(nodes: Sequence[Node], pods: Sequence[Pod], policy: str = "fgd", *,
+def compare_queue(nodes: Sequence[Node], pods: Sequence[Pod], policy: str = DEFAULT_POLICY, *,
                   numa_policy: str = "strict", seed: int = 0, max_pods: int | None = None,
                   time_limit_s: float | None = None, explain: bool = False, users: int = 50,
                   max_bypass: int = 3) -> list[dict[str, Any]]:

@@ -1,0 +1,144 @@
+"""The default placement policy (issue 44): ``fgd-mem-lookahead`` in the ledger, the hub and the
+simulator, with ``fgd`` still selectable; its choices pinned on small hand-made clusters where
+it and ``fgd`` part ways (docs/placement.md "The default policy")."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuspawner.placement import DEFAULT_POLICY, POLICIES, Bundle, Ledger, Owner, PlacementRefused
+from gpuspawner.placement.workload import PodType
+from tests.factories import GiB, make_node
+
+
+def test_the_default_is_the_memory_aware_lookahead_everywhere() -> None:
+    import argparse
+    import inspect
+
+    from gpuspawner.hub.settings import SpawnerSettings
+    from gpuspawner.simulate import cli, engine
+
+    assert DEFAULT_POLICY == "fgd-mem-lookahead" and "fgd" in POLICIES
+    assert Ledger([make_node("a")]).policy_name == "fgd-mem-lookahead"
+    assert Ledger([make_node("a")], "fgd").policy_name == "fgd"
+    assert SpawnerSettings.placement_policy.default_value == "fgd-mem-lookahead"
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    assert parser.parse_args(["--nodes", "n.csv"]).policy == "fgd-mem-lookahead"
+    for fn in (engine.simulate, engine.simulate_fill, engine.simulate_replay,
+               engine.simulate_replay_queue, engine.compare_queue):
+        policy = inspect.signature(fn).parameters["policy"].default
+        assert policy == "fgd-mem-lookahead", fn.__name__
+
+
+# -- a GPU node's cores kept for the GPU work that needs them -------------------------------
+
+#: 9 in 10 requests ask for one GPU and 8 cores, the rest 2 cores and no GPU
+CORES_WORKLOAD = [(PodType(8000, 1000, 1), 0.9), (PodType(2000), 0.1)]
+
+
+def _cores_ledger(policy: str | None) -> Ledger:
+    # a-gpu: 2 GPUs, 16 cores, one NUMA node; b-cpu: no GPU, 16 cores, 10 of them taken
+    nodes = [make_node("a-gpu", gpus=2, numa=1, cores=16), make_node("b-cpu", gpus=0)]
+    led = (Ledger(nodes, workload=CORES_WORKLOAD) if policy is None
+           else Ledger(nodes, policy, workload=CORES_WORKLOAD))
+    assert led.reserve(Bundle(cores=10), Owner("c")).node == "b-cpu"
+    return led
+
+
+def test_the_default_keeps_a_gpu_nodes_cores_for_gpu_work() -> None:
+    # A 4-core CPU bundle: on a-gpu it leaves 12 cores, on b-cpu 2. FGD's fragmentation does
+    # not move on either node (both GPUs of a-gpu still serve the 8-core GPU type), a tie fgd
+    # gives to the smaller name, a-gpu. The default looks one request ahead: the likely next
+    # one (8 cores, 1 GPU) on a 12-core a-gpu leaves 4 cores, under the 8 the type needs, so
+    # its second GPU is stranded; on a 16-core a-gpu it leaves 8 and both GPUs serve. So the
+    # default puts the CPU bundle on b-cpu.
+    picks = {p: _cores_ledger(p).reserve(Bundle(cores=4), Owner("d")).node
+             for p in ("fgd", None)}
+    assert picks == {"fgd": "a-gpu", None: "b-cpu"}
+    # Then two GPU bundles of the likely type: after fgd's pick the second is refused (4
+    # cores left on a-gpu), after the default's both are served.
+    for policy, served in (("fgd", 1), (None, 2)):
+        led = _cores_ledger(policy)
+        led.reserve(Bundle(cores=4), Owner("d"))
+        got = 0
+        for i in range(2):
+            try:
+                led.reserve(Bundle(cores=8, gpus=1), Owner("g", str(i)))
+                got += 1
+            except PlacementRefused:
+                pass
+        assert got == served, policy
+
+
+# -- a GPU node's memory kept for the GPU work that needs it --------------------------------
+
+GPU_POD = PodType(1000, 1000, 1)  # one whole GPU, 40 GiB
+CPU_POD = PodType(1000)  # CPU only, 30 GiB
+MEM_WORKLOAD = [(GPU_POD, 0.5), (CPU_POD, 0.5)]
+
+
+def _memory_ledger(policy: str | None) -> Ledger:
+    # a: 60 GiB, b: 100 GiB; one GPU and 8 cores each; the types' memory learned from what
+    # the hub saw (here given: 40 GiB for the GPU type, 30 for the CPU one)
+    nodes = [make_node("a", gpus=1, numa=1, cores=8, memory_gib=60),
+             make_node("b", gpus=1, numa=1, cores=8, memory_gib=100)]
+    led = (Ledger(nodes, workload=MEM_WORKLOAD) if policy is None
+           else Ledger(nodes, policy, workload=MEM_WORKLOAD))
+    led._c.frag.set_workload(MEM_WORKLOAD, memory={GPU_POD: 40 * 1024, CPU_POD: 30 * 1024})
+    return led
+
+
+def test_the_default_keeps_a_gpu_nodes_memory_for_gpu_work() -> None:
+    # A 30 GiB CPU bundle: on a it leaves 30 GiB, under the 40 the GPU type asks, so a's GPU
+    # would be stranded; fgd does not count memory and picks a (the smaller name), the
+    # default picks b. Then two 40 GiB GPU bundles: one served after fgd, both after the
+    # default.
+    cpu = Bundle(cores=1, memory_bytes=30 * GiB)
+    gpu = Bundle(cores=1, gpus=1, memory_bytes=40 * GiB)
+    for policy, node, served in (("fgd", "a", 1), (None, "b", 2)):
+        led = _memory_ledger(policy)
+        assert led.reserve(cpu, Owner("c")).node == node, policy
+        got = 0
+        for i in range(2):
+            try:
+                led.reserve(gpu, Owner("g", str(i)))
+                got += 1
+            except PlacementRefused:
+                pass
+        assert got == served, policy
+
+
+# -- where nothing differs ahead, or the workload is GPU shares alone: fgd's pick ----------
+
+@pytest.mark.parametrize("workload", [
+    [(PodType(1000, 1000, 1), 1.0)],  # whole GPUs, two untouched nodes: nothing differs
+    [(PodType(1000, 300, 1), 0.5), (PodType(1000, 500, 1), 0.5)],  # shares alone
+])
+def test_otherwise_the_default_picks_as_fgd(workload) -> None:
+    picks = set()
+    for policy in ("fgd", None):
+        nodes = [make_node("b", shareable=True), make_node("a", shareable=True)]
+        led = (Ledger(nodes, workload=workload) if policy is None
+               else Ledger(nodes, policy, workload=workload))
+        t = workload[0][0]
+        b = (Bundle(cores=1, gpus=1) if t.gpu_number and not t.is_share
+             else Bundle(cores=1, gpu_milli=t.milli_gpu))
+        picks.add(led.reserve(b, Owner("x")).node)
+    assert picks == {"a"}
+
+
+def test_placement_modules_import_their_siblings_by_name() -> None:
+    """``from .lookahead import ...``, never ``from . import lookahead`` (which goes through the
+    package's ``__init__``, a cycle while the package itself is being imported; issue 44)."""
+    import ast
+    from pathlib import Path
+
+    import gpuspawner.placement as pkg
+
+    found = []
+    for path in sorted(Path(pkg.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level and not node.module:
+                found.append(f"{path.name}:{node.lineno}")
+    assert found == []
