@@ -27,7 +27,7 @@ import docker
 import requests
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from traitlets import Any as AnyTrait
-from traitlets import Enum, Int, TraitError, Unicode, validate
+from traitlets import Enum, Int, List, TraitError, Unicode, validate
 
 from ..placement import Allocation
 from . import home_script
@@ -60,7 +60,7 @@ from .docker_network import (
     ServerNetwork,
     parse_pool,
 )
-from .home import ensure_home, raise_for
+from .home import check_mount_paths, ensure_home, raise_for
 from .spec import ALLOCATION_LABEL, HUB_LABEL, MANAGED_LABEL, LaunchSpec
 
 #: the home rules' source, run by ``python3 -c`` in the helper container
@@ -89,6 +89,19 @@ def engine_tls(folder: str) -> docker.tls.TLSConfig:
                              "are needed)")
     return docker.tls.TLSConfig(client_cert=(files["cert.pem"], files["key.pem"]),
                                 ca_cert=files["ca.pem"], verify=True)
+
+
+def bind_sources(host: Mapping[str, Any]) -> list[str]:
+    """The host paths a ``create_host_config`` argument dict would have the engine bind-mount:
+    ``binds`` (a dict's keys, or ``"src:dst[:mode]"`` strings) and ``mounts`` of type bind;
+    named volumes (no leading ``/``) are not host paths."""
+    binds = host.get("binds") or {}
+    out = [str(k) for k in binds] if isinstance(binds, Mapping) else \
+        [str(b).split(":", 1)[0] for b in binds]
+    for m in host.get("mounts") or []:
+        if isinstance(m, Mapping) and m.get("Type", "volume") == "bind":
+            out.append(str(m.get("Source", "")))
+    return [p for p in out if p.startswith("/")]
 
 
 class TLSEngineClient(docker.APIClient):
@@ -225,6 +238,17 @@ class DockerBackend(Backend):
         being started (the profile's ``image`` or ``c.GPUSpawner.image``), never a user's
         own image (a profile's ``unlisted_choice``), whose code would otherwise run there as
         root. Pulled like a server's image (``pull_policy``).""",
+    ).tag(config=True)
+
+    mount_owners = List(
+        Int(), [0],
+        help="""Uids that may own the folders above a mounted host path (the homes' folder,
+        a mount's parent folders; :func:`gpuspawner.backends.home.check_mount_paths`), checked
+        at every spawn and job start on the node, before the engine is handed the path: no
+        component a symbolic link, every folder above the last component owned by one of
+        these uids and writable by no one else (sticky folders such as /tmp excepted).
+        Default: root only; for a node on this machine the hub's own uid counts too. Add a
+        uid only if no user can act as it.""",
     ).tag(config=True)
 
     engine_timeout = Int(
@@ -419,8 +443,10 @@ class DockerBackend(Backend):
         node = spec.allocation.node
         if self.hub_id:
             spec = replace(spec, labels={**spec.labels, HUB_LABEL: self.hub_id})
-        if spec.home is not None:
-            await self._ensure_home(node, spec, progress)
+        base_host = await self._resolved(self.extra_host_config)
+        base_create = await self._resolved(self.extra_create_kwargs)
+        # the host paths, checked on the node (and the home made) before the engine sees any
+        checked = await self._check_node(node, spec, base_host, progress)
         storage_opt = await self._disk_rule(spec, progress)
         await self._ensure_image(node, spec.image)
         progress(40, f"creating container from {spec.image}")
@@ -437,10 +463,13 @@ class DockerBackend(Backend):
             create, host = container_config(
                 spec, network=network, fixed_ip=fixed_ip, pids_limit=self.pids_limit,
                 storage_opt=storage_opt,
-                base_host=await self._resolved(self.extra_host_config),
-                base_create=await self._resolved(self.extra_create_kwargs))
+                base_host=base_host, base_create=base_create)
         except ValueError as e:
             raise LaunchFailed(str(e)) from None
+        unchecked = sorted(set(bind_sources(host)) - checked)
+        if unchecked:  # never a path the node's check did not see
+            raise LaunchFailed(f"node {node}: host path {unchecked[0]} was not checked on the "
+                               "node: refused")
         def create_container() -> Any:
             cli = self.client(node)
             return cli.create_container(host_config=cli.create_host_config(**host), **create)
@@ -472,38 +501,69 @@ class DockerBackend(Backend):
         url = (rt.docker_url if rt else "") or os.environ.get("DOCKER_HOST", "")
         return not url or url.startswith("unix://")
 
-    async def _ensure_home(self, node: str, spec: LaunchSpec, progress: Progress) -> None:
-        """The home rules (:func:`~gpuspawner.backends.home.ensure_home`) where the server
-        runs: here for a node on this machine, else in a helper container on the node
-        (``home_on_node``).
+    async def _check_node(self, node: str, spec: LaunchSpec, base_host: Mapping[str, Any],
+                          progress: Progress) -> set[str]:
+        """Where the server runs (here for a node on this machine, else in the helper
+        container on the node: ``home_on_node``): check every host path the container will
+        get (:func:`~gpuspawner.backends.home.check_mount_paths`: the site's mounts, the
+        certificates' folder, ``extra_host_config``'s binds, the homes' folder), then apply the
+        home rules (:func:`~gpuspawner.backends.home.ensure_home`).
 
+        Returns:
+            the host paths checked (the home's included).
         Raises:
-            HomeOwnedByOther, HomeParentMissing, LaunchFailed, BackendUnavailable.
+            MountPathUnsafe, HomeOwnedByOther, HomeParentMissing, LaunchFailed,
+            BackendUnavailable.
         """
         home = spec.home
-        assert home is not None
+        paths = [m.source for m in spec.mounts] + bind_sources(base_host)
+        if spec.certs_dir:
+            paths.append(spec.certs_dir)
+        paths = list(dict.fromkeys(os.path.normpath(p) for p in paths))
+        strict = [os.path.dirname(os.path.normpath(home.host_path))] if home else []
+        checked = set(paths) | ({home.host_path} if home else set())
+        if not paths and home is None:
+            return checked
+        owners = sorted({0, *self.mount_owners})
         if self.home_on_node == "auto" and self._engine_is_local(node):
-            await asyncio.to_thread(ensure_home, home.host_path, spec.uid, spec.gid,
-                                    legacy=home.legacy_path, user=spec.user, node=node)
-            return
-        progress(25, f"checking the home {home.host_path} on node {node}")
-        args = {"path": home.host_path, "uid": spec.uid, "gid": spec.gid,
-                "legacy": home.legacy_path}
+            owners = sorted({*owners, os.geteuid()})  # the hub's own folders on its machine
+
+            def here() -> None:
+                check_mount_paths(paths, owners, strict=strict, node=node)
+                if home is not None:
+                    ensure_home(home.host_path, spec.uid, spec.gid, legacy=home.legacy_path,
+                                user=spec.user, node=node)
+
+            await asyncio.to_thread(here)
+            return checked
+        what = f"the home {home.host_path}" if home else "the mounted folders"
+        progress(25, f"checking {what} on node {node}")
+        args: dict[str, Any] = {"check": {"paths": paths, "owners": owners, "strict": strict,
+                                          "root": home_script.HOST_ROOT}}
+        if home is not None:
+            args.update(path=home.host_path, uid=spec.uid, gid=spec.gid,
+                        legacy=home.legacy_path)
         # never the user's own image: it would run as root beside every home
         helper = self.home_helper_image or spec.helper_image or spec.image
         await self._ensure_image(node, helper)
         answer = await self._call(node, self._home_helper, node, helper, args)
-        raise_for(answer, home.host_path, spec.uid, user=spec.user, node=node)
+        raise_for(answer, home.host_path if home else "", spec.uid, user=spec.user, node=node)
+        return checked
 
     def _home_helper(self, node: str, image: str, args: dict[str, Any]) -> dict[str, Any]:
         """Run :mod:`~gpuspawner.backends.home_script` on ``node`` in a helper container
-        of ``image`` (blocking): root (to give the folder away), no network, the home's
-        parent folder bind-mounted at its own path (a missing one makes the engine refuse:
-        nothing is made on the node), ``python3`` as the entrypoint (the image's own
-        entrypoint does not run). Returns the script's answer."""
+        of ``image`` (blocking): root (to give the folder away), no network, the node's root
+        folder read-only at ``home_script.HOST_ROOT`` (the paths are looked at there, links
+        not followed), the home's parent folder bind-mounted at its own path (a missing one
+        makes the engine refuse: nothing is made on the node; the script checks its path
+        before it touches it), ``python3`` as the entrypoint (the image's own entrypoint does
+        not run). Returns the script's answer."""
         cli = self.client(node)
-        parent = os.path.dirname(os.path.normpath(args["path"]))
-        mounts = [docker.types.Mount(parent, parent, type="bind")]
+        mounts = [docker.types.Mount(home_script.HOST_ROOT, "/", type="bind", read_only=True)]
+        parent = ""
+        if args.get("path"):
+            parent = os.path.dirname(os.path.normpath(args["path"]))
+            mounts.append(docker.types.Mount(parent, parent, type="bind"))
         try:
             cid = cli.create_container(
                 image, ["-c", HOME_SCRIPT, json.dumps(args)], entrypoint=["python3"],

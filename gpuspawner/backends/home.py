@@ -4,7 +4,12 @@ handed from one uid to another (docs/security.md, "Names"). The rules are in
 :mod:`~gpuspawner.backends.home_script` (standard library only): run here for a node on this
 machine (:func:`ensure_home`), through a helper container on another Docker node
 (:class:`~gpuspawner.backends.docker_backend.DockerBackend`), checked by the job itself on
-Slurm (:func:`~gpuspawner.backends.slurm.job.job_script`)."""
+Slurm (:func:`~gpuspawner.backends.slurm.job.job_script`).
+
+Before any host path is handed to the engine (the home, the site's mounts, the server's
+certificates), it is checked on the node that mounts it (:func:`check_mount_paths`): the
+engine follows symbolic links as root when it makes a bind mount, so a link put in place of
+a folder, or below a folder that users may write, would mount any folder of the node."""
 
 from __future__ import annotations
 
@@ -15,7 +20,8 @@ from typing import Any
 from . import home_script
 from .base import LaunchFailed, LaunchRefused
 
-__all__ = ["HomeOwnedByOther", "HomeParentMissing", "ensure_home", "raise_for"]
+__all__ = ["HomeOwnedByOther", "HomeParentMissing", "MountPathUnsafe", "check_mount_paths",
+           "ensure_home", "raise_for"]
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +57,51 @@ class HomeParentMissing(LaunchFailed):
         self.node, self.parent, self.path = node, parent, path
 
 
+class MountPathUnsafe(LaunchRefused):
+    """A host path the server would get (a mount's folder, the home's parent folder) could be
+    redirected on the node: a symbolic link in it, a folder above it that is not root's (or a
+    uid of ``c.DockerBackend.mount_owners``) or that others may write. The spawn is refused
+    before the engine sees the path (HTTP 409: an admin must look; logged as an error).
+
+    Attributes:
+        path: the host path. reason: the component and what is wrong with it. node: the node.
+    """
+
+    status_code = 409
+
+    def __init__(self, path: str, reason: str, node: str = "") -> None:
+        why = ("; the admin must make it (the engine would make it as root)"
+               if reason.endswith("does not exist") else
+               "; the engine, as root, would follow a symbolic link there and mount another "
+               "folder of the node. An admin must fix the folder (root's, writable by no "
+               "user) or add its owner to c.DockerBackend.mount_owners")
+        super().__init__(f"node {node or 'local'}: host path {path} refused: {reason}{why}")
+        self.path, self.reason, self.node = path, reason, node
+
+
+def check_mount_paths(paths: list[str], owners: list[int], *, strict: list[str] | None = None,
+                      node: str = "") -> None:
+    """Check host paths on this machine before the engine mounts them (blocking: a few
+    ``lstat`` calls per path, :func:`~gpuspawner.backends.home_script.check_paths`): no
+    component a symbolic link, every folder above the last component a folder of a uid in
+    ``owners`` that no one else may write (sticky folders excepted); the last component of
+    each of ``strict`` (the homes' folder) follows the same rules.
+
+    Raises:
+        MountPathUnsafe: the first path refused, naming it and its component.
+    """
+    raise_for(home_script.check_paths(paths, owners, strict=strict), "", 0, node=node)
+
+
 def raise_for(answer: Mapping[str, Any], path: str, uid: int, *, user: str = "",
               node: str = "") -> str:
     """The result of :func:`~gpuspawner.backends.home_script.prepare` (``"kept"``,
-    ``"moved"``, ``"made"``, ``"absent"``), or its error raised (and logged for the admin).
+    ``"moved"``, ``"made"``, ``"absent"``) or of ``check_paths`` (``"checked"``), or its
+    error raised (and logged for the admin).
 
     Raises:
-        HomeOwnedByOther, HomeParentMissing; LaunchFailed for an OSError on the node.
+        HomeOwnedByOther, HomeParentMissing, MountPathUnsafe; LaunchFailed for an OSError on
+        the node.
     """
     error = answer.get("error")
     if error is None:
@@ -66,7 +110,9 @@ def raise_for(answer: Mapping[str, Any], path: str, uid: int, *, user: str = "",
                         user or uid, path)
         return str(answer.get("result"))
     err: LaunchFailed | LaunchRefused
-    if error in (home_script.OWNED, home_script.NOT_FOLDER):
+    if error == home_script.UNSAFE:
+        err = MountPathUnsafe(str(answer.get("path")), str(answer.get("reason")), node)
+    elif error in (home_script.OWNED, home_script.NOT_FOLDER):
         err = HomeOwnedByOther(path, answer.get("owner"), uid, user, node)
     elif error == home_script.NO_PARENT:
         err = HomeParentMissing(node, str(answer.get("parent")), path)
