@@ -605,3 +605,56 @@ def test_the_cli_sends_a_definition(monkeypatch, tmp_path, capsys):
     # a one-off job sends it
     assert client.main(["jobs", "submit", str(nb), "--max-retries", "0"]) == 0
     assert sent[-1][:2] == ("POST", "api/jobs") and sent[-1][2]["max_retries"] == 0
+
+
+# -- the owner's rights at each tick (issue 46 items 2 and 3) --------------------------------
+async def test_a_tick_of_an_owner_who_lost_the_profile_pauses_the_definition(store):
+    """A definition's tick ran with the groups stored at its creation when the hub did not
+    know the user (deleted), and a new account of the same name inherited it. Now each tick
+    reads the owner's rights: gone, newer than the definition, or no longer in the profile's
+    group pauses the definition with the reason (the API's ``paused`` and ``message``)."""
+    from gpuspawner.hub.jobs.runner import Account
+
+    clock = Clock(ts("2026-03-01T09:40:00+00:00"))
+    runner = FakeRunner(store)
+    accounts = {u: Account(("staff",), clock.now - 60) for u in ("jd-a", "jd-b", "jd-c")}
+    s = Scheduler(runner, clock=clock, account=accounts.get)
+    da, db, dc = (s.create(u, ["staff"], definition("0 * * * *", profile="staff"))
+                  for u in ("jd-a", "jd-b", "jd-c"))
+    clock.now = ts("2026-03-01T10:00:00+00:00")
+    assert sorted(o.action for o in await s.tick()) == ["run"] * 3
+    del accounts["jd-a"]  # deleted
+    accounts["jd-b"] = Account(("staff",), clock.now)  # deleted, then made again
+    accounts["jd-c"] = Account(("users",), accounts["jd-c"].created)  # left staff
+    for d in (da, db, dc):
+        finish(store, d.last_job_id)
+    clock.now = ts("2026-03-01T11:00:00+00:00")
+    outs = await s.tick()
+    assert [o.action for o in outs] == ["paused"] * 3 and len(runner.submitted) == 3
+    assert "its owner jd-a no longer exists" in da.message
+    assert "its owner jd-b was deleted" in db.message
+    assert "jd-c may no longer use it" in dc.message and "'staff'" in dc.message
+    for d in (da, db, dc):
+        view = definition_view(d)
+        assert view["paused"] is True and view["next_tick"] is None
+        assert view["message"].startswith("paused at tick 2026-03-01T11:00:00Z: "), view
+    clock.now = ts("2026-03-01T12:00:00+00:00")
+    assert await s.tick() == []
+
+
+async def test_a_user_the_hub_does_not_know_has_no_rights_with_groups_of(store):
+    clock = Clock(ts("2026-03-01T09:40:00+00:00"))
+    runner = FakeRunner(store)
+    s = Scheduler(runner, clock=clock, groups_of=lambda user: None)
+    d = s.create("jd-gone", ["staff"], definition("0 * * * *", profile="staff"))
+    clock.now = ts("2026-03-01T10:00:00+00:00")
+    (out,) = await s.tick()
+    assert out.action == "paused" and runner.submitted == [] and d.paused
+
+
+async def test_deleting_an_owner_deletes_their_definitions(store):
+    s, runner, clock = scheduler(store, "2026-03-01T09:40:00+00:00")
+    mine = s.create("jd-del", [], definition("0 * * * *"))
+    other = s.create("jd-keep", [], definition("0 * * * *"))
+    assert s.remove_owner("jd-del") == [mine.id]
+    assert [d.id for d in store.definitions()] == [other.id]

@@ -462,3 +462,68 @@ def test_a_waiting_job_keeps_its_place_across_a_hub_restart(hub, engine):
         done = u.wait_state(job["id"], ("completed", "failed", "lost", "cancelled"), 90)
         assert done["state"] == "completed", done
     wait_until(lambda: released(hub, engine, "jb-wait"), 30, 0.3, "released")
+
+
+def later(seconds: float) -> str:
+    """An ``at`` this many seconds from now (ISO 8601, UTC)."""
+    import time
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(int(time.time() + seconds), timezone.utc).isoformat(
+        ).replace("+00:00", "Z")
+
+
+def test_a_queued_job_whose_owner_left_the_profiles_group_is_cancelled(hub, engine):
+    """Issue 46 item 2, replayed: a user of group staff submits a job on the staff profile
+    with ``at`` a few seconds ahead, then is removed from staff. A new submission is refused
+    (400); before, the queued job still ran on the staff profile with the groups of its
+    submission. Now its placement reads the owner's groups on the hub: it ends ``cancelled``
+    naming why, and no container is ever made."""
+    hub.ensure_user("jb-leaver", groups=("staff",))
+    u = User(hub, "jb-leaver")
+    job = u.submit(notebook("print('ran anyway')"), name="staffjob", profile="staff",
+                   at=later(6))
+    assert job["state"] == "queued"
+    r = hub.api("DELETE", "/groups/staff/users", {"users": ["jb-leaver"]})
+    assert r.status_code == 200, r.text
+    r = u.call("POST", "api/jobs", {"notebook": notebook("1"), "profile": "staff"})
+    assert r.status_code == 400 and "not available to your groups" in r.text, r.text
+    done = u.wait_state(job["id"], ("completed", "failed", "cancelled", "lost"), 60)
+    assert done["state"] == "cancelled", done
+    assert "jb-leaver may no longer use it" in done["message"], done["message"]
+    assert done["started"] is None and not job_containers(engine, "jb-leaver")
+    assert released(hub, engine, "jb-leaver")
+
+
+def test_deleting_a_user_cancels_their_jobs_and_deletes_their_definitions(hub, engine):
+    """Issue 46 item 3, replayed: after ``DELETE /hub/api/users/NAME`` the user's running job
+    ran on, their queued job ran at its time and their definition went on ticking; a new
+    account of the same name saw (and could cancel, read) them all. Now the deletion cancels
+    the running and the queued job (the container is removed, the allocation released),
+    deletes the definition and the job records, and says so in the hub's log; the new
+    account finds none."""
+    u = User(hub, "jb-deleted")
+    running = u.submit(notebook("import time\ntime.sleep(600)"), name="long")
+    queued = u.submit(notebook("print('ran anyway')"), name="queued", at=later(30))
+    r = u.call("POST", "api/job_definitions", {
+        "notebook": notebook("print('tick')"), "profile": "cpu", "name": "ticker",
+        "schedule": "* * * * *"})
+    assert r.status_code == 201, r.text
+    u.wait_state(running["id"], ("running",), 90)
+    assert job_containers(engine, "jb-deleted")
+    r = hub.api("DELETE", "/users/jb-deleted")
+    assert r.status_code == 204, r.text
+    wait_until(lambda: released(hub, engine, "jb-deleted"), 60, 0.3,
+               lambda: f"jb-deleted's job released\n{hub.tail(40)}")
+    wait_until(lambda: "jobs of jb-deleted (the hub: its owner jb-deleted was deleted): "
+               "2 cancelled" in hub.tail(400), 30, 0.3, lambda: hub.tail(40))
+    assert "job definitions of deleted user jb-deleted deleted" in hub.tail(400)
+    admin = {"Authorization": f"token {hub.token}"}
+    r = requests.get(f"{hub.url}{SVC}api/jobs?user=jb-deleted", headers=admin, timeout=30)
+    assert r.status_code == 200 and r.json()["jobs"] == [], r.text
+    again = User(hub, "jb-deleted")  # a new account of the same name
+    assert again.call("GET", "api/jobs").json()["jobs"] == []
+    assert again.call("GET", "api/job_definitions").json()["job_definitions"] == []
+    for job in (running, queued):
+        assert again.call("GET", f"api/jobs/{job['id']}").status_code == 404
+    assert not job_containers(engine, "jb-deleted")

@@ -26,6 +26,7 @@ from gpuspawner.hub import metrics  # noqa: E402
 from gpuspawner.hub.cluster import HEALTH, Cluster  # noqa: E402
 from gpuspawner.hub.jobs import metrics as job_metrics  # noqa: E402
 from gpuspawner.hub.jobs.runner import (  # noqa: E402
+    Account,
     JobRefused,
     JobRunner,
     check_max_retries,
@@ -47,7 +48,8 @@ from tests.factories import make_node  # noqa: E402
 from tests.test_jobs_units import notebook  # noqa: E402
 
 PROFILES = [{"slug": "g1", "display_name": "one GPU", "cpu": 1, "memory": "1G", "gpus": 1,
-             "default": True}]
+             "default": True},
+            {"slug": "lab", "cpu": 1, "memory": "1G", "gpus": 1, "groups": ["lab"]}]
 
 
 def frame(result: dict[str, Any]) -> bytes:
@@ -591,3 +593,71 @@ async def test_a_users_ended_jobs_past_the_limit_are_deleted(world):
     assert runner.store.get(other.id) is not None
     with pytest.raises(TraitError, match="max_kept_jobs_per_user"):
         GPUJobs(max_kept_jobs_per_user=0)
+
+
+# -- rights read at each placement (issue 46 item 2) ----------------------------------------
+def with_accounts(runner: JobRunner, accounts: dict[str, Account]) -> JobRunner:
+    """The runner of ``world`` asking ``accounts`` (the hub's users, changed by the test) for
+    its owners' rights, as the hub's runner asks the hub's database."""
+    return JobRunner(runner.settings, runner.store, runner._cluster, runner.spawner,
+                     account=accounts.get)
+
+
+async def test_a_queued_job_of_an_owner_who_lost_the_profiles_group_is_cancelled(world):
+    """A job kept the groups of its submission: queued with ``at`` on a profile of group
+    lab, it ran after its owner left lab (new submissions were refused). Now its placement
+    reads the owner's groups now: it ends cancelled, naming why, and nothing is placed."""
+    runner, cluster, engine = world
+    accounts = {"ann": Account(("lab",), time.time() - 60)}
+    runner = with_accounts(runner, accounts)
+    row = await runner.submit("ann", ["lab"], JobRequest(
+        notebook=notebook("1"), name="n", profile="lab", at=time.time() + 0.3))
+    accounts["ann"] = Account((), accounts["ann"].created)  # removed from lab
+    await until(lambda: not row.active)
+    assert row.state == "cancelled", (row.state, row.message)
+    assert "may no longer use it" in row.message and "'lab'" in row.message
+    assert engine.made == 0 and cluster.ledger.allocations() == []
+
+
+async def test_a_retry_reads_the_owners_rights_again(world):
+    runner, cluster, engine = world
+    accounts = {"ann": Account(("lab",), time.time() - 60)}
+    runner = with_accounts(runner, accounts)
+    row = await runner.submit("ann", ["lab"], JobRequest(notebook=notebook("1"), name="n",
+                                                         profile="lab"), max_retries=2)
+    (cid,) = await until(engine.running)
+    accounts["ann"] = Account(("other",), accounts["ann"].created)
+    del engine.code[cid]  # lost: a retry is due, for an owner no longer in lab
+    await until(lambda: not row.active)
+    assert row.state == "cancelled" and "may no longer use it" in row.message, row.message
+    assert engine.made == 1 and cluster.ledger.allocations() == []
+
+
+async def test_a_job_of_a_deleted_owner_or_of_a_new_account_of_the_name_never_runs(world):
+    """The runner fell back to the stored groups for a user the hub does not know; a new
+    account of the same name would have run the old one's jobs. Now both are no rights."""
+    runner, cluster, engine = world
+    accounts = {"ann": Account((), time.time() - 60), "bob": Account((), time.time() - 60)}
+    runner = with_accounts(runner, accounts)
+    soon = time.time() + 0.3
+    a = await runner.submit("ann", [], JobRequest(notebook=notebook("1"), name="n", at=soon))
+    b = await runner.submit("bob", [], JobRequest(notebook=notebook("1"), name="n", at=soon))
+    del accounts["ann"]  # deleted
+    accounts["bob"] = Account((), time.time() + 5)  # deleted, and a new bob made
+    await until(lambda: not a.active and not b.active)
+    assert a.state == "cancelled" and "its owner ann no longer exists" in a.message
+    assert b.state == "cancelled" and "its owner bob was deleted" in b.message, b.message
+    assert engine.made == 0
+
+
+async def test_the_hubs_groups_are_the_jobs_groups_at_placement(world):
+    runner, cluster, engine = world
+    accounts = {"ann": Account(("lab", "physics"), time.time() - 60)}
+    runner = with_accounts(runner, accounts)
+    row = await runner.submit("ann", ["lab", "physics"], JobRequest(
+        notebook=notebook("1"), name="n", profile="lab", at=time.time() + 0.3))
+    accounts["ann"] = Account(("lab",), accounts["ann"].created)  # left physics only
+    await until(engine.running)
+    assert row.state == "running" and row.get_json("groups") == ["lab"]
+    (alloc,) = cluster.ledger.allocations()
+    assert alloc.owner.groups == ("lab",)

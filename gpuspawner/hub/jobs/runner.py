@@ -44,7 +44,7 @@ import secrets
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -145,6 +145,64 @@ def check_max_retries(value: Any, default: int, maximum: int) -> int:
     return value
 
 
+@dataclass(frozen=True)
+class Account:
+    """A hub user as the jobs see them now (:func:`check_access`).
+
+    Attributes:
+        groups: the user's groups now (the hub's database).
+        created: when the hub account was made (seconds since the epoch); None when the hub
+            does not say. A job or definition older than its owner's account is not theirs:
+            its owner was deleted and a new account took the name.
+    """
+
+    groups: tuple[str, ...]
+    created: float | None = None
+
+
+class NoRights(Exception):
+    """The owner of a job or a definition may no longer run it (deleted, or no longer in a
+    group of its profile); the message says why."""
+
+
+#: seconds an account may seem newer than a job of its own (clocks, rounding)
+ACCOUNT_SLACK_S = 1.0
+
+
+def check_access(account: Account | None, user: str, since: float, slug: str,
+                 profiles: list[Profile]) -> tuple[list[str], Profile]:
+    """The rights a job or a definition of ``user`` has now, read when it is placed (its
+    first run, each retry, each tick of a definition), never the groups stored when it was
+    submitted.
+
+    Args:
+        account: the user's account now; None when the hub has no such user.
+        user: the owner's name (for the message).
+        since: when the job or definition was made (seconds since the epoch).
+        slug: its profile.
+        profiles: the hub's profiles now.
+
+    Returns:
+        (the user's groups now, the profile).
+
+    Raises:
+        NoRights: the user is gone, the account is newer than ``since`` (deleted and made
+            again), or the profile is no longer available to the user's groups (or no longer
+            configured).
+    """
+    if account is None:
+        raise NoRights(f"its owner {user} no longer exists on the hub")
+    if account.created is not None and account.created > since + ACCOUNT_SLACK_S:
+        raise NoRights(f"its owner {user} was deleted (the account of that name now is "
+                       f"newer, made {iso(account.created)})")
+    groups = sorted(account.groups)
+    try:
+        profile = choose_profile({"profile": slug}, profiles, groups)
+    except OptionsError as e:
+        raise NoRights(f"{user} may no longer use it: {e.reason}") from None
+    return groups, profile
+
+
 def strip_result(text: str) -> str:
     """A job's output without its result frame (the last one; a frame cut at the end too):
     its log."""
@@ -170,16 +228,21 @@ class JobRunner:
         spawner: the GPUSpawner settings jobs share with servers
             (:func:`~gpuspawner.hub.jobs.settings.spawner_values`).
         auth_state: user name -> the user's auth_state (awaitable; None without one).
+        account: user name -> the user's :class:`Account` now (None: no such user), read at
+            each placement of a job (:meth:`access`); None: no hub to ask (the groups stored
+            at submission count).
     """
 
     def __init__(self, settings: GPUJobs, store: JobStore, cluster: Callable[[], Cluster],
                  spawner: dict[str, Any],
-                 auth_state: Callable[[str], Any] | None = None) -> None:
+                 auth_state: Callable[[str], Any] | None = None,
+                 account: Callable[[str], Account | None] | None = None) -> None:
         self.settings = settings
         self.store = store
         self._cluster = cluster
         self.spawner = spawner
         self._auth_state = auth_state
+        self._account = account
         self._tasks: dict[str, asyncio.Task[None]] = {}
         #: job id -> who asked to cancel it
         self._cancel: dict[str, str] = {}
@@ -193,6 +256,23 @@ class JobRunner:
 
     def profiles(self) -> list[Profile]:
         return load_profiles(self.spawner["profiles"])
+
+    def access(self, user: str, since: float, slug: str,
+               stored: list[str]) -> tuple[list[str], Profile]:
+        """The groups ``user`` has now and the profile ``slug``, for a job or definition made
+        at ``since`` (:func:`check_access` with the hub's account of the user); without a hub
+        to ask (``account`` None), the ``stored`` groups.
+
+        Raises:
+            NoRights: see :func:`check_access`; also when the hub cannot be asked.
+        """
+        if self._account is None:
+            return check_access(Account(tuple(stored)), user, since, slug, self.profiles())
+        try:
+            account = self._account(user)
+        except Exception as e:  # fail closed: no rights that cannot be read
+            raise NoRights(f"the hub could not tell the rights of {user}: {e}") from None
+        return check_access(account, user, since, slug, self.profiles())
 
     # -- submission ----------------------------------------------------------------------
     async def submit(self, user: str, groups: list[str], req: JobRequest,
@@ -308,6 +388,36 @@ class JobRunner:
             await self._end(row, "cancelled", f"cancelled by {by}")
         return row
 
+    async def remove_owner(self, user: str, why: str) -> tuple[list[str], list[str]]:
+        """A user was deleted from the hub: cancel their active jobs (queued ones leave the
+        queue, running ones are stopped and released), then delete every record of their
+        jobs (the ended ones too: a new account of the same name must not inherit them;
+        the outputs stay in the home). Their definitions are deleted by the caller first
+        (:meth:`~gpuspawner.hub.jobs.schedule.Scheduler.remove_owner`).
+
+        Args:
+            user: the deleted user's name.
+            why: who or what removed them, for the jobs' message and the hub log.
+
+        Returns:
+            (ids of the jobs cancelled, ids of the job records deleted).
+        """
+        active = self.store.active(user)
+
+        async def end(row: JobRow) -> None:
+            try:
+                await self.cancel(row, why)
+            except JobRefused:  # it ended meanwhile
+                pass
+            except Exception:
+                log.exception("job %s of deleted user %s: its cancel failed", row.id, user)
+
+        await asyncio.gather(*(end(r) for r in active))
+        deleted = self.store.prune(user, 0)
+        log.warning("jobs of %s (%s): %d cancelled (%s), %d job records deleted", user, why,
+                    len(active), ", ".join(r.id for r in active) or "none", len(deleted))
+        return [r.id for r in active], deleted
+
     # -- one job -------------------------------------------------------------------------
     def _profile(self, row: JobRow) -> Profile:
         for p in self.profiles():
@@ -347,7 +457,6 @@ class JobRunner:
         except LookupError as e:
             await self._end(row, "failed", str(e))
             return
-        owner = Owner(row.user, job_server(row.id), tuple(row.get_json("groups", [])))
         if row.not_before is not None and row.not_before > time.time():
             message = f"scheduled for {iso(row.not_before)}"
             if row.message != message:
@@ -355,6 +464,17 @@ class JobRunner:
                 self.store.save()
             while (left := row.not_before - time.time()) > 0:  # a cancel interrupts it
                 await asyncio.sleep(min(left, 60.0))
+        # the owner's rights now (first run and each retry), not those of the submission
+        try:
+            groups, profile = self.access(row.user, row.created, row.profile,
+                                          row.get_json("groups", []))
+        except NoRights as e:
+            await self._end(row, "cancelled", f"not run: {e}")
+            return
+        if groups != row.get_json("groups", []):
+            row.set_json("groups", groups)  # its quota and group mounts: the groups now
+            self.store.save()
+        owner = Owner(row.user, job_server(row.id), tuple(groups))
 
         def waiting(entry: Any, position: int, length: int) -> None:
             text = f"waiting: position {position} of {length} for {profile.bundle.describe()}"
@@ -375,6 +495,13 @@ class JobRunner:
         row.set_json("allocation", alloc.to_dict())
         row.node = alloc.node
         row.set_json("gpu_uuids", list(alloc.gpu_uuids))
+        try:  # its wait may have been long: the rights once more before it starts
+            groups, _ = self.access(row.user, row.created, row.profile, groups)
+        except NoRights as e:
+            self.store.save()
+            await self._end(row, "cancelled", f"not run: {e}")  # releases its place
+            return
+        row.set_json("groups", groups)
         row.set_state("starting", f"placed on {alloc.summary()}")
         self.store.save()
         job_metrics.waited(profile.slug, time.time() - self._due.pop(row.id, max(
@@ -900,5 +1027,6 @@ def output_size(row: JobRow) -> int:
     return len(zlib.decompress(row.output)) if row.output else 0
 
 
-__all__ = ["JOB_BACKENDS", "JobRefused", "JobRunner", "check_backend", "check_max_retries",
+__all__ = ["JOB_BACKENDS", "Account", "JobRefused", "JobRunner", "NoRights", "check_access",
+           "check_backend", "check_max_retries",
            "job_view", "launched", "output_size", "strip_result"]

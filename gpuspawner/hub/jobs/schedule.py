@@ -51,7 +51,7 @@ from ...jobs.model import (
     check_time_limit,
 )
 from ..profiles import OptionsError, choose_profile
-from .runner import JobRefused, JobRunner, check_backend, iso
+from .runner import Account, JobRefused, JobRunner, NoRights, check_access, check_backend, iso
 from .store import DefinitionRow, JobRow, JobStore, pack
 
 log = logging.getLogger("gpuspawner")
@@ -123,8 +123,9 @@ class TickOutcome:
         definition_id: the definition.
         tick: the tick's time (seconds since the epoch).
         action: ``run`` (a job was made), ``skipped`` (starting deadline passed, or
-            ``Forbid`` with an active job) or ``refused`` (the job was refused: profile no
-            longer allowed, too many active jobs, ...).
+            ``Forbid`` with an active job), ``paused`` (its owner may no longer run it: gone,
+            or the profile is no longer for their groups; the definition is paused) or
+            ``refused`` (the job was refused: too many active jobs, ...).
         job_id: the job made, for ``run``.
         message: what happened, as the definition's ``message`` says it.
     """
@@ -143,15 +144,20 @@ class Scheduler:
         runner: the job runner (its store holds the definitions too; its ``submit`` makes
             each tick's job, its ``cancel`` ends the jobs a ``Replace`` tick replaces).
         clock: seconds since the epoch (tests inject their own).
-        groups_of: user name -> the user's groups now (the hub's database), or None for
-            the groups stored with the definition.
+        groups_of: user name -> the user's groups now (the hub's database), None for a
+            user the hub does not know (no rights: the definition is paused).
+        account: user name -> the user's :class:`~gpuspawner.hub.jobs.runner.Account` now
+            (None: no such user), read at each tick (:func:`check_access`); wins over
+            ``groups_of``. Neither: the groups stored with the definition (no hub to ask).
     """
 
     def __init__(self, runner: JobRunner, clock: Callable[[], float] = time.time,
-                 groups_of: Callable[[str], list[str] | None] | None = None) -> None:
+                 groups_of: Callable[[str], list[str] | None] | None = None,
+                 account: Callable[[str], Account | None] | None = None) -> None:
         self.runner = runner
         self.clock = clock
         self._groups_of = groups_of
+        self._account = account
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -248,6 +254,18 @@ class Scheduler:
         self.store.delete_definition(row)
         self.wake()
 
+    def remove_owner(self, user: str) -> list[str]:
+        """Delete every definition of ``user`` (deleted from the hub); returns their ids."""
+        ids = []
+        for row in self.store.definitions(user):
+            ids.append(row.id)
+            self.store.delete_definition(row)
+        if ids:
+            log.warning("job definitions of deleted user %s deleted: %s", user,
+                        ", ".join(ids))
+            self.wake()
+        return ids
+
     # -- ticks -----------------------------------------------------------------------------
     async def tick(self, now: float | None = None) -> list[TickOutcome]:
         """Handle every definition whose next tick has come by ``now`` (default: the
@@ -271,15 +289,41 @@ class Scheduler:
         row.next_tick = next_tick(row.schedule, row.timezone, due)
 
     def _groups(self, row: DefinitionRow) -> list[str]:
-        if self._groups_of is not None:
-            try:
+        """The groups the definition's owner has now, with access to its profile checked
+        (:func:`~gpuspawner.hub.jobs.runner.check_access`): never the groups stored when it
+        was made, unless there is no hub to ask.
+
+        Raises:
+            NoRights: the owner is gone (or the account is newer than the definition), the
+                profile is not theirs to use now, or the hub could not be asked.
+        """
+        stored = list(row.get_json("groups", []))
+        try:
+            if self._account is not None:
+                account = self._account(row.user)
+            elif self._groups_of is not None:
                 groups = self._groups_of(row.user)
-            except Exception as e:
-                log.warning("job definition %s: the groups of %s: %s", row.id, row.user, e)
-                groups = None
-            if groups is not None:
-                return list(groups)
-        return list(row.get_json("groups", []))
+                account = None if groups is None else Account(tuple(groups))
+            else:
+                account = Account(tuple(stored))
+        except Exception as e:  # fail closed
+            raise NoRights(f"the hub could not tell the rights of {row.user}: {e}") from None
+        groups, _ = check_access(account, row.user, row.created, row.profile,
+                                 self.runner.profiles())
+        return groups
+
+    def _pause(self, row: DefinitionRow, due: float, why: str) -> TickOutcome:
+        """Pause the definition at a tick its owner may not run: ``message`` says why (the
+        API's and the Lab panel's status of it); resuming asks again at the next tick."""
+        self._advance(row, due)
+        row.paused = True
+        row.next_tick = None
+        row.skipped += 1
+        row.message = f"paused at tick {iso(due)}: {why}"
+        row.updated = self.clock()
+        self.store.save()
+        log.warning("job definition %s of %s: %s", row.id, row.user, row.message)
+        return TickOutcome(row.id, due, "paused", None, row.message)
 
     def _skip(self, row: DefinitionRow, due: float, why: str) -> TickOutcome:
         self._advance(row, due)
@@ -298,6 +342,10 @@ class Scheduler:
             more = "more than " if count > MAX_CATCH_UP else ""
             missed = f"; {more}{count - 1} earlier missed tick(s) skipped"
         late = now - due
+        try:  # the owner's rights now: a tick of an owner who lost them pauses it
+            groups = self._groups(row)
+        except NoRights as e:
+            return self._pause(row, due, f"{e}{missed}")
         if row.starting_deadline is not None and late > row.starting_deadline:
             return self._skip(row, due, f"{late:.0f} s late, more than its starting_deadline "
                                         f"of {row.starting_deadline} s{missed}")
@@ -315,7 +363,7 @@ class Scheduler:
                          profile=row.profile, time_limit=row.time_limit, name=row.name,
                          at=due, definition_id=row.id)
         try:
-            job = await self.runner.submit(row.user, self._groups(row), req)
+            job = await self.runner.submit(row.user, groups, req)
         except (JobInputError, JobRefused) as e:
             row.skipped += 1
             row.message = f"tick {iso(due)} not run: {e}{missed}"

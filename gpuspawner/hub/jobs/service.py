@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from datetime import timezone
 from typing import Any
 
 from tornado import web
@@ -47,11 +48,11 @@ from ...jobs.model import (
 )
 from ..service_base import ServiceHandler as _Base
 from ..service_base import hub_app as _hub_app
-from ..service_base import hub_cluster, hub_user
+from ..service_base import hub_cluster
 from ..spawner import GPUSpawner
 from ..state import state_file
 from . import metrics as job_metrics
-from .runner import JobRefused, JobRunner
+from .runner import Account, JobRefused, JobRunner
 from .schedule import Scheduler, definition_view
 from .settings import JOBS_DB_FILE, GPUJobs, spawner_values
 from .store import DefinitionRow, JobRow, JobStore
@@ -75,6 +76,8 @@ class Jobs:
         self.task: asyncio.Future[None] | None = None
         #: the scheduler of job definitions (started with the runner)
         self.scheduler: Scheduler | None = None
+        #: the hub's event loop (user deletions are handed to it)
+        self.loop: asyncio.AbstractEventLoop | None = None
 
 
 async def _auth_state(name: str) -> dict[str, Any] | None:
@@ -87,10 +90,61 @@ async def _auth_state(name: str) -> dict[str, Any] | None:
     return await app.users[found].get_auth_state()
 
 
-def _groups_of(name: str) -> list[str] | None:
-    """A user's groups now (the hub's database), for a job definition's tick."""
-    found = hub_user(name)
-    return None if found is None else list(found[1])
+def _account(name: str) -> Account | None:
+    """A user's account now (the hub's database: groups, when it was made), read at each
+    placement of a job and each tick of a definition; None when the hub has no such user."""
+    from jupyterhub import orm
+
+    app = _hub_app()
+    u = orm.User.find(app.db, name)
+    if u is None:
+        return None
+    created = u.created.replace(tzinfo=timezone.utc).timestamp() if u.created else None
+    return Account(tuple(sorted(g.name for g in u.groups)), created)
+
+
+#: the jobs part the hub's user deletions go to (one hub per process)
+_DELETIONS: list[Jobs] = []
+
+
+def _user_deleted(mapper: Any, connection: Any, target: Any) -> None:
+    """SQLAlchemy's ``after_delete`` of the hub's ``orm.User`` (``DELETE
+    /hub/api/users/NAME``, the admin page): remove the user's jobs and definitions once the
+    deletion is committed (:func:`remove_deleted_owner`)."""
+    name = getattr(target, "name", None)
+    if not name or not _DELETIONS:
+        return
+    jobs = _DELETIONS[-1]
+    loop = jobs.loop
+    if loop is not None:
+        loop.call_soon_threadsafe(lambda: asyncio.ensure_future(
+            remove_deleted_owner(jobs, name)))
+
+
+async def remove_deleted_owner(jobs: Jobs, name: str) -> None:
+    """A hub user was deleted: delete their definitions, cancel their active jobs and delete
+    their job records (:meth:`JobRunner.remove_owner`), logged in the hub's log. Nothing when
+    the hub still has a user of that name (the deletion was rolled back)."""
+    try:
+        if _account(name) is not None:
+            return
+        if jobs.scheduler is not None:
+            jobs.scheduler.remove_owner(name)
+        if jobs.runner is not None:
+            await jobs.runner.remove_owner(name, f"the hub: its owner {name} was deleted")
+    except Exception:
+        log.exception("jobs of deleted user %s: not removed", name)
+
+
+async def remove_gone_owners(jobs: Jobs) -> None:
+    """At start: the owners of active jobs and of definitions that the hub no longer knows
+    (deleted while this process did not watch) lose them as a deletion would."""
+    assert jobs.runner is not None
+    store = jobs.runner.store
+    users = {r.user for r in store.active()} | {d.user for d in store.definitions()}
+    for name in sorted(users):
+        if _account(name) is None:
+            await remove_deleted_owner(jobs, name)
 
 
 async def start(jobs: Jobs, *, deadline_s: float = 300.0) -> None:
@@ -122,11 +176,20 @@ async def start(jobs: Jobs, *, deadline_s: float = 300.0) -> None:
         url = settings.db_url or "sqlite:///" + state_file(
             str(values["state_dir"] or ""), str(app.db_url), JOBS_DB_FILE)
         store = JobStore(url)
-        runner = JobRunner(settings, store, hub_cluster, values, _auth_state)
+        runner = JobRunner(settings, store, hub_cluster, values, _auth_state,
+                           account=_account)
         await runner.restore()
         job_metrics.register(store)
         jobs.runner = runner
-        jobs.scheduler = Scheduler(runner, groups_of=_groups_of)
+        jobs.scheduler = Scheduler(runner, account=_account)
+        jobs.loop = loop
+        _DELETIONS[:] = [jobs]
+        from jupyterhub import orm
+        from sqlalchemy import event
+
+        if not event.contains(orm.User, "after_delete", _user_deleted):
+            event.listen(orm.User, "after_delete", _user_deleted)
+        await remove_gone_owners(jobs)
         jobs.scheduler.start()
         log.info("notebook jobs: ready (%s; %d active)", url.split("?")[0],
                  len(store.active()))
