@@ -131,6 +131,28 @@ def _best_two(state: dict, frag: FragmentationModel, buckets: dict[Key, dict],
     return out
 
 
+#: at most this many candidate terms are kept (:func:`order`); past it they are dropped
+MAX_TERMS = 200_000
+
+
+def _terms(frag: FragmentationModel, key: Key, d: Demand, cores: int, mib: int,
+           nxt: list[tuple[Demand, int, float, int, int]]) -> tuple[float, tuple[float, ...]]:
+    """The parts of a candidate's value that depend only on its bucket ``key`` and the bundle
+    (and the workload): :data:`OWN` x the bundle's own exact growth there, and for each next
+    type the smallest growth it could get on the candidate's new state (inf: it does not fit
+    there)."""
+    sid, free, mem = key
+    after = frag.after(sid, d)
+    left = free - cores
+    m0 = frag.mem_left(mem)
+    m1 = m0 - mib if frag.memory_aware else m0
+    if after is None:  # pragma: no cover - near holds buckets whose GPUs fit
+        return math.nan, ()
+    own = (OWN * (frag.score(after, left * 1000, m1) - frag.score(sid, free * 1000, m0))
+           if OWN else 0.0)
+    return own, tuple(_growth(frag, after, left, du, cu, m1, mu) for du, cu, _p, _m, mu in nxt)
+
+
 def order(frag: FragmentationModel, buckets: dict[Key, dict], created: list[Key],
           state: dict, near: list[tuple[str, Key]], d: Demand, cores: int,
           mib: int = 0) -> list[Key]:
@@ -139,33 +161,50 @@ def order(frag: FragmentationModel, buckets: dict[Key, dict], created: list[Key]
     docstring) for a bundle of GPU demand ``d``, ``cores`` cores and ``mib`` MiB (read only
     when memory-aware): at most :data:`CANDIDATES`, the first by smallest node name, sorted by
     value then name. ``buckets``: key -> {node name: state}; ``created`` and ``state``: see
-    :func:`_best_two`."""
+    :func:`_best_two`.
+
+    A candidate's terms that depend only on its bucket key and the bundle (:func:`_terms`)
+    are kept in ``state`` per bundle until the workload or the types' memory changes
+    (``FragmentationModel.epoch``): a bucket key fixes its nodes' GPU signature, free cores
+    and memory class, which is all the terms read. Only the best growths elsewhere
+    (:func:`_best_two`) are read anew at each decision. Same values, to the bit, as computing
+    every term at every decision (tests/test_placement_decisions.py)."""
     near = nsmallest(CANDIDATES, near)
     if state.get("types_for") != frag.epoch:
         state["types_for"], state["types"] = frag.epoch, next_types(frag)
+        state["terms"] = {}
+        state["terms_n"] = 0
     nxt = state["types"]
     if len(near) <= 1 or not nxt:
         return [key for _name, key in near]
     best = _best_two(state, frag, buckets, created, nxt)
+    shape = (d, cores, mib)
+    kept = state["terms"].get(shape)
+    if kept is None:
+        if state["terms_n"] > MAX_TERMS:
+            state["terms"].clear()
+            state["terms_n"] = 0
+        kept = state["terms"][shape] = {}
+    inf = math.inf
     scored = []
     for name, key in near:
-        sid, free, mem = key
-        after = frag.after(sid, d)
-        if after is None:  # pragma: no cover - near holds buckets whose GPUs fit
+        got = kept.get(key)
+        if got is None:
+            got = kept[key] = _terms(frag, key, d, cores, mib, nxt)
+            state["terms_n"] += 1
+        v, heres = got
+        if v != v:  # pragma: no cover - nan: the candidate's GPUs do not fit
             continue
-        left = free - cores
-        m0 = frag.mem_left(mem)
-        m1 = m0 - mib if frag.memory_aware else m0
-        v = (OWN * (frag.score(after, left * 1000, m1) - frag.score(sid, free * 1000, m0))
-             if OWN else 0.0)
-        for (du, cu, p, milli, mu), (b1, k1, b2) in zip(nxt, best, strict=True):
-            here = _growth(frag, after, left, du, cu, m1, mu)
-            other = b2 if k1 == key and len(buckets[key]) == 1 else b1
-            g = min(here, other)
-            v += p * (milli if g == math.inf else g)
+        single = len(buckets[key]) == 1
+        for (_du, _cu, p, milli, _mu), here, (b1, k1, b2) in zip(nxt, heres, best,
+                                                                  strict=True):
+            other = b2 if single and k1 == key else b1
+            g = other if other < here else here  # min(here, other), as min() picks
+            v += p * (milli if g == inf else g)
         scored.append((round(v, 9), name, key))
     scored.sort()
     return [key for _v, _name, key in scored]
 
 
-__all__ = ["CANDIDATES", "OWN", "SLACK", "TYPES", "next_types", "order", "type_demand"]
+__all__ = ["CANDIDATES", "MAX_TERMS", "OWN", "SLACK", "TYPES", "next_types", "order",
+           "type_demand"]
