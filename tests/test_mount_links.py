@@ -140,3 +140,52 @@ async def test_a_dataset_replaced_by_a_link_in_a_group_folder_is_never_mounted(
     assert f"node gpunode: host path {datasets} refused: " in refused, refused
     assert again.cluster.ledger.allocations() == []
     assert client.containers(all=True, filters={"label": "gpuspawner.user=ann"}) == []
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("home_on_node", ["auto", "always"])
+@pytest.mark.parametrize("where", ["mount", "extra_host_config"])
+async def test_a_notebook_jobs_linked_mount_never_reaches_the_engine(
+        client, tmp_path, home_on_node, where):  # noqa: F811 - fixtures
+    """A notebook job's spec (no port, no home, as the job runner makes it) launched on a
+    node: a mount folder that is a symbolic link (here to the homes' folder), from the site's
+    mounts or from the admin's ``extra_host_config`` binds, is refused before any container
+    is made, in the hub (local engine) or by the helper on the node ("always")."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from gpuspawner.backends.docker_backend import DockerBackend
+    from gpuspawner.backends.spec import Mount
+    from tests.test_launch_spec import alloc
+    from tests.test_launch_spec import spec as make_spec
+    from tests.test_spawner_docker import IMAGE
+
+    (tmp_path / "home" / "bob").mkdir(parents=True)
+    link = tmp_path / "datasets"
+    os.symlink(tmp_path / "home", link)
+    extra = {"binds": {str(link): {"bind": "/data", "mode": "ro"}}} \
+        if where == "extra_host_config" else {}
+    backend = DockerBackend(network_isolation="host", home_on_node=home_on_node,
+                            extra_host_config=extra)
+    backend.bind({"n1": SimpleNamespace(docker_url="", network_pool="",  # type: ignore[dict-item]
+                                        host="127.0.0.1")})
+    job = replace(make_spec(name=f"gpuspawner-test-job-{home_on_node}-{where}", image=IMAGE,
+                            cmd=["ls", "/data"], helper_image=IMAGE,
+                            allocation=alloc(gpus=(), cpus=(0,), mems=(0,)),
+                            mounts=(Mount(str(link), "/data"),) if where == "mount" else ()),
+                  port=0, time_limit=60)
+    state: dict = {}
+    try:
+        try:
+            await backend.launch(job, state, lambda pct, text: None)
+        except MountPathUnsafe as e:
+            assert str(e).startswith(f"node n1: host path {link} refused: {link} is a "
+                                     "symbolic link"), str(e)
+        else:
+            client.wait(state["container_id"], timeout=60)
+            listed = client.logs(state["container_id"]).decode().split()
+            pytest.fail(f"the job ran with the link mounted: /data listed {listed}")
+        assert "container_id" not in state
+    finally:
+        if state.get("container_id"):
+            client.remove_container(state["container_id"], force=True)
