@@ -213,6 +213,32 @@ def test_a_job_killed_from_outside_is_lost_then_runs_again_and_completes(hub, en
     wait_until(lambda: released(hub, engine, "jr-kill"), 30, 0.3, "released")
 
 
+def test_a_job_that_signals_its_own_pid_1_fails_and_is_not_retried(hub, engine):
+    """Issue 46 item 7, replayed: a job that sent SIGTERM to its own PID 1 (``kill -TERM 1``
+    from a cell) ended with 143 and no result, was classed ``lost`` and retried: it earned
+    its own retries. Now the container's PID 1 tells a SIGTERM from inside the job from one
+    through the engine: the job is ``failed`` at its first attempt, while a ``docker stop``
+    from outside still loses it."""
+    u = User(hub, "jr-selfkill")
+    job = u.submit(notebook("import os, signal, time\nos.kill(1, signal.SIGTERM)\n"
+                            "time.sleep(30)"), name="selfkill", max_retries=2)
+    done = ended(u, job["id"], 120)
+    assert done["state"] == "failed" and done["attempt"] == 1, done
+    assert "signal sent from inside the job" in done["message"], done["message"]
+    assert "lost" not in [h["state"] for h in done["history"]]
+    wait_until(lambda: released(hub, engine, "jr-selfkill"), 30, 0.3, "released")
+    # stopped through the engine (SIGTERM from outside, as an engine's shutdown): lost
+    job = u.submit(notebook("import time\ntime.sleep(120)"), name="stopped", max_retries=0)
+    u.wait_state(job["id"], ("running",), 90)
+    wait_until(lambda: "executing" in u.call("GET", f"api/jobs/{job['id']}/log").text, 60,
+               0.3, "the job's program started")
+    (c,) = job_containers(engine, "jr-selfkill")
+    engine.stop(c["Id"], timeout=20)
+    done = ended(u, job["id"], 60)
+    assert done["state"] == "lost" and "exit status 143: SIGTERM" in done["message"], done
+    wait_until(lambda: released(hub, engine, "jr-selfkill"), 30, 0.3, "released")
+
+
 def scrape(hub: Hub) -> dict[tuple[str, tuple], float]:
     r = requests.get(f"{hub.url}{SVC}metrics", timeout=30,
                      headers={"Authorization": f"token {hub.token}"})

@@ -18,19 +18,38 @@ jupyterlab, whose jupyter_server needs it), ``job.log`` (papermill's log with th
 output). On standard output, between the markers of :mod:`gpuspawner.jobs.model`, the result
 for the hub: base64 lines of zlib-compressed JSON ``{"notebook": ..., "error": ..., "html":
 ...}`` (``html`` is null when there is none or it is larger than
-``GPUSPAWNER_JOB_MAX_HTML_BYTES``, default 16 MiB: it stays in the folder then).
+``GPUSPAWNER_JOB_MAX_HTML_BYTES``, default 16 MiB: it stays in the folder then). When the hub
+gave the job a key (``GPUSPAWNER_JOB_RESULT_KEY``, hex: the Slurm backend does, in the job's
+script), the frame's last line is ``hmac-sha256:`` and the HMAC-SHA256 of its base64 text with
+that key (:func:`gpuspawner.backends.slurm.output.frame_mac`): the hub trusts no frame without
+it, so another user who could append to the output file cannot forge the result. The key is
+taken out of the environment before the notebook runs.
 
 Standard error is standard output (``dup2``): the log lines (these, papermill's, the cells'
 output papermill logs, the kernel's own messages) and the result reach the hub in one stream
 in their order, which the hub reads as the job's log (``GET api/jobs/{id}/log``).
 
 Exit status: 0 done, 1 a cell raised, 2 anything else (no kernel, papermill missing, ...),
-143 terminated (SIGTERM: time limit or cancel).
+143 terminated (SIGTERM from outside the container: time limit, cancel, the engine), 3 ended
+by a signal sent from inside the job (:data:`KILLED_FROM_INSIDE`).
+
+As the container's PID 1 (a job's container without an entrypoint of its own, as the
+shipped image), the program is a small supervisor (:func:`supervise`): the notebook runs in a
+child process, and a SIGTERM is told apart by its sender (``sigwaitinfo``'s ``si_pid`` and
+``si_code``): one sent through the engine (``docker stop``: the hub's time limit or cancel,
+someone stopping the container, the engine shutting down) comes from outside the container's
+PID namespace (``si_pid`` 0, ``SI_USER``), one the job sends itself (``kill -TERM 1``) from a
+process inside it. Only the first ends the program with 143, which the hub reads as stopped
+from outside (a lost job, retried); any other end by a signal is 3 (a failed job, not
+retried), so a job cannot earn its own retries. The supervisor also reaps orphaned processes,
+as a PID 1 should.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
 import logging
 import os
@@ -43,6 +62,9 @@ BEGIN = "----- gpuspawner job result begin -----"
 #: the largest HTML export handed back to the hub (bytes), unless the environment says
 MAX_HTML_BYTES = 16 * 2**20
 END = "----- gpuspawner job result end -----"
+#: the environment variable of the result key, and the frame's MAC line prefix
+KEY_ENV = "GPUSPAWNER_JOB_RESULT_KEY"
+MAC_PREFIX = "hmac-sha256:"
 log = logging.getLogger("gpuspawner.job")
 
 
@@ -61,10 +83,16 @@ def read_notebook(env: dict[str, str]) -> bytes:
     return zlib.decompress(base64.b64decode(text))
 
 
-def emit(result: dict[str, object]) -> None:
-    """The result, framed, on standard output."""
+def emit(result: dict[str, object], key: str = "") -> None:
+    """The result, framed, on standard output; with ``key`` (hex text) its last line is the
+    HMAC-SHA256 of the base64 text (the module's docstring)."""
     data = base64.b64encode(zlib.compress(json.dumps(result).encode("utf-8"), 9)).decode()
-    sys.stdout.write(BEGIN + "\n" + "\n".join(textwrap.wrap(data, 76)) + "\n" + END + "\n")
+    lines = textwrap.wrap(data, 76)
+    if key:
+        mac = hmac.new(key.encode("ascii"), b"gpuspawner job result\n" + data.encode("ascii"),
+                       hashlib.sha256).hexdigest()
+        lines.append(MAC_PREFIX + mac)
+    sys.stdout.write(BEGIN + "\n" + "\n".join(lines) + "\n" + END + "\n")
     sys.stdout.flush()
 
 
@@ -90,6 +118,8 @@ def export_html(notebook_path: str, html_path: str) -> str | None:
 
 def run(env: dict[str, str]) -> int:
     """Execute the job's notebook; returns the exit status."""
+    key = env.pop(KEY_ENV, "")
+    os.environ.pop(KEY_ENV, None)  # the notebook's kernel does not inherit it
     home = env.get("HOME") or os.getcwd()
     name = env.get("GPUSPAWNER_JOB_NAME") or "notebook"
     folder = os.path.join(home, env["GPUSPAWNER_JOB_OUTPUT_DIR"])
@@ -114,7 +144,7 @@ def run(env: dict[str, str]) -> int:
     except ImportError as e:
         log.error("papermill is not installed in this image: %s", e)
         emit({"notebook": None, "error": {"ename": "ImportError", "evalue": str(e),
-                                          "cell": None}})
+                                          "cell": None}}, key)
         return 2
     try:
         papermill.execute_notebook(input_path, output_path, parameters=params,
@@ -142,23 +172,89 @@ def run(env: dict[str, str]) -> int:
         log.warning("the HTML export is larger than %d bytes: it stays in %s only", max_html,
                     folder)
         html = None
-    emit({"notebook": notebook, "error": error, "html": html})
+    emit({"notebook": notebook, "error": error, "html": html}, key)
     log.info("job %s: done, exit status %d", name, code)
     return code
+
+
+#: exit status of a job ended by a signal sent from inside it (the hub: failed, not lost)
+KILLED_FROM_INSIDE = 3
+#: ``si_code`` of a signal sent by kill(2) (<bits/siginfo-consts.h>); a process cannot forge
+#: it for another process (rt_sigqueueinfo refuses si_code >= 0)
+SI_USER = 0
+
+
+def execute(env: dict[str, str]) -> int:
+    """Run the job (:func:`run`), SIGTERM ending it with 143."""
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        code = run(env)
+    except Terminated:
+        log.error("terminated (time limit or cancel)")
+        code = 143
+    logging.shutdown()
+    sys.stdout.flush()
+    return code
+
+
+def _say(text: str) -> None:
+    os.write(1, f"gpuspawner job: {text}\n".encode())
+
+
+def supervise(env: dict[str, str]) -> int:
+    """As PID 1 of the job's container: run :func:`execute` in a child process, pass it a
+    SIGTERM, reap every process that ends; returns the exit status (the module's docstring):
+    the child's, except that an end by a signal that did not come from outside the
+    container is :data:`KILLED_FROM_INSIDE`."""
+    watched = {signal.SIGTERM, signal.SIGCHLD}
+    signal.pthread_sigmask(signal.SIG_BLOCK, watched)
+    child = os.fork()
+    if child == 0:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, watched)
+        os._exit(execute(env))
+    from_outside = False
+    inside = ""
+    while True:
+        info = signal.sigwaitinfo(watched)
+        if info.si_signo == signal.SIGTERM:
+            if info.si_code == SI_USER and info.si_pid == 0:
+                from_outside = True  # through the engine: docker stop, the engine's end
+            elif not inside:
+                inside = f"SIGTERM from pid {info.si_pid} inside the job"
+                _say(f"{inside}: the job ends, failed")
+            try:
+                os.kill(child, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            continue
+        while True:  # SIGCHLD: reap what ended (the job's orphans too)
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return KILLED_FROM_INSIDE
+            if pid == 0:
+                break
+            if pid != child:
+                continue
+            code = os.waitstatus_to_exitcode(status)
+            if code < 0:  # the child was killed by a signal
+                _say(f"the job's program was killed by signal {-code}")
+                return KILLED_FROM_INSIDE if not from_outside else 128 - code
+            if code == 143 and not from_outside:
+                return KILLED_FROM_INSIDE
+            if inside and code != 143:
+                return KILLED_FROM_INSIDE
+            return code
 
 
 def main() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(1, 2)  # one stream, in order: the log and the result (the module's docstring)
-    signal.signal(signal.SIGTERM, _terminate)
-    try:
-        code = run(dict(os.environ))
-    except Terminated:
-        log.error("terminated (time limit or cancel)")
-        code = 143
-    logging.shutdown()
-    sys.exit(code)
+    env = dict(os.environ)
+    if os.getpid() == 1 and hasattr(signal, "sigwaitinfo"):
+        sys.exit(supervise(env))
+    sys.exit(execute(env))
 
 
 if __name__ == "__main__":

@@ -89,6 +89,10 @@ EXECUTE_SOURCE = __import__("inspect").getsource(execute)
 #: stops end the job before it is polled): the engine stopped, or someone stopped the
 #: container; without an OOM kill, the job is lost, not failed
 KILLED_FROM_OUTSIDE = {137: "SIGKILL", 143: "SIGTERM"}
+#: the exit status of a job's program ended by a signal sent from inside the job (``kill
+#: -TERM 1``; :data:`gpuspawner.jobs.execute.KILLED_FROM_INSIDE`): failed, never lost, so a
+#: job cannot earn its own retries
+KILLED_FROM_INSIDE = execute.KILLED_FROM_INSIDE
 #: seconds a read of a job's log may take
 LOG_READ_TIMEOUT_S = 15.0
 #: the backends (``backend_name``) that run notebook jobs; a hub on another one answers a
@@ -691,6 +695,10 @@ class JobRunner:
                 return
             if code == 0:
                 await self._end(row, "lost", "its container was gone or handed over no result")
+            elif code == KILLED_FROM_INSIDE:
+                await self._end(row, "failed", f"exit status {code}: its program was ended "
+                                "by a signal sent from inside the job (not retried)" +
+                                (f"; {report}" if report else ""))
             elif code in KILLED_FROM_OUTSIDE and "out of memory" not in (report or ""):
                 await self._end(row, "lost", f"its program was stopped from outside the hub "
                                 f"(exit status {code}: {KILLED_FROM_OUTSIDE[code]}; the "
