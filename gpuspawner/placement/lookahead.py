@@ -83,6 +83,16 @@ def _growth(frag: FragmentationModel, sid: int, cores: int, d: Demand, cpu: int,
     return math.inf if g is None else g
 
 
+def _growers(state: dict, frag: FragmentationModel,
+             nxt: list[tuple[Demand, int, float, int, int]]) -> list:
+    """Per next type, its :meth:`~.fragmentation.FragmentationModel.grower` (the same values
+    as :func:`_growth`, memoised by level), kept in ``state`` until the workload changes."""
+    if state.get("grow_for") != frag.epoch:
+        state["grow_for"] = frag.epoch
+        state["grow"] = [frag.grower(du, cu, mu) for du, cu, _p, _m, mu in nxt]
+    return state["grow"]
+
+
 def _best_two(state: dict, frag: FragmentationModel, buckets: dict[Key, dict],
               created: list[Key], nxt: list[tuple[Demand, int, float, int, int]]
               ) -> list[tuple[float, Key | None, float]]:
@@ -95,12 +105,14 @@ def _best_two(state: dict, frag: FragmentationModel, buckets: dict[Key, dict],
     ledger), gone ones are dropped when they reach the top (lazy deletion). Rebuilt from
     ``buckets`` when the workload or the types' memory changes (``FragmentationModel.epoch``)
     or when ``created`` has grown past twice the buckets."""
+    grow = _growers(state, frag, nxt)
+    ml = frag.mem_left
+    inf = math.inf
     if state.get("epoch") != frag.epoch or len(created) > 2 * len(buckets) + 1024:
         heaps: list[list[tuple[float, Key]]] = []
-        ml = frag.mem_left
-        for du, cu, _p, _m, mu in nxt:
+        for g_of in grow:
             h = [(g, key) for key in buckets
-                 if (g := _growth(frag, key[0], key[1], du, cu, ml(key[2]), mu)) != math.inf]
+                 if (g := g_of(key[0], key[1] * 1000, ml(key[2]))) != inf]
             heapify(h)
             heaps.append(h)
         created.clear()
@@ -110,9 +122,10 @@ def _best_two(state: dict, frag: FragmentationModel, buckets: dict[Key, dict],
     if seen < len(created):
         for key in created[seen:]:
             if key in buckets:
-                for (du, cu, _p, _m, mu), h in zip(nxt, heaps, strict=True):
-                    g = _growth(frag, key[0], key[1], du, cu, frag.mem_left(key[2]), mu)
-                    if g != math.inf:
+                cpu_left, m = key[1] * 1000, ml(key[2])
+                for g_of, h in zip(grow, heaps, strict=True):
+                    g = g_of(key[0], cpu_left, m)
+                    if g != inf:
                         heappush(h, (g, key))
         state["seen"] = len(created)
     out = []
@@ -120,12 +133,12 @@ def _best_two(state: dict, frag: FragmentationModel, buckets: dict[Key, dict],
         while h and h[0][1] not in buckets:
             heappop(h)
         if not h:
-            out.append((math.inf, None, math.inf))
+            out.append((inf, None, inf))
             continue
         top = heappop(h)
         while h and (h[0][1] not in buckets or h[0][1] == top[1]):
             heappop(h)  # a gone bucket, or a second entry of the top's (re-created) one
-        b2 = h[0][0] if h else math.inf
+        b2 = h[0][0] if h else inf
         heappush(h, top)
         out.append((top[0], top[1], b2))
     return out
@@ -136,11 +149,11 @@ MAX_TERMS = 200_000
 
 
 def _terms(frag: FragmentationModel, key: Key, d: Demand, cores: int, mib: int,
-           nxt: list[tuple[Demand, int, float, int, int]]) -> tuple[float, tuple[float, ...]]:
+           grow: list) -> tuple[float, tuple[float, ...]]:
     """The parts of a candidate's value that depend only on its bucket ``key`` and the bundle
     (and the workload): :data:`OWN` x the bundle's own exact growth there, and for each next
-    type the smallest growth it could get on the candidate's new state (inf: it does not fit
-    there)."""
+    type (``grow``: :func:`_growers`) the growth it would get on the candidate's new state
+    (inf: it does not fit there)."""
     sid, free, mem = key
     after = frag.after(sid, d)
     left = free - cores
@@ -150,7 +163,7 @@ def _terms(frag: FragmentationModel, key: Key, d: Demand, cores: int, mib: int,
         return math.nan, ()
     own = (OWN * (frag.score(after, left * 1000, m1) - frag.score(sid, free * 1000, m0))
            if OWN else 0.0)
-    return own, tuple(_growth(frag, after, left, du, cu, m1, mu) for du, cu, _p, _m, mu in nxt)
+    return own, tuple(g_of(after, left * 1000, m1) for g_of in grow)
 
 
 def order(frag: FragmentationModel, buckets: dict[Key, dict], created: list[Key],
@@ -190,7 +203,7 @@ def order(frag: FragmentationModel, buckets: dict[Key, dict], created: list[Key]
     for name, key in near:
         got = kept.get(key)
         if got is None:
-            got = kept[key] = _terms(frag, key, d, cores, mib, nxt)
+            got = kept[key] = _terms(frag, key, d, cores, mib, _growers(state, frag, nxt))
             state["terms_n"] += 1
         v, heres = got
         if v != v:  # pragma: no cover - nan: the candidate's GPUs do not fit
