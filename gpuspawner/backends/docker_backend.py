@@ -225,15 +225,18 @@ class DockerBackend(Backend):
         help="""Where the user's home folder is checked and made (gpuspawner.backends.home):
         "auto": in the hub's process for a node whose engine is on this machine (a unix
         socket), else on the node itself, through a short-lived helper container
-        (``home_helper_image``; root, no network, only the home's parent folder mounted);
-        "always": through the helper container on every node. Either way nothing is made on
-        a machine where the home's parent folder (the shared file system) is missing: the
-        spawn fails naming the node and the folder.""",
+        (``home_helper_image``; root, no network, the home's parent folder mounted and the
+        node's / read-only); "always": through the helper container on every node. Either
+        way nothing is made on a machine where the home's parent folder (the shared file
+        system) is missing: the spawn fails naming the node and the folder. The same place
+        checks every host path the server mounts first (``mount_owners``): the helper then
+        runs for a server with mounts and no home too.""",
     ).tag(config=True)
 
     home_helper_image = Unicode(
         "", help="""Image of the home helper container (``home_on_node``), which runs
-        ``python3`` as root with the parent folder of every user's home mounted: an image the
+        ``python3`` as root with the parent folder of every user's home mounted (and the
+        node's / read-only): an image the
         admin trusts, with ``python3`` on its PATH. Empty: the admin's image of the server
         being started (the profile's ``image`` or ``c.GPUSpawner.image``), never a user's
         own image (a profile's ``unlisted_choice``), whose code would otherwise run there as
