@@ -494,6 +494,7 @@ def test_the_sqlite_jobs_database_writes_ahead_with_its_files_private(tmp_path):
     with store.engine.connect() as c:
         assert c.execute(sqlalchemy.text("PRAGMA journal_mode")).scalar() == "wal"
         assert c.execute(sqlalchemy.text("PRAGMA synchronous")).scalar() == 1  # NORMAL
+        assert c.execute(sqlalchemy.text("PRAGMA journal_size_limit")).scalar() == 4 * 2**20
     for p in path.parent.iterdir():  # jobs.sqlite, -wal, -shm: the database's mode
         assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
     store.close()
@@ -661,3 +662,39 @@ async def test_the_hubs_groups_are_the_jobs_groups_at_placement(world):
     assert row.state == "running" and row.get_json("groups") == ["lab"]
     (alloc,) = cluster.ledger.allocations()
     assert alloc.owner.groups == ("lab",)
+
+
+# -- jobs storage bounded in bytes (issue 46 item 7) ------------------------------------------
+async def test_a_users_ended_jobs_are_kept_within_a_byte_budget_oldest_deleted_first(world):
+    """Kept jobs were bounded by count only: jobs printing megabytes (4 MiB of log kept per
+    attempt) grew the jobs database by tens of MB for two jobs. Now the ended jobs of a user
+    hold at most c.GPUJobs.max_kept_bytes_per_user (their snapshots, executed notebooks, logs
+    and HTML exports as stored): when a job ends, the oldest ended ones are deleted first;
+    the newest ended job, active jobs and other users' jobs stay."""
+    import os
+
+    runner, cluster, engine = world
+    budget = 1_000_000
+    runner.settings.max_kept_bytes_per_user = budget
+    assert GPUJobs().max_kept_bytes_per_user == 256 * 2**20
+    other = await submit(runner, user="bob")  # active, another user's
+    (bob_cid,) = await until(engine.running)
+    ended = []
+    for _ in range(6):
+        row = await submit(runner)
+        (cid,) = await until(lambda: [c for c in engine.running() if c != bob_cid])
+        # 400 KB of incompressible log: about 300 KB stored
+        engine.out[cid] += base64.b64encode(os.urandom(300_000)) + b"\n"
+        engine.finish(cid)
+        await until(lambda row=row: row.state == "completed")
+        ended.append(row.id)
+        sizes = runner.store.kept_sizes("ann")
+        assert sizes[0][0] == row.id  # the newest is kept
+        assert sum(n for _, n in sizes) <= budget, sizes
+    kept = [i for i, _ in runner.store.kept_sizes("ann")]
+    assert kept == ended[::-1][:len(kept)] and 2 <= len(kept) < 6, kept  # oldest went first
+    assert runner.store.get(ended[0]) is None
+    assert runner.store.session.get(JobRun, ended[0]) is None
+    assert runner.store.get(other.id).state == "running"
+    with pytest.raises(TraitError, match="max_kept_bytes_per_user"):
+        GPUJobs(max_kept_bytes_per_user=0)

@@ -333,10 +333,25 @@ class JobRunner:
         if pruned:
             log.info("jobs of %s: %d ended jobs past max_kept_jobs_per_user deleted", user,
                      len(pruned))
+        self.prune_bytes(user)
         log.info("job %s of %s submitted: %s, profile %s, time limit %d s", job_id, user,
                  req.name, profile.slug, limit)
         self._start_task(row.id, self._run(row.id))
         return row
+
+    def prune_bytes(self, user: str) -> list[str]:
+        """Keep ``user``'s ended jobs within ``c.GPUJobs.max_kept_bytes_per_user``
+        (:meth:`~gpuspawner.hub.jobs.store.JobStore.prune_bytes`, oldest deleted first);
+        returns the ids deleted. A failed write is logged, never raised: it is housekeeping."""
+        try:
+            pruned = self.store.prune_bytes(user, self.settings.max_kept_bytes_per_user)
+        except Exception as e:
+            log.warning("jobs of %s: pruning to max_kept_bytes_per_user failed: %s", user, e)
+            return []
+        if pruned:
+            log.info("jobs of %s: %d ended jobs past max_kept_bytes_per_user (%d bytes) "
+                     "deleted", user, len(pruned), self.settings.max_kept_bytes_per_user)
+        return pruned
 
     def check_active_limits(self, user: str, groups: list[str]) -> None:
         """Refuse one more active job (queued, waiting, starting or running) of ``user`` when
@@ -760,6 +775,7 @@ class JobRunner:
         row.set_state(final, message, when=row.finished)
         row.set_json("backend_state", None)
         self.store.save()
+        self.prune_bytes(row.user)  # its log and result now count
         log.log(logging.INFO if final in ("completed", "cancelled") else logging.WARNING,
                 "job %s of %s %s: %s", row.id, row.user, final, message)
 

@@ -46,6 +46,12 @@ class GPUJobs(LoggingConfigurable):
         with their executed notebooks, logs and HTML exports); at each new submission the
         user's older ended jobs are deleted from the jobs database (their outputs stay in the
         user's home). It bounds the database any one user can fill.""").tag(config=True)
+    max_kept_bytes_per_user = Int(256 * 2**20, help="""Bytes of ended jobs the hub keeps per
+        user in the jobs database (their snapshots, executed notebooks, logs and HTML exports,
+        compressed as stored): when a job ends and at each submission, the user's oldest
+        ended jobs are deleted until the rest fit (the newest ended job is always kept; the
+        outputs stay in the user's home). With ``max_kept_jobs_per_user`` it bounds the
+        database any one user can fill, whatever their jobs print.""").tag(config=True)
     max_active_jobs_per_user = Int(20, help="""Jobs a user may have queued, waiting,
         starting or running at once; more are refused with HTTP 429.""").tag(config=True)
     poll_interval = Float(5.0, help="""Seconds between two looks at a running job (ended?
@@ -113,7 +119,7 @@ class GPUJobs(LoggingConfigurable):
     @validate("time_limit_default", "time_limit_max", "poll_interval", "lost_after",
               "max_notebook_bytes",
               "max_parameters_bytes", "max_output_bytes", "max_active_jobs_per_user",
-              "max_kept_jobs_per_user")
+              "max_kept_jobs_per_user", "max_kept_bytes_per_user")
     def _positive(self, proposal: Any) -> Any:
         if not proposal.value > 0:
             raise TraitError(f"GPUJobs.{proposal.trait.name}: must be > 0, got "

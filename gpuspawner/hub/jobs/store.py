@@ -255,6 +255,10 @@ def migrate(engine: Engine, url: str = "") -> str:
             "version_table": VERSION_TABLE}).get_current_revision())
 
 
+#: bytes SQLite's write-ahead log is truncated to after a checkpoint
+WAL_SIZE_LIMIT = 4 * 2**20
+
+
 def sqlite_wal(dbapi_connection: Any, record: Any) -> None:
     """Each SQLite connection of the jobs database: write-ahead log, synchronous=NORMAL
     (https://www.sqlite.org/wal.html). A commit then appends to the log instead of
@@ -262,11 +266,15 @@ def sqlite_wal(dbapi_connection: Any, record: Any) -> None:
     about half the CPU (benchmarks/jobs.py, 10,000 definitions: ~70 -> ~40 ms a tick on 2
     CPUs). A power loss may lose the last commits but never corrupts the file, and a job and
     its definition's tick are still one commit. The -wal/-shm files get the database file's
-    mode (0600). Not on a network file system (SQLite's rule): use PostgreSQL there."""
+    mode (0600); the log is cut back to :data:`WAL_SIZE_LIMIT` after each checkpoint. Not on
+    a network file system (SQLite's rule): use PostgreSQL there."""
     cur = dbapi_connection.cursor()
     try:
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA synchronous=NORMAL")
+        # the log file is cut back to this after a checkpoint (else it stays as large as
+        # the largest burst of writes: 19.5 MB after two jobs of large logs)
+        cur.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
     finally:
         cur.close()
 
@@ -344,6 +352,43 @@ class JobStore:
                 self.session.delete(run)
             self._commit()
         return ids
+
+    def kept_sizes(self, user: str) -> list[tuple[str, int]]:
+        """(id, bytes) of ``user``'s ended jobs, newest first: what each keeps in the database
+        (its snapshot, executed notebook, logs and HTML export, as stored), counted by the
+        database without reading the columns."""
+        size = (func.coalesce(func.length(JobRow.notebook), 0)
+                + func.coalesce(func.length(JobRow.output), 0)
+                + func.coalesce(func.length(JobRun.logs), 0)
+                + func.coalesce(func.length(JobRun.html), 0))
+        q = (select(JobRow.id, size)
+             .outerjoin(JobRun, JobRun.job_id == JobRow.id)
+             .where(JobRow.user == user, JobRow.state.not_in(sorted(ACTIVE_STATES)))
+             .order_by(JobRow.created.desc()))
+        return [(str(i), int(n or 0)) for i, n in self.session.execute(q)]
+
+    def prune_bytes(self, user: str, budget: int) -> list[str]:
+        """Delete ``user``'s oldest ended jobs (with their runner records) until the ended
+        jobs kept hold at most ``budget`` bytes (:meth:`kept_sizes`); the newest ended job is
+        always kept. Returns the ids deleted. A job's output in the home is not touched."""
+        total, ids = 0, []
+        for n, (job_id, size) in enumerate(self.kept_sizes(user)):
+            total += size
+            if n > 0 and total > budget:
+                ids.append(job_id)
+        self._delete_jobs(ids)
+        return ids
+
+    def _delete_jobs(self, ids: list[str]) -> None:
+        if not ids:
+            return
+        for start in range(0, len(ids), 500):  # bound the IN list
+            chunk = ids[start:start + 500]
+            for row in self.session.scalars(select(JobRow).where(JobRow.id.in_(chunk))):
+                self.session.delete(row)
+            for run in self.session.scalars(select(JobRun).where(JobRun.job_id.in_(chunk))):
+                self.session.delete(run)
+        self._commit()
 
     def active(self, user: str | None = None) -> list[JobRow]:
         """Jobs that hold or wait for a place (:data:`ACTIVE_STATES`), oldest first."""
