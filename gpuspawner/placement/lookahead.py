@@ -117,30 +117,58 @@ def _best_two(state: dict, frag: FragmentationModel, buckets: dict[Key, dict],
             heaps.append(h)
         created.clear()
         state.update(epoch=frag.epoch, heaps=heaps, seen=0)
+        state["tops"] = None
     heaps = state["heaps"]
+    # tops: per type (growth, key) of the best entry and of the best on another key (None:
+    # none), from the last call; right while both keys' buckets exist (entries only go stale
+    # between calls) and updated here with each entry pushed, so that the heaps are read
+    # only when a top's bucket is gone
+    tops = state["tops"]
     seen = state["seen"]
     if seen < len(created):
         for key in created[seen:]:
             if key in buckets:
                 cpu_left, m = key[1] * 1000, ml(key[2])
-                for g_of, h in zip(grow, heaps, strict=True):
+                for i, (g_of, h) in enumerate(zip(grow, heaps, strict=True)):
                     g = g_of(key[0], cpu_left, m)
                     if g != inf:
-                        heappush(h, (g, key))
+                        e = (g, key)
+                        heappush(h, e)
+                        if tops is not None:
+                            t1, t2 = tops[i]
+                            if t1 is None or key == t1[1] or (t2 is not None and key == t2[1]):
+                                tops = None  # not a case worth updating in place
+                            elif e < t1:
+                                tops[i] = (e, t1)
+                            elif t2 is None or e < t2:
+                                tops[i] = (t1, e)
         state["seen"] = len(created)
+    if tops is not None:
+        out = []
+        for t1, t2 in tops:
+            if t1 is None or t1[1] not in buckets or (t2 is not None and t2[1] not in buckets):
+                break
+            out.append((t1[0], t1[1], inf if t2 is None else t2[0]))
+        else:
+            state["tops"] = tops
+            return out
     out = []
+    tops = []
     for h in heaps:
         while h and h[0][1] not in buckets:
             heappop(h)
         if not h:
             out.append((inf, None, inf))
+            tops.append((None, None))
             continue
         top = heappop(h)
         while h and (h[0][1] not in buckets or h[0][1] == top[1]):
             heappop(h)  # a gone bucket, or a second entry of the top's (re-created) one
-        b2 = h[0][0] if h else inf
+        second = h[0] if h else None
         heappush(h, top)
-        out.append((top[0], top[1], b2))
+        out.append((top[0], top[1], inf if second is None else second[0]))
+        tops.append((top, second))
+    state["tops"] = tops
     return out
 
 
