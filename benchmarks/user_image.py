@@ -62,6 +62,11 @@ PROFILES = [{"slug": "own", "cpu": 1, "memory": "256M", "profile_options": {
               "unlisted_choice": {"enabled": True}}}}]
 
 
+#: the project's registry on loopback, once main() found it (c.GPUSpawner.allowed_registries:
+#: a loopback registry is refused unless listed)
+ALLOWED: list[str] = []
+
+
 def spawner(tmp: Path, user: str, options: dict) -> GPUSpawner:
     local = node_to_dict(read_local_node("bench"))
     local["gpus"] = []
@@ -73,6 +78,7 @@ def spawner(tmp: Path, user: str, options: dict) -> GPUSpawner:
     cfg.GPUSpawner.profiles = PROFILES
     cfg.GPUSpawner.cmd = SERVER
     cfg.GPUSpawner.state_dir = str(tmp / "state")
+    cfg.GPUSpawner.allowed_registries = list(ALLOWED)
     sp = GPUSpawner(config=cfg, user=FakeUser(user), hub=Hub(), oauth_client_id=f"c-{user}",
                     api_token="bench-token")
     sp.user_options = options
@@ -102,6 +108,8 @@ async def main(argv: list[str]) -> int:
     cols: dict[str, list[float]] = {"profile's image": [], "user's image, first": [],
                                     "user's image, checked": []}
     address = None if args.no_registry else registry_address()
+    if address:
+        ALLOWED.append(address)
     pushed = None
     if address is not None:
         pushed = push_user_image(client, address, IMAGE)

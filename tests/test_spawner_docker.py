@@ -591,7 +591,8 @@ async def test_a_broken_user_image_is_refused_before_anything_is_booked(
     except docker.errors.ImageNotFound:
         pytest.skip("needs the local base image (make images)")
     sp = make_spawner("badimg", options={"profile": "own", "image--unlisted-choice": image},
-                      profiles=USER_IMAGE_PROFILES, image_check_timeout=30)
+                      profiles=USER_IMAGE_PROFILES, image_check_timeout=30,
+                      allowed_registries=["localhost:1"])  # loopback: refused unless listed
     with pytest.raises(web.HTTPError) as e:
         await asyncio.wait_for(sp.start(), 90)
     assert e.value.status_code == 400, e.value

@@ -73,6 +73,8 @@ def setup(tmp_path_factory):
             profiles(address), extra_config=(
                 f"c.GPUSpawner.image = {IMAGE!r}\n"
                 "c.GPUSpawner.image_check_timeout = 180\n"
+                # the registry is on loopback: refused unless the admin lists it
+                f"c.GPUSpawner.allowed_registries = [{address!r}]\n"
                 # always the progress page, however fast the spawn (JupyterHub's default: 10 s)
                 "c.JupyterHub.tornado_settings = {'slow_spawn_timeout': 0}\n"))
     h.env["GPUSPAWNER_CULLER"] = "off"

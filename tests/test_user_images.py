@@ -16,7 +16,9 @@ from gpuspawner.hub.config_check import HubConfigError, check_spawner_settings
 from gpuspawner.hub.images import (
     ImageOptionError,
     ImageRequestError,
+    check_allowed_registries,
     check_deny_patterns,
+    check_registry,
     choose_image,
     normalize_reference,
     parse_image_option,
@@ -46,6 +48,8 @@ PROFILES = [{"slug": "gpu", "cpu": 1, "profile_options": {"image": OPTION}},
     ("registry.example.org:5000/a/b:c", ("registry.example.org:5000", "a/b", "c", None)),
     ("localhost/x", ("localhost", "x", None, None)),
     ("r.io/x@sha256:" + "a" * 64, ("r.io", "x", None, "sha256:" + "a" * 64)),
+    # splitDockerDomain: a first component that is not lowercase is a registry
+    ("UPPER/case", ("UPPER", "case", None, None)),
 ])
 def test_references_split_as_docker_reads_them(text, parts) -> None:
     p = parse_reference(text)
@@ -53,8 +57,12 @@ def test_references_split_as_docker_reads_them(text, parts) -> None:
 
 
 @pytest.mark.parametrize("text", [
-    "", "UPPER/case", "a b", "x:tag:tag", "x@sha256:short", "-x", "x/", "x:" + "t" * 129,
+    "", "UPPER/Case", "a b", "x:tag:tag", "x@sha256:short", "-x", "x/", "x:" + "t" * 129,
     "a" * 256, "x\n", "registry.example.org/x;rm -rf", "../x",
+    # ASCII only: Go's \w (the tag's pattern) is ASCII, Python's matched these (issue 46)
+    "registry:17010/x:tag\u00e9", "x:\u0661", "r\u00e9gistry.io/x", "x:t\u212a",
+    "a" * 64,  # an image ID, not a name (normalize.go)
+    "[::ffff:127.0.0.1]:5000/x",  # no IPv4-mapped IPv6 in the grammar
 ])
 def test_malformed_references_are_refused(text) -> None:
     with pytest.raises(ValueError):
@@ -65,6 +73,127 @@ def test_normal_form() -> None:
     assert normalize_reference("ubuntu") == "docker.io/library/ubuntu:latest"
     assert normalize_reference("team/x:1") == "docker.io/team/x:1"
     assert normalize_reference("r.io/x@sha256:" + "b" * 64) == "r.io/x@sha256:" + "b" * 64
+
+
+@pytest.mark.parametrize(("text", "normal"), [
+    # Docker Hub's other names, and its name in upper case, are docker.io (issue 46, item 4)
+    ("index.docker.io/library/x:1", "docker.io/library/x:1"),
+    ("Docker.io/library/x:1", "docker.io/library/x:1"),
+    ("registry-1.docker.io/library/x:1", "docker.io/library/x:1"),
+    ("INDEX.DOCKER.IO/x", "docker.io/library/x:latest"),
+    ("docker.io:443/x:1", "docker.io/library/x:1"),
+    ("index.docker.io/team/x", "docker.io/team/x:latest"),
+    # another registry: the host lowercased, its address canonical, HTTPS's port dropped
+    ("Registry.Example.ORG:443/team/x:1", "registry.example.org/team/x:1"),
+    ("registry.example.org:5000/x", "registry.example.org:5000/x:latest"),
+    ("127.1:17010/x", "127.0.0.1:17010/x:latest"),
+    ("0x7f.0.0.1:17010/x", "127.0.0.1:17010/x:latest"),
+    ("[0:0::1]:5000/x", "[::1]:5000/x:latest"),
+    ("UPPER/case", "upper/case:latest"),
+    ("localhost/x", "localhost/x:latest"),
+])
+def test_the_normal_form_follows_the_engines_rules(text, normal) -> None:
+    assert normalize_reference(text) == normal
+
+
+@pytest.mark.parametrize("text", [
+    "index.docker.io/library/x:1", "Docker.io/library/x:1", "registry-1.docker.io/library/x:1",
+    "docker.io:443/library/x:1", "DOCKER.IO/library/x:1", "x:1", "library/x:1",
+])
+def test_the_deny_list_sees_docker_hub_by_any_name(text) -> None:
+    r"""Issue 46, item 4: with the documented ``image_deny_patterns = [r"docker\.io/.*"]``,
+    ``index.docker.io/library/x:1`` and ``Docker.io/library/x:1`` were accepted (and the
+    first ran): the normal form neither mapped Docker Hub's other names nor lowercased the
+    host. Now each is a 400 naming the field."""
+    profiles = load_profiles([{"slug": "own", "cpu": 1, "profile_options": {
+        "image": {"unlisted_choice": {"enabled": True}}}}])
+    with pytest.raises(OptionsError) as e:
+        parse_request({"profile": "own", "image--unlisted-choice": text}, profiles, [],
+                      deny_images=check_deny_patterns([r"docker\.io/.*"]))
+    assert e.value.field == "image--unlisted-choice"
+    assert "is not allowed on this hub (image_deny_patterns: docker\\.io/.*)" in str(e.value)
+
+
+OWN = [{"slug": "own", "cpu": 1, "profile_options": {
+    "image": {"unlisted_choice": {"enabled": True}}}}]
+
+
+@pytest.mark.parametrize("text", [
+    "127.0.0.1:17010/x", "localhost:17010/x", "127.0.0.1:8081/hub/api", "localhost/x",
+    "LocalHost:5000/x", "127.1:8001/x", "2130706433:8001/x", "[::1]:5000/x",
+    "[::ffff:7f00:1]:5000/x", "0.0.0.0:8000/x", "169.254.169.254/latest",
+    "[fe80::1]:80/x", "198.18.0.1:8081/x", "198.19.255.254:8888/x", "registry.localhost/x",
+])
+def test_a_registry_on_the_hubs_own_host_or_networks_is_refused(text) -> None:
+    """Issue 46, item 5: with ``unlisted_choice`` and no ``validation_regex``, images named
+    ``127.0.0.1:PORT/...`` or ``localhost:PORT/...`` made the engine send requests to the
+    gpuspawner service and the proxy's API (and the 400 quoted their answers). Now such a
+    registry is a 400 naming the field and the setting, before anything is pulled."""
+    with pytest.raises(OptionsError) as e:
+        parse_request({"profile": "own", "image--unlisted-choice": text}, load_profiles(OWN),
+                      [])
+    assert e.value.field == "image--unlisted-choice", str(e.value)
+    assert "images are not pulled from there unless an admin lists it in " \
+        "c.GPUSpawner.allowed_registries" in str(e.value)
+
+
+def test_the_hosts_own_names_are_refused(monkeypatch) -> None:
+    import socket
+
+    from gpuspawner.hub import images
+
+    monkeypatch.setattr(socket, "gethostname", lambda: "Hubhost.example.org")
+    images._own_names.cache_clear()
+    try:
+        for registry in ("hubhost.example.org:5000", "hubhost", "localhost"):
+            with pytest.raises(ValueError, match="a name of the hub's own host"):
+                check_registry(registry)
+        check_registry("registry.example.org")
+    finally:
+        images._own_names.cache_clear()
+
+
+def test_allowed_registries_let_a_listed_one_through() -> None:
+    allowed = check_allowed_registries(["127.0.0.1:17010", "LOCALHOST"])
+    assert allowed == {"127.0.0.1:17010", "localhost"}
+    profiles = load_profiles(OWN)
+    for text in ("127.0.0.1:17010/team/x:1", "127.1:17010/team/x:1", "localhost:5000/x",
+                 "localhost/x"):
+        r = parse_request({"profile": "own", "image--unlisted-choice": text}, profiles, [],
+                          allowed_registries=allowed)
+        assert (r.image, r.user_image) == (text, True)
+    with pytest.raises(OptionsError, match="allowed_registries"):  # another port of 127.0.0.1
+        parse_request({"profile": "own", "image--unlisted-choice": "127.0.0.1:8081/x"},
+                      profiles, [], allowed_registries=allowed)
+    # a registry elsewhere needs no listing
+    r = parse_request({"profile": "own", "image--unlisted-choice": "10.1.2.3:5000/x"},
+                      profiles, [])
+    assert r.image == "10.1.2.3:5000/x"
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("127.0.0.1:17010", "GPUSpawner.allowed_registries: must be a list"),
+    ([5], "GPUSpawner.allowed_registries[0]: must be a registry"),
+    (["ok.example.org", "http://x"], "GPUSpawner.allowed_registries[1]: 'http://x' is not a "
+                                     "registry"),
+    (["r\u00e9g.io"], "GPUSpawner.allowed_registries[0]: "),
+    (["r.io:99999"], "GPUSpawner.allowed_registries[0]: 'r.io:99999': port 99999"),
+])
+def test_bad_allowed_registries_are_named(value, message) -> None:
+    with pytest.raises(ImageOptionError) as e:
+        check_allowed_registries(value)
+    assert str(e.value).startswith(message), str(e.value)
+
+
+def test_a_non_ascii_tag_is_a_400_naming_the_field() -> None:
+    """Issue 46, item 6: ``registry:17010/x:tagé`` passed the reference check (Python's \\w
+    is Unicode) and the engine's refusal was an uncaught APIError (HTTP 500). Now a 400
+    naming the field, before the engine is asked."""
+    with pytest.raises(OptionsError) as e:
+        parse_request({"profile": "own", "image--unlisted-choice": "registry:17010/x:tag\u00e9"},
+                      load_profiles(OWN), [])
+    assert e.value.field == "image--unlisted-choice"
+    assert "only ASCII characters" in str(e.value)
 
 
 def test_choices_default_and_unknown() -> None:
@@ -146,6 +275,8 @@ def test_the_request_names_the_image_field() -> None:
 @pytest.mark.parametrize(("settings", "message"), [
     ({"image_deny_patterns": ["("]}, "GPUSpawner.image_deny_patterns[0]: not a regular "
                                      "expression"),
+    ({"allowed_registries": ["http://127.0.0.1:17010"]},
+     "GPUSpawner.allowed_registries[0]: 'http://127.0.0.1:17010' is not a registry"),
     ({"profiles": PROFILES, "backend": "slurm"},
      "GPUSpawner.profiles (gpu).profile_options.image: users' own images are not supported "
      "with the Slurm backend"),
@@ -192,3 +323,66 @@ def test_a_pull_stops_once_its_layers_pass_the_size_limit() -> None:
     assert "larger than users' images may be here: its layers are at least 120 MiB, at most " \
         "100 MiB" in str(e.value)
     assert cli.sent == 3  # the third layer's announcement passed 100 MiB: no more was read
+
+
+#: what a service that is no registry answered, as the engine quotes it (seen with a stand-in
+#: on loopback: the engine's words are "error parsing HTTP 404 response body: ...")
+BODY = 'error parsing HTTP 404 response body: invalid character \'S\' looking for beginning ' \
+       'of value: "SECRET-BODY {\\"token\\": \\"abc\\"}"'
+
+
+class FailingPull(PullingEngine):
+    """A pull the engine refuses: ``how`` "stream" (an error event in the pull's stream) or
+    "api" (the engine's HTTP error on the pull, as docker-py raises it), its words quoting a
+    response body."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+
+    def pull(self, repo: str, tag: str, stream: bool, decode: bool):
+        from docker.errors import APIError
+
+        if self.how == "api":
+            raise APIError("500 Server Error", explanation=BODY)
+        yield {"status": "Pulling from x", "id": tag}
+        yield {"errorDetail": {"message": BODY}, "error": BODY}
+
+
+@pytest.mark.parametrize(("how", "error_class"), [("stream", "pull error"),
+                                                  ("api", "APIError")])
+def test_a_failed_pull_shows_no_response_body(how, error_class, caplog) -> None:
+    """Issue 46, item 5: the 400 shown to the user quoted the answer of whatever the engine
+    called (the engine's error words carry the response body). Now the engine's error class
+    and a fixed phrase; the words go to the hub's log only."""
+    with pytest.raises(ImageRefused) as e:
+        check_image_blocking(FailingPull(how), "n1", "registry.example.org/x:1", 1000, 100, 30,
+                             lambda _: None, {})
+    message = str(e.value)
+    assert "SECRET" not in message and "token" not in message, message
+    assert message == (f"image 'registry.example.org/x:1' is not on node n1 and cannot be "
+                       f"pulled ({error_class}: the registry has no such image or tag)"), message
+    assert "SECRET-BODY" in caplog.text  # for the admin
+
+
+class RefusingEngine(PullingEngine):
+    """The engine answers 400 to a name it does not parse (docker-py: a plain APIError)."""
+
+    def inspect_image(self, image: str) -> dict:
+        import requests
+        from docker.errors import APIError
+
+        response = requests.Response()
+        response.status_code = 400
+        raise APIError("400 Client Error", response=response,
+                       explanation="invalid reference format")
+
+
+def test_an_engine_refusal_of_the_name_is_an_image_refusal() -> None:
+    """Issue 46, item 6: the engine's 400 on a name it does not parse escaped
+    check_image_blocking as docker.errors.APIError (an HTTP 500); now an ImageRefused (400
+    naming the field), whatever the hub's own check let through."""
+    with pytest.raises(ImageRefused, match=r"the engine on node n1 refused the name "
+                                           r"\(APIError 400\)"):
+        check_image_blocking(RefusingEngine(), "n1", "registry:17010/x:tag", 1000, 100, 30,
+                             lambda _: None, {})

@@ -13,11 +13,18 @@ before anything is booked for the server, so a pull or a broken image never hold
    (``network_mode: none``), no devices, every capability dropped, ``no-new-privileges``,
    256 MiB, 128 processes, removed afterwards; at most the time left of the check.
 
+A failed pull is shown to the user as the engine's error class and a short fixed phrase
+(:func:`pull_failure`: "no such image or tag", "the registry refused access", ...), never the
+engine's own words, which quote the registry's answer (``error parsing HTTP 404 response body:
+... "<body>"``): a registry that is some other service would have its answer shown to the user.
+The engine's words go to the hub's log.
+
 Everything here blocks (the docker SDK): the backend runs it in a worker thread.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -30,7 +37,9 @@ from requests.exceptions import ReadTimeout
 
 from .base import ImageCheck, ImageRefused
 
-__all__ = ["ENGINE_ARCH", "check_image_blocking"]
+__all__ = ["ENGINE_ARCH", "check_image_blocking", "pull_failure"]
+
+log = logging.getLogger("gpuspawner")
 
 #: ``docker info`` Architecture (uname -m) -> image Architecture (Go's GOARCH)
 ENGINE_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "ppc64le": "ppc64le",
@@ -38,6 +47,31 @@ ENGINE_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "ppc64le"
 #: label of the throwaway containers (found and removed if a hub died during a check)
 CHECK_LABEL = "gpuspawner.image-check"
 _VERSION = re.compile(r"\b(\d+\.\d+(?:\.\d+)?(?:[.\w-]*)?)\b")
+
+
+#: the engine's words -> what the user is told (first match; else the last phrase)
+_PULL_PHRASES = (
+    (("manifest unknown", "not found", "404"), "the registry has no such image or tag"),
+    (("unauthorized", "denied", "authentication required", "401", "403"),
+     "the registry refused access to it"),
+    (("toomanyrequests", "429"), "the registry's rate limit"),
+    (("timeout", "deadline exceeded", "timed out"), "the registry did not answer in time"),
+    (("connection refused", "no such host", "dial tcp", "server misbehaving", "unreachable"),
+     "the registry cannot be reached from the node"),
+)
+
+
+def pull_failure(image: str, node: str, error_class: str, words: str) -> ImageRefused:
+    """The refusal shown to the user for a failed pull: the engine's error class and a fixed
+    phrase picked by the engine's ``words``, which are logged (first 1,000 characters) and
+    never shown (they may quote the registry's answer)."""
+    low = words.lower()
+    phrase = next((p for keys, p in _PULL_PHRASES if any(k in low for k in keys)),
+                  "the registry's answer was not one the engine could use")
+    log.warning("user image %r: the pull on node %s failed: %s: %s", image, node, error_class,
+                words[:1000])
+    return ImageRefused(f"image {image!r} is not on node {node} and cannot be pulled "
+                        f"({error_class}: {phrase})")
 
 
 def _size(n: int) -> str:
@@ -75,8 +109,7 @@ def _pull(cli: Any, node: str, image: str, deadline: float,
     try:
         for event in cli.pull(repo, tag=tag or "latest", stream=True, decode=True):
             if "error" in event:
-                raise ImageRefused(f"image {image!r} cannot be pulled on node {node}: "
-                                   f"{event['error']}")
+                raise pull_failure(image, node, "pull error", str(event["error"]))
             detail = event.get("progressDetail") or {}
             if event.get("id") and detail.get("total"):
                 layers[event["id"]] = (int(detail.get("current", 0)), int(detail["total"]))
@@ -95,8 +128,9 @@ def _pull(cli: Any, node: str, image: str, deadline: float,
                 last, said = now, words()
                 report(said)
     except (APIError, NotFound) as e:
-        raise ImageRefused(f"image {image!r} is not on node {node} and cannot be pulled: "
-                           f"{getattr(e, 'explanation', None) or e}") from None
+        status = getattr(e, "status_code", None)
+        raise pull_failure(image, node, f"{type(e).__name__}" + (f" {status}" if status else ""),
+                           str(getattr(e, "explanation", None) or e)) from None
     if layers and words() != said:
         report(words())
 
@@ -122,7 +156,13 @@ def check_image_blocking(cli: Any, node: str, image: str, uid: int, gid: int,
     deadline = time.monotonic() + timeout_s
     try:
         info = cli.inspect_image(image)
-    except (ImageNotFound, NotFound):
+    except APIError as e:
+        if not isinstance(e, (ImageNotFound, NotFound)):  # e.g. the engine's 400 on a name
+            log.warning("user image %r: inspect on node %s failed: %s", image, node, e)
+            raise ImageRefused(f"image {image!r}: the engine on node {node} refused the name "
+                               f"({type(e).__name__} {e.status_code})") from None
+        info = None
+    if info is None:
         report(f"pulling image {image} on node {node}")
         _pull(cli, node, image, deadline, report, max_bytes)
         try:

@@ -24,7 +24,7 @@ from ..placement import POLICIES
 from .cluster import Cluster, current_clusters, get_cluster
 from .drains import DrainFileError
 from .hub_id import hub_id as hub_id_of
-from .images import ImageOptionError, check_deny_patterns
+from .images import ImageOptionError, check_allowed_registries, check_deny_patterns
 from .profiles import load_profiles
 from .runtime import at_hub_start, loading_hub
 from .settings import (
@@ -104,6 +104,7 @@ def check_spawner_settings(settings: Mapping[str, Any], config: Any = None) -> C
         raise HubConfigError(str(e)) from None
     try:  # users' own images: gpuspawner.hub.images (a profile's checked by load_profiles)
         check_deny_patterns(get("image_deny_patterns"))
+        check_allowed_registries(get("allowed_registries"))
     except ImageOptionError as e:
         raise HubConfigError(str(e)) from None
     if get("backend") == "slurm":

@@ -15,7 +15,7 @@ from traitlets.config import LoggingConfigurable
 from ..placement import GPU, GPU_MILLI, Bundle, Ledger, Node, QuotaTable, format_bytes
 from ..placement.devices import model_allowed
 from ..placement.units import share_words
-from .images import ImageOptionError, check_deny_patterns
+from .images import ImageOptionError, check_allowed_registries, check_deny_patterns
 from .profiles import OptionsError, Profile, ProfileConfigError, load_profiles
 from .request import ServerRequest, checked_request, quota_table
 from .user_options import pending_refusal, watch_spawn
@@ -279,7 +279,8 @@ class OptionsFormMixin(LoggingConfigurable):
             return checked_request(
                 self.user_options, self.load_profile_list(), self.group_names,
                 self.user_options_max_bytes,  # type: ignore[attr-defined]
-                check_deny_patterns(self.image_deny_patterns))  # type: ignore[attr-defined]
+                check_deny_patterns(self.image_deny_patterns),  # type: ignore[attr-defined]
+                check_allowed_registries(self.allowed_registries))  # type: ignore[attr-defined]
         except (ProfileConfigError, ImageOptionError) as e:
             raise web.HTTPError(500, f"profile configuration: {e}") from None
         except OptionsError as e:

@@ -28,22 +28,60 @@ profile's ``validation_regex`` *as a whole* (``re.fullmatch``: a pattern cannot 
 text before or after what it matched), and match none of the site's deny patterns
 (``c.GPUSpawner.image_deny_patterns``, also matched in full, against the reference as written
 and in its normalised form ``docker.io/library/ubuntu:latest``).
+
+The normal form follows the engine's own rules (distribution/reference, ``normalize.go``,
+``ParseNormalizedNamed`` / ``splitDockerDomain``): the first component is a registry when it
+is ``localhost``, holds a ``.`` or a ``:``, or is not lowercase; otherwise the registry is
+Docker Hub, ``docker.io``, whose other names ``index.docker.io`` and ``registry-1.docker.io``
+map to it; a one-part name on Docker Hub gets ``library/``; no tag and no digest is
+``:latest``. The registry host is lowercased (host names are not case-sensitive), an IP
+address is written in its one canonical form (``127.1`` and ``0x7f.0.0.1`` are
+``127.0.0.1``, ``[0:0::1]`` is ``[::1]``) and the port 443 (HTTPS's) is dropped. A reference is
+ASCII only: Go's ``\w`` in the tag's pattern is ASCII, Python's is not.
+
+An unlisted reference's registry may not be this host or the hub's and servers' networks
+(:func:`check_registry`: loopback, link-local, ``0.0.0.0/8``, 198.18.0.0/15, ``localhost``,
+``*.localhost``, this host's names) unless ``c.GPUSpawner.allowed_registries`` lists it: the
+engine, which pulls as root on the node, would otherwise send requests for the user to the
+hub's own services.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
-from collections.abc import Mapping, Sequence
+import socket
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
-__all__ = ["ImageChoice", "ImageOption", "ImageOptionError", "ImageRequestError", "MAX_REFERENCE",
-           "choose_image", "normalize_reference", "parse_image_option", "parse_reference"]
+__all__ = ["DEFAULT_REGISTRY", "REFUSED_NETWORKS", "REGISTRY_ALIASES", "ImageChoice",
+           "ImageOption", "ImageOptionError", "ImageRequestError", "MAX_REFERENCE",
+           "check_allowed_registries", "check_registry", "choose_image", "normalize_reference",
+           "normalize_registry", "parse_image_option", "parse_reference", "registry_of"]
 
 #: the longest unlisted reference accepted (characters)
 MAX_REFERENCE = 255
 
-# distribution/reference, reference/regexp.go (domain, path components, tag, digest)
+#: Docker Hub's registry name in the normal form (distribution/reference normalize.go,
+#: defaultDomain)
+DEFAULT_REGISTRY = "docker.io"
+#: Docker Hub's other names: normalize.go's legacyDefaultDomain, and the host its registry
+#: answers on; each is ``docker.io`` in the normal form
+REGISTRY_ALIASES = frozenset({"index.docker.io", "registry-1.docker.io"})
+#: where a registry of users' own images may not be unless ``allowed_registries`` lists it:
+#: loopback, link-local, "this host" (0.0.0.0/8, ::), and the hub's and servers' networks
+#: (the project's range, 198.18.0.0/15: docker_network.DEFAULT_POOL, the hub network)
+REFUSED_NETWORKS: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = tuple(
+    ipaddress.ip_network(n) for n in ("127.0.0.0/8", "::1/128", "169.254.0.0/16", "fe80::/10",
+                                      "0.0.0.0/8", "::/128", "198.18.0.0/15"))
+#: names of this host whatever /etc/hosts says (RFC 6761 localhost, Debian's IPv6 names)
+_LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost",
+                          "ip6-loopback"})
+
+# distribution/reference, regexp.go (domain, path components, tag, digest); compiled with
+# re.ASCII: Go's \w is [0-9A-Za-z_], Python's also matches "é"
 _ALNUM = r"[a-z0-9]+"
 _SEP = r"(?:[._]|__|[-]+)"
 _COMPONENT = rf"{_ALNUM}(?:{_SEP}{_ALNUM})*"
@@ -54,7 +92,11 @@ _TAG = r"[\w][\w.-]{0,127}"
 _DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
 _REFERENCE = re.compile(
     rf"(?:(?P<domain>{_DOMAIN})/)?(?P<path>{_COMPONENT}(?:/{_COMPONENT})*)"
-    rf"(?::(?P<tag>{_TAG}))?(?:@(?P<digest>{_DIGEST}))?")
+    rf"(?::(?P<tag>{_TAG}))?(?:@(?P<digest>{_DIGEST}))?", re.ASCII)
+_DOMAIN_RE = re.compile(_DOMAIN, re.ASCII)
+#: an image ID: normalize.go refuses a name that is one (anchoredIdentifierRegexp)
+_IDENTIFIER = re.compile(r"[a-f0-9]{64}", re.ASCII)
+_NOT_A_REFERENCE = "is not a valid image reference (lowercase [registry/]path[:tag][@digest])"
 
 
 class ImageRequestError(ValueError):
@@ -125,33 +167,100 @@ def parse_reference(text: str) -> dict[str, str | None]:
                          "image:tag")
     if len(text) > MAX_REFERENCE:
         raise ValueError(f"is {len(text)} characters long; at most {MAX_REFERENCE}")
+    if not text.isascii():
+        raise ValueError(f"{text!r} {_NOT_A_REFERENCE}: only ASCII characters")
+    if _IDENTIFIER.fullmatch(text):
+        raise ValueError(f"{text!r} {_NOT_A_REFERENCE}: an image ID, not a name")
     m = _REFERENCE.fullmatch(text)
     if m is None:
-        raise ValueError(f"{text!r} is not a valid image reference (lowercase "
-                         "[registry/]path[:tag][@digest])")
+        raise ValueError(f"{text!r} {_NOT_A_REFERENCE}")
     parts = m.groupdict()
     domain = parts["domain"]
     if domain and "." not in domain and ":" not in domain and domain != "localhost" \
-            and not domain.startswith("["):
-        # "team/image": the first component is a path, not a registry (Docker's rule)
-        if re.fullmatch(_COMPONENT, domain) is None:
-            raise ValueError(f"{text!r} is not a valid image reference (lowercase "
-                             "[registry/]path[:tag][@digest])")
+            and domain.lower() == domain:
+        # "team/image": a lowercase first component without "." or ":" is a path, not a
+        # registry (splitDockerDomain); an upper-case one is a registry there
+        if re.fullmatch(_COMPONENT, domain, re.ASCII) is None:
+            raise ValueError(f"{text!r} {_NOT_A_REFERENCE}")
         parts["path"] = f"{domain}/{parts['path']}"
         parts["domain"] = None
     return parts
 
 
+def _split_host(domain: str) -> tuple[str, str]:
+    """``host[:port]`` (as the grammar took it) -> ``(host, port)``; port "" when absent."""
+    if domain.startswith("["):
+        end = domain.index("]")
+        return domain[:end + 1], domain[end + 2:]
+    host, _, port = domain.partition(":")
+    return host, port
+
+
+def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address a registry host is written as, or None for a name. An IPv4 address is
+    read as the C library reads it (``inet_aton``: ``127.1``, ``0x7f.0.0.1``, ``2130706433``)
+    since the engine's resolver may hand it there."""
+    if host.startswith("["):
+        try:
+            return ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise ValueError(f"[{host[1:-1]}] is not an IPv6 address") from None
+    if re.fullmatch(r"[0-9a-fx.]+", host):
+        try:
+            return ipaddress.IPv4Address(socket.inet_aton(host))
+        except OSError:
+            return None
+    return None
+
+
+def normalize_registry(domain: str | None) -> str:
+    """A registry as the normal form writes it: ``None`` (none named) and Docker Hub's other
+    names are ``docker.io``; the host lowercased, an IP address in its canonical form, the
+    port 443 dropped (``Registry.Example.org:443`` is ``registry.example.org``).
+
+    Raises:
+        ValueError: not ``host[:port]`` of the reference grammar (distribution/reference's
+            ``domainAndPort``), or a port past 65535.
+    """
+    if not domain:
+        return DEFAULT_REGISTRY
+    if not domain.isascii() or _DOMAIN_RE.fullmatch(domain) is None:
+        raise ValueError(f"{domain!r} is not a registry (host[:port], ASCII)")
+    host, port = _split_host(domain.lower())
+    if port and int(port) > 65535:
+        raise ValueError(f"{domain!r}: port {port} is past 65535")
+    port = "" if not port or int(port) == 443 else str(int(port))
+    address = _address(host)
+    if isinstance(address, ipaddress.IPv6Address):
+        host = f"[{address.compressed}]"
+    elif address is not None:
+        host = str(address)
+    if host in REGISTRY_ALIASES and not port:
+        host = DEFAULT_REGISTRY
+    return f"{host}:{port}" if port else host
+
+
+def registry_of(text: str) -> str:
+    """The registry a reference names, normalised (:func:`normalize_registry`):
+    ``ubuntu`` -> ``docker.io``, ``Index.Docker.io/x`` -> ``docker.io``.
+
+    Raises:
+        ValueError: as :func:`parse_reference`.
+    """
+    return normalize_registry(parse_reference(text)["domain"])
+
+
 def normalize_reference(text: str) -> str:
-    """The reference as the engine reads it: ``ubuntu`` -> ``docker.io/library/ubuntu:latest``.
+    """The reference as the engine reads it: ``ubuntu`` -> ``docker.io/library/ubuntu:latest``,
+    ``Index.Docker.io/x:1`` -> ``docker.io/library/x:1`` (the rules in the module's docstring).
 
     Raises:
         ValueError: as :func:`parse_reference`.
     """
     p = parse_reference(text)
-    domain = p["domain"] or "docker.io"
+    domain = normalize_registry(p["domain"])
     path = p["path"] or ""
-    if domain == "docker.io" and "/" not in path:
+    if domain == DEFAULT_REGISTRY and "/" not in path:
         path = f"library/{path}"
     out = f"{domain}/{path}"
     if p["tag"] or not p["digest"]:
@@ -159,6 +268,98 @@ def normalize_reference(text: str) -> str:
     if p["digest"]:
         out += f"@{p['digest']}"
     return out
+
+
+@lru_cache(maxsize=1)
+def _own_names() -> frozenset[str]:
+    """This host's names: :data:`_LOCAL_NAMES`, its host name (and the name's first label),
+    and every name ``/etc/hosts`` gives an address in :data:`REFUSED_NETWORKS` (Debian's
+    ``127.0.1.1 <host name>``). Read once; no DNS query (the hub's event loop calls this)."""
+    names = set(_LOCAL_NAMES)
+    host = socket.gethostname().lower()
+    names |= {host, host.split(".")[0]}
+    try:
+        with open("/etc/hosts", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        fields = line.split("#", 1)[0].split()
+        if len(fields) < 2:
+            continue
+        try:
+            address = ipaddress.ip_address(fields[0].split("%", 1)[0])
+        except ValueError:
+            continue
+        if _refused_network(address) is not None:
+            names |= {name.lower() for name in fields[1:]}
+    return frozenset(names)
+
+
+def _refused_network(address: ipaddress.IPv4Address | ipaddress.IPv6Address
+                     ) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+    """The network of :data:`REFUSED_NETWORKS` that holds ``address`` (an IPv4-mapped IPv6
+    address counts as its IPv4 address), or None."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return next((n for n in REFUSED_NETWORKS
+                 if n.version == address.version and address in n), None)
+
+
+def check_allowed_registries(value: Any, where: str = "GPUSpawner.allowed_registries"
+                             ) -> frozenset[str]:
+    """The site's ``allowed_registries``, normalised (:func:`normalize_registry`): each entry a
+    registry ``host`` (any port) or ``host:port``.
+
+    Raises:
+        ImageOptionError: not a list of strings, or an entry that is not ``host[:port]``
+            (named by its index).
+    """
+    if not isinstance(value, (list, tuple, set, frozenset)):
+        raise ImageOptionError(f"{where}: must be a list of registries (host or host:port)")
+    out = set()
+    for i, entry in enumerate(value):
+        if not isinstance(entry, str):
+            raise ImageOptionError(f"{where}[{i}]: must be a registry (host or host:port), "
+                                   f"got {type(entry).__name__}")
+        try:
+            out.add(normalize_registry(entry))
+        except ValueError as e:
+            raise ImageOptionError(f"{where}[{i}]: {e}") from None
+    return frozenset(out)
+
+
+def check_registry(registry: str, allowed: Collection[str] = ()) -> None:
+    """Refuse a registry of a user's own image that is this host or inside the hub's or the
+    servers' networks, unless the admin listed it.
+
+    Args:
+        registry: the registry as :func:`normalize_registry` writes it.
+        allowed: ``allowed_registries`` (:func:`check_allowed_registries`); an entry
+            ``host`` allows every port of it, ``host:port`` that port.
+
+    Raises:
+        ValueError: the registry is ``localhost`` or ``*.localhost``, one of this host's
+            names (its host name, a name ``/etc/hosts`` gives a refused address), or an
+            address in :data:`REFUSED_NETWORKS`; the message names the registry and the
+            setting, never anything the registry would answer.
+    """
+    host, _ = _split_host(registry)
+    if registry in allowed or host in allowed:
+        return
+    address = _address(host)
+    if address is None:
+        if host.endswith(".localhost") or host in _own_names():
+            why = "a name of the hub's own host"
+        else:
+            return
+    else:
+        network = _refused_network(address)
+        if network is None:
+            return
+        why = f"an address in {network}, the hub's own host or its servers' networks"
+    raise ValueError(f"registry {registry!r} is {why}; images are not pulled from there "
+                     "unless an admin lists it in c.GPUSpawner.allowed_registries")
 
 
 def _compile(pattern: Any, where: str) -> re.Pattern[str]:
@@ -237,8 +438,14 @@ UNLISTED_KEY = "image--unlisted-choice"
 
 
 def choose_image(options: Mapping[str, Any], option: ImageOption | None, slug: str,
-                 deny: Sequence[re.Pattern[str]] = ()) -> tuple[str, bool]:
+                 deny: Sequence[re.Pattern[str]] = (),
+                 allowed_registries: Collection[str] = ()) -> tuple[str, bool]:
     """The image ``options`` ask for on a profile offering ``option``.
+
+    An unlisted reference must parse (ASCII, the reference grammar), name a registry that
+    :func:`check_registry` lets through (``allowed_registries``: normalised, as
+    :func:`check_allowed_registries` returns them), match the profile's
+    ``validation_regex`` as typed or in its normal form, and no deny pattern in either form.
 
     Returns:
         ``(image, unlisted)``: the reference ("" = the profile's own image) and whether the
@@ -246,8 +453,9 @@ def choose_image(options: Mapping[str, Any], option: ImageOption | None, slug: s
 
     Raises:
         ImageRequestError: field ``image`` (the profile offers no choice, an unknown choice) or
-            ``image--unlisted-choice`` (not offered, not a reference, outside the profile's
-            pattern, on the site's deny list).
+            ``image--unlisted-choice`` (not offered, not a reference, a registry on the
+            hub's own host or networks, outside the profile's pattern, on the site's deny
+            list).
     """
     key, text = options.get(IMAGE_KEY), options.get(UNLISTED_KEY)
     if option is None:
@@ -261,9 +469,11 @@ def choose_image(options: Mapping[str, Any], option: ImageOption | None, slug: s
                                     f"images: {', '.join(c.key for c in option.choices)}")
         try:
             normal = normalize_reference(text)
+            check_registry(registry_of(text), allowed_registries)
         except ValueError as e:
             raise ImageRequestError(UNLISTED_KEY, str(e)) from None
-        if option._compiled is not None and option._compiled.fullmatch(text) is None:
+        if option._compiled is not None and option._compiled.fullmatch(text) is None \
+                and option._compiled.fullmatch(normal) is None:
             raise ImageRequestError(UNLISTED_KEY, f"{text!r} is not allowed on profile {slug!r}: "
                                              + (option.validation_message or
                                                 f"it must match {option.validation_regex}"))

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import re
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,7 +86,8 @@ def _schema_message(e: ConfigSchemaError, options: Any) -> OptionsError:
 
 def parse_request(options: Any, profiles: Sequence[Profile], groups: Sequence[str],
                   max_bytes: int | None = None,
-                  deny_images: Sequence[re.Pattern[str]] = ()) -> ServerRequest:
+                  deny_images: Sequence[re.Pattern[str]] = (),
+                  allowed_registries: Collection[str] = ()) -> ServerRequest:
     """Check ``options`` and return the request it makes.
 
     Args:
@@ -96,6 +97,8 @@ def parse_request(options: Any, profiles: Sequence[Profile], groups: Sequence[st
         max_bytes: the largest JSON encoding accepted, bytes; None = no limit.
         deny_images: the site's ``image_deny_patterns``, compiled
             (:func:`~gpuspawner.hub.images.check_deny_patterns`).
+        allowed_registries: the site's ``allowed_registries``, normalised
+            (:func:`~gpuspawner.hub.images.check_allowed_registries`).
 
     Raises:
         OptionsError: too large (field ``user_options``), not the schema's shape (the field
@@ -122,7 +125,7 @@ def parse_request(options: Any, profiles: Sequence[Profile], groups: Sequence[st
     profile = choose_profile(options, profiles, groups)
     try:
         image, user_image = choose_image(options, profile.image_option, profile.slug,
-                                         deny_images)
+                                         deny_images, allowed_registries)
     except ImageRequestError as e:
         raise OptionsError(e.field, e.reason) from None
     return ServerRequest(profile=profile,
@@ -140,7 +143,8 @@ CACHE_SIZE = 512
 
 def checked_request(options: Any, profiles: Sequence[Profile], groups: Sequence[str],
                     max_bytes: int | None = None,
-                    deny_images: Sequence[re.Pattern[str]] = ()) -> ServerRequest:
+                    deny_images: Sequence[re.Pattern[str]] = (),
+                    allowed_registries: Collection[str] = ()) -> ServerRequest:
     """:func:`parse_request`, once per distinct input.
 
     A spawn meets its options at several steps (the guard before JupyterHub stores them, the
@@ -157,14 +161,16 @@ def checked_request(options: Any, profiles: Sequence[Profile], groups: Sequence[
     try:
         text = json.dumps(options, sort_keys=True)
     except (TypeError, ValueError):  # not JSON: parse_request says why
-        return parse_request(options, profiles, groups, max_bytes, deny_images)
+        return parse_request(options, profiles, groups, max_bytes, deny_images,
+                             allowed_registries)
     key = (text, tuple(id(p) for p in profiles), tuple(sorted(groups)), max_bytes,
-           tuple(p.pattern for p in deny_images))
+           tuple(p.pattern for p in deny_images), tuple(sorted(allowed_registries)))
     hit = _CHECKED.get(key)
     if hit is not None:
         _CHECKED.move_to_end(key)
         return hit[1]
-    request = parse_request(options, profiles, groups, max_bytes, deny_images)
+    request = parse_request(options, profiles, groups, max_bytes, deny_images,
+                            allowed_registries)
     _keep(_CHECKED, key, (tuple(profiles), request))
     return request
 

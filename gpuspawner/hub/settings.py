@@ -82,6 +82,14 @@ class SpawnerSettings(LoggingConfigurable):
         expressions matched against the whole reference, as typed and in its normalised form
         (``docker.io/library/ubuntu:latest``), e.g. ``["docker\\.io/.*", ".*:latest"]``.
         Checked at hub start (docs/howto/user-images.md).""").tag(config=True)
+    allowed_registries = List(Unicode(), help="""Registries of users' own images that are on
+        the hub's host or in the hub's or servers' networks and may be pulled from all the
+        same: ``host`` (any port) or ``host:port``, e.g. ``["127.0.0.1:17010"]`` (the
+        project's test registry). Without it, a reference whose registry is loopback,
+        link-local, in 198.18.0.0/15, ``localhost`` or this host's name is refused (HTTP 400
+        naming ``image--unlisted-choice``): the engine would send requests to the hub's own
+        services for the user. Checked at hub start (docs/howto/user-images.md).""").tag(
+        config=True)
     image_check_timeout = Float(60.0, help="""Seconds the check of a user's own image may
         take on a node (pull, then ``jupyterhub-singleuser --version`` in a throwaway
         container without network or devices); longer is a refusal.""").tag(config=True)
@@ -197,7 +205,8 @@ class SpawnerSettings(LoggingConfigurable):
         value leaves the previous one in place; apply_user_options / start raise the refusal."""
         try:
             check_user_options(proposal.value, self.profiles, self.group_names,
-                               self.user_options_max_bytes, self.image_deny_patterns)
+                               self.user_options_max_bytes, self.image_deny_patterns,
+                               self.allowed_registries)
         except web.HTTPError as e:
             self._options_refusal = e
             return dict(self.user_options or {})

@@ -89,7 +89,7 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
         #: the server anew: given to the new container as ``GPUSPAWNER_MOVED``
         self._moving: dict[str, Any] | None = None
         install_user_options_guard(self.profiles, self.user_options_max_bytes, self.log,
-                                   self.image_deny_patterns)
+                                   self.image_deny_patterns, self.allowed_registries)
 
     @property
     def cluster(self) -> Cluster:

@@ -38,7 +38,7 @@ from typing import Any
 
 from tornado import web
 
-from .images import check_deny_patterns
+from .images import check_allowed_registries, check_deny_patterns
 from .profiles import OptionsError, load_profiles
 from .request import checked_request
 
@@ -63,7 +63,8 @@ def pending_refusal(orm_spawner: Any) -> web.HTTPError | None:
 
 
 def check_user_options(options: Any, profiles_config: Any, groups: list[str],
-                       max_bytes: int, deny_images: Any = ()) -> None:
+                       max_bytes: int, deny_images: Any = (),
+                       allowed_registries: Any = ()) -> None:
     """Check ``options`` as the spawner will (:func:`gpuspawner.hub.request.checked_request`:
     size, the ``user-options`` schema, the profiles; the result is kept for the spawn).
 
@@ -73,6 +74,7 @@ def check_user_options(options: Any, profiles_config: Any, groups: list[str],
         groups: the user's JupyterHub group names.
         max_bytes: largest JSON encoding accepted, bytes.
         deny_images: ``GPUSpawner.image_deny_patterns`` (strings or compiled patterns).
+        allowed_registries: ``GPUSpawner.allowed_registries`` (``host`` or ``host:port``).
 
     Raises:
         web.HTTPError(400): too large (message ``user_options: ...``) or a field the schema
@@ -82,17 +84,18 @@ def check_user_options(options: Any, profiles_config: Any, groups: list[str],
         return
     try:
         checked_request(options, load_profiles(profiles_config), groups, max_bytes,
-                        check_deny_patterns(list(deny_images)))
+                        check_deny_patterns(list(deny_images)),
+                        check_allowed_registries(list(allowed_registries)))
     except OptionsError as e:
         raise web.HTTPError(400, str(e)) from None
 
 
 def install_user_options_guard(profiles_config: Any, max_bytes: int,
                                log: logging.Logger | None = None,
-                               deny_images: Any = ()) -> bool:
+                               deny_images: Any = (), allowed_registries: Any = ()) -> bool:
     """Register the ``set`` listener on ``orm.Spawner.user_options`` once per process, checking
     with the first spawner's ``profiles``, ``user_options_max_bytes`` and
-    ``image_deny_patterns`` (``start`` checks
+    ``image_deny_patterns`` and ``allowed_registries`` (``start`` checks
     again with the spawner's own). Returns True when it registered now. A profile
     configuration that does not load is left to ``start`` (HTTP 500 there, with the field)."""
     if _installed:
@@ -110,7 +113,8 @@ def install_user_options_guard(profiles_config: Any, max_bytes: int,
         groups = sorted(g.name for g in (getattr(user, "groups", None) or []))
         _refused.pop(target, None)
         try:
-            check_user_options(value, profiles_config, groups, max_bytes, deny_images)
+            check_user_options(value, profiles_config, groups, max_bytes, deny_images,
+                               allowed_registries)
         except web.HTTPError as e:
             if getattr(target, "server", None) is None:
                 raise  # PUT/PATCH: nothing else was made, answer 400 now
