@@ -14,6 +14,7 @@ import requests
 docker = pytest.importorskip("docker")
 
 from gpuspawner.testing.hubrunner import Hub  # noqa: E402
+from gpuspawner.testing.waiting import wait_until  # noqa: E402
 from tests.test_hub_e2e import _engine, remove_objects_of  # noqa: E402
 from tests.test_spawner_docker import (  # noqa: E402
     EngineForwarder,
@@ -97,3 +98,67 @@ def test_the_users_url_works_again_after_its_node_fails(tmp_path: Path):
             pass
         remove_objects_of(engine, [USER])
         remove_objects_of(btrfs, [USER])
+
+
+def test_the_old_server_is_removed_when_its_node_returns_and_its_token_is_dead(
+        tmp_path: Path):
+    """Issue 46: 40 s after node a answered again, the container the server left there still
+    ran, with the user's home and the same API token, beside the moved server. Now the token
+    is revoked when the server moves (the hub refuses it at once) and the old container is
+    removed as soon as node a answers again, before anything else runs there."""
+    engine, btrfs, fwd, nodes = node_pair(tmp_path)
+    profiles = [{"slug": "cpu", "cpu": 1, "memory": "512M", "default": True}]
+    hub = Hub(tmp_path / "hub", nodes, profiles,
+              extra_config="c.Spawner.poll_interval = 2\n"
+                           "c.GPUSpawner.placement_policy = 'first-fit'\n")
+    hub.start()
+    user = USER + "-old"
+    try:
+        hub.ensure_user(user)
+        r = hub.api("POST", f"/users/{user}/server", {"profile": "cpu"})
+        assert r.status_code in (201, 202), r.text
+        hub.wait_ready(user)
+        (old,) = engine.containers(filters={"label": f"gpuspawner.user={user}"})
+        env = dict(e.split("=", 1) for e in engine.inspect_container(old["Id"])["Config"]["Env"])
+        old_token = env["JUPYTERHUB_API_TOKEN"]
+        assert hub.api("GET", "/user", token=old_token).status_code == 200
+
+        fwd.fail()
+
+        def moved() -> dict | None:
+            server = hub.server(user)
+            return server if server and (server.get("state") or {}).get("moves") and \
+                server.get("ready") else None
+
+        server = wait_until(moved, 120, 0.5, "the server moved to node b")
+        assert server["state"]["allocation"]["node"] == "b"
+        # the old token is dead as soon as the server moved; the new server has its own
+        assert hub.api("GET", "/user", token=old_token).status_code == 403
+        (new,) = btrfs.containers(filters={"label": f"gpuspawner.user={user}"})
+        new_env = dict(e.split("=", 1)
+                       for e in btrfs.inspect_container(new["Id"])["Config"]["Env"])
+        assert new_env["JUPYTERHUB_API_TOKEN"] != old_token
+        assert hub.api("GET", "/user", token=new_env["JUPYTERHUB_API_TOKEN"]
+                       ).status_code == 200
+        # node a's engine never stopped: the old container outlived the "outage"
+        assert engine.containers(filters={"id": old["Id"]})
+
+        fwd.recover()
+        t0 = time.monotonic()
+        wait_until(lambda: not engine.containers(all=True, filters={"id": old["Id"]}), 20,
+                   0.2, "the old container on node a removed")
+        print(f"node a answers -> its old container is gone: {time.monotonic() - t0:.1f} s")
+        assert moved() is not None  # the moved server runs on
+    finally:
+        try:
+            hub.api("DELETE", f"/users/{user}/server")
+            hub.wait_stopped(user)
+        except Exception:
+            pass
+        hub.stop()
+        try:
+            fwd.fail()
+        except Exception:
+            pass
+        remove_objects_of(engine, [user])
+        remove_objects_of(btrfs, [user])

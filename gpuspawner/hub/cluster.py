@@ -27,7 +27,16 @@ from ..placement.queue import WaitQueue
 from ..schemas import ConfigSchemaError, validate
 from .drains import DrainFileError, DrainRecord, DrainState, DrainStore
 from .identity import is_job_server
+from .isolation import (
+    IsolationCheckError,
+    is_local_engine,
+    missing_message,
+    parse_pools,
+    read_forward_rules,
+    uncovered,
+)
 from .profiles import ProfileConfigError, load_profiles
+from .runtime import hub_runtime
 from .spawn_queue import QueueSettings, SpawnQueue
 
 log = logging.getLogger("gpuspawner")
@@ -199,6 +208,20 @@ class Cluster:
     queue: SpawnQueue | None = None
     #: servers moved off failed nodes, newest last (:meth:`record_move`; the admin page)
     moves: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=MOVES_KEPT))
+    #: seconds between two looks at nodes that stopped answering (:meth:`watch`): one that
+    #: answers again is swept at once, before it takes new work
+    watch_interval_s: float = 2.0
+    #: seconds between two checks of the isolation firewall rule (:meth:`check_isolation`;
+    #: 0: never); each spawn also reads it (``iptables -S FORWARD``, about 10 ms; concurrent
+    #: spawns share one reading) unless the last one is younger than ``isolation_max_age_s``
+    isolation_interval_s: float = 60.0
+    isolation_max_age_s: float = 0.0
+    #: node -> why it takes no new servers: its isolation rule is missing
+    isolation_missing: dict[str, str] = field(default_factory=dict)
+    _isolation_read: float = field(default=float("-inf"), repr=False)
+    _isolation_lock: asyncio.Lock | None = field(default=None, repr=False)
+    _isolation_logged: set[str] = field(default_factory=set, repr=False)
+    _watch_task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     def record_move(self, user: str, server: str, source: str, target: str, at: float,
                     reason: str) -> None:
@@ -235,6 +258,8 @@ class Cluster:
                 allocation whose user or server no longer exists is released and its server
                 removed. None = keep all.
         """
+        if hub_runtime() is self:  # the hub's own: nodes watched while it runs
+            self.start_watch()
         if self.restored is not None and not (owner_exists and self._unverified):
             return self.restored
         if self._restore_lock is None:
@@ -287,6 +312,7 @@ class Cluster:
         back up is swept first (:meth:`sweep_if_suspect`). Also reads this host's GPU health
         (:meth:`refresh_gpu_health`, at most every ``health_interval_s``)."""
         await self.refresh_gpu_health()
+        await self.check_isolation(self.isolation_max_age_s)
         loop = asyncio.get_running_loop()
         if loop.time() - self._health_read < max_age:
             return
@@ -294,7 +320,10 @@ class Cluster:
         states = await self.backend.node_states()
         for name, rt in self.nodes.items():
             state, reason = states.get(name, ("up", ""))
-            before = self.ledger.node_state(name)
+            before = self._state_without_isolation(name)
+            if state == "up" and name in self.isolation_missing and before[0] == "up":
+                self.ledger.set_node_state(name, "drain", self.isolation_missing[name])
+                continue
             if state == "up" and before[0] != "up":
                 rt.suspect = True
                 try:
@@ -306,7 +335,124 @@ class Cluster:
             elif state != "up" and before[0] == "up":
                 log.warning("node %s is %s: %s", name, state, reason)
                 rt.suspect = True
+            if state == "up" and name in self.isolation_missing:
+                state, reason = "drain", self.isolation_missing[name]
             self.ledger.set_node_state(name, state, reason)
+
+    def _state_without_isolation(self, name: str) -> tuple[str, str]:
+        """The ledger's state of node ``name``, "up" where it is drained only for its missing
+        isolation rule."""
+        state = self.ledger.node_state(name)
+        if state == ("drain", self.isolation_missing.get(name)):
+            return ("up", "")
+        return state
+
+    def isolation_nodes(self) -> dict[str, list[Any]]:
+        """Nodes whose isolation rule the hub can check, with their server networks' blocks:
+        with per-server networks (``network_isolation``), engines on this host only
+        (:func:`~gpuspawner.hub.isolation.is_local_engine`)."""
+        if getattr(self.backend, "network_isolation", None) != "per-server":
+            return {}
+        default = str(getattr(self.backend, "server_network_pool", "") or "")
+        out: dict[str, list[Any]] = {}
+        for name, rt in self.nodes.items():
+            pool = rt.network_pool or default
+            if not pool:
+                continue
+            if not is_local_engine(rt.docker_url):
+                if name not in self._isolation_logged:
+                    self._isolation_logged.add(name)
+                    log.warning("node %s: its engine %s is remote: the hub cannot read that "
+                                "node's firewall; keep scripts/network.sh's isolation rule "
+                                "there (docs/install.md)", name, rt.docker_url)
+                continue
+            try:
+                out[name] = parse_pools(pool)
+            except ValueError as e:
+                log.error("node %s: isolation rule not checked: %s", name, e)
+        return out
+
+    async def check_isolation(self, max_age: float = 0.0) -> dict[str, str]:
+        """Read this host's firewall (not when the last reading is younger than ``max_age``
+        seconds; callers that wait while a reading runs share the next one) and refuse new
+        servers on each checkable node (:meth:`isolation_nodes`) whose server networks no
+        rule isolates: the node is set to "drain" in the ledger with the reason (what runs
+        there stays), naming the node and the command that restores the rule; it takes
+        servers again once the rule is back.
+        A firewall that cannot be read (no iptables, not root) is logged, once, and changes
+        nothing.
+
+        Returns:
+            node -> reason, for the nodes that lack the rule now.
+        """
+        if self.isolation_interval_s <= 0:
+            return self.isolation_missing
+        loop = asyncio.get_running_loop()
+        asked = loop.time()
+        if asked - self._isolation_read < max_age:
+            return self.isolation_missing
+        if self._isolation_lock is None:
+            self._isolation_lock = asyncio.Lock()
+        async with self._isolation_lock:
+            if self._isolation_read >= asked:  # a reading that began after we asked
+                return self.isolation_missing
+            nodes = self.isolation_nodes()
+            self._isolation_read = loop.time()
+            if not nodes:
+                return self.isolation_missing
+            try:
+                rules = await read_forward_rules()
+            except IsolationCheckError as e:
+                if "" not in self._isolation_logged:
+                    self._isolation_logged.add("")
+                    log.error("the isolation rule cannot be checked on %s: %s",
+                              ", ".join(sorted(nodes)), e)
+                return self.isolation_missing
+            for name, pools in nodes.items():
+                missing = uncovered(rules, pools)
+                if missing:
+                    why = missing_message(name, missing)
+                    if self.isolation_missing.get(name) != why:
+                        log.error("%s", why)
+                    before = self._state_without_isolation(name)
+                    self.isolation_missing[name] = why
+                    if before[0] == "up":
+                        self.ledger.set_node_state(name, "drain", why)
+                elif name in self.isolation_missing:
+                    before = self._state_without_isolation(name)
+                    del self.isolation_missing[name]
+                    if before[0] == "up":
+                        self.ledger.set_node_state(name, "up")
+                    log.warning("node %s: the isolation rule is back; it takes new servers "
+                                "again", name)
+            return self.isolation_missing
+
+    def start_watch(self) -> None:
+        """Start :meth:`watch` on the running event loop, once (again after a loop that ran
+        it ended)."""
+        task = self._watch_task
+        loop = asyncio.get_running_loop()
+        if task is not None and not task.done() and task.get_loop() is loop:
+            return
+        self._watch_task = loop.create_task(self.watch(), name="gpuspawner-cluster-watch")
+
+    async def watch(self) -> None:
+        """Run while the hub runs: every ``watch_interval_s`` seconds, while a node is
+        suspect (stopped answering), ask the nodes' states (:meth:`refresh_health`), so that
+        a node that answers again is swept at once, before anything else runs there (the
+        containers of servers that moved away, with their old tokens, are removed); and
+        every ``isolation_interval_s`` check the isolation rule (:meth:`check_isolation`).
+        Errors are logged; the loop goes on."""
+        while True:
+            try:
+                if any(rt.suspect for rt in self.nodes.values()):
+                    await self.refresh_health(max_age=0)
+                await self.check_isolation(self.isolation_interval_s)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the watch must outlive any one error
+                log.warning("node watch: %s", e)
+            await asyncio.sleep(self.watch_interval_s)
 
     async def sweep_if_suspect(self, node: str) -> None:
         """If ``node`` stopped answering earlier, remove its servers the ledger no longer
@@ -319,9 +465,12 @@ class Cluster:
         rt = self.nodes.get(node)
         if rt is None or not rt.suspect:
             return
+        def booked_here(user: str, server: str) -> bool:  # a moved server: booked elsewhere
+            a = self.ledger.find(user, server)
+            return a is not None and a.node == node
+
         await self.backend.sweep(
-            node, booked=lambda a: self.ledger.get(a) is not None,
-            owner_booked=lambda u, s: self.ledger.find(u, s) is not None)
+            node, booked=lambda a: self.ledger.get(a) is not None, owner_booked=booked_here)
         rt.suspect = False
 
     def mark_suspect(self, node: str, reason: str = "not answering") -> None:
