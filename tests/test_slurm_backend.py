@@ -43,6 +43,7 @@ from gpuspawner.backends.slurm.job import ADMIN_MARKER, gpu_positions
 from gpuspawner.backends.spec import HomeMount, LaunchSpec, launch_spec
 from gpuspawner.inventory.topology import load_topology_file
 from gpuspawner.placement import Allocation, Bundle, Ledger, Owner
+from gpuspawner.testing.port_sink import port_sink_api_url
 from gpuspawner.testing.slurm_hub import SERVER
 from tests.waiting import wait_until
 
@@ -129,7 +130,10 @@ def server_spec(alloc: Allocation, home: Path, name: str) -> LaunchSpec:
         name=name, user=JOB_USER, server="", allocation=alloc, image="(none)",
         cmd=["/usr/bin/python3", "-c", SERVER],
         env={"JUPYTERHUB_SERVICE_URL": f"http://127.0.0.1:8888{prefix}",
-             "JUPYTERHUB_SERVICE_PREFIX": prefix, "TRICKY": TRICKY},
+             "JUPYTERHUB_SERVICE_PREFIX": prefix, "TRICKY": TRICKY,
+             # the server reports its port with its own token (a stand-in of the hub's API)
+             "JUPYTERHUB_API_URL": port_sink_api_url(),
+             "JUPYTERHUB_API_TOKEN": f"tok-{name}-{uuid.uuid4().hex}"},
         uid=user.pw_uid, gid=user.pw_gid, port=8888,
         home=HomeMount(str(home), f"/home/{JOB_USER}"))
 
@@ -411,15 +415,22 @@ def test_unreachable_controller_is_backend_unavailable(
 # --------------------------------------------------------------------------- other paths
 
 
+#: a server that listens on its port (so that it is reported), then fails
+DIES = ("import os, socket, sys, time; s = socket.socket(); "
+        "s.bind(('127.0.0.1', int(os.environ['GPUSPAWNER_PORT']))); s.listen(); "
+        "print('boom-' + os.environ['GPUSPAWNER_PORT'], file=sys.stderr, flush=True); "
+        "time.sleep(2); sys.exit(3)")
+
+
 def test_server_that_dies_is_reported_with_its_output(
         slurm_conf: str, client: SlurmClient, workdir: Path) -> None:
-    """The job reports its port, then its command fails: poll gives the exit status and
-    exit_report the job's state with the last lines of its output file."""
+    """The server listens and reports its port, then its command fails: poll gives the exit
+    status and exit_report the job's state with the last lines of its output file."""
     backend = make_backend(slurm_conf, workdir)
     alloc, _ = ledger_pair()
     spec = replace(server_spec(alloc, workdir, f"gps-dies-{uuid.uuid4().hex[:6]}"),
-                   # it outlives the port report by 2 s, so launch returns first
-                   cmd=("/bin/sh", "-c", "echo boom-$GPUSPAWNER_PORT >&2; sleep 2; exit 3"))
+                   # it listens 2 s after its port report, so launch returns first
+                   cmd=("/usr/bin/python3", "-c", DIES))
     state: dict[str, Any] = {}
     try:
         _, port = run(backend.launch(spec, state, lambda p, m: None))

@@ -13,11 +13,16 @@ which the job user cannot enter).
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import pwd
 import shutil
+import signal
 import socket
+import sqlite3
 import ssl
 import sys
+import tempfile
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -115,6 +120,14 @@ def test_spawn_restart_stop_through_the_hub(hub: SlurmHub, slurm_conf: str) -> N
                timeout=30, interval=0.3, message=f"job {job.job_id} gone after stop")
 
 
+def reported_port(hub: SlurmHub, user: str, server: str = "") -> int:
+    """The port the hub took for the server (its spawner's state in the hub's database)."""
+    with sqlite3.connect(hub.state_dir / "jupyterhub.sqlite") as db:
+        (state,) = db.execute("SELECT s.state FROM spawners s JOIN users u ON s.user_id = u.id"
+                              " WHERE u.name = ? AND s.name = ?", (user, server)).fetchone()
+    return int(json.loads(state)["backend"]["port"])
+
+
 @pytest.mark.parametrize("internal_ssl", [False, True], ids=["http", "internal_ssl"])
 def test_real_singleuser_picks_its_reported_port(slurm_conf: str, tmp_path: Path,  # noqa: F811
                                                  internal_ssl: bool) -> None:
@@ -138,7 +151,8 @@ def test_real_singleuser_picks_its_reported_port(slurm_conf: str, tmp_path: Path
         assert r.status_code in (201, 202), r.text
         hub.wait_ready(USER, timeout=120)
         (job,) = jobs_of(client, f"jupyter-{USER}")
-        port = int(job.comment.split("=", 1)[1])
+        port = reported_port(hub, USER)
+        assert "port" not in job.comment  # published nowhere other users read
         model = hub.api("GET", f"/users/{USER}").json()["servers"][""]
         assert model["url"] == f"/user/{USER}/"
         r = hub.session.get(f"{hub.url}/user/{USER}/api", timeout=10)
@@ -282,3 +296,177 @@ c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 0}
         finally:
             hub.stop()
             shutil.rmtree(hub.home, ignore_errors=True)
+
+
+#: c.SlurmBackend.python for the race below: runs the real Python; after the job script's
+#: port pick (``-c`` with getsockname) it drops the port where the attacker looks and waits,
+#: at most 15 s, until the attacker listens there: the attacker always wins the race (the
+#: worst case of the issue's 2 ms); only while ``armed`` exists beside it
+RACE_PYTHON = r"""#!/usr/bin/python3
+import os, socket, subprocess, sys, time
+here = os.path.dirname(os.path.abspath(__file__))
+r = subprocess.run(["/usr/bin/python3", *sys.argv[1:]], stdout=subprocess.PIPE, text=True)
+out = r.stdout
+if (os.path.exists(os.path.join(here, "armed")) and sys.argv[1:2] == ["-c"]
+        and "getsockname" in sys.argv[2] and out.strip().isdigit()):
+    port = int(out)
+    drop = os.path.join(here, f"port-{os.getpid()}")
+    with open(drop, "w") as f:
+        f.write(str(port))
+    os.chmod(drop, 0o644)  # (the job's umask is 077)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            break
+        except OSError:
+            time.sleep(0.02)
+sys.stdout.write(out)
+sys.exit(r.returncode)
+"""
+
+#: the attacker (run as the other user): binds every port dropped in FOLDER first, answers
+#: TLS with its own server's certificate like a Jupyter server, and logs each request it gets
+ATTACKER = r"""
+import glob, os, socket, ssl, sys, threading, time
+folder, cert, key, log = sys.argv[1:5]
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(cert, key)
+def serve(sock):
+    while True:
+        conn, _ = sock.accept()
+        threading.Thread(target=answer, args=(conn,), daemon=True).start()
+def answer(conn):
+    try:
+        with ctx.wrap_socket(conn, server_side=True) as tls:
+            head = tls.recv(65536).decode(errors="replace")
+            with open(log, "a") as f:
+                f.write(head.split("\r\n", 1)[0] + " cookie=" + str("cookie:" in head.lower())
+                        + "\n")
+            body = b'{"version": "attacker"}'
+            tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    except (OSError, ssl.SSLError):
+        pass
+seen = set()
+while True:
+    for path in glob.glob(os.path.join(folder, "port-*")):
+        if path in seen:
+            continue
+        seen.add(path)
+        port = int(open(path).read())
+        s = socket.socket()
+        s.bind(("127.0.0.1", port))
+        s.listen(16)
+        with open(log, "a") as f:
+            f.write(f"bound {port}\n")
+        threading.Thread(target=serve, args=(s,), daemon=True).start()
+    time.sleep(0.005)
+"""
+
+
+# was a hole (issue 47, item 1): the job published its port in its Comment before its server
+# bound it; another user bound it first with its own server's certificate (every server
+# certificate named the node's address), the hub's readiness was a TCP connect, and the proxy
+# routed the victim's /user/... (with the victim's cookies) to the attacker
+def test_another_user_who_binds_the_port_first_never_gets_the_route(
+        slurm_conf: str, tmp_path: Path) -> None:  # noqa: F811
+    """internal_ssl, the real jupyterhub-singleuser. gpsuser2 binds the port gpsuser1's job
+    picked before gpsuser1's server can (the job's Python hands it over and waits), and
+    answers TLS with a certificate of the hub's CA for its own server, like a Jupyter server.
+    The hub never sends it a request: the victim's server cannot bind, so it never reports a
+    port, and the spawn fails cleanly (nothing held, no job left). A report with a valid token
+    that is not the spawn's is refused. Disarmed, the victim's next spawn is ready and the
+    proxy reaches the victim's own server."""
+    if chp() is None:
+        pytest.skip("configurable-http-proxy is not installed (make venv installs it)")
+    site = Path(sys.prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" \
+        / "site-packages"
+    if not (site / "jupyterhub").is_dir() or not Path("/usr/bin/python3").exists():
+        pytest.skip("no jupyterhub in the hub's site-packages or no /usr/bin/python3")
+    import subprocess
+
+    from gpuspawner.hub import certs
+
+    race = Path(tempfile.mkdtemp(prefix="gps-race-", dir="/tmp"))
+    race.chmod(0o1777)
+    python = race / "python"
+    python.write_text(RACE_PYTHON)
+    python.chmod(0o755)
+    (race / "armed").touch()
+    hub = SlurmHub(tmp_path, slurm_conf, cmd=["/usr/bin/python3", "-m", "jupyterhub.singleuser"],
+                   environment={"PYTHONPATH": str(site)}, internal_ssl=True,
+                   extra=f"c.SlurmBackend.python = {str(python)!r}\n"
+                         "c.SlurmBackend.port_timeout = 20\n")
+    hub.start()
+    client = SlurmClient(conf=slurm_conf, timeout=30)
+    attacker = None
+    try:
+        hub.ensure_user(USER)
+        hub.ensure_user(OTHER)
+        # the attacker's own server certificate, as the hub makes it for the attacker's server
+        other = pwd.getpwnam(OTHER)
+        pair = certs.create_pair(str(hub.home / "internal-ssl"), object_name(OTHER, ""),
+                                 ["IP:127.0.0.1"], "")
+        mine = certs.copy_for_server({k: pair[k] for k in ("keyfile", "certfile")},
+                                     str(race / "attacker-certs"), other.pw_uid, other.pw_gid,
+                                     str(race / "attacker-certs"))
+        log = race / "attacker.log"
+        log.touch()
+        log.chmod(0o666)
+        attacker = subprocess.Popen(
+            ["runuser", "-u", OTHER, "--", "/usr/bin/python3", "-c", ATTACKER, str(race),
+             mine["certfile"], mine["keyfile"], str(log)], start_new_session=True)
+
+        r = hub.api("POST", f"/users/{USER}/server", {"profile": "gpu1"})
+        # 500: the spawn failed within the request (the victim's server could not bind)
+        assert r.status_code in (201, 202, 500), r.text
+        if r.status_code == 500:
+            assert "port" in r.json()["message"], r.text
+        bound = wait_until(lambda: "bound" in log.read_text(), timeout=60, interval=0.1,
+                           message="the attacker bound the victim's port")
+        assert bound
+        port = int(log.read_text().split("bound ", 1)[1].split()[0])
+        def settled() -> dict | None:
+            s = hub.server(USER)
+            if s is None or s.get("ready"):
+                return s or {"gone": True}
+            return None
+
+        end = wait_until(settled, timeout=90, interval=0.2, message="the spawn settled")
+        if end.get("ready"):  # (before the fix) the route is the attacker's: use it
+            hub.session.get(f"{hub.url}/user/{USER}/api", timeout=10)
+        requests_seen = [line for line in log.read_text().splitlines()
+                         if not line.startswith("bound ")]
+        assert requests_seen == [], f"the hub routed {USER}'s server to the attacker: " \
+            f"{requests_seen}\n{hub.tail(80)}"
+        assert end.get("gone"), end
+        wait_until(lambda: not jobs_of(client, f"jupyter-{USER}"), timeout=30, interval=0.3,
+                   message="no job of the failed spawn left")
+        # another valid token (the admin service's) reports nothing; no token is refused
+        r = hub.api("POST", "/gpuspawner/port", {"port": port})
+        assert r.status_code == 404, r.text
+        r = hub.session.post(f"{hub.api_url}/gpuspawner/port", json={"port": port}, timeout=10)
+        assert r.status_code == 403, r.text
+
+        # disarmed: the victim's next spawn binds its own port, and the proxy reaches it
+        (race / "armed").unlink()
+        r = hub.api("POST", f"/users/{USER}/server", {"profile": "gpu1"})
+        assert r.status_code in (201, 202), r.text
+        hub.wait_ready(USER, timeout=120)
+        r = hub.session.get(f"{hub.url}/user/{USER}/api", timeout=10)
+        assert r.status_code == 200 and r.json()["version"] != "attacker", r.text[:300]
+        assert reported_port(hub, USER) != port
+        assert hub.api("DELETE", f"/users/{USER}/server").status_code in (202, 204)
+        hub.wait_stopped(USER)
+    finally:
+        if attacker is not None:
+            os.killpg(attacker.pid, signal.SIGKILL)
+            attacker.wait()
+        try:
+            if hub.server(USER) is not None:
+                hub.api("DELETE", f"/users/{USER}/server")
+        finally:
+            hub.stop()
+            shutil.rmtree(hub.home, ignore_errors=True)
+            shutil.rmtree(race, ignore_errors=True)

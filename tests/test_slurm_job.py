@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -34,6 +36,7 @@ from gpuspawner.backends.slurm.job import (
     plan_job,
     reported_port,
 )
+from gpuspawner.backends.slurm.ports import PORT_REPORTS
 from gpuspawner.backends.spec import HomeMount, LaunchSpec, launch_spec
 from gpuspawner.inventory.topology import load_topology_file
 from gpuspawner.placement import (
@@ -45,6 +48,7 @@ from gpuspawner.placement import (
     NumaNode,
     Owner,
 )
+from gpuspawner.testing.port_sink import port_sink_api_url
 
 REPO = Path(__file__).resolve().parents[1]
 NODE1 = load_topology_file(REPO / "hub_config" / "slurm" / "node1.yaml")
@@ -59,10 +63,27 @@ def alloc_on(gpus: tuple[str, ...] = (GPU_B.uuid,), cpuset: tuple[int, ...] = (1
                       memory_bytes=memory, disk_bytes=0)
 
 
+#: the API token of ann's server in these specs (its port report carries it)
+ANN_TOKEN = "ann-server-token"
+
+
+def report_when_awaited(token: str, port: int, timeout: float = 10.0) -> threading.Thread:
+    """Report ``port`` for ``token`` (as the hub's handler would) as soon as a launch waits
+    for it, from a thread."""
+    def report() -> None:
+        deadline = time.monotonic() + timeout
+        while not PORT_REPORTS.report(token, port) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    t = threading.Thread(target=report, daemon=True)
+    t.start()
+    return t
+
+
 def spec_of(alloc: Allocation, **kw: object) -> LaunchSpec:
     args: dict = dict(name="jupyter-ann", user="ann", server="", allocation=alloc, image="x",
                       cmd=["/opt/jh/bin/jupyterhub-singleuser", "--debug"],
-                      env={"JUPYTERHUB_SERVICE_URL": "http://127.0.0.1:8888/user/ann/"},
+                      env={"JUPYTERHUB_SERVICE_URL": "http://127.0.0.1:8888/user/ann/",
+                           "JUPYTERHUB_API_TOKEN": ANN_TOKEN},
                       uid=2001, gid=2001, port=8888, home=HomeMount("/home/ann", "/home/jovyan"))
     args.update(kw)
     return launch_spec(**args)
@@ -135,25 +156,83 @@ def test_job_script_is_valid_bash_and_quotes_every_value(tmp_path: Path) -> None
     assert out == TRICKY
 
 
-def test_job_script_picks_and_reports_a_port(tmp_path: Path) -> None:
-    """Run the script with a stand-in scontrol and command: the port it reports is the one
-    in JUPYTERHUB_SERVICE_URL and GPUSPAWNER_PORT."""
-    report = tmp_path / "reported"
+LISTEN = ("import os, socket, time; s = socket.socket(); "
+          "s.bind(('127.0.0.1', int(os.environ['GPUSPAWNER_PORT']))); s.listen(); "
+          "time.sleep(30)")
+
+
+def test_job_script_picks_a_port_and_the_server_reports_it_once_it_listens(tmp_path: Path
+                                                                          ) -> None:
+    """Run the script with a stand-in server that listens on the picked port: the reporter
+    sends the hub (the stand-in API, with the server's own token) that port, the one in
+    JUPYTERHUB_SERVICE_URL and GPUSPAWNER_PORT; nothing is written to the job's Comment (no
+    scontrol is called)."""
+    called = tmp_path / "scontrol-called"
     fake = tmp_path / "scontrol"
-    fake.write_text(f'#!/bin/sh\necho "$@" > {report}\n')
+    fake.write_text(f'#!/bin/sh\necho "$@" > {called}\n')
     fake.chmod(0o755)
     show = tmp_path / "show"
-    show.write_text('#!/bin/sh\necho "$GPUSPAWNER_PORT $JUPYTERHUB_SERVICE_URL $PWD"\n')
+    show.write_text('#!/bin/sh\necho "$GPUSPAWNER_PORT $JUPYTERHUB_SERVICE_URL $PWD"\n'
+                    f'exec /usr/bin/python3 -c "{LISTEN}"\n')
     show.chmod(0o755)
-    spec = spec_of(alloc_on(), cmd=[str(show)], home=None)
-    script = job_script(spec, python="/usr/bin/python3", scontrol=str(fake))
+    spec = spec_of(alloc_on(), cmd=[str(show)], home=None,
+                   env={"JUPYTERHUB_SERVICE_URL": "http://127.0.0.1:8888/user/ann/",
+                        "JUPYTERHUB_API_TOKEN": "tok-listens",
+                        "JUPYTERHUB_API_URL": port_sink_api_url()})
+    script = job_script(spec, python="/usr/bin/python3", scontrol=str(fake), report_timeout=10)
     (tmp_path / "job.sh").write_text(script)
-    out = subprocess.run(["bash", str(tmp_path / "job.sh")], capture_output=True, text=True,
-                         env={"SLURM_JOB_ID": "42", "PATH": os.environ["PATH"]}, check=True)
-    port, url, cwd = out.stdout.split()
-    assert 0 < int(port) < 65536 and cwd == "/tmp"
+
+    async def launch() -> tuple[int, str]:
+        fut = PORT_REPORTS.expect("tok-listens")
+        proc = await asyncio.create_subprocess_exec(
+            "bash", str(tmp_path / "job.sh"), stdout=asyncio.subprocess.PIPE,
+            env={"SLURM_JOB_ID": "42", "PATH": os.environ["PATH"]})
+        try:
+            port = await asyncio.wait_for(fut, 15)
+            assert proc.stdout is not None
+            return port, (await proc.stdout.readline()).decode()
+        finally:
+            PORT_REPORTS.forget("tok-listens")
+            proc.kill()
+            await proc.wait()
+
+    reported, line = asyncio.run(launch())
+    port, url, cwd = line.split()
+    assert int(port) == reported and 0 < reported < 65536 and cwd == "/tmp"
     assert url == f"http://127.0.0.1:{port}/user/ann/"
-    assert report.read_text().split() == ["update", "JobId=42", f"Comment=gpuspawner-port={port}"]
+    assert not called.exists()
+
+
+def test_a_port_another_process_listens_on_is_never_reported(tmp_path: Path) -> None:
+    """The server does not listen on the picked port, another process does (here a child of
+    the server): the reporter says so in the job's output and reports nothing."""
+    serve = tmp_path / "serve"
+    serve.write_text(f'#!/bin/sh\n/usr/bin/python3 -c "{LISTEN}" &\nsleep 30\n')
+    serve.chmod(0o755)
+    spec = spec_of(alloc_on(), cmd=[str(serve)], home=None,
+                   env={"JUPYTERHUB_SERVICE_URL": "http://127.0.0.1:8888/user/ann/",
+                        "JUPYTERHUB_API_TOKEN": "tok-other",
+                        "JUPYTERHUB_API_URL": port_sink_api_url()})
+    (tmp_path / "job.sh").write_text(job_script(spec, python="/usr/bin/python3",
+                                                report_timeout=2))
+
+    async def launch() -> tuple[bool, str]:
+        fut = PORT_REPORTS.expect("tok-other")
+        proc = await asyncio.create_subprocess_exec(
+            "bash", str(tmp_path / "job.sh"), stderr=asyncio.subprocess.PIPE,
+            env={"PATH": os.environ["PATH"]}, start_new_session=True)
+        try:
+            assert proc.stderr is not None
+            err = await asyncio.wait_for(proc.stderr.readline(), 15)
+            return fut.done(), err.decode()
+        finally:
+            PORT_REPORTS.forget("tok-other")
+            os.killpg(proc.pid, 9)
+            await proc.wait()
+
+    reported, err = asyncio.run(launch())
+    assert not reported
+    assert "was not reported to the hub: the server did not listen on it within 2 s" in err
 
 
 def test_job_script_needs_an_absolute_command_and_shell_names() -> None:
@@ -409,6 +488,7 @@ def test_the_ledger_adopts_slurms_core_when_it_is_free(free: bool) -> None:
     b.ledger = ledger
     state: dict = {}
     if free:
+        report_when_awaited(ANN_TOKEN, 40001)
         ip, port = run(b.launch(spec_of(alloc, home=None), state, lambda p, m: None))
         assert port == 40001
         adopted = ledger.get(alloc.id)

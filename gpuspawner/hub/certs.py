@@ -1,5 +1,6 @@
 """internal_ssl files of one server: a key pair signed by the hub's notebooks CA that names the
-server's own address, copied to a folder only the server's user can read.
+server's own address and a name of this server alone (:func:`server_dns_name`), copied to a
+folder only the server's user can read.
 
 JupyterHub's ``Spawner.create_certs`` names files ``user-<name>`` only, which fails for long
 names and lets two named servers of one user overwrite each other's certificate; DockerSpawner's
@@ -10,22 +11,38 @@ them in a worker thread).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from collections.abc import Mapping, Sequence
+
+#: the DNS zone of the servers' own names (never resolved: only named in certificates)
+SERVER_ZONE = "server.gpuspawner.internal"
+
+
+def server_dns_name(name: str) -> str:
+    """The DNS name that the certificate of server ``name`` (its object name) alone carries:
+    ``<32 hex digits of SHA-256(name)>.server.gpuspawner.internal``. Object names differ for
+    distinct (user, server) pairs (:mod:`gpuspawner.hub.identity`), so no other server's
+    certificate names it; the readiness check verifies the server's certificate against it
+    (:func:`gpuspawner.hub.readiness.server_tls`). A label of 32 characters fits DNS's 63."""
+    return f"{hashlib.sha256(name.encode('utf-8', 'surrogatepass')).hexdigest()[:32]}." \
+        f"{SERVER_ZONE}"
 
 
 def create_pair(certs_location: str, name: str, alt_names: Sequence[str], cafile: str
                 ) -> dict[str, str]:
     """Sign a key pair ``server-<name>`` with the ``notebooks-ca`` of ``certs_location``,
-    valid for ``DNS:localhost``, ``IP:127.0.0.1`` and ``alt_names`` (certipy, as JupyterHub).
+    valid for ``DNS:localhost``, ``IP:127.0.0.1``, ``alt_names`` and the server's own name
+    (:func:`server_dns_name`, which no other server's certificate carries) (certipy, as
+    JupyterHub).
 
     Returns:
         {"keyfile", "certfile", "cafile"}: paths on the hub's host.
     """
     from certipy import Certipy
 
-    names = ["DNS:localhost", "IP:127.0.0.1", *alt_names]
+    names = ["DNS:localhost", "IP:127.0.0.1", *alt_names, f"DNS:{server_dns_name(name)}"]
     pair = Certipy(store_dir=certs_location).create_signed_pair(
         f"server-{name}", "notebooks-ca", alt_names=names, overwrite=True)
     return {"keyfile": pair["files"]["key"], "certfile": pair["files"]["cert"], "cafile": cafile}

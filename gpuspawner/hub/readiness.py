@@ -11,24 +11,103 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+import ssl
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+from .certs import server_dns_name
 
 #: exited() -> None while the server's process runs, else the failure text (exit code, logs)
 ExitCheck = Callable[[], Awaitable["str | None"]]
 
 
+@dataclass(frozen=True)
+class ServerTLS:
+    """What proves a server's identity with internal_ssl.
+
+    Attributes:
+        context: the hub's client context (its internal key pair, its CA bundle), hostname
+            checked.
+        hostname: the name that the server's certificate alone carries
+            (:func:`gpuspawner.hub.certs.server_dns_name`).
+    """
+
+    context: ssl.SSLContext
+    hostname: str
+
+
+def server_tls(settings: Mapping[str, Any], name: str) -> ServerTLS:
+    """The identity check of server ``name`` (its object name) for a hub with internal_ssl:
+    the hub's ``internal_ssl_key``, ``internal_ssl_cert`` and ``internal_ssl_ca`` (JupyterHub's
+    tornado settings, as ``User._wait_up`` uses them) and :func:`server_dns_name`.
+
+    Raises:
+        ValueError: the settings lack the hub's key, certificate or CA (internal_ssl off).
+    """
+    key, cert, ca = (settings.get(k) for k in ("internal_ssl_key", "internal_ssl_cert",
+                                                "internal_ssl_ca"))
+    if not (key and cert and ca):
+        raise ValueError("internal_ssl_key, internal_ssl_cert, internal_ssl_ca: not in the "
+                         "hub's settings (is internal_ssl on?)")
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
+    ctx.load_cert_chain(cert, key)
+    ctx.check_hostname = True
+    return ServerTLS(ctx, server_dns_name(name))
+
+
+async def _ask_over_tls(ip: str, port: int, path: str, tls: ServerTLS) -> str | None:
+    """GET ``path`` from ``ip:port`` over TLS whose certificate must name ``tls.hostname``;
+    None when it answers 200 with a JSON ``version``, else what was wrong."""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(
+            ip, port, ssl=tls.context, server_hostname=tls.hostname), 2)
+    except ssl.SSLCertVerificationError as e:
+        return (f"{ip}:{port} is not this server: its certificate does not name "
+                f"{tls.hostname} ({e.verify_message})")
+    except (OSError, asyncio.TimeoutError) as e:
+        return f"{ip}:{port}: {e or type(e).__name__}"
+    try:
+        writer.write(f"GET {path} HTTP/1.0\r\nHost: {ip}:{port}\r\n\r\n".encode())
+        raw = await asyncio.wait_for(reader.read(1 << 16), 2)
+        while raw and len(raw) < 1 << 16:
+            more = await asyncio.wait_for(reader.read(1 << 16), 2)
+            if not more:
+                break
+            raw += more
+    except (OSError, asyncio.TimeoutError) as e:
+        return f"{ip}:{port}{path}: {e or type(e).__name__}"
+    finally:
+        writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status = head.split(b" ", 2)[1:2]
+    if status != [b"200"]:
+        return f"{ip}:{port}{path}: HTTP {(status or [b'?'])[0].decode(errors='replace')}"
+    try:
+        if "version" in json.loads(body or b"{}"):
+            return None
+    except ValueError:
+        pass
+    return f"{ip}:{port}{path} answered without a Jupyter server version"
+
+
 async def wait_for_own_server(ip: str, port: int, base_url: str, *, exited: ExitCheck,
-                              timeout: float, tls: bool = False, name: str = "server") -> None:
+                              timeout: float, tls: bool | ServerTLS = False,
+                              name: str = "server") -> None:
     """Wait until the server at ``ip:port`` answers, at most ``timeout`` seconds.
 
     Every round asks ``exited()`` first: a server that is gone fails at once with the
     backend's report. Then ``{base_url}api`` must answer as a Jupyter server (JSON with
-    ``version``; jupyter_server's unauthenticated ``GET /api``). With ``tls`` (internal_ssl)
-    only the TCP connection is checked: JupyterHub then verifies the server's certificate,
-    issued for this IP, before it routes to it. Polls every 50 ms, backing off to 0.5 s.
+    ``version``; jupyter_server's unauthenticated ``GET /api``). With ``tls`` a
+    :class:`ServerTLS` (internal_ssl), that answer must come over TLS from a certificate of
+    the hub's CA that names ``tls.hostname``, which this server's certificate alone carries:
+    a listener with any other certificate (another user's server's, on a port it bound
+    first) is never ready. ``tls=True`` without a :class:`ServerTLS` checks only the TCP
+    connection (kept for callers without the hub's settings). Polls every 50 ms, backing
+    off to 0.5 s.
 
     Raises:
         web.HTTPError(500): the server exited (the backend's report) or did not answer in
@@ -44,7 +123,12 @@ async def wait_for_own_server(ip: str, port: int, base_url: str, *, exited: Exit
         report = await exited()
         if report is not None:
             raise web.HTTPError(500, report)
-        if tls:
+        if isinstance(tls, ServerTLS):
+            problem = await _ask_over_tls(ip, port, f"{base_url}api", tls)
+            if problem is None:
+                return
+            last = problem
+        elif tls:
             try:
                 _, writer = await asyncio.wait_for(asyncio.open_connection(ip, port), 2)
                 writer.close()

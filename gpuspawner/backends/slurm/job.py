@@ -11,8 +11,10 @@ Markers that the backend reads back with ``scontrol show job -d`` (scontrol(1)):
   exits 0). A Comment is also capped at 1024 characters (1025 was refused with "Pathname of a
   file, directory or other parameter too long"), too short for an allocation with many GPUs
   or groups; AdminComment took 70,000.
-* ``Comment=gpuspawner-submitted:<allocation id>`` from sbatch, replaced by the job itself with
-  ``Comment=gpuspawner-port=<port>`` once it picked its port (see :func:`job_script`).
+* ``Comment=gpuspawner-submitted:<allocation id>`` from sbatch. The port is never written
+  there (every user may read a job's Comment where Slurm's ``PrivateData`` does not hide it, and
+  another user who learnt it could bind it first): the server reports it to the hub itself,
+  with its own API token, once it listens (:mod:`.ports`, :func:`job_script`).
 
 Units: memory in MiB for Slurm (``--mem``, ``Mem=``), bytes in the allocation.
 """
@@ -33,6 +35,7 @@ from ...placement.units import GPU_MILLI
 from ..spec import LaunchSpec
 from .commands import JobInfo
 from .gres import gres_devices, gres_type
+from .ports import REPORT_PORT
 
 __all__ = [
     "ADMIN_MARKER",
@@ -58,7 +61,8 @@ __all__ = [
 ADMIN_MARKER = "gpuspawner:"
 #: Comment of a job just submitted (then the allocation id)
 SUBMIT_MARKER = "gpuspawner-submitted:"
-#: Comment the job writes once it chose its port (then the port)
+#: Comment by which jobs of earlier versions reported their port (no longer written or read:
+#: every user could read it; the server reports its port to the hub itself, :mod:`.ports`)
 PORT_MARKER = "gpuspawner-port="
 
 #: sbatch options the backend sets itself; ``extra_sbatch_options`` may not override them
@@ -297,20 +301,24 @@ def home_lines(spec: LaunchSpec) -> list[str]:
 
 
 def job_script(spec: LaunchSpec, *, python: str, scontrol: str = "scontrol",
-               prologue: Sequence[str] = (), listen: str = "127.0.0.1") -> str:
+               prologue: Sequence[str] = (), listen: str = "127.0.0.1",
+               report_timeout: float = 30.0) -> str:
     """The batch script of one server (or notebook job), built from the spec alone (never
     from ``user_options``).
 
     A bash script that exports ``spec.env`` (every value quoted with :func:`shlex.quote`;
     ``HOME`` is the home's path on the node), runs the admin's ``prologue`` lines, changes to
     the working directory, picks a free port of the server's address with ``python`` (bind
-    to port 0: the kernel chooses), reports it to the hub by setting the job's own
-    ``Comment`` to ``gpuspawner-port=<port>`` (``scontrol update JobId=$SLURM_JOB_ID``, which
-    Slurm allows a job's owner), puts the port into ``JUPYTERHUB_SERVICE_URL`` (where
+    to port 0: the kernel chooses), puts the port into ``JUPYTERHUB_SERVICE_URL`` (where
     jupyterhub-singleuser 5/6 reads its address and port; it cannot take port 0: a URL
-    without a port means 80) and ``GPUSPAWNER_PORT``, and ``exec``\\ s ``spec.cmd``. Jobs share
-    their node's network, so a fixed port could be taken; batchspawner's
-    ``batchspawner-singleuser`` likewise picks the port on the node before the server starts.
+    without a port means 80) and ``GPUSPAWNER_PORT``, starts the reporter
+    (:data:`~.ports.REPORT_PORT`, with ``python``) beside it and ``exec``\\ s ``spec.cmd``: the
+    reporter tells the hub the port, with the server's own API token, only once the server's
+    process (the script's PID, kept by ``exec``) listens on it, at most ``report_timeout``
+    seconds after the start. The port is published nowhere else. Jobs share their node's
+    network, so a fixed port could be taken; batchspawner's ``batchspawner-singleuser``
+    likewise picks the port on the node before the server starts and reports it to the hub
+    with the server's token.
 
     A notebook job's spec (``port`` 0: nothing listens) gets no port: the script exports the
     environment, runs the prologue, applies the home rules, changes to the working directory
@@ -318,12 +326,13 @@ def job_script(spec: LaunchSpec, *, python: str, scontrol: str = "scontrol",
     standard output (the log and the result frame) is the job's ``--output`` file.
 
     Exit codes of the script before the server runs: 70 (no working directory), 71 (no free
-    port), 72 (the port could not be reported), 73 and 74 (the home: :func:`home_lines`).
+    port), 73 and 74 (the home: :func:`home_lines`).
 
     Args:
         spec: the server.
         python: absolute path of a Python 3 on the node (only its standard library is used).
-        scontrol: the scontrol command on the node.
+        scontrol: the scontrol command on the node (unused: kept for callers).
+        report_timeout: seconds the reporter waits for the server to listen.
         prologue: admin shell lines run before the server (``module load ...``).
         listen: the address to bind when the spec has no ``JUPYTERHUB_SERVICE_URL``.
 
@@ -367,12 +376,12 @@ def job_script(spec: LaunchSpec, *, python: str, scontrol: str = "scontrol",
     lines += [
         f"port=$({q(python)} -c {q(_PICK_PORT)} {q(host)}) "
         f"|| {{ echo 'gpuspawner: no free port on {host}' >&2; exit 71; }}",
-        f'{q(scontrol)} update JobId="$SLURM_JOB_ID" Comment="{PORT_MARKER}$port" '
-        "|| { echo 'gpuspawner: cannot report the port to the hub' >&2; exit 72; }",
         'export GPUSPAWNER_PORT="$port"',
     ]
     if url:
         lines.append(f'export JUPYTERHUB_SERVICE_URL={q(before)}"$port"{q(after)}')
+    # the server reports its port itself once it listens (never a field others read)
+    lines.append(f'{q(python)} -c {q(REPORT_PORT)} "$$" "$port" {float(report_timeout):g} &')
     lines.append("exec " + " ".join(q(a) for a in spec.cmd))
     return "\n".join(lines) + "\n"
 

@@ -2,7 +2,7 @@
 :class:`~gpuspawner.backends.slurm.backend.SlurmBackend`): ``sbatch --hold`` (or slurmrestd)
 with the options and script of :mod:`.job`, the allocation marked in ``AdminComment``, the
 release, the wait for RUNNING, the read-back of what Slurm granted against the allocation, and
-the wait for the port the job reports."""
+the wait for the port the server reports itself (:mod:`.ports`)."""
 
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ from .job import (
     output_path,
     picked,
     plan_job,
-    reported_port,
 )
+from .ports import PORT_REPORTS
 from .rest import job_properties
 
 
@@ -133,7 +133,8 @@ class JobSubmission:
                             time_limit=limit, output=self.output,
                             extra=self.extra_sbatch_options)
             script = job_script(spec, python=self.python, scontrol=self._cmd("scontrol"),
-                                prologue=self.job_prologue, listen=self.listen_address)
+                                prologue=self.job_prologue, listen=self.listen_address,
+                                report_timeout=self.port_timeout)
             if self.submit_via == "rest":
                 self._rest_job(plan, alloc)  # refuse what v0.0.38 cannot express, up front
         except ValueError as e:
@@ -148,6 +149,25 @@ class JobSubmission:
         state.update(node=alloc.node, output=self.output, submitted=time.time(), started=False)
         if notebook_job:
             state.update(kind="job", name=spec.name, uid=spec.uid, gid=spec.gid)
+            return await self._launch(spec, alloc, node, plan, script, state, progress, None)
+        # the server reports its port itself, with its own API token (ports.REPORT_PORT):
+        # expected before the job exists, so that no report can come too early
+        token = str(spec.env.get("JUPYTERHUB_API_TOKEN", ""))
+        try:
+            report = PORT_REPORTS.expect(token)
+        except ValueError as e:
+            raise LaunchRefused(f"node {alloc.node}: {e}") from None
+        try:
+            return await self._launch(spec, alloc, node, plan, script, state, progress, report)
+        finally:
+            PORT_REPORTS.forget(token, report)
+
+    async def _launch(self, spec: LaunchSpec, alloc: Allocation, node: Node, plan: Any,
+                      script: str, state: dict[str, Any], progress: Progress,
+                      report: asyncio.Future[int] | None) -> tuple[str, int]:
+        """:meth:`launch` from the submission on (``report``: the server's port report, None
+        for a notebook job)."""
+        notebook_job = report is None
         try:
             job_id = await self._submit(script, plan, spec)
         except SlurmError as e:
@@ -183,8 +203,10 @@ class JobSubmission:
                                f"{'; '.join(problems)}; the job was cancelled")
         if notebook_job:
             return self.nodes[alloc.node].host, 0
-        progress(50, f"Slurm job {job_id} runs on {alloc.node}, waiting for its port")
-        port = await self._wait_port(job_id, alloc.node)
+        progress(50, f"Slurm job {job_id} runs on {alloc.node}, waiting for its server to "
+                 "report its port")
+        assert report is not None
+        port = await self._wait_port(job_id, alloc.node, report)
         state["port"] = port
         return self.nodes[alloc.node].host, port
 
@@ -247,8 +269,10 @@ class JobSubmission:
             await asyncio.sleep(delay)
             delay = min(delay * 1.5, 1.0)
 
-    async def _wait_port(self, job_id: int, node: str) -> int:
-        """Wait (``port_timeout``) for the job's ``Comment=gpuspawner-port=N``.
+    async def _wait_port(self, job_id: int, node: str, report: asyncio.Future[int]) -> int:
+        """Wait (``port_timeout``) for the port the server reports itself (``report``, from
+        :data:`~.ports.PORT_REPORTS`), asking Slurm every 0.1 s, backing off to 1 s, whether
+        the job still runs.
 
         Raises:
             LaunchFailed: the job ended first (with its report) or the deadline passed.
@@ -257,19 +281,22 @@ class JobSubmission:
         deadline = loop.time() + self.port_timeout
         delay = 0.1
         while True:
+            try:
+                return await asyncio.wait_for(asyncio.shield(report), delay)
+            except asyncio.TimeoutError:
+                pass
             job = await self._ask(node, self.client.show_job(job_id))
             if job is None:
-                raise LaunchFailed(f"Slurm job {job_id} vanished before it reported its port")
-            port = reported_port(job)
-            if port is not None:
-                return port
+                raise LaunchFailed(f"Slurm job {job_id} vanished before its server reported "
+                                   "its port")
+            if report.done():
+                return report.result()
             if job.state != "RUNNING":
                 raise LaunchFailed(await self._ended(job, state_output=None))
             if loop.time() >= deadline:
-                raise LaunchFailed(f"Slurm job {job_id} reported no port within "
-                                   f"{self.port_timeout:g} s (Comment={job.comment!r})")
-            await asyncio.sleep(delay)
-            delay = min(delay * 1.5, 0.5)
+                raise LaunchFailed(f"the server of Slurm job {job_id} reported no port within "
+                                   f"{self.port_timeout:g} s (it reports it once it listens)")
+            delay = min(delay * 1.5, 1.0)
 
     async def _cancel(self, job_id: int, node: str) -> None:
         try:
