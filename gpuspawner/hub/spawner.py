@@ -433,7 +433,8 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
         if unavailable is not None:
             return f"node {a.node} does not answer ({unavailable.reason})"
         state, reason = self.cluster.ledger.node_state(a.node)
-        if state != "up":
+        if state != "up" and reason != self.cluster.isolation_missing.get(a.node):
+            # (a node without its isolation rule takes no new servers; what runs stays)
             return f"node {a.node} is {state}" + (f" ({reason})" if reason else "")
         records = self.cluster.drain_records()
         sick = [u for u in a.gpu_uuids if u in records and records[u].by == HEALTH]
@@ -485,6 +486,7 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
             return False
         self.log.warning("%s: %s; moving it to another node", self._log_name, why)
         await self._rollback()  # the booking is released here, once
+        self._renew_api_token()  # the container left on the old node keeps a dead token
         if self.server is not None and self.internal_ssl:
             self.cert_paths = await self.move_certs(await self.create_certs())
         self._moving = {"from": old, "at": now, "reason": why}
@@ -509,6 +511,30 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
         server_moved("moved")
         await self._route_to(ip, port)
         return True
+
+    def _renew_api_token(self) -> None:
+        """Give the server a new API token (the same note and scopes) and revoke the one it
+        ran with, also as its OAuth client's secret: what is left of the server on a failed
+        node (until the node answers again and is swept) can no longer act for the user or
+        the server. Nothing to do outside a hub."""
+        db, old = self.db, self.api_token
+        if db is None or not old or self.user is None:
+            return
+        from jupyterhub import orm
+        from jupyterhub.utils import hash_token
+
+        found = orm.APIToken.find(db, old)
+        if found is None:
+            return
+        self.api_token = self.user.new_api_token(note=found.note, scopes=list(found.scopes))
+        client = db.query(orm.OAuthClient).filter_by(
+            identifier=self.oauth_client_id).one_or_none()
+        if client is not None:
+            client.secret = hash_token(self.api_token)
+        db.delete(found)
+        db.commit()
+        self.log.info("%s: API token renewed for the move; the old one is revoked",
+                      self._log_name)
 
     async def _route_to(self, ip: str, port: int) -> None:
         """Point the hub's record and the proxy's route of this server at ``ip:port`` and save
