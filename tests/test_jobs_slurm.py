@@ -173,7 +173,7 @@ def test_a_job_runs_as_a_slurm_job_into_the_users_home_and_releases(
     assert "done, exit status 0" in r.text and "gpuspawner job result" not in r.text
     # the ledger is empty again, the Slurm job gone, its output file removed
     wait_until(lambda: released(hub, slurm_conf, USER, name), 30, 0.3, "released")
-    assert not list(Path("/tmp").glob(f"gpuspawner-hubtest-{name}-*.out"))
+    assert not list(hub.output_dir.glob(f"*/{name}-*.out"))
     print(f"\nSlurm job: submit -> running (API) {t_running - t_submit:.2f} s; "
           f"-> notebook's first cell {t0 - t_submit:.2f} s; -> its last cell "
           f"{t1 - t_submit:.2f} s (3 s of sleep); -> completed (API, poll 0.5 s) "

@@ -86,6 +86,10 @@ class SlurmHub(HubProcess):
         # job users must reach their homes: not under pytest's tmp_path (0700 root)
         home = Path(tempfile.mkdtemp(prefix="gps-slurmhub-", dir="/tmp"))
         home.chmod(0o1777)  # users make their own home in it (the job does), as in /tmp
+        # the jobs' output: root's folder of the users' 0700 folders (SlurmBackend.output_dir)
+        output_dir = home / "slurm-output"
+        output_dir.mkdir()
+        output_dir.chmod(0o711)
         self.config.write_text(f"""
 c = get_config()  # noqa: F821
 c.JupyterHub.bind_url = {url!r}
@@ -115,7 +119,7 @@ c.GPUSpawner.start_timeout = 120
 c.GPUSpawner.poll_interval = 2
 c.SlurmBackend.slurm_conf = {conf!r}
 c.SlurmBackend.python = "/usr/bin/python3"
-c.SlurmBackend.output = "/tmp/gpuspawner-hubtest-%x-%j.out"
+c.SlurmBackend.output_dir = "{output_dir}"
 c.SlurmBackend.submit_timeout = 40
 c.JupyterHub.authenticator_class = "dummy"
 c.Authenticator.allow_all = True
@@ -124,6 +128,7 @@ c.JupyterHub.load_roles = [{{"name": "admin-svc", "services": ["admin"], "scopes
     "admin:users", "admin:servers", "list:users", "read:users", "access:servers"]}}]
 """ + (self._jobs_config() if jobs else "") + extra)
         self.home = home
+        self.output_dir = output_dir
 
     def _jobs_config(self) -> str:
         """The gpuspawner service (its api/jobs) with notebook jobs run by the nodes'

@@ -61,6 +61,7 @@ from .job import (
     check_extra_options,
 )
 from .node_events import NodeEvents
+from .output import OutputReads, check_output_settings
 from .readback import JobReadback
 from .rest import REST_EXTRA_KEYS, SlurmRestClient
 from .submit import JobSubmission
@@ -152,10 +153,36 @@ class SlurmBackend(JobSubmission, JobReadback, NodeEvents, Backend):
     ).tag(config=True)
 
     output = Unicode(
-        "/tmp/gpuspawner-%x-%j.out",
-        help="""sbatch --output pattern (%x job name, %j job id) on the node. The hub reads
-        its last lines when a server dies during start: put it on a file system the hub
-        shares (it is read as the hub's user).""",
+        "",
+        help="""sbatch --output pattern (%x job name, %j job id) on the node; "" (the default)
+        is ``<output_dir>/<uid>/%x-%j.out``, in a folder 0700 of the job's user that the hub
+        makes before each submission, where no other user can create the file first, link
+        it, read it or append to it. The hub reads a server's last lines when it dies during
+        start, and a notebook job's log and result: put it on a file system the hub shares.
+        A pattern whose folder other accounts may write (like /tmp) is refused at start.""",
+    ).tag(config=True)
+
+    output_dir = Unicode(
+        "/var/lib/gpuspawner/slurm-output",
+        help="""Folder of the users' output folders (``<uid>/``, each 0700 of its user, made by
+        the hub) when ``output`` is "": root's, writable by no other account (the hub makes it
+        0711 when it is missing), on a file system the hub and the nodes share.""",
+    ).tag(config=True)
+
+    output_read_threads = Int(
+        4, help="""Threads of the hub's own executor that reads job output files (a notebook
+        job's log and result, a dead server's last lines): never the threads the hub needs
+        for spawns.""",
+    ).tag(config=True)
+
+    output_reads_per_user = Int(
+        2, help="""Reads of one user's output files at a time; more wait their turn (within
+        ``output_read_timeout``), so no user can hold all of ``output_read_threads``.""",
+    ).tag(config=True)
+
+    output_read_timeout = Float(
+        10.0, help="""Seconds one read of a job's output file may take, waiting for its turn
+        included: the read itself stops then (a FIFO or a link is refused at once).""",
     ).tag(config=True)
 
     allow_plain_http = Bool(
@@ -261,7 +288,15 @@ class SlurmBackend(JobSubmission, JobReadback, NodeEvents, Backend):
                              f"{proposal.value}")
         return proposal.value
 
-    @validate("submit_timeout", "port_timeout", "stop_timeout", "command_timeout")
+    @validate("output_read_threads", "output_reads_per_user")
+    def _validate_reads(self, proposal: Any) -> int:
+        if proposal.value < 1:
+            raise TraitError(f"SlurmBackend.{proposal.trait.name}: must be >= 1, got "
+                             f"{proposal.value}")
+        return proposal.value
+
+    @validate("submit_timeout", "port_timeout", "stop_timeout", "command_timeout",
+              "output_read_timeout")
     def _validate_positive(self, proposal: Any) -> float:
         if not proposal.value > 0:
             raise TraitError(f"SlurmBackend.{proposal.trait.name}: must be > 0 seconds, got "
@@ -275,6 +310,7 @@ class SlurmBackend(JobSubmission, JobReadback, NodeEvents, Backend):
         self._token: tuple[str, float] = ("", 0.0)  # (made token, renew after: monotonic s)
         self._nodes_cache: tuple[float, dict[str, Any]] | None = None
         self._nodes_lock: tuple[Any, asyncio.Lock] | None = None  # (its event loop, lock)
+        self._output_reads: OutputReads | None = None
 
     @property
     def client(self) -> SlurmClient:
@@ -314,6 +350,7 @@ class SlurmBackend(JobSubmission, JobReadback, NodeEvents, Backend):
             if not getattr(self, trait).startswith("/"):
                 raise SlurmConfigError(f"SlurmBackend.{trait}: must be an absolute path, got "
                                        f"{getattr(self, trait)!r}")
+        check_output_settings(self.output, self.output_dir)
         if self.submit_via == "rest":
             if not self.rest_url.startswith(("http://", "https://")):
                 raise SlurmConfigError("SlurmBackend.rest_url: submit_via is \"rest\": give "

@@ -1,15 +1,16 @@
 """Read-back of the jobs Slurm runs for us (a part of
 :class:`~gpuspawner.backends.slurm.backend.SlurmBackend`): a server's state and exit report
-(with its output file's last lines, read with the job user's rights), its poll (and its
-node's health), a notebook job's output (its log and result, read from its output file with
-the job user's rights), and the jobs of ours found after a hub restart."""
+(with its output file's last lines), its poll (and its node's health), a notebook job's output
+(its log and result, read from its output file; only result frames with the job's key count),
+and the jobs of ours found after a hub restart. Output files are read as
+:mod:`.output` says: no link followed, only a regular file of the job's user, a bounded tail,
+in an executor of their own with a limit per user and a deadline per read."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
-import re
 import stat
 import subprocess
 import time
@@ -17,12 +18,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..base import (
+    BackendError,
     BackendUnavailable,
     Managed,
 )
 from .commands import JobInfo
 from .common import HOLDING
 from .job import allocation_of, expand_output, output_path
+from .output import OutputReads, OutputRefused, authentic_frames, read_tail
 
 
 class JobReadback:
@@ -105,8 +108,15 @@ class JobReadback:
     async def read_output(self, state: Mapping[str, Any], max_bytes: int) -> bytes | None:
         """A notebook job's standard output (its log, then its result frame): the last
         ``max_bytes`` of its output file (``output_path``, on a file system the hub shares,
-        read with the job user's rights: :func:`_read_tail`). None for a server's state, or
-        when the file cannot be read (the hub cannot see it, it is gone)."""
+        read by :meth:`_read_output_file`). None for a server's state, or when the file is not
+        there (the hub cannot see it, it is gone). A job launched with a result key
+        (``result_key``) keeps only the result frames signed with it
+        (:func:`~.output.authentic_frames`).
+
+        Raises:
+            OutputRefused: the file is a link, a FIFO, not a regular file, or another uid's.
+            BackendError: the user's reads are busy, or the read passed its deadline.
+        """
         if state.get("kind") != "job" or not state.get("job_id"):
             return None
         path = str(state.get("output_path") or "")
@@ -115,19 +125,51 @@ class JobReadback:
                                  str(state.get("name", "")))
         if not path.startswith("/"):
             return None
-        return await asyncio.to_thread(_read_tail, path, max_bytes, state.get("uid"),
-                                       state.get("gid"))
+        uid = state.get("uid")
+        out = await self._read_output_file(path, max_bytes, None if uid is None else int(uid))
+        key = state.get("result_key")
+        return authentic_frames(out, str(key)) if out is not None and key else out
 
     async def remove_output(self, state: Mapping[str, Any]) -> None:
         """Remove a notebook job's output file once the hub has read it (as the job's user:
-        :func:`_remove_as`). Never raises."""
+        :func:`_remove_as`, in :attr:`output_reads`' threads). Never raises."""
         path = str(state.get("output_path") or "")
         if state.get("kind") != "job" or not path.startswith("/"):
             return
         try:
-            await asyncio.to_thread(_remove_as, path, state.get("uid"), state.get("gid"))
+            await asyncio.get_running_loop().run_in_executor(
+                self.output_reads.executor(), _remove_as, path, state.get("uid"),
+                state.get("gid"), self.output_read_timeout)
         except Exception as e:
             self.log.warning("node %s: removing %s failed: %s", state.get("node", "?"), path, e)
+
+    @property
+    def output_reads(self) -> OutputReads:
+        """The executor of output reads (made on first use from the ``output_read*``
+        traits)."""
+        if self._output_reads is None:
+            self._output_reads = OutputReads(self.output_read_threads,
+                                             self.output_reads_per_user,
+                                             self.output_read_timeout)
+        return self._output_reads
+
+    async def _read_output_file(self, path: str, max_bytes: int, uid: int | None
+                                ) -> bytes | None:
+        """The last ``max_bytes`` of a job's output file, read in :attr:`output_reads` as one
+        of ``uid``'s reads (:func:`~.output.read_tail`: a regular file of ``uid``, no link
+        followed, no FIFO waited on). None when it does not exist or cannot be read.
+
+        Raises:
+            OutputRefused: the file is a link, a FIFO, not a regular file, or another uid's.
+            BackendError: ``uid``'s reads are busy, or the read passed its deadline.
+        """
+        try:
+            return await self.output_reads.run(uid, read_tail, path, max_bytes, uid)
+        except OutputRefused:
+            raise
+        except OSError as e:
+            self.log.debug("cannot read the job output %s: %s", path, e)
+            return None
 
     async def _cached_nodes(self, node: str) -> dict[str, Any]:
         """Every node's :class:`~.commands.NodeInfo` by name, from one ``scontrol show
@@ -155,10 +197,15 @@ class JobReadback:
         if job.state == "OUT_OF_MEMORY":  # the words the job runner looks for
             text += " (out of memory)"
         path = output_path(job, state_output or "")
-        gid = _GROUP.match(job.fields.get("GroupId", ""))
-        lines = await asyncio.to_thread(
-            _tail, path, 8, job.uid, int(gid.group(1)) if gid else None,
-        ) if path.startswith("/") else ""
+        if not path.startswith("/"):
+            return text
+        try:
+            data = await self._read_output_file(path, 16384, job.uid)
+        except OutputRefused as e:
+            return f"{text}; {e}"
+        except BackendError as e:
+            return f"{text}; its output cannot be read now: {e}"
+        lines = "\n".join((data or b"").decode("utf-8", "replace").strip().splitlines()[-8:])
         return f"{text}; last lines of {path}:\n{lines}" if lines else text
 
     async def _our_jobs(self, node: str) -> list[tuple[JobInfo, str | None]]:
@@ -192,57 +239,15 @@ class JobReadback:
 
 #: job states of a job that ended because its node failed (squeue(1) JOB STATE CODES)
 NODE_FAILED = frozenset({"NODE_FAIL", "BOOT_FAIL"})
-#: the gid of ``GroupId=name(gid)``
-_GROUP = re.compile(r".*\((\d+)\)$")
 
 
-def _tail(path: str, lines: int, uid: int | None = None, gid: int | None = None) -> str:
-    """The last ``lines`` lines of the job's output file, read with the job user's rights
-    ("" when it cannot be read; blocking). The file and its folders belong to the job's user,
-    who could put a link to any file in their place: a hub running as root reads it in a
-    ``tail`` running as ``uid:gid`` (no supplementary groups), never itself; otherwise it opens
-    it without following a link (``O_NOFOLLOW``) and only when it is a regular file of
-    ``uid``."""
-    data = _read_tail(path, 16384, uid, gid, timeout=10)
-    if data is None:
-        return ""
-    return "\n".join(data.decode("utf-8", "replace").strip().splitlines()[-lines:])
-
-
-def _read_tail(path: str, max_bytes: int, uid: int | None = None, gid: int | None = None,
-               timeout: float = 30) -> bytes | None:
-    """The last ``max_bytes`` bytes of a job's output file, read with the job user's rights
-    (None when it cannot be read; blocking), as :func:`_tail` reads: a hub running as root
-    reads it in a ``tail`` running as ``uid:gid`` (no supplementary groups), never itself;
-    otherwise it opens it without following a link and only when it is a regular file of
-    ``uid``. ``timeout``: seconds the ``tail`` may take."""
-    max_bytes = max(1, int(max_bytes))
-    if uid is not None and uid != 0 and os.geteuid() == 0:
-        try:
-            out = subprocess.run(["tail", "-c", str(max_bytes), "--", path],
-                                 capture_output=True, timeout=timeout, user=uid,
-                                 group=gid if gid is not None else uid, extra_groups=[],
-                                 stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return out.stdout if out.returncode == 0 else None
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode) or (uid is not None and st.st_uid != uid):
-            return None
-        f.seek(max(0, st.st_size - max_bytes))
-        return f.read(max_bytes)
-
-
-def _remove_as(path: str, uid: int | None = None, gid: int | None = None) -> None:
+def _remove_as(path: str, uid: int | None = None, gid: int | None = None,
+               timeout: float = 30.0) -> None:
     """Remove a job's output file as its user (a hub running as root runs ``rm`` as
-    ``uid:gid``: the file's folder may be the user's to change); blocking."""
+    ``uid:gid``, killed after ``timeout`` seconds: the file's folder may be the user's to
+    change); blocking."""
     if uid is not None and uid != 0 and os.geteuid() == 0:
-        subprocess.run(["rm", "-f", "--", path], capture_output=True, timeout=30, user=uid,
+        subprocess.run(["rm", "-f", "--", path], capture_output=True, timeout=timeout, user=uid,
                        group=gid if gid is not None else uid, extra_groups=[],
                        stdin=subprocess.DEVNULL, check=False)
         return
