@@ -15,7 +15,7 @@
 #   make registry     a private image registry on 127.0.0.1:17010 for the users'-own-images
 #                     tests (scripts/registry.sh; `scripts/registry.sh --stop` stops it)
 #   make test         lint + the docs (warnings are errors) + the whole test suite (docker- and
-#                     slurm-marked tests included)
+#                     slurm-marked tests included), modules on TEST_WORKERS (3) parallel workers
 #   make test-unit    tests without an engine, a hub, a browser, slapd, Slurm or slow processes
 #   make docs         the Sphinx site in docs/_build/html (warnings are errors)
 #   make lint         ruff, import-linter, and the lab extension's prettier + eslint
@@ -29,6 +29,7 @@ STAMP  := $(VENV)/.installed
 CHP    := node_modules/.bin/configurable-http-proxy
 HUB_CONFIG ?= hub_config/jupyterhub_config.py
 PYTEST_ARGS ?=
+TEST_WORKERS ?= 3
 LINT_DIRS := $(wildcard gpuspawner tests idle_culler benchmarks hub_config labextension/ui-tests)
 
 .PHONY: help venv chp engine btrfs-engine labext labext-ui images slurm registry up hub test \
@@ -104,8 +105,17 @@ registry:
 test-tools:
 	scripts/ldap.sh
 
+# modules run in parallel on TEST_WORKERS pytest-xdist workers (tests/conftest.py: one group per
+# module, all Slurm tests in one group, longest groups first); tests marked `exclusive` (they
+# change the host's isolation rule) run after, alone. TEST_WORKERS=0: everything in one process.
 test: venv chp engine images btrfs-engine test-tools slurm registry labext-ui lint docs
-	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
+ifeq ($(TEST_WORKERS),0)
+	$(VENV)/bin/pytest -q -p no:xdist $(PYTEST_ARGS)
+else
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder \
+	  -m "not exclusive" $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q -p no:xdist -m exclusive $(PYTEST_ARGS) || [ $$? -eq 5 ]
+endif
 
 test-unit: venv
 	$(VENV)/bin/pytest -q \

@@ -21,7 +21,7 @@ docker = pytest.importorskip("docker")
 
 from gpuspawner.inventory.local import read_local_node  # noqa: E402
 from gpuspawner.inventory.topology import node_to_dict  # noqa: E402
-from tests.hubrunner import REPO, Hub  # noqa: E402
+from tests.hubrunner import REPO, Hub, own  # noqa: E402
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 IMAGE = "gpuspawner/singleuser:latest"
@@ -98,9 +98,10 @@ def remove_objects_of(engine: docker.APIClient, users: Iterable[str]) -> None:
     """Remove the containers and server networks of these users only (teardown of a test
     module whose neighbours may run on the same engine)."""
     for user in users:
-        for c in engine.containers(all=True, filters={"label": f"gpuspawner.user={user}"}):
+        for c in own(engine.containers(all=True,
+                                       filters={"label": f"gpuspawner.user={user}"})):
             engine.remove_container(c["Id"], force=True)
-        for n in engine.networks(filters={"label": f"gpuspawner.user={user}"}):
+        for n in own(engine.networks(filters={"label": f"gpuspawner.user={user}"})):
             try:
                 engine.remove_network(n["Id"])
             except docker.errors.APIError:
@@ -108,10 +109,11 @@ def remove_objects_of(engine: docker.APIClient, users: Iterable[str]) -> None:
 
 
 def remove_managed(engine: docker.APIClient) -> None:
-    """Remove every GPUSpawner container and server network the engine has (test teardown)."""
-    for c in engine.containers(all=True, filters={"label": "gpuspawner.managed=1"}):
+    """Remove every GPUSpawner container and server network of the hubs this process started
+    (test teardown; other modules' hubs run on the same engine at the same time)."""
+    for c in own(engine.containers(all=True, filters={"label": "gpuspawner.managed=1"})):
         engine.remove_container(c["Id"], force=True)
-    for n in engine.networks(filters={"label": "gpuspawner.user"}):
+    for n in own(engine.networks(filters={"label": "gpuspawner.user"})):
         try:
             engine.remove_network(n["Id"])
         except docker.errors.APIError:
@@ -143,7 +145,8 @@ def hub(engine, tmp_path_factory):
 
 
 def containers_of(engine, user: str) -> list[dict]:
-    return engine.containers(filters={"label": f"gpuspawner.user={user}"})
+    """The user's running containers made by the hubs this process started."""
+    return own(engine.containers(filters={"label": f"gpuspawner.user={user}"}))
 
 
 def test_rest_spawn_gives_a_pinned_container(hub, engine):

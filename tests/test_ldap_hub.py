@@ -17,7 +17,7 @@ import secrets
 
 import pytest
 
-from tests.hubrunner import REPO, Hub
+from tests.hubrunner import REPO, Hub, own
 from tests.ldap_server import USERS
 from tests.test_service_hub import (
     DGX,
@@ -134,7 +134,7 @@ def test_home_owned_by_ldap_ids(hub, engine):
     st = os.stat(home)
     assert (st.st_uid, st.st_gid) == (u.uid_number, u.gid_number)
     assert st.st_mode & 0o777 == 0o700
-    (c,) = engine.containers(filters={"label": "gpuspawner.user=alice"})
+    (c,) = own(engine.containers(filters={"label": "gpuspawner.user=alice"}))
     ex = engine.exec_create(c["Id"], ["sh", "-c", "id -u; id -g; touch $HOME/x && echo ok"])
     uid, gid, ok = engine.exec_start(ex).decode().split()
     assert (int(uid), int(gid), ok) == (u.uid_number, u.gid_number, "ok")

@@ -17,7 +17,7 @@ import requests
 
 docker = pytest.importorskip("docker")
 
-from tests.hubrunner import Hub  # noqa: E402
+from tests.hubrunner import Hub, own  # noqa: E402
 from tests.test_hub_e2e import (  # noqa: E402
     MiB,
     _engine,
@@ -352,9 +352,9 @@ def test_allocations_reported_by_the_service_match_running_servers(hub, engine):
     running = {u["name"] for u in r.json() for s in (u.get("servers") or {}).values()
                if s.get("ready")}
     labelled = {c["Labels"]["gpuspawner.user"] for c in
-                engine.containers(filters={"label": "gpuspawner.managed=1"})}
+                own(engine.containers(filters={"label": "gpuspawner.managed=1"}))}
     assert labelled == running
-    leftovers = [n["Name"] for n in engine.networks(filters={"label": "gpuspawner.user"})]
+    leftovers = [n["Name"] for n in own(engine.networks(filters={"label": "gpuspawner.user"}))]
     assert len(leftovers) == len(running), leftovers
 
 

@@ -23,6 +23,19 @@ REPO = Path(__file__).resolve().parents[2]  #: the source checkout
 CONFIG = REPO / "hub_config" / "jupyterhub_config.py"
 
 
+#: the ids of the hubs this process started (:mod:`gpuspawner.hub.hub_id`): tests that look
+#: for engine objects keep only these hubs' (:func:`own`), since other test modules run
+#: their own hubs on the same engine at the same time (``make test`` runs modules in parallel)
+STARTED_HUB_IDS: set[str] = set()
+
+
+def own(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The engine objects (containers or networks, as ``docker.APIClient`` lists them) made by
+    a hub this process started: their ``gpuspawner.hub`` label is in :data:`STARTED_HUB_IDS`."""
+    return [o for o in objects
+            if (o.get("Labels") or {}).get("gpuspawner.hub") in STARTED_HUB_IDS]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -61,11 +74,19 @@ class HubProcess:
                 raise RuntimeError(f"hub exited with {self.proc.returncode}:\n{self.tail()}")
             try:
                 if requests.get(f"{self.api_url}/", timeout=2).status_code == 200:
+                    self._note_hub_id()
                     return
             except requests.RequestException:
                 pass
             time.sleep(0.2)
         raise RuntimeError(f"hub did not answer in {timeout}s:\n{self.tail()}")
+
+    def _note_hub_id(self) -> None:
+        state = Path(self.env.get("GPUSPAWNER_STATE_DIR") or self.state_dir / "hub")
+        try:
+            STARTED_HUB_IDS.add((state / "gpuspawner-hub-id").read_text().strip())
+        except OSError:
+            pass  # a hub without gpuspawner state (e.g. DockerSpawner's)
 
     def stop(self, timeout: float = 30) -> None:
         """SIGTERM the hub's process group (GPUSpawner servers keep running:
