@@ -142,3 +142,18 @@ def test_placement_modules_import_their_siblings_by_name() -> None:
             if isinstance(node, ast.ImportFrom) and node.level and not node.module:
                 found.append(f"{path.name}:{node.lineno}")
     assert found == []
+
+
+def test_the_placement_benchmark_times_the_default_beside_fgd() -> None:
+    """benchmarks/placement.py prints the default's p99 over fgd's (the goal: at most 1.3)
+    for each cluster size where both ran."""
+    from benchmarks import placement as bp
+
+    rows = [{"nodes": 1523, "policy": "fgd", "decision_us_p99": 500.0,
+             "decision_cpu_us_p99": 400.0},
+            {"nodes": 1523, "policy": "fgd-mem-lookahead", "decision_us_p99": 600.0,
+             "decision_cpu_us_p99": 520.0},
+            {"nodes": 10000, "policy": "fgd-mem-lookahead", "decision_us_p99": 900.0,
+             "decision_cpu_us_p99": 800.0}]
+    assert bp.ratio_lines(rows) == [
+        "# 1523 nodes: fgd-mem-lookahead p99 / fgd p99 = 1.20 wall, 1.30 CPU"]
