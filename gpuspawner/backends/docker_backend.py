@@ -469,7 +469,7 @@ class DockerBackend(Backend):
                 base_host=base_host, base_create=base_create)
         except ValueError as e:
             raise LaunchFailed(str(e)) from None
-        unchecked = sorted(set(bind_sources(host)) - checked)
+        unchecked = sorted({os.path.normpath(p) for p in bind_sources(host)} - checked)
         if unchecked:  # never a path the node's check did not see
             raise LaunchFailed(f"node {node}: host path {unchecked[0]} was not checked on the "
                                "node: refused")
@@ -524,7 +524,7 @@ class DockerBackend(Backend):
             paths.append(spec.certs_dir)
         paths = list(dict.fromkeys(os.path.normpath(p) for p in paths))
         strict = [os.path.dirname(os.path.normpath(home.host_path))] if home else []
-        checked = set(paths) | ({home.host_path} if home else set())
+        checked = set(paths) | ({os.path.normpath(home.host_path)} if home else set())
         if not paths and home is None:
             return checked
         owners = sorted({0, *self.mount_owners})
