@@ -67,7 +67,9 @@ c.JupyterHub.spawner_class = "gpu"  # gpuspawner.GPUSpawner
 c.GPUSpawner.image = "gpuspawner/singleuser:latest"
 c.GPUSpawner.start_timeout = 120
 c.GPUSpawner.http_timeout = 60
-c.GPUSpawner.placement_policy = "fgd"
+# the default policy, named so an admin sees it (docs/placement.md "The default policy");
+# "fgd" is the FGD paper's rule
+c.GPUSpawner.placement_policy = "fgd-mem-lookahead"
 # one bridge network per server from this pool (docs/security.md); "host" only for one
 # trusted user
 c.DockerBackend.network_isolation = "per-server"
