@@ -107,15 +107,15 @@ async def test_a_dataset_replaced_by_a_link_in_a_group_folder_is_never_mounted(
     os.chown(projects / "physics", 0, GID)
     os.chmod(projects / "physics", 0o2775)  # the group's members write it
     settings = dict(
-        home_on_node=home_on_node, uid_map={"ann": {"uid": UID, "gid": GID}},
+        home_on_node=home_on_node, uid_map={"linkuser": {"uid": UID, "gid": GID}},
         group_volumes={"physics": {str(projects) + "/{group}": {"bind": "/projects/{group}",
                                                                "mode": "rw"}}},
         profiles=[{"slug": "cpu", "cpu": 1, "memory": "256M"},
                   {"slug": "data", "cpu": 1, "memory": "256M",
                    "volumes": {str(datasets): {"bind": "/data", "mode": "ro"}}}])
 
-    member = make_spawner("ann", **settings)
-    member.user = FakeUser("ann", groups=("physics",))
+    member = make_spawner("linkuser", **settings)
+    member.user = FakeUser("linkuser", groups=("physics",))
     await asyncio.wait_for(member.start(), 90)
     try:
         code, out = run(client, member, "cd /projects/physics && mv datasets old && "
@@ -125,8 +125,8 @@ async def test_a_dataset_replaced_by_a_link_in_a_group_folder_is_never_mounted(
         await member.stop()
     assert os.path.islink(datasets)
 
-    again = make_spawner("ann", options={"profile": "data"}, **settings)
-    again.user = FakeUser("ann", groups=("physics",))
+    again = make_spawner("linkuser", options={"profile": "data"}, **settings)
+    again.user = FakeUser("linkuser", groups=("physics",))
     try:
         await asyncio.wait_for(again.start(), 90)
     except web.HTTPError as e:
@@ -139,7 +139,7 @@ async def test_a_dataset_replaced_by_a_link_in_a_group_folder_is_never_mounted(
         pytest.fail(f"the spawn was not refused: /data shows {leaked!r}")
     assert f"node gpunode: host path {datasets} refused: " in refused, refused
     assert again.cluster.ledger.allocations() == []
-    assert client.containers(all=True, filters={"label": "gpuspawner.user=ann"}) == []
+    assert client.containers(all=True, filters={"label": "gpuspawner.user=linkuser"}) == []
 
 
 @pytest.mark.docker
