@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import pwd
+import secrets
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from ...placement import Allocation, Node, PlacementError
@@ -31,6 +33,7 @@ from .job import (
     picked,
     plan_job,
 )
+from .output import RESULT_KEY_ENV, OutputRefused, ensure_user_folder, user_pattern
 from .ports import PORT_REPORTS
 from .rest import job_properties
 
@@ -97,6 +100,24 @@ class JobSubmission:
                       spec.allocation.node, job_id, pw.pw_name)
         return job_id
 
+    async def _output_pattern(self, spec: LaunchSpec) -> str:
+        """The job's ``--output`` pattern: ``output`` when set, else
+        ``<output_dir>/<uid>/%x-%j.out`` in the user's folder 0700, made now
+        (:func:`~.output.ensure_user_folder`, in the output executor's threads).
+
+        Raises:
+            LaunchFailed: the folder cannot be made the user's alone (the message says why).
+        """
+        if self.output:
+            return str(self.output)
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                self.output_reads.executor(), ensure_user_folder, self.output_dir, spec.uid,
+                spec.gid)
+        except OutputRefused as e:
+            raise LaunchFailed(f"node {spec.allocation.node}: {e}") from None
+        return user_pattern(self.output_dir, spec.uid)
+
     async def launch(self, spec: LaunchSpec, state: dict[str, Any], progress: Progress
                      ) -> tuple[str, int]:
         """Submit the server's job (held), mark it with the allocation, release it, wait
@@ -126,11 +147,16 @@ class JobSubmission:
         node = self._node(alloc.node)
         spec = self._command(spec)
         notebook_job = spec.port == 0
+        result_key = ""
+        if notebook_job:  # only frames signed with it count (.output.authentic_frames)
+            result_key = secrets.token_hex(32)
+            spec = replace(spec, env={**spec.env, RESULT_KEY_ENV: result_key})
+        output = await self._output_pattern(spec)
         try:
             limit = (job_time(spec.time_limit, self.job_time_margin)
                      if notebook_job and spec.time_limit else self.time_limit)
             plan = plan_job(spec, node, mode=self.gpu_mode, partition=self.partition,
-                            time_limit=limit, output=self.output,
+                            time_limit=limit, output=output,
                             extra=self.extra_sbatch_options)
             script = job_script(spec, python=self.python, scontrol=self._cmd("scontrol"),
                                 prologue=self.job_prologue, listen=self.listen_address,
@@ -146,9 +172,10 @@ class JobSubmission:
                 raise BackendUnavailable(
                     alloc.node, f"node state {'+'.join([info.state, *sorted(info.flags)])}"
                     + (f" ({info.reason})" if info.reason else ""), "slurmd")
-        state.update(node=alloc.node, output=self.output, submitted=time.time(), started=False)
+        state.update(node=alloc.node, output=output, submitted=time.time(), started=False)
         if notebook_job:
-            state.update(kind="job", name=spec.name, uid=spec.uid, gid=spec.gid)
+            state.update(kind="job", name=spec.name, uid=spec.uid, gid=spec.gid,
+                         result_key=result_key)
             return await self._launch(spec, alloc, node, plan, script, state, progress, None)
         # the server reports its port itself, with its own API token (ports.REPORT_PORT):
         # expected before the job exists, so that no report can come too early
@@ -185,7 +212,7 @@ class JobSubmission:
         job = await self._wait_running(job_id, alloc.node, progress, ended_ok=notebook_job)
         state["started"] = True
         if notebook_job:
-            state["output_path"] = output_path(job, self.output)
+            state["output_path"] = output_path(job, str(state.get("output") or ""))
             if job.state != "RUNNING":  # it ran and ended already: poll says how
                 return self.nodes[alloc.node].host, 0
         problems = check_readback(job, alloc, node, plan.memory_mb, self.gpu_mode)
