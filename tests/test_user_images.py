@@ -386,3 +386,35 @@ def test_an_engine_refusal_of_the_name_is_an_image_refusal() -> None:
                                            r"\(APIError 400\)"):
         check_image_blocking(RefusingEngine(), "n1", "registry:17010/x:tag", 1000, 100, 30,
                              lambda _: None, {})
+
+
+def test_the_hubs_own_server_pools_are_refused_too(tmp_path, monkeypatch) -> None:
+    """A site's server networks outside 198.18.0.0/15 (``DockerBackend.server_network_pool``,
+    a node's ``network_pool``) are the servers' networks too: the hub registers them at start
+    and a registry there is refused as one on 198.18.0.0/15."""
+    from traitlets.config import Config
+
+    from gpuspawner.hub import images
+    from gpuspawner.hub.cluster import reset_clusters
+    from gpuspawner.hub.config_check import check_hub_config
+
+    monkeypatch.setattr(images, "_POOLS", [])
+    profiles = load_profiles(OWN)
+    for text in ("100.64.0.9:5000/x", "100.65.3.4/x"):  # not refused before the hub starts
+        parse_request({"profile": "own", "image--unlisted-choice": text}, profiles, [])
+    reset_clusters()
+    c = Config()
+    c.GPUSpawner.profiles = OWN
+    c.GPUSpawner.state_dir = str(tmp_path)
+    c.GPUSpawner.nodes = [{"name": "local", "topology": "auto",
+                           "network_pool": "100.64.0.0/24"}]
+    c.DockerBackend.server_network_pool = "100.65.0.0/16"
+    try:
+        check_hub_config(c)
+    finally:
+        reset_clusters()
+    for text, network in (("100.64.0.9:5000/x", "100.64.0.0/24"),
+                          ("100.65.3.4/x", "100.65.0.0/16")):
+        with pytest.raises(OptionsError, match=f"is an address in {network}, the hub's own "
+                                               "host or its servers' networks"):
+            parse_request({"profile": "own", "image--unlisted-choice": text}, profiles, [])

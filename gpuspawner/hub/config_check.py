@@ -24,7 +24,12 @@ from ..placement import POLICIES
 from .cluster import Cluster, current_clusters, get_cluster
 from .drains import DrainFileError
 from .hub_id import hub_id as hub_id_of
-from .images import ImageOptionError, check_allowed_registries, check_deny_patterns
+from .images import (
+    ImageOptionError,
+    check_allowed_registries,
+    check_deny_patterns,
+    refuse_networks,
+)
 from .profiles import load_profiles
 from .runtime import at_hub_start, loading_hub
 from .settings import (
@@ -251,6 +256,9 @@ def _check_and_build(c: Any) -> Cluster:
     try:
         check_ignored_spawner_options(c)
         cluster = check_spawner_settings(_section(c, "GPUSpawner"), c)
+        # users' own images: no registry in the servers' networks (gpuspawner.hub.images)
+        refuse_networks([str(getattr(cluster.backend, "server_network_pool", "") or ""),
+                         *(rt.network_pool for rt in cluster.nodes.values())])
         check_internal_ssl(c)
         services = c.JupyterHub.services if "services" in _section(c, "JupyterHub") else []
         if isinstance(services, LazyConfigValue):  # only .append()ed to, never assigned

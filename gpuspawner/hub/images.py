@@ -51,7 +51,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -59,7 +59,8 @@ from typing import Any
 __all__ = ["DEFAULT_REGISTRY", "REFUSED_NETWORKS", "REGISTRY_ALIASES", "ImageChoice",
            "ImageOption", "ImageOptionError", "ImageRequestError", "MAX_REFERENCE",
            "check_allowed_registries", "check_registry", "choose_image", "normalize_reference",
-           "normalize_registry", "parse_image_option", "parse_reference", "registry_of"]
+           "normalize_registry", "parse_image_option", "parse_reference", "refuse_networks",
+           "registry_of"]
 
 #: the longest unlisted reference accepted (characters)
 MAX_REFERENCE = 255
@@ -76,6 +77,8 @@ REGISTRY_ALIASES = frozenset({"index.docker.io", "registry-1.docker.io"})
 REFUSED_NETWORKS: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = tuple(
     ipaddress.ip_network(n) for n in ("127.0.0.0/8", "::1/128", "169.254.0.0/16", "fe80::/10",
                                       "0.0.0.0/8", "::/128", "198.18.0.0/15"))
+#: the hub's own server network pools, refused as well (:func:`refuse_networks`, at hub start)
+_POOLS: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
 #: names of this host whatever /etc/hosts says (RFC 6761 localhost, Debian's IPv6 names)
 _LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost",
                           "ip6-loopback"})
@@ -296,13 +299,32 @@ def _own_names() -> frozenset[str]:
     return frozenset(names)
 
 
+def refuse_networks(pools: Iterable[str]) -> None:
+    """Refuse registries in the hub's server network pools too, beside
+    :data:`REFUSED_NETWORKS` (a site's ``DockerBackend.server_network_pool`` or a node's
+    ``network_pool`` outside 198.18.0.0/15). Called at hub start with the configured pools
+    (comma-separated CIDR blocks; "" and blocks that do not parse are skipped: the pool's own
+    check names them).
+    """
+    for text in pools:
+        for block in str(text or "").split(","):
+            try:
+                network = ipaddress.ip_network(block.strip(), strict=False)
+            except ValueError:
+                continue
+            if network not in _POOLS:
+                _POOLS.append(network)
+    _own_names.cache_clear()
+
+
 def _refused_network(address: ipaddress.IPv4Address | ipaddress.IPv6Address
                      ) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
-    """The network of :data:`REFUSED_NETWORKS` that holds ``address`` (an IPv4-mapped IPv6
-    address counts as its IPv4 address), or None."""
+    """The network of :data:`REFUSED_NETWORKS` or of the hub's pools
+    (:func:`refuse_networks`) that holds ``address`` (an IPv4-mapped IPv6 address counts as
+    its IPv4 address), or None."""
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
-    return next((n for n in REFUSED_NETWORKS
+    return next((n for n in (*REFUSED_NETWORKS, *_POOLS)
                  if n.version == address.version and address in n), None)
 
 

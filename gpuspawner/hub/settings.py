@@ -86,7 +86,8 @@ class SpawnerSettings(LoggingConfigurable):
         the hub's host or in the hub's or servers' networks and may be pulled from all the
         same: ``host`` (any port) or ``host:port``, e.g. ``["127.0.0.1:17010"]`` (the
         project's test registry). Without it, a reference whose registry is loopback,
-        link-local, in 198.18.0.0/15, ``localhost`` or this host's name is refused (HTTP 400
+        link-local, in 198.18.0.0/15 or the servers' network pools, ``localhost`` or this
+        host's name is refused (HTTP 400
         naming ``image--unlisted-choice``): the engine would send requests to the hub's own
         services for the user. Checked at hub start (docs/howto/user-images.md).""").tag(
         config=True)
