@@ -470,3 +470,64 @@ def test_another_user_who_binds_the_port_first_never_gets_the_route(
             hub.stop()
             shutil.rmtree(hub.home, ignore_errors=True)
             shutil.rmtree(race, ignore_errors=True)
+
+
+# was a hole (issue 47, item 4): jobs the hub did not submit were invisible to its booking;
+# a user's own jobs on node1's GPUs made another user's spawn pend in Slurm, then fail (500)
+def test_gpus_held_by_jobs_the_hub_did_not_submit_are_not_booked(
+        slurm_conf: str, tmp_path: Path) -> None:  # noqa: F811
+    """gpsuser2 runs two jobs of its own (``sbatch -w node1 --gres=gpu:<type>:1``, as
+    itself) on node1's two GPUs. gpsuser1's 1-GPU spawn on node1 (``queue: false``) is refused
+    at once (400) naming the jobs that hold the GPUs, and nothing is submitted; once those
+    jobs end, the same spawn runs."""
+    if chp() is None:
+        pytest.skip("configurable-http-proxy is not installed (make venv installs it)")
+    import subprocess
+
+    from gpuspawner.backends.slurm.gres import gres_type as type_of
+
+    env = {"PATH": os.environ["PATH"], "SLURM_CONF": slurm_conf}
+    client = SlurmClient(conf=slurm_conf, timeout=30)
+    hub = SlurmHub(tmp_path, slurm_conf)
+    hub.start()
+    theirs: list[str] = []
+    try:
+        hub.ensure_user(USER)
+        for gpu in topology_nodes()["node1"].node.gpus:
+            out = subprocess.run(
+                ["runuser", "-u", OTHER, "--", "sbatch", "--parsable", "-w", "node1",
+                 f"--gres=gpu:{type_of(gpu.uuid)}:1", "--mem=64", "--cpus-per-task=1",
+                 "--output=/dev/null", "--chdir=/tmp",
+                 "--wrap=sleep 300"], capture_output=True, text=True, timeout=30, env=env)
+            assert out.returncode == 0, out.stderr
+            theirs.append(out.stdout.strip().split(";")[0])
+        wait_until(lambda: all(asyncio.run(client.squeue([int(j) for j in theirs])).get(int(j))
+                               == "RUNNING" for j in theirs),
+                   timeout=30, interval=0.3, message=f"{OTHER}'s jobs {theirs} running")
+
+        r = hub.api("POST", f"/users/{USER}/server", {"profile": "gpu1", "queue": False})
+        assert r.status_code == 400, r.text
+        message = r.json()["message"]
+        for job_id in theirs:
+            assert f"held by Slurm job {job_id} of {OTHER}" in message, message
+        assert not jobs_of(client, f"jupyter-{USER}")
+        assert hub.server(USER) is None or not hub.server(USER).get("ready")
+
+        for job_id in theirs:
+            subprocess.run(["scancel", job_id], capture_output=True, timeout=30, env=env)
+        wait_until(lambda: not asyncio.run(client.squeue([int(j) for j in theirs])),
+                   timeout=30, interval=0.3, message=f"{OTHER}'s jobs gone")
+        r = hub.api("POST", f"/users/{USER}/server", {"profile": "gpu1", "queue": False})
+        assert r.status_code in (201, 202), r.text
+        hub.wait_ready(USER, timeout=90)
+        assert hub.api("DELETE", f"/users/{USER}/server").status_code in (202, 204)
+        hub.wait_stopped(USER)
+    finally:
+        for job_id in theirs:
+            subprocess.run(["scancel", job_id], capture_output=True, timeout=30, env=env)
+        try:
+            if hub.server(USER) is not None:
+                hub.api("DELETE", f"/users/{USER}/server")
+        finally:
+            hub.stop()
+            shutil.rmtree(hub.home, ignore_errors=True)

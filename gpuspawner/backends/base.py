@@ -375,6 +375,15 @@ class Backend(LoggingConfigurable):
         out count as up. Never raises: a node that cannot be asked is down. Default: all up."""
         return {}
 
+    async def held_elsewhere(self) -> dict[str, str]:
+        """GPUs of the bound nodes that something the hub did not start holds now (GPU or
+        MIG UUID -> why), which a placement must not count as free. Default: none.
+
+        Raises:
+            BackendUnavailable: it cannot be asked now.
+        """
+        return {}
+
     async def list_managed(self) -> list[Managed]:
         """Every running server this project launched, on every reachable node, with the
         allocation it carries. Nodes that do not answer are logged and skipped."""

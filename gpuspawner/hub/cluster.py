@@ -199,6 +199,9 @@ class Cluster:
     #: the latest reading per GPU UUID (this host's GPUs)
     last_health: dict[str, GPUHealth] = field(default_factory=dict)
     _drains: DrainState = field(default_factory=DrainState, repr=False)
+    #: GPU UUID -> why, for GPUs the ledger holds drained because something the hub did not
+    #: start holds them (:meth:`refresh_held_elsewhere`; never in the drains file)
+    _held_elsewhere: dict[str, str] = field(default_factory=dict, repr=False)
     #: seconds a caller of :meth:`refresh_gpu_health` waits for the reading
     health_wait_s: float = 5.0
     _gpu_health_read: float = field(default=float("-inf"), repr=False)
@@ -317,6 +320,7 @@ class Cluster:
         if loop.time() - self._health_read < max_age:
             return
         self._health_read = loop.time()
+        await self.refresh_held_elsewhere()
         states = await self.backend.node_states()
         for name, rt in self.nodes.items():
             state, reason = states.get(name, ("up", ""))
@@ -338,6 +342,33 @@ class Cluster:
             if state == "up" and name in self.isolation_missing:
                 state, reason = "drain", self.isolation_missing[name]
             self.ledger.set_node_state(name, state, reason)
+
+    async def refresh_held_elsewhere(self) -> None:
+        """Ask the backend, now, which GPUs things the hub did not start hold
+        (:meth:`~gpuspawner.backends.base.Backend.held_elsewhere`: on Slurm, other jobs) and
+        hold them in the ledger as drained with that reason, so that no spawn is sent where it
+        could only wait and a refusal names why; give each back once it is free again. A GPU
+        an admin or the health check drained keeps that drain. A backend that cannot answer
+        changes nothing (logged)."""
+        try:
+            held = await self.backend.held_elsewhere()
+        except Exception as e:
+            log.warning("cannot read which GPUs other jobs hold: %s", e)
+            return
+        drained = self.ledger.drained_gpus()
+        for uuid, why in held.items():
+            if self.gpu_node(uuid) is None or uuid in self._drains.drains:
+                continue  # (a MIG instance, another hub's GPU; a drain of an admin's)
+            if drained.get(uuid) != why:
+                try:
+                    self.ledger.drain_gpu(uuid, why)
+                except KeyError:
+                    continue
+            self._held_elsewhere[uuid] = why
+        for uuid in [u for u in self._held_elsewhere if u not in held]:
+            del self._held_elsewhere[uuid]
+            if uuid not in self._drains.drains:
+                self.ledger.undrain_gpu(uuid)
 
     def _state_without_isolation(self, name: str) -> tuple[str, str]:
         """The ledger's state of node ``name``, "up" where it is drained only for its missing

@@ -391,8 +391,10 @@ def parse_jobs(text: str) -> list[JobInfo]:
 
 
 def parse_jobs_json(text: str) -> list[JobInfo]:
-    """The jobs of ``squeue --json`` as :class:`JobInfo` without detail lines (``fields``:
-    ``JobName``, ``JobState``, ``Comment``, ``AdminComment``, ``UserId``).
+    """The jobs of ``squeue --json`` as :class:`JobInfo` (``fields``: ``JobName``,
+    ``JobState``, ``Comment``, ``AdminComment``, ``UserId``). Their detail lines carry only
+    the GRES each node holds (``gres_detail``, one entry per node of ``nodes``, e.g.
+    ``gpu:<type>:1(IDX:0)``: :meth:`JobInfo.gres_indices` reads them), no CPU ids or memory.
 
     What a job's user sets (its name, its ``Comment``, its paths) comes as a JSON string
     there. In ``scontrol show job`` it is printed as it is: a ``Comment`` holding a newline
@@ -417,6 +419,12 @@ def parse_jobs_json(text: str) -> list[JobInfo]:
         if isinstance(state, list):
             state = state[0] if state else ""
         uid = j.get("user_id")
+        nodes = expand_hostlist(str(j.get("nodes") or ""))
+        gres = j.get("gres_detail") or []
+        details = tuple(
+            JobNodeDetail((node,), (), None, parse_gres_detail(str(text)))
+            for node, text in zip(nodes, gres if isinstance(gres, list) else [], strict=False)
+            if _gres_detail_ok(str(text)))
         fields = {"JobName": str(j.get("name") or ""), "JobState": str(state),
                   "Comment": str(j.get("comment") or ""),
                   "AdminComment": str(j.get("admin_comment") or ""),
@@ -424,10 +432,20 @@ def parse_jobs_json(text: str) -> list[JobInfo]:
         out.append(JobInfo(
             job_id=job_id, name=fields["JobName"], state=fields["JobState"],
             reason=str(j.get("state_reason") or ""),
-            node_list=expand_hostlist(str(j.get("nodes") or "")),
+            node_list=nodes,
             comment=fields["Comment"], user=str(j.get("user_name") or ""),
-            uid=uid if isinstance(uid, int) else None, fields=fields))
+            uid=uid if isinstance(uid, int) else None, details=details, fields=fields))
     return out
+
+
+def _gres_detail_ok(text: str) -> bool:
+    """Whether ``text`` is a GRES list :func:`parse_gres_detail` reads (a job's GRES are
+    Slurm's text, not the user's; an entry it cannot read is left out, not an error)."""
+    try:
+        parse_gres_detail(text)
+    except ValueError:
+        return False
+    return True
 
 
 # --------------------------------------------------------------------------- nodes

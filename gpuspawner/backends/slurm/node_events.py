@@ -9,6 +9,10 @@ import json
 from collections.abc import Callable
 
 from .common import HOLDING
+from .job import gpu_positions
+
+#: job states in which a job holds its node's devices (squeue(1) JOB STATE CODES)
+HOLDS_DEVICES = frozenset({"CONFIGURING", "RUNNING", "SUSPENDED", "COMPLETING", "STOPPED"})
 
 
 class NodeEvents:
@@ -39,6 +43,34 @@ class NodeEvents:
                                      f"{': ' + info.reason if info.reason else ''}")
             else:
                 out[name] = ("up", "")
+        return out
+
+    async def held_elsewhere(self) -> dict[str, str]:
+        """GPUs (and MIG instances) of the bound nodes that jobs the hub did not submit hold
+        now, UUID -> why (``"held by Slurm job 41 of gpsuser2 (not submitted by the hub)"``),
+        read from ``squeue --json``: a job holding devices (configuring, running, suspended,
+        completing) without our AdminComment (which only a Slurm administrator can set), its
+        GRES ``IDX`` on each node mapped to the node's devices (:func:`~.job.gpu_positions`).
+        A spawn booked there could only pend in Slurm's queue.
+
+        Raises:
+            BackendUnavailable: the controller does not answer.
+        """
+        out: dict[str, str] = {}
+        positions = {name: {i: u for u, i in gpu_positions(rt.node).items()}
+                     for name, rt in self.nodes.items()}
+        for job, text in await self._our_jobs("*"):
+            if text is not None or job.state not in HOLDS_DEVICES:
+                continue
+            for node in job.node_list:
+                pos = positions.get(node)
+                if pos is None:
+                    continue
+                for indices in job.gres_indices(node).values():
+                    for i in indices:
+                        if i in pos:
+                            out[pos[i]] = (f"held by Slurm job {job.job_id} of "
+                                           f"{job.user or job.uid} (not submitted by the hub)")
         return out
 
     async def sweep(self, node: str, booked: Callable[[str], bool],
