@@ -125,7 +125,13 @@ c.GPUSpawner.quotas = {"default_user": {"gpus": 2, "servers": 3}}
 c.JupyterHub.authenticator_class = "dummy"
 c.DummyAuthenticator.password = os.environ.get("GPUSPAWNER_DEMO_PASSWORD", "gpuspawner")
 c.Authenticator.allow_all = True
-c.Authenticator.admin_users = {"admin"}
+# The demo admin "admin" (a hub admin, exempt from culling) exists only while the hub runs
+# this demo authenticator, decided at start on the final configuration: after
+# hub_config/ldap.py or a site's own authenticator, the admins are those its own settings
+# name (c.Authenticator.admin_users; none otherwise). The hub's log says who is admin.
+from gpuspawner.hub.demo import demo_defaults  # noqa: E402
+
+demo_defaults(c)
 
 # -- scripts and tests: an API token with admin rights over users, groups and servers ------
 api_token = os.environ.get("GPUSPAWNER_API_TOKEN")

@@ -14,7 +14,12 @@ It replaces the demo authenticator with :class:`gpuspawner.hub.auth.GPULDAPAuthe
   shared home (``c.GPUSpawner.home_path_template``) to them;
 - the LDAP groups the user is in (under ``<groups>``) become the user's JupyterHub groups at
   every login (``manage_groups``), so profiles with ``groups: [gpu-users]`` and group quotas
-  (``c.GPUSpawner.quotas["groups"]``) follow the directory.
+  (``c.GPUSpawner.quotas["groups"]``) follow the directory;
+- admins are the members of ``GPUSPAWNER_LDAP_ADMIN_GROUP`` (when they log in) and whoever
+  ``c.Authenticator.admin_users`` names, nobody else: the shipped file's demo admin
+  (``admin``) and its culling exemption apply only with the demo authenticator
+  (:mod:`gpuspawner.hub.demo`), so a directory account named ``admin`` is an ordinary user.
+  The hub's start-up log says who is admin.
 
 Settings, from the environment (defaults in brackets) so one file serves every site:
 

@@ -47,6 +47,7 @@ class IdleCuller(Application):
         "overrides": "IdleCuller.overrides_file",
         "gpuspawner-url": "IdleCuller.gpuspawner_url",
         "queue-timeout": "IdleCuller.queue_timeout",
+        "exempt-users": "IdleCuller.exempt_users",
         "cull-log": "IdleCuller.cull_log",
         "dcgm-url": "IdleCuller.dcgm_urls",
         "dcgm-interval": "IdleCuller.dcgm_interval",
@@ -102,6 +103,12 @@ class IdleCuller(Application):
         The culler's token needs access:services!service=gpuspawner.""")).tag(config=True)
     queue_timeout = Float(10.0, help="Seconds to wait for the queue (one try; a failure "
                           "means no pressure this pass).").tag(config=True)
+    exempt_users = List(Unicode(), help=dedent("""
+        Users never culled, whatever the policy file says (their effective policy's
+        ``exempt`` has source ``cli``). The shipped hub configuration passes the demo's
+        admin here only while the hub runs the demo authenticator
+        (:mod:`gpuspawner.hub.demo`); with any other authenticator nobody is exempt unless
+        the policies say so.""")).tag(config=True)
     cull_log = Unicode("", help="JSON-lines file, one line per cull.").tag(config=True)
     dry_run = Bool(False, help="Decide and report, cull nothing.").tag(config=True)
     once = Bool(False, help="One pass, then exit.").tag(config=True)
@@ -161,6 +168,7 @@ class IdleCuller(Application):
         base: dict[str, Any] = {"idle_timeout": self.timeout, "max_age": self.max_age}
         self.policies = PolicySet.load(self.policies_file or None, base,
                                        overrides=self.overrides_path())
+        self.policies.exempt_users = frozenset(self.exempt_users)
         self.metrics = Metrics()
         self.history = GPUHistory()
         network = NetworkMeter(docker_reader(self.docker_urls, self.docker_tls_cert_path)

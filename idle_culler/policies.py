@@ -282,6 +282,9 @@ class PolicySet:
         #: the command line's values (``--timeout``, ``--max-age``): below the file's global
         #: entry, above the built-in defaults; source ``cli``
         self.base = normalize_entry(base or {}, "command line")
+        #: users exempt whatever the file says (``--exempt-users``; the demo hub's admin),
+        #: source ``cli``
+        self.exempt_users: frozenset[str] = frozenset()
         self._lock = threading.Lock()
         self._change_lock = threading.Lock()
         self.global_: dict[str, Any] = {}
@@ -466,4 +469,6 @@ class PolicySet:
                     values[field], sources[field] = self.base[field], "cli"
                 else:
                     values[field], sources[field] = default, "default"
+            if user in self.exempt_users:
+                values["exempt"], sources["exempt"] = True, "cli"
         return EffectivePolicy(values, sources)

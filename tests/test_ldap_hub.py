@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import os
 import secrets
+import subprocess
 
 import pytest
+import requests
 
+from gpuspawner.testing.waiting import wait_until
 from tests.hubrunner import REPO, Hub, own
-from tests.ldap_server import USERS
+from tests.ldap_server import BASE_DN, ROOT_DN, ROOT_PW, USERS
 from tests.test_service_hub import (
     DGX,
     EXTRA_ADMIN_SCOPES,
@@ -60,7 +63,6 @@ def hub(engine, slapd, tmp_path_factory):
         "GPUSPAWNER_LDAP_TLS": "insecure",  # loopback only (ldap.py refuses it elsewhere)
         "GPUSPAWNER_LDAP_ALLOWED_GROUPS": "gpu-users,students,hub-admins",
         "JUPYTERHUB_CRYPT_KEY": secrets.token_hex(32),
-        "GPUSPAWNER_CULLER": "off",
     })
     h.start()
     register_owners(h, [("dave", "g1"), ("dave", "g2")])
@@ -157,3 +159,58 @@ def test_third_gpu_refused_form_and_rest(hub):
     r = hub.api("POST", "/users/dave/servers/third", {"profile": "a100"})
     assert r.status_code == 400 and QUOTA_MESSAGE in r.json()["message"]
     assert not hub.api("GET", "/users/dave").json()["servers"]
+
+
+ADMIN_LDIF = f"""dn: uid=admin,ou=people,{BASE_DN}
+changetype: add
+objectClass: inetOrgPerson
+objectClass: posixAccount
+uid: admin
+cn: Admin
+sn: Admin
+uidNumber: 10009
+gidNumber: 20002
+homeDirectory: /home/admin
+userPassword: admin-pw-9
+
+dn: cn=students,ou=groups,{BASE_DN}
+changetype: modify
+add: memberUid
+memberUid: admin
+"""
+
+
+def test_the_demo_admin_is_no_admin_with_ldap(hub, slapd):
+    """Issue 46 item 8: loaded as docs/howto/ldap.md says, hub_config/ldap.py kept the demo's
+    ``admin_users = {"admin"}`` and culler_policies.yaml's exemption: a directory account named
+    ``admin`` (an ordinary student here) became a hub admin, got the gpuspawner service's
+    admin role and was never culled. Now the demo admin exists only with the demo
+    authenticator; this hub's admins are those its settings name (none: members of
+    hub-admins become admins when they log in), and the start-up log says so."""
+    # nobody named admin was made an admin at start (before: the user existed, admin)
+    assert hub.api("GET", "/users/admin").status_code == 404
+    log = hub.log_path.read_text(errors="replace")
+    assert "hub admins named in the configuration (GPULDAPAuthenticator): none" in log
+    assert "hub admins: none" in log
+    # a directory account named admin logs in as the student it is
+    r = subprocess.run(["ldapmodify", "-x", "-H", slapd.url, "-D", ROOT_DN, "-w", ROOT_PW],
+                       input=ADMIN_LDIF, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    s, r = hub.form_login("admin", "admin-pw-9")
+    assert r.status_code == 200 and "/hub/login" not in r.url, r.text[:300]
+    model = hub.api("GET", "/users/admin").json()
+    assert model["groups"] == ["students"] and model["admin"] is False
+    roles = model["roles"]
+    assert "user" in roles and "gpuspawner-service-admins" not in roles, roles
+    # and the idle culler does not exempt them
+    url = f"{hub.url}/services/idle-culler/api/policy?user=admin&groups=students"
+
+    def policy() -> dict | None:
+        try:
+            r = requests.get(url, headers={"Authorization": f"token {hub.token}"}, timeout=10)
+        except requests.RequestException:
+            return None
+        return r.json()["policy"] if r.status_code == 200 else None
+
+    pol = wait_until(policy, 60, 0.5, "the idle culler's policy API answers")
+    assert pol["exempt"]["value"] is False, pol["exempt"]
