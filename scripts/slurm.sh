@@ -19,7 +19,8 @@
 #   two unprivileged job users, gpsuser1 (uid 2001) and gpsuser2 (uid 2002);
 #   Slurm's JWT authentication beside munge (AuthAltTypes=auth/jwt, key var/slurm/jwt/) and
 #   slurmrestd (OpenAPI v0.0.38, rest_auth/jwt) on 127.0.0.1:17004, run as its own system user
-#   slurmrest (it refuses root): `c.SlurmBackend.submit_via = "rest"` submits through it.
+#   slurmrest (it refuses root): `c.SlurmBackend.submit_via = "rest"` submits through it;
+#   PrivateData=jobs,usage,users: a user's squeue/scontrol shows that user's jobs only.
 # Idempotent: a cluster that is already running is left alone (a configuration this script now
 # writes differently takes effect when it next starts the cluster: `--stop`, then run it again).
 # Waits until sinfo shows the nodes up (SLURM_WAIT seconds, default 60) and prints the line to
@@ -166,6 +167,9 @@ MpiDefault=none
 SlurmdTimeout=10
 ReturnToService=2
 SlurmdParameters=config_overrides
+# users see only their own jobs, usage and user records (root and SlurmUser see all, as the hub
+# needs): another user's job shows no Comment, AdminComment, StdOut or WorkDir (issue 47)
+PrivateData=jobs,usage,users
 EOF
     for n in "${NODES[@]}"; do
       echo "NodeName=$n NodeHostname=localhost NodeAddr=$addr Port=${PORT[$n]} CPUs=2 Boards=1 SocketsPerBoard=2 CoresPerSocket=1 ThreadsPerCore=1 RealMemory=4000 Gres=${GRES[$n]} Features=$n State=UNKNOWN"
