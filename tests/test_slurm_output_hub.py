@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import shutil
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -103,3 +105,63 @@ def test_a_fifo_and_a_flood_of_log_reads_do_not_hold_up_another_user(
         assert all("FIFO" in text and "refused" in text for _, text in reads), reads[0][1]
     finally:
         attacker.call("DELETE", f"api/jobs/{job['id']}")
+
+
+def test_a_fifo_and_a_flood_of_log_reads_do_not_hold_up_another_users_spawn(
+        slurm_conf: str, tmp_path: Path) -> None:  # noqa: F811
+    """The issue's measure: with internal_ssl the spawner makes each server's certificates in
+    the hub's default executor. Another user's spawn of the real jupyterhub-singleuser under
+    the flood takes about as long as without it (before: 30 s more, waiting for a thread)."""
+    if chp() is None or job_python() is None:
+        pytest.skip("configurable-http-proxy or the nodes' job Python is missing (make slurm)")
+    site = Path(sys.prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" \
+        / "site-packages"
+    if not (site / "jupyterhub").is_dir() or not Path("/usr/bin/python3").exists():
+        pytest.skip("no jupyterhub in the hub's site-packages or no /usr/bin/python3")
+    hub = SlurmHub(tmp_path, slurm_conf, cmd=["/usr/bin/python3", "-m", "jupyterhub.singleuser"],
+                   environment={"PYTHONPATH": str(site)}, internal_ssl=True, jobs=True,
+                   profiles=PROFILES, extra=EXTRA)
+    hub.start()
+    attacker = User(hub, USER)
+    hub.ensure_user(OTHER)
+    job = None
+
+    def spawn() -> float:
+        t0 = time.monotonic()
+        r = hub.api("POST", f"/users/{OTHER}/server", {"profile": "cpu"})
+        assert r.status_code in (201, 202), r.text
+        hub.wait_ready(OTHER, timeout=150)
+        took = time.monotonic() - t0
+        assert hub.api("DELETE", f"/users/{OTHER}/server").status_code in (202, 204)
+        hub.wait_stopped(OTHER)
+        return took
+
+    try:
+        alone = spawn()
+        job = attacker.submit(notebook("import time\ntime.sleep(300)"), profile="cpu",
+                              name="fifo", time_limit=600)
+        attacker.wait_state(job["id"], ("running",), 90)
+        (sj,) = wait_until(lambda: slurm_jobs(slurm_conf, job_object_name(USER, job["id"])),
+                           10, 0.2, "the attacker's Slurm job")
+        r = as_user(USER, "/bin/sh", "-c", 'rm -f "$1" && mkfifo -m 600 "$1"', "sh",
+                    sj.fields["StdOut"])
+        assert r.returncode == 0, r.stderr
+        with concurrent.futures.ThreadPoolExecutor(FLOOD) as pool:
+            flood = [pool.submit(attacker.call, "GET", f"api/jobs/{job['id']}/log")
+                     for _ in range(FLOOD)]
+            time.sleep(1.0)
+            flooded = spawn()
+            texts = [f.result(timeout=120).text for f in flood]
+        print(f"\nanother user's spawn (internal_ssl, jupyterhub-singleuser): {alone:.1f} s "
+              f"alone, {flooded:.1f} s under {FLOOD} log reads of a FIFO")
+        assert flooded < alone + 8, f"the spawn took {flooded:.1f} s, {alone:.1f} s alone"
+        assert all("FIFO" in t and "refused" in t for t in texts), texts[0]
+    finally:
+        try:
+            if job is not None:
+                attacker.call("DELETE", f"api/jobs/{job['id']}")
+            if hub.server(OTHER) is not None:
+                hub.api("DELETE", f"/users/{OTHER}/server")
+        finally:
+            hub.stop()
+            shutil.rmtree(hub.home, ignore_errors=True)
