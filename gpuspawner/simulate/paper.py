@@ -65,7 +65,7 @@ from gpuspawner.placement.workload import (
 __all__ = ["LOOKAHEAD_POLICIES", "MEMORY_POLICIES", "PAPER_NAMES", "PAPER_POLICIES",
            "Fragmentation", "PaperCluster", "PaperNode",
            "PodType", "ScoreFn", "accessible", "fgd_score_from_delta", "pod_type",
-           "score_best_fit", "score_dot_product", "score_fgd", "score_fgd_whole",
+           "numa_take", "score_best_fit", "score_dot_product", "score_fgd", "score_fgd_whole",
            "score_first_fit",
            "score_gpu_clustering", "score_gpu_packing", "score_random", "score_spread",
            "sigmoid", "sub_pack", "typical_pods"]
@@ -278,12 +278,37 @@ def score_fgd_whole(c: PaperCluster, node: PaperNode, t: PodType
     return (s, used), gpu
 
 
+def numa_take(gpu_left: Sequence[int], numa_of_gpu: Sequence[int], count: int
+              ) -> list[int] | None:
+    """:meth:`PaperCluster.numa_fits` on a node state: the ``count`` whole GPUs strict NUMA
+    takes from free milli-GPU ``gpu_left`` (per GPU) whose NUMA nodes are ``numa_of_gpu``, or
+    None when they are not free."""
+    per: dict[int, list[int]] = {}
+    size: dict[int, int] = {}
+    for i, g in enumerate(gpu_left):
+        numa = numa_of_gpu[i]
+        size[numa] = size.get(numa, 0) + 1
+        if g == MILLI:
+            per.setdefault(numa, []).append(i)
+    if max(size.values(), default=0) >= count:
+        ok = [(len(v), k) for k, v in per.items() if len(v) >= count]
+        if not ok:
+            return None
+        _, k = min(ok)
+        return per[k][:count]
+    free = [i for i, g in enumerate(gpu_left) if g == MILLI]
+    return free[:count] if len(free) >= count else None
+
+
 def _growth(c: PaperCluster, model: str, cpu_left: int, gpu_left: Sequence[int],
-            t: PodType, mem_left: int | None = None) -> float:
+            t: PodType, mem_left: int | None = None,
+            numa: Sequence[int] | None = None) -> float:
     """Exact FGD growth of placing ``t`` on a node state (for a share, on the GPU where it
     grows least); ``inf`` when it does not fit. ``mem_left``: the node's free MiB, for the
     memory-aware policies (``t`` then asks the memory its type typically asks); None: the
-    paper's F, memory not looked at."""
+    paper's F, memory not looked at. ``numa``: the NUMA node of each GPU under strict NUMA
+    (F is :meth:`Fragmentation.score_numa` and whole GPUs are taken as :func:`numa_take`
+    takes them); None: the paper's rule."""
     if cpu_left < t.milli_cpu:
         return math.inf
     m1 = None
@@ -294,7 +319,13 @@ def _growth(c: PaperCluster, model: str, cpu_left: int, gpu_left: Sequence[int],
     if t.gpu_number and not accessible(model, t.gpu_type):
         return math.inf
     f = c.frag
-    before = f.score(model, cpu_left, gpu_left, mem_left)
+    if numa is None:
+        def score(cpu: int, gl: Sequence[int], m: int | None) -> float:
+            return f.score(model, cpu, gl, m)
+    else:
+        def score(cpu: int, gl: Sequence[int], m: int | None) -> float:
+            return f.score_numa(model, cpu, gl, numa, m)
+    before = score(cpu_left, gpu_left, mem_left)
     cpu_after = cpu_left - t.milli_cpu
     if t.is_share:
         best = math.inf
@@ -302,12 +333,20 @@ def _growth(c: PaperCluster, model: str, cpu_left: int, gpu_left: Sequence[int],
             if g >= t.milli_gpu:
                 after = list(gpu_left)
                 after[i] -= t.milli_gpu
-                best = min(best, f.score(model, cpu_after, after, m1) - before)
+                best = min(best, score(cpu_after, after, m1) - before)
         return best
-    after = sub_pack(gpu_left, t)
+    if numa is not None and t.gpu_number:
+        ids = numa_take(gpu_left, numa, t.gpu_number)
+        if ids is None:
+            return math.inf
+        after = list(gpu_left)
+        for i in ids:
+            after[i] = 0
+    else:
+        after = sub_pack(gpu_left, t)
     if after is None:
         return math.inf
-    return f.score(model, cpu_after, after, m1) - before
+    return score(cpu_after, after, m1) - before
 
 
 #: ``fgd-lookahead``: nodes compared (the first in tie order whose FGD score is within
@@ -440,8 +479,9 @@ class PaperCluster:
         # whole-GPU type; on shares and CPU-only pods alone the policy is fgd
         beyond = asks_whole_gpus(typical)
         self.mem_aware = policy in MEMORY_POLICIES and beyond
-        #: the look-ahead applies (a look-ahead policy, plain NUMA, a whole-GPU type)
-        self.lookahead = policy in LOOKAHEAD_POLICIES and beyond and not numa_strict
+        #: the look-ahead applies (a look-ahead policy, a whole-GPU type; under strict NUMA
+        #: with the NUMA-aware F and NUMA-aligned GPUs)
+        self.lookahead = policy in LOOKAHEAD_POLICIES and beyond
         self.frag = Fragmentation(typical, type_memory if self.mem_aware else None)
         #: the memory (MiB) of the pod being placed, for the memory-aware score
         self.request_memory = 0
@@ -480,21 +520,7 @@ class PaperCluster:
         ``t.gpu_number`` GPUs, the fully free GPUs of the NUMA node with the fewest free ones
         that still has enough (lowest id on ties), first in device order; otherwise the first
         fully free GPUs anywhere. None when they are not free."""
-        per: dict[int, list[int]] = {}
-        size: dict[int, int] = {}
-        for i, g in enumerate(node.gpu_left):
-            numa = node.numa_of_gpu[i]
-            size[numa] = size.get(numa, 0) + 1
-            if g == MILLI:
-                per.setdefault(numa, []).append(i)
-        if max(size.values(), default=0) >= t.gpu_number:
-            ok = [(len(v), k) for k, v in per.items() if len(v) >= t.gpu_number]
-            if not ok:
-                return None
-            _, k = min(ok)
-            return per[k][: t.gpu_number]
-        free = [i for i, g in enumerate(node.gpu_left) if g == MILLI]
-        return free[: t.gpu_number] if len(free) >= t.gpu_number else None
+        return numa_take(node.gpu_left, node.numa_of_gpu, t.gpu_number)
 
     def feasible(self, t: PodType, memory_mib: int) -> list[PaperNode]:
         """Nodes that pass the filter, in tie order (by name unless ``tie_order``)."""
@@ -579,7 +605,8 @@ class PaperCluster:
             g = n.cache.get(key)
             if g is None:
                 g = n.cache[key] = _growth(self, n.model, n.cpu_left, n.gpu_left, t,
-                                           n.memory_left if mem else None) \
+                                           n.memory_left if mem else None,
+                                           n.numa_of_gpu if self.numa_strict else None) \
                     if (not t.gpu_number or n.gpus) else math.inf
             if g < b1:
                 b1, n1, b2 = g, n, b1
@@ -601,7 +628,9 @@ class PaperCluster:
         ties to the first in tie order, so when the look-ahead sees no difference the pick
         is ``fgd``'s. :data:`LOOKAHEAD_OWN` times the pod's own exact growth on the candidate
         is added to the expectation (0.5: measured against 0 and 1 in docs/placement.md).
-        Not applied under strict NUMA, nor on a target workload without a whole-GPU type
+        Under strict NUMA the candidate's GPUs, the next types' GPUs and every F are the
+        NUMA-aware ones (:meth:`numa_fits`, :meth:`Fragmentation.score_numa`), as ``fgd``'s.
+        Not applied on a target workload without a whole-GPU type
         (:func:`~gpuspawner.placement.workload.asks_whole_gpus`; there it is ``fgd``)."""
         cands = []
         for n in self.ranked:
@@ -618,9 +647,14 @@ class PaperCluster:
         nxt = [(u, p, self._best_two(u)) for u, p in self._next_types()]
         best_v, pick = None, (best, best_gpu)
         for n, gpu in cands:
+            numa = n.numa_of_gpu if self.numa_strict else None
             if t.is_share:
                 gl = list(n.gpu_left)
                 gl[gpu] -= t.milli_gpu
+            elif numa is not None and t.gpu_number:
+                gl = list(n.gpu_left)
+                for i in self.numa_fits(n, t) or ():  # a candidate fits: fgd scored it
+                    gl[i] = 0
             else:
                 gl = sub_pack(n.gpu_left, t) if t.gpu_number else list(n.gpu_left)
             cpu_after = n.cpu_left - t.milli_cpu
@@ -631,10 +665,15 @@ class PaperCluster:
             v = 0.0
             if LOOKAHEAD_OWN:
                 f = self.frag
-                v = LOOKAHEAD_OWN * (f.score(n.model, cpu_after, gl, m1)
-                                     - f.score(n.model, n.cpu_left, n.gpu_left, m0))
+                if numa is None:
+                    v = LOOKAHEAD_OWN * (f.score(n.model, cpu_after, gl, m1)
+                                         - f.score(n.model, n.cpu_left, n.gpu_left, m0))
+                else:
+                    v = LOOKAHEAD_OWN * (f.score_numa(n.model, cpu_after, gl, numa, m1)
+                                         - f.score_numa(n.model, n.cpu_left, n.gpu_left, numa,
+                                                        m0))
             for u, p, (b1, n1, b2) in nxt:
-                here = _growth(self, n.model, cpu_after, gl, u, m1) \
+                here = _growth(self, n.model, cpu_after, gl, u, m1, numa) \
                     if (not u.gpu_number or n.gpus) else math.inf
                 other = b2 if n1 is n else b1
                 g = min(here, other)
