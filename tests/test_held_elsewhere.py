@@ -111,3 +111,26 @@ async def test_the_slurm_backend_names_jobs_without_our_admin_comment() -> None:
     b._client = Client()  # type: ignore[assignment]
     assert await b.held_elsewhere() == {
         first.uuid: "held by Slurm job 41 of bob (not submitted by the hub)"}
+
+
+async def test_a_waiting_spawn_starts_once_the_other_job_ends(tmp_path: Path) -> None:
+    """One GPU held by another job, the other booked by the hub: a spawn waits in the hub's
+    queue; when the job ends, the queue's next tick asks again and places it there (no
+    release of the hub's own needed). (With every GPU held elsewhere the queue refuses at
+    once, naming the jobs: no node could hold it while they run.)"""
+    import asyncio
+
+    from gpuspawner.hub.spawn_queue import QueueSettings
+
+    c, backend, (a, b) = cluster(tmp_path)
+    c.make_queue(QueueSettings(tick_s=0.05))
+    backend.held = {a: "held by Slurm job 41 of bob (not submitted by the hub)"}
+    await c.refresh_held_elsewhere()
+    assert c.ledger.reserve(ONE_GPU, Owner("carl")).gpu_uuids == [b]
+    c.queue.start()
+    waiting = asyncio.ensure_future(c.queue.acquire(Owner("ann"), ONE_GPU, wait=True))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()
+    backend.held = {}
+    alloc = await asyncio.wait_for(waiting, 5)
+    assert alloc.gpu_uuids == [a]

@@ -182,6 +182,7 @@ class Cluster:
         self.backend.ledger = self.ledger
         if self.queue is None:  # a queue in memory until make_queue sets the hub's
             self.queue = SpawnQueue(WaitQueue(self.ledger), QueueSettings())
+        self.queue.before_tick = self.refresh_held_elsewhere
     restored: RestoreReport | None = None
     _restore_lock: asyncio.Lock | None = field(default=None, repr=False)
     #: restored allocations whose owner was not yet checked against the hub's database
@@ -246,6 +247,7 @@ class Cluster:
         q.check_file()
         for problem in q.load():
             log.error("wait queue: %s", problem)
+        q.before_tick = self.refresh_held_elsewhere
         self.queue = q
         return q
 

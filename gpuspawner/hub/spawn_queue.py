@@ -32,7 +32,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,6 +116,9 @@ class SpawnQueue:
         #: bumped by every change (:meth:`_notify`); positions are computed once per value
         self._generation = 0
         self._positions: tuple[int, dict[str, int], int] | None = None
+        #: awaited before each tick's pass while spawns wait (the cluster sets it: GPUs other
+        #: jobs held may be free now, ``Cluster.refresh_held_elsewhere``)
+        self.before_tick: Callable[[], Awaitable[None]] | None = None
 
     @property
     def ledger(self) -> Any:
@@ -363,6 +366,8 @@ class SpawnQueue:
                                 self.settings.restore_grace_s)
                 if gone:
                     self.save()
+                if self.before_tick is not None and len(self.wq):
+                    await self.before_tick()
                 self.kick()
             except Exception:  # the queue must keep moving
                 log.exception("wait queue: tick failed")
