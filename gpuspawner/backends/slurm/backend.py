@@ -10,7 +10,8 @@ Launch (:meth:`SlurmBackend.launch`): ``sbatch --hold`` with the options of
 allocation; ``scontrol release``; wait (``submit_timeout``) for RUNNING; read back
 ``scontrol show job -d``: node, ``CPU_IDs`` and GRES ``IDX`` must be the allocation's (exact
 mode), else the job is cancelled and :class:`LaunchFailed` raised; wait (``port_timeout``) for
-the port the job reports in its ``Comment``; return (the node's ``host``, that port).
+the port the server reports itself once it listens, with its own API token (:mod:`.ports`,
+never through a field other users read); return (the node's ``host``, that port).
 
 Per-server ``state`` keys: ``node``, ``job_id``, ``submitted`` (seconds since the epoch),
 ``started`` (True once RUNNING was seen), ``output`` (the job's output file pattern),
@@ -115,7 +116,8 @@ class SlurmBackend(JobSubmission, JobReadback, NodeEvents, Backend):
 
     python = Unicode(
         help="""Absolute path of a Python 3 on the nodes; the job script uses it (standard
-        library only) to pick a free port. Default: the hub's own interpreter.""",
+        library only) to pick a free port and to report it to the hub once the server listens
+        there. Default: the hub's own interpreter.""",
     ).tag(config=True)
 
     @default("python")
@@ -212,7 +214,7 @@ class SlurmBackend(JobSubmission, JobReadback, NodeEvents, Backend):
     ).tag(config=True)
 
     port_timeout = Float(
-        30.0, help="Seconds a running job may take to report its port.",
+        30.0, help="Seconds a running job's server may take to listen and report its port.",
     ).tag(config=True)
 
     stop_timeout = Float(
