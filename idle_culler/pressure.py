@@ -8,8 +8,9 @@ server (:mod:`idle_culler.core`). This module turns the queue document into :cla
 and answers, for the GPU models a server holds, who is waiting (:meth:`Demand.match`).
 
 A waiting spawn shortens only the timeouts of servers on a node where it would fit once they
-were gone (:class:`NodeCapacity`, read from gpuspawner's inventory ``api/nodes``): enough GPUs
-of a model it accepts (a shareable one for a GPU share), its cores and its memory. A spawn for
+were gone (:class:`NodeCapacity`, read from gpuspawner's inventory ``api/nodes``): a node its
+profile may use, enough GPUs of a model it accepts (a shareable one for a GPU share), its cores
+and its memory. A spawn for
 four A100 makes no pressure on a node with two, whatever they run: culling there frees
 nothing it could use.
 
@@ -37,6 +38,8 @@ class Want:
     gpu_milli: int = 0
     cores: int = 0
     memory_bytes: int = 0
+    #: the nodes it may use (its profile's); empty = any
+    nodes: frozenset[str] = frozenset()
 
     def accepts(self, model: str) -> bool:
         """Whether a GPU of ``model`` may serve this entry (case-insensitive)."""
@@ -77,9 +80,11 @@ class NodeCapacity:
             raise ValueError(f"inventory node {str(node)[:80]}: {err!r}") from None
 
     def fits(self, want: Want) -> bool:
-        """Whether ``want`` could run on this node were it empty: enough GPUs of a model it
-        accepts (one shareable GPU for a share), its cores and memory (0 = not known, not
-        checked)."""
+        """Whether ``want`` could run on this node were it empty: a node it may use, enough
+        GPUs of a model it accepts (one shareable GPU for a share), its cores and memory
+        (0 = not known, not checked)."""
+        if want.nodes and self.name not in want.nodes:
+            return False
         usable = [s for m, s in self.gpus if want.accepts(m)]
         if want.gpus and len(usable) < want.gpus:
             return False
@@ -161,7 +166,8 @@ class Demand:
                 d.wants.append(Want(
                     str(e["user"]), frozenset(str(m).lower() for m in e.get("gpu_models") or []),
                     int(e.get("gpus") or 0), int(e.get("gpu_milli") or 0),
-                    int(e.get("cores") or 0), int(e.get("memory_bytes") or 0)))
+                    int(e.get("cores") or 0), int(e.get("memory_bytes") or 0),
+                    frozenset(str(n) for n in e.get("nodes") or [])))
                 for model in e.get("gpu_models") or [ANY_MODEL]:
                     key = d._name(str(model))
                     d.users.setdefault(key, set()).add(str(e["user"]))

@@ -420,6 +420,10 @@ def test_a_spawn_counts_only_on_nodes_where_it_would_fit() -> None:
     fits = {**entry("gus", ["A100"]), "cores": 8, "memory_bytes": 64 << 30}
     c = pressured(doc=queue_doc(fits))
     assert c.evaluate(U, "small", server(0, 0, [A100_SMALL]), 3000).action == "warn"
+    # a profile pinned to node-1 makes no pressure on node-3, where it may not run
+    c = pressured(doc=queue_doc({**entry("hal", ["A100"]), "nodes": ["node-1"]}))
+    assert c.evaluate(U, "small", server(0, 0, [A100_SMALL]), 3000).action == "keep"
+    assert c.evaluate(U, "big", server(0, 0, [A100]), 3000).action == "warn"
     # only the fitting entries are counted: 2 of the 3 waiting fit node-3
     c = pressured(doc=queue_doc(entry("bob", ["A100"], gpus=2), entry("cy", ["A100"]),
                                 entry("di", [], position=3)))

@@ -202,6 +202,8 @@ QUEUE_ENTRY: dict[str, Any] = {
         "gpus": {"type": "integer"}, "gpu_milli": {"type": "integer"},
         "gpu_models": {"type": "array", "items": _STR},
         "cores": {"type": "integer"}, "memory_bytes": {"type": "integer"},
+        "nodes": {"type": "array", "items": _STR,
+                  "description": "the nodes it may use (its profile's); empty = any"},
         "bypassed": {"type": "integer",
                      "description": "later spawns that started ahead of it while it was first"},
         "restored": {"type": "boolean",

@@ -303,7 +303,8 @@ def queue_view(cluster: Cluster, viewer: str | None, now: float | None = None
     lists all of them for admins (``viewer`` None), else only the viewer's. An entry:
     ``id, user, server, profile, position`` (1-based), ``enqueued`` (ISO 8601 UTC),
     ``waited_s`` (seconds), ``wants`` (words), ``gpus``, ``gpu_milli``, ``gpu_models``,
-    ``cores``, ``memory_bytes``, ``bypassed`` and ``restored`` (waiting for its re-spawn after
+    ``cores``, ``memory_bytes``, ``nodes`` (the nodes it may use; empty = any), ``bypassed``
+    and ``restored`` (waiting for its re-spawn after
     a hub restart).
     """
     t = time.time() if now is None else now
@@ -326,7 +327,8 @@ def queue_view(cluster: Cluster, viewer: str | None, now: float | None = None
             "waited_s": round(max(0.0, t - e.enqueued), 1),
             "wants": q.wq.gpus_wanted(e) or b.describe(),  # type: ignore[union-attr]
             "gpus": b.gpus, "gpu_milli": b.gpu_milli, "gpu_models": list(b.gpu_models),
-            "cores": b.cores, "memory_bytes": b.memory_bytes, "bypassed": e.bypassed,
+            "cores": b.cores, "memory_bytes": b.memory_bytes, "nodes": list(e.nodes),
+            "bypassed": e.bypassed,
             "restored": not e.claimed,
         })
     return {"length": len(order),
