@@ -1,5 +1,6 @@
 """What the tests (``tests/``) and the benchmarks (``benchmarks/``) share: a real JupyterHub on
-loopback ports (:mod:`.hubrunner`, :mod:`.culler_hub`, :mod:`.slurm_hub`), test doubles of NVML
+loopback ports (:mod:`.hubrunner`, :mod:`.culler_hub`, :mod:`.slurm_hub`), the in-process hub
+(:mod:`.inprocess`) and a fake engine (:mod:`.fake_backend`), test doubles of NVML
 (:mod:`.nvml_double`, :mod:`.nvml_metrics`) and of a hub user (:mod:`.fakes`), and
 :func:`.waiting.wait_until` (a condition with a deadline, never a bare sleep).
 
