@@ -217,7 +217,8 @@ class Cluster:
     watch_interval_s: float = 2.0
     #: seconds between two checks of the isolation firewall rule (:meth:`check_isolation`;
     #: 0: never); each spawn also reads it (``iptables -S FORWARD``, about 10 ms; concurrent
-    #: spawns share one reading) unless the last one is younger than ``isolation_max_age_s``
+    #: spawns share one reading) unless the last one is younger than ``isolation_max_age_s``;
+    #: other callers of :meth:`refresh_health` read it at most once per their ``max_age``
     isolation_interval_s: float = 60.0
     isolation_max_age_s: float = 0.0
     #: node -> why it takes no new servers: its isolation rule is missing
@@ -317,7 +318,7 @@ class Cluster:
         back up is swept first (:meth:`sweep_if_suspect`). Also reads this host's GPU health
         (:meth:`refresh_gpu_health`, at most every ``health_interval_s``)."""
         await self.refresh_gpu_health()
-        await self.check_isolation(self.isolation_max_age_s)
+        await self.check_isolation(max(self.isolation_max_age_s, max_age))
         loop = asyncio.get_running_loop()
         if loop.time() - self._health_read < max_age:
             return

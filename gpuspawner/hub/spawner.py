@@ -166,6 +166,7 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
         profile = request.profile
         await cluster.ensure_restored(self._owner_exists)
         await cluster.refresh_health()
+        await cluster.check_isolation(cluster.isolation_max_age_s)  # the firewall, now
         await cluster.refresh_held_elsewhere()  # before booking: other jobs' GPUs are not free
         await self._release_stale()
         owner = Owner(self.user.name, self.name or "", tuple(self.group_names))
