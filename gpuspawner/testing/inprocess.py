@@ -103,7 +103,10 @@ def gpu_hub_config(state_dir: Path, responder_port: int, nodes: list[dict[str, A
         "JupyterHub": {"spawner_class": "gpu", "proxy_class": MemoryProxy,
                        "allow_named_servers": True, "named_server_limit_per_user": 5,
                        # (MockHub would write a cookie secret file in the working folder)
-                       "cookie_secret": secrets.token_bytes(32)},
+                       "cookie_secret": secrets.token_bytes(32),
+                       # a spawn's outcome (201, 400, 500) is the POST's answer, not a 202,
+                       # unless it takes 30 s (the default, 10 s, on a loaded test machine)
+                       "tornado_settings": {"slow_spawn_timeout": 30}},
         "Spawner": {"http_timeout": 10, "start_timeout": 20},
         "GPUSpawner": {"backend": FAKE_BACKEND, "state_dir": str(state_dir), "nodes": nodes,
                        "profiles": profiles, **gpuspawner},
