@@ -307,11 +307,6 @@ async def test_refused_spawns_on_new_names_leave_no_records(gpu_hub):
     assert engine_records(app) == {(user, "st-good"): NODE}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open hole, found by this in-process suite: a PUT of a new named server that the "
-    "user_options guard refuses (400) keeps the record JupyterHub made before the options "
-    "were set; five fill named_server_limit_per_user. The fix belongs in "
-    "gpuspawner/hub/user_options.py (the guard's PUT path; not this change's file)"))
 async def test_refused_puts_on_new_names_leave_no_records(gpu_hub):
     """``PUT /users/{name}/servers/{new name}`` with options the guard refuses: 400, and no
     record (the refused POST's hole, through PUT): the sixth is not refused for the limit."""

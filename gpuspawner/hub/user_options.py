@@ -30,6 +30,7 @@ for quota or capacity would otherwise keep the new ones as the next start's defa
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 import time
@@ -47,6 +48,8 @@ _installed: dict[str, Any] = {}
 _refused: weakref.WeakKeyDictionary[Any, web.HTTPError] = weakref.WeakKeyDictionary()
 #: when each ``orm.Spawner`` this process made was made (``time.time()``)
 _born: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+#: the asyncio task that made each ``orm.Spawner`` (a ``PUT`` makes and sets it in one task)
+_born_task: weakref.WeakKeyDictionary[Any, asyncio.Task] = weakref.WeakKeyDictionary()
 #: ``user_options`` of an ``orm.Spawner`` before the spawn that set new ones, with that spawn's
 #: ``orm.Server`` (to tell this spawn's value from an earlier one's)
 _before_spawn: weakref.WeakKeyDictionary[Any, tuple[Any, Any]] = weakref.WeakKeyDictionary()
@@ -117,7 +120,11 @@ def install_user_options_guard(profiles_config: Any, max_bytes: int,
                                allowed_registries)
         except web.HTTPError as e:
             if getattr(target, "server", None) is None:
-                raise  # PUT/PATCH: nothing else was made, answer 400 now
+                # PUT of a new named server: JupyterHub made (and committed) its record just
+                # before it set the options; a refusal must not leave that record behind
+                if _born_in_this_task(target):
+                    _remove_new_record(target)
+                raise  # PUT/PATCH: answer 400 now
             _refused[target] = e
             return oldvalue if isinstance(oldvalue, dict) else {}
         except Exception as e:  # a broken profile file: start() reports it with the field
@@ -134,6 +141,58 @@ def install_user_options_guard(profiles_config: Any, max_bytes: int,
 
 def _on_spawner_init(target: Any, args: Any, kwargs: Any) -> None:
     _born[target] = time.time()
+    task = _current_task()
+    if task is not None:
+        _born_task[target] = task
+
+
+def _current_task() -> asyncio.Task | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running event loop
+        return None
+
+
+def _born_in_this_task(orm_spawner: Any) -> bool:
+    """Whether ``orm_spawner`` was made by the request being answered now: JupyterHub's
+    ``PUT /users/{name}/servers/{server}`` makes the record and sets its ``user_options`` in
+    one handler coroutine, with no ``await`` between, so the record's maker is this task."""
+    task = _current_task()
+    return task is not None and _born_task.get(orm_spawner) is task
+
+
+def _remove_new_record(orm_spawner: Any) -> None:
+    """Delete the named server record a refused ``PUT`` made (its spawner object too, from the
+    hub's user; as ``DELETE ... {"remove": true}`` would). Failures are logged, never raised:
+    the caller answers the refusal."""
+    from sqlalchemy import inspect as sa_inspect
+
+    try:
+        session = sa_inspect(orm_spawner).session
+        orm_user = orm_spawner.user
+        name = orm_spawner.name
+        try:
+            from jupyterhub.app import JupyterHub
+
+            if JupyterHub.initialized() and orm_user is not None:
+                user = JupyterHub.instance().users.get(orm_user.id)
+                spawners = getattr(user, "spawners", None)
+                if spawners is not None and name in spawners \
+                        and spawners[name].orm_spawner is orm_spawner:
+                    spawners.pop(name)
+        except Exception:  # the record goes anyway
+            _log.debug("refused PUT: no hub user for %s", name, exc_info=True)
+        if session is not None:
+            _log.info("named server %r of %s: options refused; removing the record its PUT "
+                      "made", name, getattr(orm_user, "name", "?"))
+            try:
+                session.delete(orm_spawner)
+                session.commit()
+            except Exception:
+                session.rollback()  # the hub's one session must stay usable
+                raise
+    except Exception:
+        _log.exception("could not remove the named server record of a refused PUT")
 
 
 def mark_new_records() -> None:
