@@ -105,10 +105,9 @@ class IdleCuller(Application):
                           "means no pressure this pass).").tag(config=True)
     exempt_users = List(Unicode(), help=dedent("""
         Users never culled, whatever the policy file says (their effective policy's
-        ``exempt`` has source ``cli``). The shipped hub configuration passes the demo's
-        admin here only while the hub runs the demo authenticator
-        (:mod:`gpuspawner.hub.demo`); with any other authenticator nobody is exempt unless
-        the policies say so.""")).tag(config=True)
+        exempt has source cli). The shipped hub configuration passes the demo's admin here
+        only while the hub runs the demo authenticator (gpuspawner/hub/demo.py); with any
+        other authenticator nobody is exempt unless the policies say so.""")).tag(config=True)
     cull_log = Unicode("", help="JSON-lines file, one line per cull.").tag(config=True)
     dry_run = Bool(False, help="Decide and report, cull nothing.").tag(config=True)
     once = Bool(False, help="One pass, then exit.").tag(config=True)
