@@ -28,7 +28,7 @@ from typing import Any
 from jupyterhub import orm
 from jupyterhub.auth import DummyAuthenticator
 
-from .runtime import loading_hub
+from .runtime import hub_runtime, loading_hub
 
 __all__ = ["DEMO_ADMIN", "apply_demo_defaults", "demo_defaults", "is_demo_authenticator"]
 
@@ -95,7 +95,9 @@ def _log_admins(app: Any) -> None:
 def demo_defaults(c: Any, admin: str = DEMO_ADMIN) -> None:
     """Have the demo admin and its culling exemption apply only if the hub, once every
     configuration file is loaded, runs the demo authenticator (:func:`apply_demo_defaults`),
-    and have the hub log its admins at start. Called from a configuration file that a
+    and have the hub log its admins at start; then the cluster's node watch starts
+    (:meth:`~gpuspawner.hub.cluster.Cluster.watch`: the isolation rule is checked at start,
+    not only at the first spawn or poll). Called from a configuration file that a
     JupyterHub is loading; anywhere else (a test reading the file) it does nothing. ``c`` is
     that file's configuration (unused: the final one is read at start)."""
     app = loading_hub()
@@ -112,6 +114,9 @@ def demo_defaults(c: Any, admin: str = DEMO_ADMIN) -> None:
     async def init_role_assignment_then_log() -> None:
         await init_role_assignment()
         _log_admins(app)
+        runtime = hub_runtime(app)
+        if runtime is not None:  # the isolation rule checked now, not at the first spawn
+            runtime.start_watch()
 
     app.init_logging = init_logging_then_demo
     app.init_role_assignment = init_role_assignment_then_log
