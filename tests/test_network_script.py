@@ -32,6 +32,7 @@ def run(*args: str, pool: str) -> None:
                    env={**os.environ, "GPUSPAWNER_NETWORK_POOL": pool}, capture_output=True)
 
 
+@pytest.mark.exclusive  # compares the whole FORWARD chain before and after
 def test_adds_and_removes_exactly_its_rule():
     pool = "198.19.254.0/24"  # a pool no other test uses
     before = forward_rules()
@@ -64,6 +65,7 @@ def restore_rule() -> None:
 
 
 @pytest.mark.hub
+@pytest.mark.exclusive  # every hub on this host refuses spawns while the rule is gone
 def test_a_node_without_the_isolation_rule_takes_no_new_servers(tmp_path: Path):
     """Issue 46 item 8: after a reboot the rule of scripts/network.sh was gone and nothing
     noticed: servers reached each other. Now the hub reads the host's FORWARD chain at start,

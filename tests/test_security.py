@@ -33,7 +33,10 @@ HUB_IP = "198.18.0.1"  # gateway of the hub network made by hub_config
 #: per user-name prefix, a command that replaces the single-user server (pre_spawn_hook)
 EXTRA_CONFIG = r'''
 c.GPUSpawner.poll_interval = 2
-c.GPUSpawner.http_timeout = 8  # below slow_spawn_timeout (10 s): failures answer the POST
+# below slow_spawn_timeout: failures answer the POST; both with room for a loaded machine
+# (make test runs modules in parallel on two cores: a server took more than 8 s to answer)
+c.GPUSpawner.http_timeout = 40
+c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 50}
 
 def _hostile_cmd(spawner):
     name = spawner.user.name
@@ -42,6 +45,7 @@ def _hostile_cmd(spawner):
     elif name.startswith("impostor"):
         # a listener on the right port that is not a Jupyter server
         spawner.cmd = ["python3", "-m", "http.server", "8888"]
+        spawner.http_timeout = 8  # it answers at once, never as a server: no need to wait 40
     elif name.startswith("slow"):
         spawner.cmd = ["sh", "-c", "sleep 3; exec jupyterhub-singleuser"]
 
@@ -509,7 +513,20 @@ def test_unreachable_engine_stops_the_server_and_sweeps_after(engine, tmp_path):
         h.wait_stopped("ray", timeout=60)
         assert engine.inspect_container(old["Id"])["State"]["Running"]  # outlived the outage
         relay = EngineRelay(sock)
-        new = spawn_ready(h, "rex", "one")  # the allocation of ray was released
+        # the hub sees the node answer again at its next check of a down node (every 2 s);
+        # until then a spawn there is a 503 naming the node as down
+        h.ensure_user("rex")
+
+        def placed() -> bool:
+            r = h.api("POST", "/users/rex/server", {"profile": "one"})
+            if r.status_code == 503 and "node relay is down" in r.text:
+                return False
+            assert r.status_code in (201, 202), r.text
+            return True
+
+        wait_until(placed, 30, 0.5, "a spawn placed on node relay once it answers again")
+        h.wait_ready("rex")  # the allocation of ray was released
+        (new,) = containers_of(engine, "rex")
         assert new["Id"] != old["Id"]
         with pytest.raises(docker.errors.NotFound):
             engine.inspect_container(old["Id"])  # swept before rex's container started

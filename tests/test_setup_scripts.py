@@ -348,6 +348,7 @@ def test_slurm_config_keeps_every_daemon_on_loopback(stand: Stand) -> None:
 @pytest.mark.docker
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("iptables"),
                     reason="needs root and iptables (make engine)")
+@pytest.mark.exclusive  # adds a rule to the FORWARD chain another test compares whole
 def test_network_stop_leaves_a_lookalike_rule_it_did_not_add() -> None:
     pool = "198.19.253.0/24"  # a pool no other test uses
     lookalike = ["FORWARD", "-s", pool, "-d", pool, "-j", "DROP"]  # no gpuspawner comment

@@ -85,8 +85,14 @@ FAKE_SERVER = ["python3", "-c", (
 
 
 @pytest.fixture
-def make_spawner(tmp_path, client):
+def make_spawner(tmp_path, client, monkeypatch):
     reset_clusters()
+    # as inside a hub: a database beside the state folder gives this test's spawners a hub id
+    # of their own, so the cluster never adopts, books or sweeps the servers of other test
+    # modules' hubs on the same engine (make test runs modules in parallel); outside a hub
+    # every managed object on the engine would count as this cluster's
+    monkeypatch.setattr("gpuspawner.hub.spawner.hub_db_url",
+                        lambda: f"sqlite:///{tmp_path / 'state' / 'jupyterhub.sqlite'}")
     made: list[GPUSpawner] = []
     topo = gpu_topology(tmp_path)
 
