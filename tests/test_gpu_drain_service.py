@@ -309,4 +309,4 @@ def test_metrics_count_a_drained_gpu_as_drained_not_free(cluster):
     cluster.drain_gpu(gpu0(cluster), "bad fan", by="root")
     s = _samples(reg)
     assert s[("gpuspawner_gpus_free", key)] == 7 and s[("gpuspawner_gpus_drained", key)] == 1
-    assert s[("gpuspawner_gpus_total", key)] == 8
+    assert s[("gpuspawner_gpus", key)] == 8

@@ -204,16 +204,34 @@ def test_cluster_collector_reports_the_ledger(cluster):
     s = _samples(reg)
     dgx = next(n.name for n in cluster.ledger.nodes if n.gpus)
     key = (("model", "A100"), ("node", dgx))
-    assert s[("gpuspawner_gpus_total", key)] == 8
+    assert s[("gpuspawner_gpus", key)] == 8
     assert s[("gpuspawner_gpus_allocated", key)] == 3
     assert s[("gpuspawner_gpus_free", key)] == 5
-    assert s[("gpuspawner_user_gpus", (("user", "alice"),))] == 2
-    assert s[("gpuspawner_user_allocations", (("user", "bob"),))] == 1
+    assert s[("gpuspawner_users_holding", ())] == 2
     assert s[("gpuspawner_group_gpus", (("group", "lab"),))] == 3
     cluster.ledger.release(cluster.ledger.allocations("bob")[0].id)
     s = _samples(reg)  # computed at scrape time: follows the ledger at once
     assert s[("gpuspawner_gpus_free", key)] == 6
-    assert ("gpuspawner_user_gpus", (("user", "bob"),)) not in s
+    assert s[("gpuspawner_users_holding", ())] == 1
+
+
+def test_metric_names_follow_the_prometheus_naming_guide(cluster):
+    """A gauge does not end in ``_total`` (the suffix of counters) and no metric of the
+    service's registry has a ``user`` label: user names are an unbounded set, and each label
+    value is a time series Prometheus keeps."""
+    from prometheus_client import CollectorRegistry
+
+    reg = CollectorRegistry()
+    reg.register(metrics.ClusterCollector(lambda: [cluster]))
+    families = list(reg.collect()) + list(metrics.REGISTRY.collect())
+    assert families
+    for f in families:
+        if f.type == "gauge":
+            assert not f.name.endswith("_total"), f.name
+        for sample in f.samples:
+            assert "user" not in sample.labels, (f.name, sample.labels)
+    names = {f.name for f in families}
+    assert "gpuspawner_gpus" in names and "gpuspawner_gpus_total" not in names
 
 
 def test_refusals_are_counted_by_reason(cluster):

@@ -4,8 +4,9 @@
 Two kinds:
 
 - **state**, computed at scrape time from the hub process's ledger (``ClusterCollector``): no
-  counter is kept beside the ledger, so the numbers cannot drift from it. GPUs total / allocated
-  / free by node and model, cores and memory, allocations and GPUs by user and by group.
+  counter is kept beside the ledger, so the numbers cannot drift from it. GPUs
+  (``gpuspawner_gpus``) / allocated / free by node and model, cores and memory, allocations and
+  GPUs by group, the number of users holding allocations.
 - **events**, which the ledger does not remember: placement refusals by reason (the spawner
   calls :func:`placement_refused` where it turns a refusal into HTTP 400) and spawn-to-ready
   time (:func:`track_spawn`, from the spawn request's pre-spawn hook until JupyterHub's spawn
@@ -13,7 +14,10 @@ Two kinds:
 
 All metrics live in :data:`REGISTRY` (not prometheus_client's default registry, which the hub
 serves at ``/hub/metrics`` with its own metrics). Units follow Prometheus conventions: seconds,
-bytes, GPUs (a fraction for shares: milli-GPU / 1000).
+bytes, GPUs (a fraction for shares: milli-GPU / 1000). Names follow Prometheus' naming guide: a
+``_total`` suffix only on counters (prometheus_client adds it), and no label takes values from an
+unbounded set such as user names (every label value is a time series kept by Prometheus); per-user
+numbers are in the service's ``api/allocations`` and ``api/users/{name}/usage`` instead.
 """
 
 from __future__ import annotations
@@ -155,7 +159,7 @@ class ClusterCollector(Collector):
         return []  # unchecked collector: families are known only at scrape time
 
     def collect(self) -> Iterator[Metric]:
-        total = GaugeMetricFamily("gpuspawner_gpus_total", "GPUs on the node",
+        total = GaugeMetricFamily("gpuspawner_gpus", "GPUs on the node",
                                   labels=["node", "model"])
         allocated = GaugeMetricFamily(
             "gpuspawner_gpus_allocated", "GPUs allocated (milli-GPU / 1000; shares count "
@@ -168,11 +172,9 @@ class ClusterCollector(Collector):
                                   labels=["node", "state"])
         memory = GaugeMetricFamily("gpuspawner_memory_bytes", "Memory by state, bytes",
                                    labels=["node", "state"])
-        u_allocs = GaugeMetricFamily("gpuspawner_user_allocations",
-                                     "Allocations (running servers) held by a user",
-                                     labels=["user"])
-        u_gpus = GaugeMetricFamily("gpuspawner_user_gpus", "GPUs held by a user",
-                                   labels=["user"])
+        n_users = GaugeMetricFamily("gpuspawner_users_holding",
+                                    "Users holding at least one allocation (no per-user label: "
+                                    "user names are an unbounded set)")
         g_allocs = GaugeMetricFamily(
             "gpuspawner_group_allocations",
             "Allocations held by members of a group (group at reservation time)",
@@ -185,7 +187,7 @@ class ClusterCollector(Collector):
             "gpuspawner_queue_oldest_wait_seconds",
             "Seconds the longest-waiting spawn of a profile has waited so far",
             labels=["profile"])
-        users: dict[str, list[int]] = {}
+        users: set[str] = set()
         groups: dict[str, list[int]] = {}
         t = time.time()
         for cluster in self._clusters():
@@ -220,21 +222,17 @@ class ClusterCollector(Collector):
                 memory.add_metric([node["name"], "total"], mem)
                 memory.add_metric([node["name"], "allocated"], mem - mem_free)
             for a in ledger.allocations():
-                row = users.setdefault(a.owner.user, [0, 0])
-                row[0] += 1
-                row[1] += a.total_gpu_milli
+                users.add(a.owner.user)
                 for g in a.owner.groups:
                     grow = groups.setdefault(g, [0, 0])
                     grow[0] += 1
                     grow[1] += a.total_gpu_milli
-        for user, (n, milli) in sorted(users.items()):
-            u_allocs.add_metric([user], n)
-            u_gpus.add_metric([user], milli / 1000)
+        n_users.add_metric([], len(users))
         for group, (n, milli) in sorted(groups.items()):
             g_allocs.add_metric([group], n)
             g_gpus.add_metric([group], milli / 1000)
-        yield from (total, allocated, free, drained, cores, memory, u_allocs, u_gpus, g_allocs,
-                    g_gpus, q_len, q_oldest)
+        yield from (total, allocated, free, drained, cores, memory, n_users, g_allocs, g_gpus,
+                    q_len, q_oldest)
 
 
 _COLLECTOR: ClusterCollector | None = None
