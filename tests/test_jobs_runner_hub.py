@@ -252,7 +252,7 @@ def test_the_jobs_metrics_change_as_a_gpu_job_runs(hub, engine):
     before = scrape(hub)
     done_key = ("gpuspawner_jobs", (("state", "completed"),))
     wait_key = ("gpuspawner_job_wait_seconds_count", (("profile", "a100"),))
-    gpu_key = ("gpuspawner_job_gpu_seconds_total", (("user", "jr-gpu"),))
+    gpu_key = ("gpuspawner_job_gpu_seconds_total", (("profile", "a100"),))
     job = u.submit(notebook("import time\ntime.sleep(5)"), profile="a100", name="gpu")
     running = u.wait_state(job["id"], ("running",), 90)
     assert running["gpu_uuids"] == [GPU_UUID]

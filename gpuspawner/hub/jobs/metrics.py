@@ -6,9 +6,11 @@
   :data:`~gpuspawner.jobs.model.STATES` is reported, 0 included.
 - ``gpuspawner_job_wait_seconds{profile}`` (histogram): seconds from a job's due time (its
   submission, its ``at``, or the end of a retry's back-off) until it was placed.
-- ``gpuspawner_job_gpu_seconds_total{user}`` (counter): GPU-seconds held by users' jobs
+- ``gpuspawner_job_gpu_seconds_total{profile}`` (counter): GPU-seconds held by jobs
   (GPUs of the allocation, a share as its fraction, times the seconds from the notebook's
-  start until the attempt ended), counted when an attempt ends.
+  start until the attempt ended), counted when an attempt ends. By profile, not by user: user
+  names are an unbounded set and each label value is a time series Prometheus keeps (a user's
+  jobs are in the jobs API).
 """
 
 from __future__ import annotations
@@ -43,8 +45,8 @@ JOB_WAIT = Histogram(
 JOB_GPU_SECONDS = Counter(
     "gpuspawner_job_gpu_seconds",
     "GPU-seconds held by notebook jobs (GPUs of the allocation, shares as fractions, times "
-    "seconds running), by user; counted when an attempt ends",
-    ["user"], registry=REGISTRY)
+    "seconds running), by profile; counted when an attempt ends",
+    ["profile"], registry=REGISTRY)
 
 
 def waited(profile: str, seconds: float) -> None:
@@ -55,11 +57,12 @@ def waited(profile: str, seconds: float) -> None:
         log.warning("metrics: cannot observe a job's wait: %s", e)
 
 
-def gpu_seconds(user: str, seconds: float) -> None:
-    """Add ``seconds`` GPU-seconds of ``user`` to :data:`JOB_GPU_SECONDS`. Never raises."""
+def gpu_seconds(profile: str, seconds: float) -> None:
+    """Add ``seconds`` GPU-seconds of a job of ``profile`` (its slug; ``"-"`` if empty) to
+    :data:`JOB_GPU_SECONDS`. Never raises."""
     try:
         if seconds > 0:
-            JOB_GPU_SECONDS.labels(user=user).inc(seconds)
+            JOB_GPU_SECONDS.labels(profile=profile or "-").inc(seconds)
     except Exception as e:  # pragma: no cover - defensive
         log.warning("metrics: cannot count a job's GPU-seconds: %s", e)
 

@@ -816,7 +816,7 @@ class JobRunner:
             cluster.queue.kick()
         now = time.time()
         if alloc is not None and row.started is not None and alloc.total_gpu_milli:
-            job_metrics.gpu_seconds(row.user, alloc.total_gpu_milli / 1000.0 *
+            job_metrics.gpu_seconds(row.profile, alloc.total_gpu_milli / 1000.0 *
                                     max(0.0, now - row.started))
         return now
 
