@@ -70,3 +70,39 @@ def test_the_command_prints_it_and_the_cullers(tmp_path, capsys):
     culler = out.read_text()
     assert "# c.IdleCuller.timeout = 3600" in culler
     assert "c.GPUSpawner" not in culler
+
+
+@pytest.fixture(scope="module")
+def jupyterhub_generated(tmp_path_factory) -> str:
+    """What ``jupyterhub --generate-config -f FILE`` writes, run as an admin runs it: the
+    spawner and authenticator come from the installed package's entry points."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path_factory.mktemp("generate-config") / "jupyterhub_config.py"
+    jupyterhub = Path(sys.executable).with_name("jupyterhub")
+    r = subprocess.run([str(jupyterhub), "--generate-config", "-f", str(out)],
+                       cwd=out.parent, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return out.read_text()
+
+
+def test_jupyterhub_generate_config_has_no_mixin_sections(jupyterhub_generated):
+    """The mixins GPUSpawner is made of (SpawnerSettings, OptionsFormMixin) have no section
+    of their own: their options were printed twice, once as ``c.SpawnerSettings.*`` /
+    ``c.OptionsFormMixin.*`` and once as ``c.GPUSpawner.*``."""
+    classes = {s.split(".", 1)[0] for s in _settings(jupyterhub_generated)}
+    assert "GPUSpawner" in classes and "GPULDAPAuthenticator" in classes
+    assert not classes & {"SpawnerSettings", "OptionsFormMixin", "ProgressEvents"}, classes
+    assert not re.search(r"^# (SpawnerSettings|OptionsFormMixin)\(", jupyterhub_generated, re.M)
+
+
+def test_jupyterhub_generate_config_lists_every_gpuspawner_option_once(jupyterhub_generated):
+    listed = re.findall(r"^# c\.GPUSpawner\.(\w+) = ", jupyterhub_generated, re.M)
+    assert sorted(listed) == sorted(GPUSpawner.class_traits(config=True))
+    assert len(listed) == len(set(listed))
+    # the mixins' options are still set through GPUSpawner
+    for name in ("profiles", "placement_policy", "profile_form_template",
+                 "show_unavailable_profiles"):
+        assert name in listed

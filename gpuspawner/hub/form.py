@@ -9,8 +9,7 @@ from typing import Any
 
 from jinja2 import ChoiceLoader, Environment, FileSystemLoader, PackageLoader, select_autoescape
 from tornado import web
-from traitlets import Bool, List, Unicode, default
-from traitlets.config import LoggingConfigurable
+from traitlets import Bool, HasTraits, List, Unicode, default
 
 from ..placement import GPU, GPU_MILLI, Bundle, Ledger, Node, QuotaTable, format_bytes
 from ..placement.devices import model_allowed
@@ -194,11 +193,15 @@ def render_form(template_name: str, extra_paths: Sequence[str], **context: Any) 
     return env.get_template(template_name).render(**context)
 
 
-class OptionsFormMixin(LoggingConfigurable):
+class OptionsFormMixin(HasTraits):
     """The spawn form of :class:`~gpuspawner.hub.spawner.GPUSpawner`: profile cards with live
     availability, ``options_from_form``, an early ``apply_user_options`` check and the undo of
     a refused spawn (``apply_group_overrides``). Expects the spawner's ``profiles``,
     ``quotas``, ``cluster``, ``user``, ``user_options_max_bytes`` and ``_options_refusal``.
+
+    A ``HasTraits`` mixin, not a ``Configurable`` (as
+    :class:`~gpuspawner.hub.settings.SpawnerSettings`): its options are ``c.GPUSpawner.*``
+    only, with no section of their own in ``jupyterhub --generate-config``.
     """
 
     profile_form_template = Unicode(

@@ -15,6 +15,7 @@ from traitlets import (
     Dict,
     Enum,
     Float,
+    HasTraits,
     Int,
     List,
     TraitError,
@@ -22,7 +23,6 @@ from traitlets import (
     Union,
     validate,
 )
-from traitlets.config import LoggingConfigurable
 
 from ..inventory.health import DEFAULT_XIDS, HealthThresholds
 from ..placement import DEFAULT_POLICY, POLICIES
@@ -36,9 +36,14 @@ from .trait_check import HubConfigError, check_trait
 from .user_options import check_user_options
 
 
-class SpawnerSettings(LoggingConfigurable):
+class SpawnerSettings(HasTraits):
     """GPUSpawner's own traits (configured as ``c.GPUSpawner.*``). Expects the spawner's
-    ``user``, ``user_options``, ``group_names`` and ``escaped_name``."""
+    ``user``, ``user_options``, ``group_names`` and ``escaped_name``.
+
+    A ``HasTraits`` mixin, not a ``Configurable``: traitlets gives every ``Configurable``
+    class in a configured class's MRO a section of its own, so ``jupyterhub
+    --generate-config`` printed each option twice (``c.SpawnerSettings.*`` beside
+    ``c.GPUSpawner.*``). Its traits are configured through GPUSpawner only."""
 
     _uid_gid: tuple[int, int] | None = None
     _options_refusal: web.HTTPError | None = None
