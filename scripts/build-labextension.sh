@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Build the JupyterLab extension in labextension/ into the prebuilt extension
 # gpuspawner/labextension_static/ (the wheel installs it as
-# share/jupyter/labextensions/gpuspawner-labextension, see pyproject.toml shared-data).
+# share/jupyter/labextensions/gpuspawner-labextension, see pyproject.toml shared-data;
+# labextension/install.json goes there from pyproject.toml too, not through this build, so an
+# existing prebuilt output that a wheel reuses still gets it).
 # Steps: npm ci (only when node_modules is missing or older than package-lock.json), tsc,
 # `jupyter-builder build` (what `jupyter labextension build` runs). Idempotent: skipped when the
 # sources' hash matches the last successful build and the output exists.
