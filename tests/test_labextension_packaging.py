@@ -1,7 +1,8 @@
-"""The lab extension in the wheel as the JupyterLab extension template ships it: the prebuilt
-extension under ``share/jupyter/labextensions/gpuspawner-labextension/`` with its
-``install.json`` (how it was installed: JupyterLab's ``jupyter labextension list`` and extension
-manager read it to say "installed by pip, package gpuspawner" and how to uninstall it).
+"""What the wheel ships beside the Python code: the lab extension as the JupyterLab extension
+template ships it (the prebuilt extension under
+``share/jupyter/labextensions/gpuspawner-labextension/`` with its ``install.json``, which
+``jupyter labextension list`` and JupyterLab's extension manager read to say "installed by pip,
+package gpuspawner" and how to uninstall it), and the idle culler.
 
 The wheel is built for real (``pip wheel --no-deps``, hatchling from the configured package
 index) from the prebuilt output in ``gpuspawner/labextension_static`` (``make labext``); the
@@ -56,3 +57,12 @@ def test_the_wheel_ships_install_json_beside_the_prebuilt_extension(wheel):
     assert "package.json" in ext and "install.json" in ext, sorted(ext)
     (path,) = [n for n in names if n.endswith(f"/data/{SHARE}/install.json")]
     assert json.loads(wheel.read(path)) == json.loads((EXT / "install.json").read_text())
+
+
+def test_the_wheel_ships_the_idle_culler(wheel):
+    """idle_culler/README.md says a non-editable install runs the culler: its package, its
+    page template and the ``idle-culler`` command are in the same wheel."""
+    names = set(wheel.namelist())
+    assert {"idle_culler/__main__.py", "idle_culler/templates/index.html.j2"} <= names
+    (ep,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    assert "idle-culler = idle_culler.__main__:main" in wheel.read(ep).decode()
