@@ -94,6 +94,8 @@ def test_jupyterhub_generate_config_has_no_mixin_sections(jupyterhub_generated):
     ``c.OptionsFormMixin.*`` and once as ``c.GPUSpawner.*``."""
     classes = {s.split(".", 1)[0] for s in _settings(jupyterhub_generated)}
     assert "GPUSpawner" in classes and "GPULDAPAuthenticator" in classes
+    # as the README says: not registered with JupyterHub, so only in gpuspawner generate-config
+    assert not classes & {"DockerBackend", "SlurmBackend", "GPUJobs"}, classes
     assert not classes & {"SpawnerSettings", "OptionsFormMixin", "ProgressEvents"}, classes
     assert not re.search(r"^# (SpawnerSettings|OptionsFormMixin)\(", jupyterhub_generated, re.M)
 
