@@ -76,7 +76,9 @@ def _configuration_page() -> None:
              "",
              "`gpuspawner generate-config` prints all of them, inherited ones included, as a "
              "commented configuration file (`gpuspawner generate-config --culler`: the "
-             "culler's). `jupyterhub --generate-config` lists JupyterHub's own classes only.",
+             "culler's). `jupyterhub --generate-config` lists JupyterHub's own classes and "
+             "the installed spawners and authenticators (GPUSpawner, GPULDAPAuthenticator), "
+             "not the backends or GPUJobs.",
              "",
              f"GPUSpawner ignores JupyterHub's {ignored}: every server gets its profile's "
              "bundle. Setting one of them on `c.Spawner` or `c.GPUSpawner` stops the hub at "
