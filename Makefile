@@ -15,7 +15,8 @@
 #   make registry     a private image registry on 127.0.0.1:17010 for the users'-own-images
 #                     tests (scripts/registry.sh; `scripts/registry.sh --stop` stops it)
 #   make test         lint + the docs (warnings are errors) + the whole test suite (docker- and
-#                     slurm-marked tests included), modules on TEST_WORKERS (3) parallel workers
+#                     slurm-marked tests included), modules on TEST_WORKERS (2) parallel workers beside
+#                     the Slurm tests
 #   make test-unit    tests without an engine, a hub, a browser, slapd, Slurm or slow processes
 #   make docs         the Sphinx site in docs/_build/html (warnings are errors)
 #   make lint         ruff, import-linter, and the lab extension's prettier + eslint
@@ -29,7 +30,7 @@ STAMP  := $(VENV)/.installed
 CHP    := node_modules/.bin/configurable-http-proxy
 HUB_CONFIG ?= hub_config/jupyterhub_config.py
 PYTEST_ARGS ?=
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 LINT_DIRS := $(wildcard gpuspawner tests idle_culler benchmarks hub_config labextension/ui-tests)
 
 .PHONY: help venv chp engine btrfs-engine labext labext-ui images slurm registry up hub test \
@@ -105,16 +106,27 @@ registry:
 test-tools:
 	scripts/ldap.sh
 
-# modules run in parallel on TEST_WORKERS pytest-xdist workers (tests/conftest.py: one group per
-# module, all Slurm tests in one group, longest groups first); tests marked `exclusive` (they
-# change the host's isolation rule) run after, alone. TEST_WORKERS=0: everything in one process.
+# the Slurm-marked tests run in one process (one shared cluster: two hubs on it sweep each
+# other's jobs) beside the others, which run as whole modules on TEST_WORKERS pytest-xdist
+# workers (--dist loadfile, longest modules first: tests/conftest.py); tests marked `exclusive`
+# (they change the host's isolation rule) run after, alone. TEST_WORKERS=0: one process.
 test: venv chp engine images btrfs-engine test-tools slurm registry labext-ui lint docs
 ifeq ($(TEST_WORKERS),0)
 	$(VENV)/bin/pytest -q -p no:xdist $(PYTEST_ARGS)
 else
-	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder \
-	  -m "not exclusive" $(PYTEST_ARGS)
-	$(VENV)/bin/pytest -q -p no:xdist -m exclusive $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	@mkdir -p var/log; rc=0; \
+	echo "pytest -m slurm (one process, output in var/log/test-slurm.log) beside" \
+	  "pytest -n $(TEST_WORKERS) -m 'not slurm'"; \
+	$(VENV)/bin/pytest -q -p no:xdist -m "slurm and not exclusive" \
+	  --basetemp=/tmp/gpuspawner-slurm-tests $(PYTEST_ARGS) >var/log/test-slurm.log 2>&1 & \
+	slurm=$$!; \
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+	  -m "not slurm and not exclusive" $(PYTEST_ARGS) || rc=1; \
+	wait $$slurm || rc=1; \
+	echo "--- the Slurm-marked tests (var/log/test-slurm.log):"; cat var/log/test-slurm.log; \
+	echo "--- the exclusive tests, alone:"; \
+	$(VENV)/bin/pytest -q -p no:xdist -m exclusive $(PYTEST_ARGS) || [ $$? -eq 5 ] || rc=1; \
+	exit $$rc
 endif
 
 test-unit: venv

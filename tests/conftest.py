@@ -1,14 +1,17 @@
-"""Fixtures shared by several test modules, and how ``make test`` runs the suite in parallel.
+"""Fixtures shared by several test modules, and the order in which ``make test`` runs modules.
 
-``make test`` runs pytest with pytest-xdist (``-n``, ``--dist loadgroup``). Each test module is
-one group (its module-scoped hub, engine objects and images stay on one worker); every Slurm-
-marked test is in the one group ``slurm`` (one shared three-node cluster with a few fake GPUs:
-two modules spawning at once would wait on each other's GPUs). Groups are handed out longest
-first, by the seconds measured per module in ``tests/data/module_seconds.json`` (a module not
-listed there counts by its markers), so that the longest groups do not start last.
+``make test`` runs the Slurm-marked tests in one process (one shared three-node cluster: two
+hubs on it at once sweep each other's jobs) beside a pytest-xdist run of the others
+(``-n``, ``--dist loadfile``: each module whole on one worker, so its module-scoped hub, engine
+objects and user names are never split). Modules are handed out longest first, by the seconds
+measured per module in ``tests/data/module_seconds.json`` (a module not listed counts by its
+markers), so that the longest do not start last (``--no-loadscope-reorder`` keeps this order).
 
 Tests marked ``exclusive`` change what every other test relies on (the host's isolation
-firewall rule): ``make test`` runs them after the parallel part, alone (``-m exclusive``).
+firewall rule): ``make test`` runs them after the rest, alone (``-m exclusive``).
+
+(pytest-xdist's ``--dist loadgroup`` would suit better, but with pytest 9 its group suffix is
+lost: it sets ``item._nodeid``, which pytest 9 no longer reads.)
 """
 
 from __future__ import annotations
@@ -24,38 +27,23 @@ SECONDS_FILE = Path(__file__).parent / "data" / "module_seconds.json"
 HEAVY_MARKS = ("docker", "hub", "browser", "ldap", "slurm", "slow")
 
 
-def _group(item: pytest.Item) -> str:
-    if item.get_closest_marker("slurm") is not None:
-        return "slurm"
-    return item.nodeid.split("::", 1)[0]
-
-
 def _default_seconds(items: list[pytest.Item]) -> float:
     heavy = sum(1 for i in items if any(i.get_closest_marker(m) for m in HEAVY_MARKS))
     return 20.0 * heavy + 0.1 * (len(items) - heavy)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Give each test its xdist group and order the groups longest first (stable within)."""
+    """Order the modules longest first (tests keep their order within a module)."""
     try:
         measured: dict[str, float] = json.loads(SECONDS_FILE.read_text())
     except (OSError, ValueError):
         measured = {}
-    groups: dict[str, list[pytest.Item]] = {}
+    modules: dict[str, list[pytest.Item]] = {}
     for item in items:
-        groups.setdefault(_group(item), []).append(item)
-
-    def seconds(name: str) -> float:
-        if name == "slurm":
-            return sum(measured.get(m, 0.0) for m in measured if "slurm" in m) or 600.0
-        return measured.get(name, _default_seconds(groups[name]))
-
-    order = sorted(groups, key=seconds, reverse=True)
-    items[:] = [i for name in order for i in groups[name]]
-    for name, members in groups.items():
-        for item in members:
-            if item.get_closest_marker("xdist_group") is None:
-                item.add_marker(pytest.mark.xdist_group(name=name))
+        modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    order = sorted(modules, key=lambda m: measured.get(m, _default_seconds(modules[m])),
+                   reverse=True)
+    items[:] = [i for name in order for i in modules[name]]
 
 
 def _utf8(text: str) -> str:

@@ -73,7 +73,11 @@ class HubProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"hub exited with {self.proc.returncode}:\n{self.tail()}")
             try:
-                if requests.get(f"{self.api_url}/", timeout=2).status_code == 200:
+                # the API, and the hub's route in the proxy: a hub whose API port is its own
+                # answers before the proxy routes /hub/ to it (a login right after start
+                # met the proxy's 404)
+                if requests.get(f"{self.api_url}/", timeout=2).status_code == 200 and \
+                        requests.get(f"{self.url}/hub/api/", timeout=2).status_code == 200:
                     self._note_hub_id()
                     return
             except requests.RequestException:
