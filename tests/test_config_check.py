@@ -34,7 +34,8 @@ BAD = [
      "GPUSpawner.profiles[0] (x).numa_policy: 'tight' is not one of ['strict', 'prefer'"),
     ({"profiles": [{"slug": "x", "memory": "4 gigs"}]},
      "GPUSpawner.profiles[0] (x).memory: '4 gigs' is not a size such as \"4G\""),
-    ({"profiles": [{"display_name": "no slug"}]},
+    # no slug and no display_name to make one from as KubeSpawner does
+    ({"profiles": [{"description": "no slug"}]},
      "GPUSpawner.profiles[0].slug: required field missing"),
     ({"profiles": [GOOD_PROFILE, GOOD_PROFILE]}, "GPUSpawner.profiles[1] (cpu).slug: duplicate"),
     ({"profiles": [{"slug": "x", "gpus": 1.5}]},

@@ -27,7 +27,7 @@ import docker
 import requests
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from traitlets import Any as AnyTrait
-from traitlets import Enum, Int, List, TraitError, Unicode, validate
+from traitlets import CaselessStrEnum, Enum, Int, List, TraitError, Unicode, validate
 
 from ..placement import Allocation
 from . import home_script
@@ -195,12 +195,18 @@ class DockerBackend(Backend):
     pids_limit = Int(4096, help="Maximum processes in a container (docker pids_limit).").tag(
         config=True)
 
-    pull_policy = Enum(
-        ["never", "ifnotpresent", "always"],
+    pull_policy = CaselessStrEnum(
+        ["never", "ifnotpresent", "always", "skip"],
         default_value="never",
         help="""Whether the image is pulled before a container is made: "never" (the admin
         builds or loads images on every node; a missing image fails the spawn with a clear
-        message), "ifnotpresent", "always".""",
+        message), "ifnotpresent", "always"; DockerSpawner's spellings, in any case
+        ("IfNotPresent", "Always", "Never", "skip"). "skip" is "never" here (DockerSpawner's
+        skip does not look for the image; here a missing image still fails with the clear
+        message). Unlike DockerSpawner (default ifnotpresent) the default is never: nodes
+        pull nothing an admin did not build or load (users' own images are pulled when
+        missing, within GPUSpawner.image_max_bytes, whatever this says). The value is kept
+        in lower case.""",
     ).tag(config=True)
 
     extra_host_config = AnyTrait(

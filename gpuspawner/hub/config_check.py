@@ -39,6 +39,7 @@ from .settings import (
     health_settings,
     hub_db_url,
     queue_settings,
+    resolve_aliases,
 )
 from .spawn_queue import QueueFileError
 from .state import prepare_state_dir, resolve_state_dir
@@ -255,7 +256,8 @@ def _check_and_build(c: Any) -> Cluster:
     """
     try:
         check_ignored_spawner_options(c)
-        cluster = check_spawner_settings(_section(c, "GPUSpawner"), c)
+        # profile_list, read_only_volumes: KubeSpawner's and DockerSpawner's names
+        cluster = check_spawner_settings(resolve_aliases(_section(c, "GPUSpawner")), c)
         # users' own images: no registry in the servers' networks (gpuspawner.hub.images)
         refuse_networks([str(getattr(cluster.backend, "server_network_pool", "") or ""),
                          *(rt.network_pool for rt in cluster.nodes.values())])

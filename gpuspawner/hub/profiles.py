@@ -8,12 +8,25 @@ A profile is a named bundle, in the spirit of KubeSpawner's ``profile_list``: ``
 default 1; exclusive with ``gpus``), ``gpu_models``, ``image``, ``numa_policy``, ``groups``
 (who may use it; empty = everyone), ``nodes`` (restrict to these node names; empty = any) and
 ``default``.
+
+KubeSpawner's ``profile_list`` shape is accepted too (:func:`from_kubespawner`; the trait
+``c.GPUSpawner.profile_list`` is an alias of ``profiles``): ``slug`` may be left out (made
+from ``display_name`` as KubeSpawner does), ``kubespawner_override`` may set ``image``,
+``cpu_limit``/``cpu_guarantee`` (whole cores), ``mem_limit``/``mem_guarantee`` and
+``extra_resource_limits``/``extra_resource_guarantees`` with ``nvidia.com/gpu`` only, and
+``profile_options.image`` takes KubeSpawner's choices (``description`` included) and
+``unlisted_choice`` (``display_name_in_choices``, ``description_in_choices`` and
+``kubespawner_override: {image: "{value}"}`` included). Any other KubeSpawner key is refused
+at hub start with the key named: Kubernetes' own (``node_selector``, ``tolerations``, ...)
+have no meaning on this spawner. A callable profile list is refused (profiles are booked
+before any spawner exists).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +64,202 @@ _LOADED_MAX = 8
 
 class ProfileConfigError(ValueError):
     """A malformed ``c.GPUSpawner.profiles`` entry; the message names the profile and field."""
+
+
+#: KubeSpawner settings that place a pod on Kubernetes: what does it here
+_K8S_PLACEMENT = frozenset({
+    "node_selector", "tolerations", "node_affinity_required", "node_affinity_preferred",
+    "pod_affinity_required", "pod_affinity_preferred", "pod_anti_affinity_required",
+    "pod_anti_affinity_preferred", "scheduler_name", "priority_class_name", "namespace",
+    "extra_pod_config", "extra_container_config", "extra_resource_guarantees_gpu"})
+#: kubespawner_override keys this spawner maps onto a profile
+KUBESPAWNER_OVERRIDE_KEYS = ("image", "cpu_limit", "cpu_guarantee", "mem_limit",
+                             "mem_guarantee", "extra_resource_limits",
+                             "extra_resource_guarantees")
+#: KubeSpawner settings a profile cannot set here, and what to do instead
+_OVERRIDE_ADVICE = {
+    "default_url": "set c.Spawner.default_url (every server)",
+    "environment": "set c.Spawner.environment (every server)",
+    "cmd": "set c.Spawner.cmd (every server)",
+    "start_timeout": "set c.Spawner.start_timeout (every server)",
+    "volumes": "use the profile's volumes ({host_path: container_path}, docs/howto/data-mounts.md)",
+    "volume_mounts": "use the profile's volumes ({host_path: container_path}, "
+                     "docs/howto/data-mounts.md)",
+}
+#: the one extended resource a profile can ask for
+GPU_RESOURCE = "nvidia.com/gpu"
+#: keys of an unlisted choice (KubeSpawner's) that only change what the form says
+_UNLISTED_DISPLAY_ONLY = ("display_name_in_choices", "description_in_choices")
+
+
+def kubespawner_slug(display_name: str) -> str:
+    """KubeSpawner's slug for a profile without one: the display name in lower case, every
+    run of characters other than letters and digits made one ``-`` (``"GPU (A100)"`` ->
+    ``"gpu-a100"``)."""
+    return re.sub(r"[^a-z0-9]+", "-", display_name.lower()).strip("-")
+
+
+def _whole(value: Any, at: str, what: str) -> int:
+    """A whole number from a KubeSpawner number (int, float or numeric string)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ProfileConfigError(f"{at}: must be a number of {what}, got {value!r}") from None
+    if number < 0 or not number.is_integer():
+        raise ProfileConfigError(f"{at}: must be a whole number of {what} here (cores and GPUs "
+                                 f"are pinned, not shared by time), got {value!r}")
+    return int(number)
+
+
+def _gpus_of(resources: Any, at: str) -> int | None:
+    """The ``nvidia.com/gpu`` count of ``extra_resource_limits`` (None when absent)."""
+    if not isinstance(resources, Mapping):
+        raise ProfileConfigError(f"{at}: must be a dict {{\"{GPU_RESOURCE}\": count}}")
+    other = sorted(set(resources) - {GPU_RESOURCE})
+    if other:
+        raise ProfileConfigError(f"{at}.{other[0]}: has no meaning on this spawner; only "
+                                 f"{GPU_RESOURCE} (whole GPUs; for a share of one GPU use gpus: "
+                                 "0.25 or gpu_milli, for MIG use mig)")
+    if GPU_RESOURCE not in resources:
+        return None
+    return _whole(resources[GPU_RESOURCE], f"{at}.{GPU_RESOURCE}", "GPUs")
+
+
+def _map_override(override: Any, at: str) -> dict[str, Any]:
+    """A profile's ``kubespawner_override`` as this spawner's profile keys.
+
+    Raises:
+        ProfileConfigError: a key that has no meaning here (named), or a bad value."""
+    if not isinstance(override, Mapping):
+        raise ProfileConfigError(f"{at}: must be a dict of KubeSpawner settings")
+    for key in override:
+        if key in _OVERRIDE_ADVICE:
+            raise ProfileConfigError(f"{at}.{key}: has no meaning on this spawner per profile; "
+                                     f"{_OVERRIDE_ADVICE[key]}")
+        if key in _K8S_PLACEMENT:
+            raise ProfileConfigError(f"{at}.{key}: has no meaning on this spawner; use nodes/"
+                                     "gpu_models (where a profile may run, which GPU models)")
+        if key not in KUBESPAWNER_OVERRIDE_KEYS:
+            raise ProfileConfigError(f"{at}.{key}: has no meaning on this spawner; "
+                                     f"kubespawner_override may set: "
+                                     f"{', '.join(KUBESPAWNER_OVERRIDE_KEYS)}")
+    out: dict[str, Any] = {}
+    if "image" in override:
+        out["image"] = override["image"]
+    cpu_key = "cpu_limit" if override.get("cpu_limit") is not None else "cpu_guarantee"
+    if override.get(cpu_key) is not None:
+        out["cpu"] = _whole(override[cpu_key], f"{at}.{cpu_key}", "cores")
+    mem_key = "mem_limit" if override.get("mem_limit") is not None else "mem_guarantee"
+    if override.get(mem_key) is not None:
+        out["memory"] = override[mem_key]
+    gpus = [g for g in (_gpus_of(override[k], f"{at}.{k}") for k in
+                        ("extra_resource_limits", "extra_resource_guarantees")
+                        if override.get(k) is not None) if g is not None]
+    if gpus:
+        if len(set(gpus)) > 1:
+            raise ProfileConfigError(f"{at}.extra_resource_guarantees.{GPU_RESOURCE}: differs "
+                                     "from extra_resource_limits; GPUs are whole devices here "
+                                     "(set one count)")
+        out["gpus"] = gpus[0]
+    return out
+
+
+def _map_image_option(option: Any, at: str) -> Any:
+    """KubeSpawner's ``profile_options.image`` in this spawner's shape: a choice's
+    ``description`` and the unlisted choice's ``display_name_in_choices`` /
+    ``description_in_choices`` dropped (the form does not show them), the unlisted choice's
+    ``kubespawner_override`` checked to be ``{image: "{value}"}`` and dropped.
+
+    Raises:
+        ProfileConfigError: an override of the unlisted choice that sets anything else."""
+    if not isinstance(option, Mapping):
+        return option  # the schema names the field
+    out = dict(option)
+    choices = out.get("choices")
+    if isinstance(choices, Mapping):
+        out["choices"] = {k: ({n: v for n, v in c.items() if n != "description"}
+                              if isinstance(c, Mapping) else c) for k, c in choices.items()}
+    unlisted = out.get("unlisted_choice")
+    if isinstance(unlisted, Mapping):
+        unlisted = {k: v for k, v in unlisted.items() if k not in _UNLISTED_DISPLAY_ONLY}
+        override = unlisted.pop("kubespawner_override", None)
+        if override is not None:
+            u_at = f"{at}.unlisted_choice.kubespawner_override"
+            if not isinstance(override, Mapping):
+                raise ProfileConfigError(f"{u_at}: must be {{image: \"{{value}}\"}}")
+            for key, value in override.items():
+                if key != "image":
+                    raise ProfileConfigError(f"{u_at}.{key}: has no meaning on this spawner; "
+                                             "an unlisted choice may set only image")
+                if value != "{value}":
+                    raise ProfileConfigError(f"{u_at}.image: must be \"{{value}}\" (the "
+                                             f"reference the user types), got {value!r}")
+        out["unlisted_choice"] = unlisted
+    return out
+
+
+def from_kubespawner(entry: Any, where: str) -> Any:
+    """One ``profile_list`` entry of KubeSpawner's shape as this spawner's profile (entries
+    already in this shape come back unchanged; a non-dict is left to the schema).
+
+    Args:
+        entry: the profile entry.
+        where: the entry's name for messages (``profiles[2]``).
+
+    Raises:
+        ProfileConfigError: a ``kubespawner_override`` key, a ``profile_options`` option or an
+            unlisted choice's override that has no meaning here (the key named, with what to
+            use instead), a non-whole ``cpu_limit`` or GPU count, a key set both ways, or no
+            slug and no display name to make one from.
+    """
+    if not isinstance(entry, Mapping):
+        return entry
+    out = dict(entry)
+    if "slug" not in out and isinstance(out.get("display_name"), str):
+        out["slug"] = kubespawner_slug(out["display_name"])
+        if not out["slug"]:
+            raise ProfileConfigError(f"{where}.slug: missing, and display_name "
+                                     f"{out['display_name']!r} gives none; set slug")
+    slug = out.get("slug")
+    if isinstance(slug, str) and slug:
+        where = f"{where} ({slug})"
+    override = out.pop("kubespawner_override", None)
+    if override is not None:
+        for key, value in _map_override(override, f"{where}.kubespawner_override").items():
+            if key in entry:
+                raise ProfileConfigError(f"{where}.{key}: set both here and through "
+                                         "kubespawner_override; set one")
+            out[key] = value
+    options = out.get("profile_options")
+    if isinstance(options, Mapping):
+        for name in options:
+            if name != "image":
+                raise ProfileConfigError(
+                    f"{where}.profile_options.{name}: unknown field: it has no meaning on this "
+                    "spawner; only an option named image (choices whose kubespawner_override "
+                    "sets image only) is supported: resources are chosen by picking a profile")
+        if "image" in options:
+            out["profile_options"] = {"image": _map_image_option(
+                options["image"], f"{where}.profile_options.image")}
+    return out
+
+
+def resolve_profile_list(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """GPUSpawner settings (trait name -> value) with ``profile_list`` (KubeSpawner's name)
+    moved to ``profiles``.
+
+    Raises:
+        ProfileConfigError: both ``profiles`` and ``profile_list`` are set.
+    """
+    out = dict(settings)
+    if out.get("profile_list", 0) is None:
+        del out["profile_list"]
+    if "profile_list" in out:
+        if "profiles" in out:
+            raise ProfileConfigError("profile_list: an alias of profiles, and both are set; set "
+                                     "one")
+        out["profiles"] = out.pop("profile_list")
+    return out
 
 
 class OptionsError(ValueError):
@@ -220,6 +429,12 @@ def _load_profiles(config: Sequence[Mapping[str, Any]] | str | os.PathLike[str]
                    ) -> list[Profile]:
     """:func:`load_profiles` without the cache."""
     source = "profiles"
+    if callable(config):
+        raise ProfileConfigError(
+            "profiles: a callable profile list (KubeSpawner's profile_list(spawner)) is not "
+            "supported: the hub books capacity, quotas and the wait queue for every profile "
+            "before any spawner exists. Give the list itself and restrict profiles to users "
+            "with groups")
     if isinstance(config, (str, os.PathLike)):
         source = os.fspath(config)
         try:
@@ -230,9 +445,11 @@ def _load_profiles(config: Sequence[Mapping[str, Any]] | str | os.PathLike[str]
         except yaml.YAMLError as e:
             raise ProfileConfigError(f"{source}: not valid YAML: {e}") from None
         if isinstance(data, dict):
-            data = data.get("profiles")
-            source = f"{source}: profiles"
+            data, key = _list_in_file(data)
+            source = f"{source}: {key}"
         config = data or []
+    if isinstance(config, Sequence) and not isinstance(config, (str, bytes)):
+        config = [from_kubespawner(e, f"{source}[{i}]") for i, e in enumerate(config)]
     try:
         validate("profiles", config, where=source)
     except ConfigSchemaError as e:
@@ -263,6 +480,18 @@ def _load_profiles(config: Sequence[Mapping[str, Any]] | str | os.PathLike[str]
     if sum(p.default for p in out) > 1:
         raise ProfileConfigError(f"{source}: more than one profile has default: true")
     return out
+
+
+def _list_in_file(data: Mapping[str, Any]) -> tuple[Any, str]:
+    """The profile list in a YAML mapping: ``profiles``, ``profile_list``, or Zero to
+    JupyterHub's ``singleuser.profileList`` (a chart's values file); the key path."""
+    for key in ("profiles", "profile_list"):
+        if key in data:
+            return data[key], key
+    single = data.get("singleuser")
+    if isinstance(single, Mapping) and "profileList" in single:
+        return single["profileList"], "singleuser.profileList"
+    return None, "profiles"
 
 
 def choose_profile(user_options: Mapping[str, Any] | None, profiles: Sequence[Profile],

@@ -5,6 +5,7 @@ and the user's home on the shared file system."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from jupyterhub.traitlets import ByteSpecification
@@ -21,6 +22,7 @@ from traitlets import (
     TraitError,
     Unicode,
     Union,
+    observe,
     validate,
 )
 
@@ -29,11 +31,12 @@ from ..placement import DEFAULT_POLICY, POLICIES
 from .cluster import GPUHealthSettings
 from .drains import DRAINS_FILE_NAME
 from .identity import home_path, ids_from_auth_state
-from .profiles import PROFILES_HELP
+from .profiles import PROFILES_HELP, ProfileConfigError, resolve_profile_list
 from .spawn_queue import QUEUE_FILE_NAME, QueueSettings
 from .state import state_file
 from .trait_check import HubConfigError, check_trait
 from .user_options import check_user_options
+from .volumes import VolumeConfigError, fold_read_only_volumes
 
 
 class SpawnerSettings(HasTraits):
@@ -51,9 +54,13 @@ class SpawnerSettings(HasTraits):
     backend = Unicode("docker", help="""What runs servers: "docker" (DockerBackend, configured
         as c.DockerBackend.*), "slurm" (SlurmBackend, c.SlurmBackend.*, docs/slurm-backend.md)
         or a dotted Backend class path.""").tag(config=True)
-    profiles = Union([List(Dict()), Unicode()], default_value=[
+    profiles = Union([List(Dict()), Unicode(), Callable()], default_value=[
         {"slug": "cpu", "display_name": "CPU only", "cpu": 1, "memory": "1G", "default": True}],
         help=PROFILES_HELP).tag(config=True)
+    profile_list = Union([List(Dict()), Unicode(), Callable()], default_value=None,
+                         allow_none=True, help="""KubeSpawner's name of ``profiles`` (an alias:
+        set one of them). KubeSpawner's entry shape is accepted in both
+        (docs/howto/user-images.md); a callable is refused at hub start.""").tag(config=True)
     nodes = List(Dict(), default_value=[{"name": "local", "docker_url": "", "topology": "auto"}],
                  help="""Nodes servers may run on: dicts with name, topology ("auto" = read this
         host with sysfs and NVML, or a topology YAML file), host (where its servers are reached
@@ -117,6 +124,10 @@ class SpawnerSettings(HasTraits):
         folder must exist, never the Docker socket, the hub's state folder, another user's home
         or the folder of all homes (docs/data-mounts.md). Not with the Slurm backend. A
         profile's "volumes" add to these.""").tag(config=True)
+    read_only_volumes = Dict(help="""DockerSpawner's read_only_volumes: {host_path:
+        container_path}, each mounted read-only; the same as a ``volumes`` entry
+        {host_path: {"bind": container_path, "mode": "ro"}} (a host path may be in only one of
+        the two). Checked at hub start with ``volumes``.""").tag(config=True)
     group_volumes = Dict(help="""Mounts only members of a JupyterHub group get (a project
         folder per group): {group: volumes}, each value in the shape of ``volumes``;
         {group} in a path is the group's name, {username} the escaped user name.
@@ -205,6 +216,34 @@ class SpawnerSettings(HasTraits):
             raise TraitError(str(e)) from None
         return proposal.value
 
+    @validate("volumes")
+    def _validate_volumes(self, proposal: Any) -> Any:
+        """``read_only_volumes`` folded in (:func:`~gpuspawner.hub.volumes.
+        fold_read_only_volumes`), whichever of the two is set first."""
+        try:
+            return fold_read_only_volumes(proposal.value, self.read_only_volumes)
+        except VolumeConfigError as e:
+            raise TraitError(str(e)) from None
+
+    @observe("read_only_volumes")
+    def _read_only_volumes_changed(self, change: Any) -> None:
+        old = change.old if isinstance(change.old, dict) else {}  # Undefined at first
+        self.volumes = {k: v for k, v in self.volumes.items() if k not in old}
+
+    @validate("profile_list")
+    def _validate_profile_list(self, proposal: Any) -> Any:
+        """``profile_list`` is ``profiles`` under KubeSpawner's name: checked as it, then set
+        as it."""
+        if proposal.value is None:
+            return None
+        try:
+            check_trait("profiles", proposal.value)
+        except HubConfigError as e:
+            raise TraitError(str(e).replace("GPUSpawner.profiles", "GPUSpawner.profile_list",
+                                            1)) from None
+        self.profiles = proposal.value
+        return proposal.value
+
     @validate("user_options")
     def _validate_user_options(self, proposal: Any) -> dict[str, Any]:
         """Keep refused options out of memory too (the REST model echoes them): a refused
@@ -268,7 +307,34 @@ def spawner_values(app: Any, names: tuple[str, ...]) -> dict[str, Any]:
             for name in values:
                 if name in app.config[section]:
                     values[name] = app.config[section][name]
+            if "profiles" in values and app.config[section].get("profile_list") is not None:
+                # KubeSpawner's name (an alias; both set is refused at hub start)
+                values["profiles"] = app.config[section]["profile_list"]
+            if "volumes" in values and app.config[section].get("read_only_volumes"):
+                # DockerSpawner's read-only mounts (a clash is refused at hub start)
+                values["volumes"] = fold_read_only_volumes(
+                    values["volumes"], app.config[section]["read_only_volumes"])
     return values
+
+
+def resolve_aliases(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``c.GPUSpawner`` section (trait name -> value) with KubeSpawner's and DockerSpawner's
+    names resolved: ``profile_list`` as ``profiles``, ``read_only_volumes`` folded into
+    ``volumes`` (:func:`~gpuspawner.hub.volumes.fold_read_only_volumes`).
+
+    Raises:
+        HubConfigError: ``profiles`` and ``profile_list`` both set; ``read_only_volumes``
+            malformed or sharing a host path with ``volumes`` (the field named).
+    """
+    try:
+        out = resolve_profile_list(settings)
+        if out.get("read_only_volumes"):
+            out["volumes"] = fold_read_only_volumes(out.get("volumes") or {},
+                                                    out["read_only_volumes"])
+    except (ProfileConfigError, VolumeConfigError) as e:
+        raise HubConfigError(str(e) if str(e).startswith("GPUSpawner.")
+                             else f"GPUSpawner.{e}") from None
+    return out
 
 
 def hub_db_url() -> str | None:

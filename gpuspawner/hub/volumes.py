@@ -42,7 +42,8 @@ from typing import Any
 
 from ..backends.spec import Mount
 
-__all__ = ["VolumeConfigError", "VolumeSpec", "check_volume_settings", "mounts_for",
+__all__ = ["VolumeConfigError", "VolumeSpec", "check_volume_settings", "fold_read_only_volumes",
+           "mounts_for",
            "nested_in_writable", "parse_volumes", "site_volumes"]
 
 #: container paths no mount may cover (the kernel's file systems)
@@ -136,6 +137,14 @@ def parse_volumes(value: Any, where: str, group: str = "") -> list[VolumeSpec]:
             raise VolumeConfigError(f"{at}: must be the path in the server or "
                                     f"{{\"bind\": path, \"mode\": \"ro\"|\"rw\"}}, got "
                                     f"{type(target).__name__}")
+        if not host.startswith("/") and "/" not in host:
+            raise VolumeConfigError(
+                f"{at}: host path {host!r} must be an absolute path; {host!r} is a Docker "
+                "named volume (DockerSpawner's shape: a name, not a path), and named volumes "
+                "are not supported: a server may start on any node and "
+                "a named volume lives in one node's engine, so its files would not follow the "
+                "user. Mount a folder of the shared file system by its absolute path (for a "
+                "per-user folder, home_path_template)")
         _check_path(host, "host path", at, allowed)
         _check_path(bind, "bind", at, allowed)
         out.append(VolumeSpec(posixpath.normpath(host), posixpath.normpath(bind),
@@ -330,6 +339,40 @@ def check_volume_settings(volumes: Any, group_volumes: Any, profiles: Iterable[A
     _check_nesting([(f"{where}[{v.host_path!r}]", v) for where, v in specs],
                    home_path_template)
     return [v for _, v in specs]
+
+
+def fold_read_only_volumes(volumes: Any, read_only_volumes: Any) -> Any:
+    """``c.GPUSpawner.volumes`` with DockerSpawner's ``read_only_volumes``
+    (``{host_path: container_path}``, every one mounted read-only) added as
+    ``{host_path: {"bind": container_path, "mode": "ro"}}``.
+
+    Args:
+        volumes: ``c.GPUSpawner.volumes`` (returned as it is when there is nothing to add or
+            it is not a dict: :func:`parse_volumes` names that).
+        read_only_volumes: ``c.GPUSpawner.read_only_volumes``; None or {} = none.
+
+    Raises:
+        VolumeConfigError: ``read_only_volumes`` is not a dict of strings, or a host path is
+            in both settings.
+    """
+    if not read_only_volumes:
+        return volumes
+    where = "GPUSpawner.read_only_volumes"
+    if not isinstance(read_only_volumes, Mapping):
+        raise VolumeConfigError(f"{where}: must be a dict {{host_path: container_path}}, got "
+                                f"{type(read_only_volumes).__name__}")
+    if not isinstance(volumes, Mapping):
+        return volumes
+    out = dict(volumes)
+    for host, bind in read_only_volumes.items():
+        if not isinstance(bind, str):
+            raise VolumeConfigError(f"{where}[{host!r}]: must be the path in the server (a "
+                                    f"string), got {type(bind).__name__}")
+        if host in out and out[host] != {"bind": bind, "mode": "ro"}:
+            raise VolumeConfigError(f"{where}[{host!r}]: is in GPUSpawner.volumes too; set it "
+                                    "in one of them")
+        out[host] = {"bind": bind, "mode": "ro"}
+    return out
 
 
 def site_volumes(volumes: Any, group_volumes: Any) -> list[VolumeSpec]:
