@@ -52,6 +52,12 @@ may make, KubeSpawner's shape), volumes (mounts beside c.GPUSpawner.volumes, sam
 restart_on_node_failure (move servers off a failed node), numa_policy
 (strict | prefer | none), groups (who may use it; empty = everyone), nodes (node names it may
 run on; empty = any), queue (wait when the bundle is not free now), default.
+
+KubeSpawner's profile_list entries are accepted (c.GPUSpawner.profile_list is an alias):
+slug may be left out (made from display_name), kubespawner_override may set image,
+cpu_limit/cpu_guarantee, mem_limit/mem_guarantee and extra_resource_limits/guarantees
+{"nvidia.com/gpu": N}; any other KubeSpawner key stops the hub, named
+(docs/howto/user-images.md). A callable is refused.
 """
 
 #: keys a client may send in ``user_options`` (the ``user-options`` schema's)
