@@ -283,3 +283,51 @@ def test_an_unknown_pull_policy_stops_the_hub(hub_config: Config) -> None:
     hub_config.DockerBackend.pull_policy = "sometimes"
     reason = refusal(hub_config)
     assert "pull_policy" in reason and "'sometimes'" in reason and "skip" in reason
+
+
+# --- a real hub ----------------------------------------------------------------------------
+
+@pytest.mark.docker
+@pytest.mark.hub
+def test_a_real_hub_serves_the_zero_to_jupyterhub_profile_list(tmp_path: Path) -> None:
+    """A site's config that sets c.GPUSpawner.profile_list to Z2JH's values file: the hub
+    starts (the shipped config's start-up check passes) and a user's spawn form offers the
+    profiles by their slugs, names and descriptions; a Kubernetes-only key stops the hub."""
+    import subprocess
+    import sys
+
+    from tests.hubrunner import Hub
+
+    def hub(path: Path, state: Path) -> Hub:
+        h = Hub(state, [{"name": "local", "topology": "auto"}], [],
+                extra_config=f"del c.GPUSpawner['profiles']\n"
+                             f"c.GPUSpawner.profile_list = {str(path)!r}\n"
+                             # the GPU profile shows on a host without GPUs too
+                             "c.GPUSpawner.show_unavailable_profiles = True\n")
+        h.env["GPUSPAWNER_CULLER"] = "off"
+        return h
+
+    bad = hub(DATA / "z2jh-lifecycle-hooks.yaml", tmp_path / "bad")
+    with open(bad.log_path, "ab") as log:
+        proc = subprocess.run([sys.executable, "-m", "jupyterhub", "-f", str(bad.config)],
+                              cwd=bad.state_dir, env=bad.env, stdout=log,
+                              stderr=subprocess.STDOUT, timeout=60)
+    text = bad.log_path.read_text(errors="replace")
+    assert proc.returncode != 0, text[-2000:]
+    assert "kubespawner_override.lifecycle_hooks: has no meaning on this spawner" in text
+    assert "JupyterHub is now running" not in text
+
+    h = hub(Z2JH, tmp_path / "good")
+    h.start()
+    try:
+        h.ensure_user("ann")
+        r = h.login("ann").get(f"{h.url}/hub/spawn", timeout=30)
+        assert r.status_code == 200, r.text[:500]
+        for text in ("Minimal environment", "Datascience environment", "Spark environment",
+                     "GPU Server", "Spawns a notebook server with access to a GPU"):
+            assert text in r.text, text
+        for slug in ("minimal-environment", "datascience-environment", "spark-environment",
+                     "gpu-server"):
+            assert f'value="{slug}"' in r.text, slug
+    finally:
+        h.stop()
