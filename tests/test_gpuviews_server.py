@@ -39,7 +39,10 @@ def jp_server_config(nvml_factory):  # noqa: F811 - overrides pytest-jupyter's
 @pytest.fixture
 def get(jp_fetch, jp_asyncio_loop, jp_serverapp):  # noqa: F811
     def fetch(path: str, **kw):
-        resp = jp_asyncio_loop.run_until_complete(jp_fetch("api", "gpuspawner", path, **kw))
+        async def fetched():  # jp_fetch needs the running loop when called, not only awaited
+            return await jp_fetch("api", "gpuspawner", path, **kw)
+
+        resp = jp_asyncio_loop.run_until_complete(fetched())
         assert resp.code == 200
         return json.loads(resp.body)
     yield fetch
@@ -115,9 +118,11 @@ def test_moved_from_the_environment(get, monkeypatch):
 
 
 def test_unauthenticated_refused(jp_fetch, jp_asyncio_loop):  # noqa: F811
+    async def fetched():
+        return await jp_fetch("api", "gpuspawner", "metrics", headers={"Authorization": ""})
+
     with pytest.raises(tornado.httpclient.HTTPClientError) as e:
-        jp_asyncio_loop.run_until_complete(jp_fetch("api", "gpuspawner", "metrics",
-                                                    headers={"Authorization": ""}))
+        jp_asyncio_loop.run_until_complete(fetched())
     assert e.value.code in (401, 403)
 
 
