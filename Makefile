@@ -117,11 +117,11 @@ else
 	@mkdir -p var/log; rc=0; \
 	echo "pytest -m slurm (one process, output in var/log/test-slurm.log) beside" \
 	  "pytest -n $(TEST_WORKERS) -m 'not slurm'"; \
-	$(VENV)/bin/pytest -q -p no:xdist -m "slurm and not exclusive" \
+	$(VENV)/bin/pytest -q -p no:xdist -m "slurm and not exclusive" --durations=5 \
 	  --basetemp=/tmp/gpuspawner-slurm-tests $(PYTEST_ARGS) >var/log/test-slurm.log 2>&1 & \
 	slurm=$$!; \
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
-	  -m "not slurm and not exclusive" $(PYTEST_ARGS) || rc=1; \
+	  --durations=10 -m "not slurm and not exclusive" $(PYTEST_ARGS) || rc=1; \
 	wait $$slurm || rc=1; \
 	echo "--- the Slurm-marked tests (var/log/test-slurm.log):"; cat var/log/test-slurm.log; \
 	echo "--- the exclusive tests, alone:"; \
