@@ -160,8 +160,9 @@ def test_an_image_outside_the_allow_pattern_is_refused_with_the_reason(setup, br
         _choose_other_image(page, "docker.io/library/ubuntu:22.04")
         page.click("#spawn_form button[type=submit]")
         reason = f"is not allowed on profile 'own': an image of the site's registry {address}"
-        wait_js(page, f"() => document.body.textContent.includes({reason!r})", 60_000,
-                "the refusal's reason")
+        # the body is null for a moment while the form's answer loads
+        wait_js(page, f"() => !!document.body && document.body.textContent.includes({reason!r})",
+                60_000, "the refusal's reason")
         # on the form itself, shown again with the error above it (JupyterHub's spawn page)
         assert page.locator(".gpus-form").count() == 1
         text = page.inner_text("body")
