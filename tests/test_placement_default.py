@@ -8,7 +8,9 @@ import pytest
 
 from gpuspawner.placement import DEFAULT_POLICY, POLICIES, Bundle, Ledger, Owner, PlacementRefused
 from gpuspawner.placement.workload import PodType
-from tests.factories import GiB, make_node
+from tests.factories import make_node
+from tests.test_fgd_mem_ledger import CPU_BUNDLE, GPU_BUNDLE
+from tests.test_fgd_mem_ledger import ledger as fgd_mem_ledger
 
 
 def test_the_default_is_the_memory_aware_lookahead_everywhere() -> None:
@@ -72,21 +74,12 @@ def test_the_default_keeps_a_gpu_nodes_cores_for_gpu_work() -> None:
 
 
 # -- a GPU node's memory kept for the GPU work that needs it --------------------------------
-
-GPU_POD = PodType(1000, 1000, 1)  # one whole GPU, 40 GiB
-CPU_POD = PodType(1000)  # CPU only, 30 GiB
-MEM_WORKLOAD = [(GPU_POD, 0.5), (CPU_POD, 0.5)]
+# the two-node case of tests/test_fgd_mem_ledger.py: a: 60 GiB, b: 100 GiB, one GPU and 8
+# cores each, a GPU type asking 40 GiB and a CPU type 30 GiB
 
 
 def _memory_ledger(policy: str | None) -> Ledger:
-    # a: 60 GiB, b: 100 GiB; one GPU and 8 cores each; the types' memory learned from what
-    # the hub saw (here given: 40 GiB for the GPU type, 30 for the CPU one)
-    nodes = [make_node("a", gpus=1, numa=1, cores=8, memory_gib=60),
-             make_node("b", gpus=1, numa=1, cores=8, memory_gib=100)]
-    led = (Ledger(nodes, workload=MEM_WORKLOAD) if policy is None
-           else Ledger(nodes, policy, workload=MEM_WORKLOAD))
-    led._c.frag.set_workload(MEM_WORKLOAD, memory={GPU_POD: 40 * 1024, CPU_POD: 30 * 1024})
-    return led
+    return fgd_mem_ledger(policy or DEFAULT_POLICY)
 
 
 def test_the_default_keeps_a_gpu_nodes_memory_for_gpu_work() -> None:
@@ -94,8 +87,7 @@ def test_the_default_keeps_a_gpu_nodes_memory_for_gpu_work() -> None:
     # would be stranded; fgd does not count memory and picks a (the smaller name), the
     # default picks b. Then two 40 GiB GPU bundles: one served after fgd, both after the
     # default.
-    cpu = Bundle(cores=1, memory_bytes=30 * GiB)
-    gpu = Bundle(cores=1, gpus=1, memory_bytes=40 * GiB)
+    cpu, gpu = CPU_BUNDLE, GPU_BUNDLE
     for policy, node, served in (("fgd", "a", 1), (None, "b", 2)):
         led = _memory_ledger(policy)
         assert led.reserve(cpu, Owner("c")).node == node, policy
