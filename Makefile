@@ -8,6 +8,8 @@
 #   make labext-ui    node_modules of its galata UI tests (labextension/ui-tests; no browser
 #                     download: Debian's chromium from make test-tools)
 #   make images       gpuspawner/singleuser:latest (scripts/build-images.sh)
+#   make dist         dist/: the wheel and the sdist (lab extension inside) and a wheelhouse
+#                     of the hub's dependencies, for a hub machine (scripts/dist.sh)
 #   make up           all of the above, then the hub on http://127.0.0.1:8000
 #   make slurm        a private three-node Slurm cluster on loopback for the Slurm backend's
 #                     tests (scripts/slurm.sh; `scripts/slurm.sh --stop` stops it) and the
@@ -33,7 +35,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 LINT_DIRS := $(wildcard gpuspawner tests idle_culler benchmarks hub_config labextension/ui-tests)
 
-.PHONY: help venv chp engine btrfs-engine labext labext-ui images slurm registry up hub test \
+.PHONY: help venv chp engine btrfs-engine labext labext-ui images dist slurm registry up hub test \
 	test-unit lint \
 	docs clean distclean
 
@@ -68,6 +70,9 @@ labext-ui: venv
 
 images: venv engine labext
 	scripts/build-images.sh
+
+dist: venv
+	scripts/dist.sh
 
 up: venv chp engine images
 	$(MAKE) --no-print-directory hub
@@ -110,7 +115,7 @@ test-tools:
 # other's jobs) beside the others, which run as whole modules on TEST_WORKERS pytest-xdist
 # workers (--dist loadfile, longest modules first: tests/conftest.py); tests marked `exclusive`
 # (they change the host's isolation rule) run after, alone. TEST_WORKERS=0: one process.
-test: venv chp engine images btrfs-engine test-tools slurm registry labext-ui lint docs
+test: venv chp engine images btrfs-engine test-tools slurm registry labext-ui dist lint docs
 ifeq ($(TEST_WORKERS),0)
 	$(VENV)/bin/pytest -q -p no:xdist $(PYTEST_ARGS)
 else
