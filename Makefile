@@ -8,6 +8,9 @@
 #   make labext-ui    node_modules of its galata UI tests (labextension/ui-tests; no browser
 #                     download: Debian's chromium from make test-tools)
 #   make images       gpuspawner/singleuser:latest (scripts/build-images.sh)
+#   make gpu-check    on this host's real GPU: NVML vs nvidia-smi, a 1-GPU server, the panel
+#                     and the culler under load, two shares per enforcement mechanism, MIG,
+#                     XID/ECC; one table, exit 1 on a mismatch, 2 (one line) without a GPU
 #   make dist         dist/: the wheel and the sdist (lab extension inside) and a wheelhouse
 #                     of the hub's dependencies, for a hub machine (scripts/dist.sh)
 #   make up           all of the above, then the hub on http://127.0.0.1:8000
@@ -36,7 +39,7 @@ TEST_WORKERS ?= 2
 LINT_DIRS := $(wildcard gpuspawner tests idle_culler benchmarks hub_config labextension/ui-tests)
 
 .PHONY: help venv chp engine btrfs-engine labext labext-ui images dist slurm registry up hub test \
-	test-unit lint \
+	test-unit lint gpu-check \
 	docs clean distclean
 
 help:
@@ -70,6 +73,9 @@ labext-ui: venv
 
 images: venv engine labext
 	scripts/build-images.sh
+
+gpu-check: venv
+	$(VENV)/bin/python -m gpuspawner.gpushare.check $(GPU_CHECK_ARGS)
 
 dist: venv
 	scripts/dist.sh

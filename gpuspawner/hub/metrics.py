@@ -70,6 +70,22 @@ SERVER_MOVES = Counter(
     ["outcome"], registry=REGISTRY)
 
 
+GPU_SHARE_ACTIONS = Counter(
+    "gpuspawner_gpu_share_actions",
+    "What the GPU share watchdog did to shares over their GPU memory (docs/gpu-sharing.md), by "
+    "action (warn: first seen over; interrupt: SIGINT to the share's largest kernel after the "
+    "grace period)",
+    ["action"], registry=REGISTRY)
+
+
+def gpu_share_action(action: str) -> None:
+    """Count one watchdog action in :data:`GPU_SHARE_ACTIONS`. Never raises."""
+    try:
+        GPU_SHARE_ACTIONS.labels(action=action).inc()
+    except Exception as e:  # pragma: no cover - defensive
+        log.warning("metrics: cannot count a GPU share action: %s", e)
+
+
 def server_moved(outcome: str) -> None:
     """Count one restart elsewhere in :data:`SERVER_MOVES`. Never raises."""
     try:
