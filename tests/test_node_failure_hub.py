@@ -6,6 +6,8 @@ Docs: docs/howto/node-failure.md."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -50,7 +52,12 @@ def node_pair(tmp_path: Path) -> tuple[docker.APIClient, docker.APIClient, Engin
     return engine, btrfs, fwd, nodes
 
 
-def test_the_users_url_works_again_after_its_node_fails(tmp_path: Path):
+@contextmanager
+def moving_hub(tmp_path: Path, user: str) -> Iterator[tuple[Hub, docker.APIClient,
+                                                            docker.APIClient, EngineForwarder]]:
+    """A started hub over :func:`node_pair`'s two nodes (first-fit, 2 s poll) and ``user``
+    made: yields (hub, engine of a, engine of b, a's forwarder); afterwards stops the user's
+    server and the hub, cuts a's forwarder and removes the user's objects on both engines."""
     engine, btrfs, fwd, nodes = node_pair(tmp_path)
     profiles = [{"slug": "cpu", "cpu": 1, "memory": "512M", "default": True}]
     hub = Hub(tmp_path / "hub", nodes, profiles,
@@ -58,7 +65,25 @@ def test_the_users_url_works_again_after_its_node_fails(tmp_path: Path):
                            "c.GPUSpawner.placement_policy = 'first-fit'\n")
     hub.start()
     try:
-        hub.ensure_user(USER)
+        hub.ensure_user(user)
+        yield hub, engine, btrfs, fwd
+    finally:
+        try:
+            hub.api("DELETE", f"/users/{user}/server")
+            hub.wait_stopped(user)
+        except Exception:
+            pass
+        hub.stop()
+        try:
+            fwd.fail()
+        except Exception:
+            pass
+        remove_objects_of(engine, [user])
+        remove_objects_of(btrfs, [user])
+
+
+def test_the_users_url_works_again_after_its_node_fails(tmp_path: Path):
+    with moving_hub(tmp_path, USER) as (hub, engine, btrfs, fwd):
         r = hub.api("POST", f"/users/{USER}/server", {"profile": "cpu"})
         assert r.status_code in (201, 202), r.text
         hub.wait_ready(USER)
@@ -85,19 +110,6 @@ def test_the_users_url_works_again_after_its_node_fails(tmp_path: Path):
         assert moved["state"]["allocation"]["node"] == "b"
         assert moved["ready"] and moved["state"]["moves"][-1]["from"] == "a"
         assert btrfs.containers(filters={"label": f"gpuspawner.user={USER}"})
-    finally:
-        try:
-            hub.api("DELETE", f"/users/{USER}/server")
-            hub.wait_stopped(USER)
-        except Exception:
-            pass
-        hub.stop()
-        try:
-            fwd.fail()
-        except Exception:
-            pass
-        remove_objects_of(engine, [USER])
-        remove_objects_of(btrfs, [USER])
 
 
 def test_the_old_server_is_removed_when_its_node_returns_and_its_token_is_dead(
@@ -106,15 +118,8 @@ def test_the_old_server_is_removed_when_its_node_returns_and_its_token_is_dead(
     ran, with the user's home and the same API token, beside the moved server. Now the token
     is revoked when the server moves (the hub refuses it at once) and the old container is
     removed as soon as node a answers again, before anything else runs there."""
-    engine, btrfs, fwd, nodes = node_pair(tmp_path)
-    profiles = [{"slug": "cpu", "cpu": 1, "memory": "512M", "default": True}]
-    hub = Hub(tmp_path / "hub", nodes, profiles,
-              extra_config="c.Spawner.poll_interval = 2\n"
-                           "c.GPUSpawner.placement_policy = 'first-fit'\n")
-    hub.start()
     user = USER + "-old"
-    try:
-        hub.ensure_user(user)
+    with moving_hub(tmp_path, user) as (hub, engine, btrfs, fwd):
         r = hub.api("POST", f"/users/{user}/server", {"profile": "cpu"})
         assert r.status_code in (201, 202), r.text
         hub.wait_ready(user)
@@ -149,16 +154,3 @@ def test_the_old_server_is_removed_when_its_node_returns_and_its_token_is_dead(
                    0.2, "the old container on node a removed")
         print(f"node a answers -> its old container is gone: {time.monotonic() - t0:.1f} s")
         assert moved() is not None  # the moved server runs on
-    finally:
-        try:
-            hub.api("DELETE", f"/users/{user}/server")
-            hub.wait_stopped(user)
-        except Exception:
-            pass
-        hub.stop()
-        try:
-            fwd.fail()
-        except Exception:
-            pass
-        remove_objects_of(engine, [user])
-        remove_objects_of(btrfs, [user])
