@@ -21,6 +21,9 @@ Subcommands:
   (:func:`generate_config`); ``--culler``: the idle culler's ``idle_culler_config.py``.
 * ``gpuspawner jobs submit|list|show|cancel|output``: notebook jobs through the hub's
   gpuspawner service (:mod:`gpuspawner.jobs.client`, docs/jobs.md).
+* ``gpuspawner usage [--db PATH] [--from WHEN] [--to WHEN] [--group-by KEYS] [--user NAME]
+  [--tz ZONE] [--format table|json|csv]``: a usage report from the usage database
+  (:mod:`gpuspawner.usage.cli`, docs/usage.md).
 * ``gpuspawner simulate ...``: provided by :mod:`gpuspawner.simulate` (its ``add_arguments`` and
   ``run``, from :mod:`gpuspawner.simulate.cli`).
 """
@@ -40,6 +43,7 @@ from .health_cli import add_subcommands as _add_health
 from .inventory.local import read_local_node
 from .inventory.topology import TopologyError, dump_topology, load_topology_file
 from .jobs.client import add_subcommands as _add_jobs
+from .usage.cli import add_subcommands as _add_usage
 
 log = logging.getLogger(__name__)
 
@@ -242,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_health(sub)
     _add_generate_config(sub)
     _add_jobs(sub)
+    _add_usage(sub)
     _add_simulate(sub)
     return parser
 

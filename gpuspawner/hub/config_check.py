@@ -20,7 +20,9 @@ from traitlets.config import LazyConfigValue
 
 from idle_culler.policies import PolicyError, PolicySet
 
+from ..elastic.manager import ElasticConfigError, attach_elastic
 from ..placement import POLICIES
+from ..usage.hub import UsageConfigError, attach_usage
 from .cluster import Cluster, current_clusters, get_cluster
 from .drains import DrainFileError
 from .hub_id import hub_id as hub_id_of
@@ -243,13 +245,46 @@ def check_hub_config(c: Any) -> None:
     """
     app = loading_hub()
     if app is not None:  # a hub loading its files: check the final configuration, once
-        at_hub_start(app, _check_and_build)
+        at_hub_start(app, _check_and_build_hub)
         return
     _check_and_build(c)
 
 
-def _check_and_build(c: Any) -> Cluster:
-    """:func:`check_hub_config`'s checks on ``c`` now; the cluster they built.
+def _check_and_build_hub(c: Any) -> Cluster:
+    """:func:`_check_and_build` at a hub's start: also the usage records (a check called by
+    hand opens no database)."""
+    return _check_and_build(c, usage=True)
+
+
+def _usage(cluster: Cluster, c: Any, settings: Mapping[str, Any]) -> None:
+    """Usage records (``c.GPUUsage``, :func:`gpuspawner.usage.hub.attach_usage`) on the
+    hub's ledger, before anything is booked. Raises HubConfigError naming the setting."""
+    hub = _section(c, "JupyterHub")
+    try:
+        attach_usage(cluster, c, str(settings.get("state_dir") or ""),
+                     str(hub["db_url"]) if "db_url" in hub else hub_db_url())
+    except UsageConfigError as e:
+        raise HubConfigError(str(e)) from None
+
+
+def _elastic(cluster: Cluster, c: Any) -> None:
+    """Elastic nodes (``c.GPUElastic``, :func:`gpuspawner.elastic.attach_elastic`) on the
+    hub's cluster, before anything is restored (once per cluster). Raises HubConfigError
+    naming the setting."""
+    if cluster.elastic is not None:
+        return
+    hub = _section(c, "JupyterHub")
+    db_url = str(hub["db_url"]) if "db_url" in hub else hub_db_url()
+    state_dir = str(_section(c, "GPUSpawner").get("state_dir") or "")
+    try:
+        attach_elastic(cluster, c, resolve_state_dir(state_dir, db_url))
+    except ElasticConfigError as e:
+        raise HubConfigError(str(e)) from None
+
+
+def _check_and_build(c: Any, usage: bool = False) -> Cluster:
+    """:func:`check_hub_config`'s checks on ``c`` now; the cluster they built. ``usage``:
+    also open the usage database and record on the cluster's ledger (:func:`_usage`).
 
     Raises:
         SystemExit: as :func:`check_hub_config`.
@@ -257,7 +292,11 @@ def _check_and_build(c: Any) -> Cluster:
     try:
         check_ignored_spawner_options(c)
         # profile_list, read_only_volumes: KubeSpawner's and DockerSpawner's names
-        cluster = check_spawner_settings(resolve_aliases(_section(c, "GPUSpawner")), c)
+        spawner_settings = resolve_aliases(_section(c, "GPUSpawner"))
+        cluster = check_spawner_settings(spawner_settings, c)
+        if usage:
+            _usage(cluster, c, spawner_settings)
+        _elastic(cluster, c)
         # users' own images: no registry in the servers' networks (gpuspawner.hub.images)
         refuse_networks([str(getattr(cluster.backend, "server_network_pool", "") or ""),
                          *(rt.network_pool for rt in cluster.nodes.values())])

@@ -119,6 +119,20 @@ class SpawnQueue:
         #: awaited before each tick's pass while spawns wait (the cluster sets it: GPUs other
         #: jobs held may be free now, ``Cluster.refresh_held_elsewhere``)
         self.before_tick: Callable[[], Awaitable[None]] | None = None
+        #: a note on a waiting entry beside its position (the elastic nodes' manager: "a node
+        #: is being started for this, about 2 min"), None: none
+        self.wait_note: Callable[[QueueEntry], str | None] | None = None
+
+    def note(self, entry: QueueEntry) -> str | None:
+        """The note on a waiting entry (:attr:`wait_note`), None when there is none or it
+        fails (logged)."""
+        if self.wait_note is None:
+            return None
+        try:
+            return self.wait_note(entry)
+        except Exception:  # a note never stops a wait
+            log.exception("wait queue: the note on %s failed", entry.id)
+            return None
 
     @property
     def ledger(self) -> Any:
@@ -296,12 +310,12 @@ class SpawnQueue:
         ahead = max(0, self.wq.position(entry.id)[0] - 1)  # not yet notified: compute
         try:
             alloc = self.ledger.reserve(entry.bundle, entry.owner, entry.nodes or None,
-                                        quotas=entry.quotas)
+                                        quotas=entry.quotas, notify=False)  # a probe
         except PlacementRefused as e:
             return e
         except PlacementError as e:
             return PlacementRefused(getattr(e, "reason", "placement"), str(e))
-        self.ledger.release(alloc.id)
+        self.ledger.release(alloc.id, notify=False)
         return PlacementRefused("queued", f"{ahead} spawn{'s' if ahead != 1 else ''} wait "
                                           "ahead of you for these resources; ask to wait "
                                           "(queue) to keep your place")

@@ -10,6 +10,7 @@ milliseconds, see ``benchmarks/placement.py``).
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 from collections.abc import Callable, Iterable
@@ -99,6 +100,11 @@ class Ledger(LedgerCapacity, LedgerRestore, LedgerHealth, IndexMaintenance):
         self._capacity_cache: tuple[tuple[int, frozenset[str], frozenset[str]], Usage] | None
         self._capacity_cache = None
         self._grown = 0
+        #: called ``(event, allocation)`` after each change of what is booked, under the
+        #: ledger's lock: ``"book"`` (reserve, restore), ``"adopt"`` (the same allocation
+        #: now names other devices), ``"release"``; an observer's exception is logged, never
+        #: raised (the hub's usage records, :mod:`gpuspawner.usage`)
+        self.observers: list[Callable[[str, Allocation], None]] = []
         for n in nodes:
             self.add_node(n)
 
@@ -210,7 +216,7 @@ class Ledger(LedgerCapacity, LedgerRestore, LedgerHealth, IndexMaintenance):
     # -- reserve / release ---------------------------------------------------------------------
     def reserve(self, bundle: Bundle, owner: Owner, nodes: Iterable[str] | None = None, *,
                 explain: bool = True, observe: bool = True,
-                quotas: QuotaTable | None = None) -> Allocation:
+                quotas: QuotaTable | None = None, notify: bool = True) -> Allocation:
         """Book every resource of ``bundle`` for ``owner`` on one node, or nothing.
 
         Args:
@@ -225,6 +231,8 @@ class Ledger(LedgerCapacity, LedgerRestore, LedgerHealth, IndexMaintenance):
             quotas: the request's quota table instead of the ledger's (a JupyterHub
                 ``group_overrides`` that sets ``quotas`` for the user's groups: a per-user
                 difference is an input of the request, not a second ledger).
+            notify: tell :attr:`observers` (False for a probe released at once with
+                ``release(..., notify=False)``).
 
         Returns:
             The allocation (already booked).
@@ -268,7 +276,7 @@ class Ledger(LedgerCapacity, LedgerRestore, LedgerHealth, IndexMaintenance):
                 raise self._refusal(bundle, owner, allowed)
             st, p = choice
             alloc = self._allocation(bundle, owner, st, p)
-            self._book(st, alloc)
+            self._book(st, alloc, notify=notify)
             if self.prior is not None:
                 self.prior.record_bundle(bundle, alloc.created)
             return alloc
@@ -286,7 +294,15 @@ class Ledger(LedgerCapacity, LedgerRestore, LedgerHealth, IndexMaintenance):
                                st.mig_by_uuid[u].slices) for u in p.mig),
         )
 
-    def _book(self, st: NodeState, alloc: Allocation) -> None:
+    def _notify(self, event: str, alloc: Allocation) -> None:
+        for fn in list(self.observers):
+            try:
+                fn(event, alloc)
+            except Exception:  # an observer never undoes or refuses a booking
+                logging.getLogger("gpuspawner").exception(
+                    "ledger observer failed on %s of %s", event, alloc.id)
+
+    def _book(self, st: NodeState, alloc: Allocation, notify: bool = True) -> None:
         old = self._bucket_key(st)
         st.book(alloc)
         self._rebucket(st, old, grew=False)
@@ -300,15 +316,26 @@ class Ledger(LedgerCapacity, LedgerRestore, LedgerHealth, IndexMaintenance):
         self._user_used[alloc.owner.user] = self.usage(alloc.owner.user) + u
         for g in alloc.owner.groups:
             self._group_used[g] = self.group_usage(g) + u
+        if notify and self.observers:
+            self._notify("book", alloc)
 
-    def release(self, allocation_id: str, missing_ok: bool = False) -> Allocation | None:
+    def release(self, allocation_id: str, missing_ok: bool = False, *,
+                notify: bool = True) -> Allocation | None:
         """Give back everything an allocation holds; returns it (None when ``missing_ok``
-        and the ledger holds no such allocation).
+        and the ledger holds no such allocation). ``notify``: tell :attr:`observers`.
 
         Raises:
             UnknownAllocation: the ledger holds no allocation with that id (unless
                 ``missing_ok``).
         """
+        with self._lock:
+            alloc = self._unbook(allocation_id, missing_ok)
+            if alloc is not None and notify and self.observers:
+                self._notify("release", alloc)
+            return alloc
+
+    def _unbook(self, allocation_id: str, missing_ok: bool = False) -> Allocation | None:
+        """:meth:`release` without telling the observers (``adopt`` rebooks the same one)."""
         with self._lock:
             alloc = self._allocs.pop(allocation_id, None)
             if alloc is None:

@@ -78,12 +78,14 @@ class LedgerRestore:
                           memory_by_numa=by_numa)
             if new == old:
                 return old
-            self.release(old.id)
+            self._unbook(old.id)
             problem = self._restore_problem(new)
             if problem:
-                self._book(st, old)
+                self._book(st, old, notify=False)
                 raise PlacementError(f"adopt {old.id}: {problem}")
-            self._book(st, new)
+            self._book(st, new, notify=False)
+            if self.observers:
+                self._notify("adopt", new)
             return new
 
     def restore(self, allocations: Iterable[Allocation | Mapping[str, Any] | str],

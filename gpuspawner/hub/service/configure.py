@@ -19,6 +19,7 @@ import secrets
 from collections.abc import Iterable
 from typing import Any
 
+from ...usage.api import usage_routes
 from .. import metrics
 from ..cluster import current_clusters
 from ..jobs import service as jobs_service  # (the module: see the docstring)
@@ -59,7 +60,8 @@ def configure_service(c: Any, name: str = "gpuspawner", host: str = "127.0.0.1",
     base_url = jh.base_url if "base_url" in jh else "/"
     # notebook jobs' routes (api/jobs) build on the service's handlers (gpuspawner.hub.jobs.service)
     service = GPUService(name, secrets.token_hex(32), base_url=base_url,
-                         extra_routes=[jobs_service.job_routes, profile_routes])
+                         extra_routes=[jobs_service.job_routes, profile_routes,
+                                       usage_routes])
     service.listen(host, port)
 
     # append/update/add work on lists already set above and on unset (lazy) values alike

@@ -1,0 +1,102 @@
+"""Usage accounting in the hub: :func:`attach_usage` opens the usage database and makes the
+hub's ledger keep one record per booked bundle; called when the hub's runtime is built
+(:func:`gpuspawner.hub.config_check.check_hub_config`), before anything is booked or
+restored."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from traitlets import TraitError
+
+from ..hub.cluster import Cluster
+from ..hub.state import state_file
+from ..placement import Allocation
+from .recorder import UsageRecorder
+from .settings import USAGE_DB_FILE, GPUUsage
+from .store import UsageStore, UsageStoreError
+
+log = logging.getLogger("gpuspawner")
+
+__all__ = ["UsageConfigError", "attach_usage", "usage_db_url"]
+
+
+class UsageConfigError(ValueError):
+    """A ``c.GPUUsage`` setting is wrong or its database cannot be opened; the message starts
+    with the setting (``GPUUsage.retention_days: ...``)."""
+
+
+def usage_db_url(settings: GPUUsage, state_dir: str, hub_db_url: str | None) -> str:
+    """The usage database's URL: ``c.GPUUsage.db_url``, else SQLite
+    :data:`~gpuspawner.usage.settings.USAGE_DB_FILE` in the state folder
+    (:func:`gpuspawner.hub.state.state_file`)."""
+    return settings.db_url or "sqlite:///" + state_file(state_dir, hub_db_url, USAGE_DB_FILE)
+
+
+def _section(c: Any, name: str) -> Any:
+    return c[name] if name in c else {}
+
+
+def attach_usage(
+    cluster: Cluster, config: Any, state_dir: str = "", hub_db_url: str | None = None
+) -> UsageRecorder | None:
+    """Read ``c.GPUUsage`` from ``config``, open the usage database (migrated to the head),
+    delete records past the retention and attach a :class:`UsageRecorder` to the cluster's
+    ledger (``cluster.usage``), closing what the previous hub left open once the cluster's
+    restore ran (``cluster.after_restore``). The profile of a booking is its wait-queue
+    entry's (every spawn and job is booked through the queue). Once per cluster: a second call
+    returns the recorder made first.
+
+    Args:
+        cluster: the hub's cluster.
+        config: the hub's traitlets ``Config``.
+        state_dir: ``GPUSpawner.state_dir`` ("" = the folder of the hub's database).
+        hub_db_url: the hub's ``JupyterHub.db_url``.
+
+    Returns:
+        the recorder, or None when ``c.GPUUsage.enabled`` is False.
+
+    Raises:
+        UsageConfigError: a setting is wrong, or the database cannot be opened (a newer
+            schema, a folder that cannot be written), naming the setting.
+    """
+    if cluster.usage is not None:
+        return cluster.usage
+    try:
+        settings = GPUUsage(config=config)
+    except TraitError as e:
+        raise UsageConfigError(str(e)) from None
+    if not settings.enabled:
+        return None
+    url = usage_db_url(settings, state_dir, hub_db_url)
+    try:
+        store = UsageStore(url)
+    except UsageStoreError as e:
+        raise UsageConfigError(f"GPUUsage.db_url: {e}") from None
+    except Exception as e:  # a driver's error: a URL that does not open
+        raise UsageConfigError(f"GPUUsage.db_url: {url.split('?')[0]}: {e}") from None
+
+    def profile_of(alloc: Allocation) -> str:
+        queue = cluster.queue
+        entry = queue.wq.find(alloc.owner.user, alloc.owner.server) if queue else None
+        return entry.profile if entry is not None else ""
+
+    recorder = UsageRecorder(
+        store, cluster.ledger, profile_of=profile_of, retention_days=settings.retention_days
+    )
+    recorder.prune()
+    recorder.attach(cluster.ledger)
+    cluster.after_restore.append(recorder.reconcile)
+    if cluster.restored is not None:  # restored before: what it booked continues
+        for alloc in cluster.ledger.allocations():
+            recorder.on_book(alloc)
+        recorder.reconcile()
+    cluster.usage = recorder
+    log.info(
+        "usage records: %s (%d open, kept %d days)",
+        url.split("?")[0],
+        len(recorder.open_ids),
+        settings.retention_days,
+    )
+    return recorder

@@ -1,0 +1,356 @@
+"""The ledger's observer that keeps one usage record per booked bundle
+(:class:`UsageRecorder`).
+
+Where the intervals come from: the :class:`~gpuspawner.placement.Ledger` calls its
+``observers`` after each booking (``reserve``, ``restore``), each ``adopt`` (Slurm names the
+devices it granted) and each ``release``, under its lock; every path of the hub that books or
+frees a server's or a job's bundle goes through them. The recorder then
+
+- on ``book``: continues the open record of that allocation (a server adopted after a hub
+  restart keeps its interval), opens again a record a restart closed (its node answered late),
+  or opens a new one, starting at ``Allocation.created`` (the booking's time, kept in the
+  server's labels: an interval whose write was lost in a crash comes back at the next start);
+- on ``adopt``: writes the devices granted;
+- on ``release``: closes it now, with the used figures gathered so far.
+
+After the hub's rebuild from the backend (:meth:`reconcile`, a hook of
+:attr:`gpuspawner.hub.cluster.Cluster.after_restore`), the records left open by the previous
+process whose allocation no longer runs are closed at that time with ``closed_at_restart``.
+
+Used figures: :meth:`add_gpu_sample` (utilisation percent and memory used of one GPU, per
+sample) and :meth:`set_cpu_seconds` feed each open interval's figures; they are written at the
+release and by :meth:`flush_used`.
+
+A failing database write is logged and never refuses or undoes a booking.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ..placement import Allocation, Ledger, RestoreReport
+from .store import UsageStore
+
+log = logging.getLogger("gpuspawner")
+
+__all__ = ["JOB_PREFIX", "UsageRecorder", "record_fields"]
+
+#: the owner server name of a notebook job's allocation (``job/<id>``,
+#: :func:`gpuspawner.hub.identity.job_server`)
+JOB_PREFIX = "job/"
+#: seconds between two deletions of records past their retention
+PRUNE_EVERY_S = 3600.0
+
+
+def record_fields(alloc: Allocation, ledger: Ledger | None, profile: str = "") -> dict[str, Any]:
+    """The columns of a new record for ``alloc``: owner, groups at booking, kind (``job``
+    for a ``job/<id>`` owner server, else ``server``), name (the server's name, "" = the
+    default server; a job's id), profile, node, devices (GPU UUIDs, then MIG instances'), the
+    GPU model (the models of its GPUs, "+"-joined when several; a MIG instance counts its
+    parent's; "" without GPUs), milli-GPU, milli-CPU (cores x 1000), memory and disk bytes,
+    start (``created``, seconds since the epoch)."""
+    server = alloc.owner.server
+    job = server.startswith(JOB_PREFIX)
+    return {
+        "allocation_id": alloc.id,
+        "user": alloc.owner.user,
+        "groups": sorted(alloc.owner.groups),
+        "kind": "job" if job else "server",
+        "name": server[len(JOB_PREFIX) :] if job else server,
+        "profile": profile,
+        "node": alloc.node,
+        "gpu_uuids": list(alloc.device_ids),
+        "gpu_model": gpu_model(alloc, ledger),
+        "gpu_milli": int(alloc.total_gpu_milli),
+        "cpu_milli": 1000 * len(alloc.cpuset),
+        "memory_bytes": int(alloc.memory_bytes),
+        "disk_bytes": int(alloc.disk_bytes),
+        "started": float(alloc.created or time.time()),
+    }
+
+
+def gpu_model(alloc: Allocation, ledger: Ledger | None) -> str:
+    """The model names of an allocation's GPUs (a MIG instance: its parent's), sorted and
+    "+"-joined; "" without GPUs or when the node is unknown."""
+    parents = [g.uuid for g in alloc.gpus] + [m.gpu for m in alloc.mig]
+    if not parents or ledger is None:
+        return ""
+    try:
+        node = ledger.node(alloc.node)
+    except KeyError:
+        return ""
+    models = {g.uuid: g.model for g in node.gpus}
+    return "+".join(sorted({models[u] for u in parents if u in models}))
+
+
+class _Used:
+    """What was used by one open interval: per GPU (sum of utilisation samples, their number,
+    peak memory bytes), CPU seconds."""
+
+    def __init__(self) -> None:
+        self.gpu: dict[str, list[float]] = {}
+        self.cpu_seconds: float | None = None
+
+    @classmethod
+    def from_record(cls, gpu_used: str | None, cpu_seconds: float | None) -> _Used:
+        u = cls()
+        for uuid, v in (json.loads(gpu_used) if gpu_used else {}).items():
+            n = int(v.get("samples") or 0)
+            u.gpu[uuid] = [
+                float(v.get("util_percent") or 0.0) * n,
+                n,
+                float(v.get("mem_peak_bytes") or 0),
+            ]
+        u.cpu_seconds = cpu_seconds
+        return u
+
+    def figures(self) -> dict[str, Any]:
+        """The record's used columns (None where nothing was read)."""
+        per = {
+            uuid: {
+                "util_percent": round(s / n, 3) if n else None,
+                "mem_peak_bytes": int(peak),
+                "samples": int(n),
+            }
+            for uuid, (s, n, peak) in sorted(self.gpu.items())
+        }
+        means = [v["util_percent"] for v in per.values() if v["util_percent"] is not None]
+        return {
+            "gpu_used": per or None,
+            "gpu_util_percent": round(sum(means) / len(means), 3) if means else None,
+            "gpu_mem_peak_bytes": sum(v["mem_peak_bytes"] for v in per.values()) if per else None,
+            "cpu_seconds": self.cpu_seconds,
+        }
+
+
+class UsageRecorder:
+    """Keeps the usage records of one ledger (see the module's docstring).
+
+    Args:
+        store: the usage database.
+        ledger: the hub's ledger (GPU models of nodes; :meth:`attach` observes it).
+        profile_of: ``allocation -> profile slug`` at booking time ("" when unknown); the hub
+            passes the wait queue's entry (:func:`gpuspawner.usage.hub.attach_usage`).
+        retention_days: records that ended longer ago are deleted (:meth:`prune`).
+        clock: seconds since the epoch.
+    """
+
+    def __init__(
+        self,
+        store: UsageStore,
+        ledger: Ledger | None = None,
+        *,
+        profile_of: Callable[[Allocation], str] | None = None,
+        retention_days: int = 400,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.ledger = ledger
+        self.profile_of = profile_of
+        self.retention_days = retention_days
+        self.clock = clock
+        self._lock = threading.RLock()
+        self.started_at = clock()
+        #: allocation id -> id of its open record
+        self.open_ids: dict[str, int] = {}
+        #: allocation id -> its devices (for samples by GPU UUID)
+        self._devices: dict[str, tuple[str, ...]] = {}
+        self._used: dict[str, _Used] = {}
+        #: open records the previous hub process left (closed by :meth:`reconcile` when
+        #: their allocation is not booked again)
+        self._inherited: set[str] = set()
+        self._pruned_at = float("-inf")
+        for rec in store.open_records():
+            self.open_ids[rec.allocation_id] = rec.id
+            self._devices[rec.allocation_id] = tuple(rec.uuid_list)
+            self._used[rec.allocation_id] = _Used.from_record(rec.gpu_used, rec.cpu_seconds)
+            self._inherited.add(rec.allocation_id)
+
+    # -- the ledger's observer -----------------------------------------------------------------
+    def attach(self, ledger: Ledger) -> None:
+        """Observe ``ledger`` (once) and record what it books from now on."""
+        self.ledger = ledger
+        if self.observe not in ledger.observers:
+            ledger.observers.append(self.observe)
+
+    def observe(self, event: str, alloc: Allocation) -> None:
+        """The ledger's call: ``book``, ``adopt`` or ``release`` of ``alloc``. Errors are
+        logged (a booking is never refused for its record)."""
+        try:
+            with self._lock:
+                if event == "book":
+                    self.on_book(alloc)
+                elif event == "adopt":
+                    self.on_adopt(alloc)
+                elif event == "release":
+                    self.on_release(alloc)
+        except Exception:
+            log.exception(
+                "usage record of allocation %s (%s of %s/%s) not written",
+                alloc.id,
+                event,
+                alloc.owner.user,
+                alloc.owner.server,
+            )
+
+    def on_book(self, alloc: Allocation) -> int:
+        """Continue, reopen or open the record of ``alloc``; returns its id."""
+        with self._lock:
+            found = self.open_ids.get(alloc.id)
+            if found is not None:
+                self._inherited.discard(alloc.id)
+                return found
+            if (alloc.created or 0) < self.started_at:  # booked by an earlier process
+                closed = self.store.closed_at_restart(alloc.id)
+                if closed is not None:
+                    self.store.reopen(closed.id)
+                    log.info(
+                        "usage record %d of %s/%s opened again: its server runs",
+                        closed.id,
+                        alloc.owner.user,
+                        alloc.owner.server,
+                    )
+                    self._track(
+                        alloc, closed.id, _Used.from_record(closed.gpu_used, closed.cpu_seconds)
+                    )
+                    return closed.id
+            profile = ""
+            if self.profile_of is not None:
+                try:
+                    profile = self.profile_of(alloc) or ""
+                except Exception:  # noqa: BLE001 - the profile is a label, never a refusal
+                    profile = ""
+            rid = self.store.open(record_fields(alloc, self.ledger, profile))
+            self._track(alloc, rid, _Used())
+            self._prune_if_due()
+            return rid
+
+    def _track(self, alloc: Allocation, rid: int, used: _Used) -> None:
+        self.open_ids[alloc.id] = rid
+        self._devices[alloc.id] = tuple(alloc.device_ids)
+        self._used[alloc.id] = used
+
+    def on_adopt(self, alloc: Allocation) -> None:
+        """The engine granted other devices than planned: the record names them."""
+        with self._lock:
+            rid = self.open_ids.get(alloc.id)
+            if rid is None:
+                self.on_book(alloc)
+                return
+            self._devices[alloc.id] = tuple(alloc.device_ids)
+            self.store.set_devices(rid, list(alloc.device_ids), gpu_model(alloc, self.ledger))
+
+    def on_release(self, alloc: Allocation, ended: float | None = None) -> int | None:
+        """Close the record of ``alloc`` (now, or at ``ended``) with its used figures;
+        returns its id (None: it had none open)."""
+        with self._lock:
+            rid = self.open_ids.pop(alloc.id, None)
+            self._devices.pop(alloc.id, None)
+            used = self._used.pop(alloc.id, None)
+            self._inherited.discard(alloc.id)
+            if rid is None:
+                return None
+            self.store.close(
+                rid,
+                self.clock() if ended is None else ended,
+                used=used.figures() if used is not None else None,
+            )
+            return rid
+
+    # -- after a hub restart -------------------------------------------------------------------
+    def reconcile(self, booked: Iterable[str] | RestoreReport | None = None) -> list[int]:
+        """Close, now and with ``closed_at_restart``, the records the previous hub process
+        left open whose allocation is not booked in the ledger (``booked``: allocation ids;
+        default: the ledger's). A server that is polled later and books its allocation again
+        reopens its record (:meth:`on_book`). Returns the ids closed."""
+        with self._lock:
+            if booked is None or isinstance(booked, RestoreReport):
+                ids = {a.id for a in self.ledger.allocations()} if self.ledger else set()
+            else:
+                ids = set(booked)
+            now = self.clock()
+            closed = []
+            for aid in sorted(self._inherited - ids):
+                rid = self.open_ids.pop(aid, None)
+                self._devices.pop(aid, None)
+                used = self._used.pop(aid, None)
+                if rid is None:
+                    continue
+                self.store.close(
+                    rid,
+                    now,
+                    closed_at_restart=True,
+                    used=used.figures() if used is not None else None,
+                )
+                closed.append(rid)
+            self._inherited &= ids
+            if closed:
+                log.warning(
+                    "usage: %d record(s) closed at the restart: their servers or jobs "
+                    "ended while the hub was down",
+                    len(closed),
+                )
+            return closed
+
+    # -- retention -----------------------------------------------------------------------------
+    def prune(self) -> int:
+        """Delete the records that ended more than ``retention_days`` ago; returns how many."""
+        self._pruned_at = self.clock()
+        n = self.store.prune(self._pruned_at - self.retention_days * 86400.0)
+        if n:
+            log.info("usage: %d record(s) older than %d days deleted", n, self.retention_days)
+        return n
+
+    def _prune_if_due(self) -> None:
+        if self.clock() - self._pruned_at >= PRUNE_EVERY_S:
+            self.prune()
+
+    # -- used figures --------------------------------------------------------------------------
+    def add_gpu_sample(
+        self, uuid: str, util_percent: float | None, mem_used_bytes: int | None = None
+    ) -> int:
+        """One reading of GPU ``uuid`` (NVML ``nvmlDeviceGetUtilizationRates().gpu`` percent,
+        ``nvmlDeviceGetMemoryInfo().used`` bytes) for every open interval that holds it (a
+        shared GPU's holders each get the whole GPU's reading). Returns how many got it."""
+        n = 0
+        with self._lock:
+            for aid, devices in self._devices.items():
+                if uuid not in devices:
+                    continue
+                acc = self._used[aid].gpu.setdefault(uuid, [0.0, 0, 0.0])
+                if util_percent is not None:
+                    acc[0] += float(util_percent)
+                    acc[1] += 1
+                if mem_used_bytes is not None:
+                    acc[2] = max(acc[2], float(mem_used_bytes))
+                n += 1
+        return n
+
+    def set_cpu_seconds(self, allocation_id: str, seconds: float) -> None:
+        """The CPU seconds an open interval's processes used so far (a cumulative counter:
+        the last value wins)."""
+        with self._lock:
+            used = self._used.get(allocation_id)
+            if used is not None:
+                used.cpu_seconds = float(seconds)
+
+    def held_uuids(self) -> set[str]:
+        """Every device UUID an open interval holds."""
+        with self._lock:
+            return {u for devices in self._devices.values() for u in devices}
+
+    def flush_used(self) -> int:
+        """Write the used figures so far of every open interval (they survive a restart);
+        returns how many were written."""
+        with self._lock:
+            items = [
+                (self.open_ids[a], u.figures()) for a, u in self._used.items() if a in self.open_ids
+            ]
+        for rid, figures in items:
+            self.store.set_used(rid, figures)
+        return len(items)

@@ -1,0 +1,47 @@
+"""The settings of usage accounting, ``c.GPUUsage.*`` in ``jupyterhub_config.py``
+(docs/usage.md); checked when the hub starts (:func:`gpuspawner.usage.hub.attach_usage`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from traitlets import Bool, Int, TraitError, Unicode, validate
+from traitlets.config import LoggingConfigurable
+
+__all__ = ["GPUUsage", "USAGE_DB_FILE"]
+
+#: the usage database's file in the state folder (GPUSpawner.state_dir)
+USAGE_DB_FILE = "gpuspawner-usage.sqlite"
+
+
+class GPUUsage(LoggingConfigurable):
+    """Usage accounting: one record per booked bundle of a server or a notebook job
+    (docs/usage.md)."""
+
+    enabled = Bool(
+        True,
+        help="""Keep a usage record of every bundle the hub books (servers
+        and notebook jobs): who, which devices, from when to when, and what was used.
+        Reports: GET api/usage of the gpuspawner service, `gpuspawner usage`.""",
+    ).tag(config=True)
+    db_url = Unicode(
+        "",
+        help="""SQLAlchemy URL of the usage database. Empty = SQLite,
+        gpuspawner-usage.sqlite in GPUSpawner.state_dir (made mode 0600). A PostgreSQL URL
+        works where its driver is installed.""",
+    ).tag(config=True)
+    retention_days = Int(
+        400,
+        help="""Days a usage record is kept after it ended (at least
+        1); older records are deleted when the hub starts and once an hour after. Reports
+        cannot reach further back.""",
+    ).tag(config=True)
+
+    @validate("retention_days")
+    def _retention(self, proposal: Any) -> int:
+        value = proposal.value
+        if isinstance(value, bool) or value < 1:
+            raise TraitError(
+                f"GPUUsage.retention_days: must be a whole number of days >= 1, got {value!r}"
+            )
+        return int(value)

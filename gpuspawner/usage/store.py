@@ -1,0 +1,365 @@
+"""The usage database (SQLAlchemy): one row per booked bundle of a server or a notebook job,
+an interval from its booking to its release.
+
+Default: SQLite, ``gpuspawner-usage.sqlite`` in the state folder (``GPUSpawner.state_dir``),
+made empty with mode 0600 before SQLAlchemy opens it, write-ahead log as the jobs database
+(:func:`sqlite_pragmas`); ``c.GPUUsage.db_url`` names another database. The schema is
+alembic's: :func:`migrate` runs ``upgrade head`` of :mod:`gpuspawner.usage.migrations` when the
+hub opens the store (version table ``gpuspawner_usage_alembic_version``); a revision this code
+does not know is refused. ``gpuspawner usage`` opens it read-only (``migrate=False``): a
+database not at this code's head is refused there rather than changed.
+
+Every method opens its own short session: the ledger calls the recorder under its lock from
+the event loop (and, in benchmarks, from threads); the pool hands each call a connection.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util import CommandError as AlembicError
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Float,
+    Integer,
+    String,
+    Text,
+    create_engine,
+    delete,
+    event,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from ..hub.state import STATE_FILE_MODE, sqlite_file
+
+__all__ = [
+    "MIGRATIONS",
+    "UsageRecord",
+    "UsageStore",
+    "UsageStoreError",
+    "VERSION_TABLE",
+    "migrate",
+    "sqlite_pragmas",
+]
+
+#: the alembic revisions (a package resource) and their version table
+MIGRATIONS = "gpuspawner.usage:migrations"
+VERSION_TABLE = "gpuspawner_usage_alembic_version"
+#: bytes SQLite's write-ahead log is cut back to after a checkpoint
+WAL_SIZE_LIMIT = 4 * 2**20
+
+
+class UsageStoreError(RuntimeError):
+    """The usage database cannot be used (a newer schema, an unreadable file)."""
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class UsageRecord(Base):
+    """One booked bundle: a server's or a job's, from booking to release.
+
+    Times are seconds since the epoch (UTC); JSON columns are text. ``ended`` is None while
+    the bundle is booked. ``closed_at_restart``: the hub found, when it started again, that
+    the bundle was no longer running; ``ended`` is then the time of that restart (an upper
+    bound: it ended while the hub was down). ``gpu_milli`` is the milli-GPU held in all (1000
+    = one whole GPU; a MIG instance counts its slices / 7), ``cpu_milli`` the cores held times
+    1000.
+
+    Used figures (None where no signal was read): ``gpu_util_percent`` the mean utilisation
+    of its GPUs (percent, 0..100, the mean over the GPUs of each GPU's mean over the samples),
+    ``gpu_mem_peak_bytes`` the sum over its GPUs of each GPU's peak memory used, ``gpu_used``
+    per GPU ``{uuid: {"util_percent", "mem_peak_bytes", "samples"}}``, ``cpu_seconds`` CPU
+    time its processes used (seconds).
+    """
+
+    __tablename__ = "gpuspawner_usage"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    allocation_id: Mapped[str] = mapped_column(String(64), index=True)
+    user: Mapped[str] = mapped_column(String(255), index=True)
+    groups: Mapped[str] = mapped_column(Text, default="[]")
+    kind: Mapped[str] = mapped_column(String(8))
+    name: Mapped[str] = mapped_column(String(255))
+    profile: Mapped[str] = mapped_column(String(255), default="")
+    node: Mapped[str] = mapped_column(String(255))
+    gpu_uuids: Mapped[str] = mapped_column(Text, default="[]")
+    gpu_model: Mapped[str] = mapped_column(String(255), default="")
+    gpu_milli: Mapped[int] = mapped_column(Integer, default=0)
+    cpu_milli: Mapped[int] = mapped_column(Integer, default=0)
+    memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    disk_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    started: Mapped[float] = mapped_column(Float, index=True)
+    ended: Mapped[float | None] = mapped_column(Float, nullable=True, index=True)
+    closed_at_restart: Mapped[bool] = mapped_column(Boolean, default=False)
+    gpu_util_percent: Mapped[float | None] = mapped_column(Float, nullable=True)
+    gpu_mem_peak_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    gpu_used: Mapped[str | None] = mapped_column(Text, nullable=True)
+    cpu_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+    @property
+    def group_list(self) -> list[str]:
+        return list(json.loads(self.groups or "[]"))
+
+    @property
+    def uuid_list(self) -> list[str]:
+        return list(json.loads(self.gpu_uuids or "[]"))
+
+
+#: the columns a caller may set when opening a record (:meth:`UsageStore.open`)
+OPEN_FIELDS = (
+    "allocation_id",
+    "user",
+    "groups",
+    "kind",
+    "name",
+    "profile",
+    "node",
+    "gpu_uuids",
+    "gpu_model",
+    "gpu_milli",
+    "cpu_milli",
+    "memory_bytes",
+    "disk_bytes",
+    "started",
+)
+#: the used figures :meth:`UsageStore.close` and :meth:`UsageStore.set_used` write
+USED_FIELDS = ("gpu_util_percent", "gpu_mem_peak_bytes", "gpu_used", "cpu_seconds")
+
+
+def sqlite_pragmas(dbapi_connection: Any, record: Any) -> None:
+    """Each SQLite connection: write-ahead log, synchronous=NORMAL, the log cut back to
+    :data:`WAL_SIZE_LIMIT` bytes after a checkpoint (as the jobs database:
+    https://www.sqlite.org/wal.html): a booking's record costs one append, not two fsyncs. A
+    power loss may lose the last commits, never the file; an interval lost so is opened again
+    from the running server's labels at the next start (``Allocation.created``)."""
+    cur = dbapi_connection.cursor()
+    try:
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
+    finally:
+        cur.close()
+
+
+def _config(conn: Any) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", MIGRATIONS)
+    cfg.attributes["connection"] = conn
+    return cfg
+
+
+def _current(conn: Any) -> str | None:
+    return MigrationContext.configure(
+        conn, opts={"version_table": VERSION_TABLE}
+    ).get_current_revision()
+
+
+def migrate(engine: Engine, url: str = "", upgrade: bool = True) -> str:
+    """Bring the usage database to the newest alembic revision (``upgrade head``, one
+    transaction); with ``upgrade`` False only check that it is there. Returns the revision.
+
+    Raises:
+        UsageStoreError: a revision this gpuspawner does not know (a newer one), or, without
+            ``upgrade``, a database not at the head (the hub upgrades it when it starts).
+    """
+    with engine.begin() as conn:
+        cfg = _config(conn)
+        script = ScriptDirectory.from_config(cfg)
+        current = _current(conn)
+        if current is not None:
+            try:
+                script.get_revision(current)
+            except AlembicError:
+                raise UsageStoreError(
+                    f"{url}: the usage database is at revision {current!r}, "
+                    "which this gpuspawner does not know (a newer one?)"
+                ) from None
+        if not upgrade:
+            head = script.get_current_head()
+            if current != head:
+                raise UsageStoreError(
+                    f"{url}: the usage database is at revision {current!r}, "
+                    f"not {head!r}: start the hub of this gpuspawner once "
+                    "(it upgrades the database)"
+                )
+            return str(current)
+        command.upgrade(cfg, "head")
+        return str(_current(conn))
+
+
+class UsageStore:
+    """The usage records of one hub, in one database.
+
+    Args:
+        url: SQLAlchemy URL (``sqlite:///PATH`` is made 0600, with its folder 0700).
+        upgrade: run the migrations (the hub); False: refuse a database not at the head
+            (``gpuspawner usage`` reads, it never changes the schema).
+
+    Raises:
+        UsageStoreError: the file cannot be made, or the schema is newer / not at the head.
+    """
+
+    def __init__(self, url: str, upgrade: bool = True) -> None:
+        path = sqlite_file(url)
+        if path is not None and not os.path.exists(path):
+            if not upgrade:
+                raise UsageStoreError(f"{path}: no usage database there")
+            try:
+                os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, STATE_FILE_MODE))
+            except FileExistsError:
+                pass
+            except OSError as e:
+                raise UsageStoreError(f"{path}: cannot make the usage database: {e}") from None
+        self.url = url
+        self.engine = create_engine(url, future=True)
+        if path is not None:  # before the first connection, so every one has it
+            event.listen(self.engine, "connect", sqlite_pragmas)
+        try:
+            self.revision = migrate(self.engine, url, upgrade=upgrade)
+        except BaseException:
+            self.engine.dispose()
+            raise
+
+    # -- writing -----------------------------------------------------------------------------
+    def open(self, fields: Mapping[str, Any]) -> int:
+        """Insert an open record (``ended`` None) with :data:`OPEN_FIELDS` (``groups`` and
+        ``gpu_uuids`` as lists); returns its id."""
+        values = {k: fields[k] for k in OPEN_FIELDS if k in fields}
+        for k in ("groups", "gpu_uuids"):
+            if k in values and not isinstance(values[k], str):
+                values[k] = json.dumps(list(values[k]))
+        with Session(self.engine) as s, s.begin():
+            row = UsageRecord(closed_at_restart=False, **values)
+            s.add(row)
+            s.flush()
+            return int(row.id)
+
+    def close(
+        self,
+        record_id: int,
+        ended: float,
+        *,
+        closed_at_restart: bool = False,
+        used: Mapping[str, Any] | None = None,
+    ) -> None:
+        """End an open record at ``ended`` (seconds since the epoch), with the used figures
+        (:data:`USED_FIELDS`; ``gpu_used`` as a mapping) that are not None."""
+        values: dict[str, Any] = {"ended": ended, "closed_at_restart": closed_at_restart}
+        values.update(_used_values(used))
+        with Session(self.engine) as s, s.begin():
+            s.execute(update(UsageRecord).where(UsageRecord.id == record_id).values(**values))
+
+    def set_used(self, record_id: int, used: Mapping[str, Any]) -> None:
+        """Write the used figures so far of a record (open or not)."""
+        values = _used_values(used)
+        if values:
+            with Session(self.engine) as s, s.begin():
+                s.execute(update(UsageRecord).where(UsageRecord.id == record_id).values(**values))
+
+    def reopen(self, record_id: int) -> None:
+        """Open again a record closed at a restart: its bundle is running after all (a node
+        that did not answer when the hub started answers now)."""
+        with Session(self.engine) as s, s.begin():
+            s.execute(
+                update(UsageRecord)
+                .where(UsageRecord.id == record_id)
+                .values(ended=None, closed_at_restart=False)
+            )
+
+    def set_devices(self, record_id: int, gpu_uuids: list[str], gpu_model: str) -> None:
+        """The devices of an open record (an engine granted others than planned: Slurm)."""
+        with Session(self.engine) as s, s.begin():
+            s.execute(
+                update(UsageRecord)
+                .where(UsageRecord.id == record_id)
+                .values(gpu_uuids=json.dumps(gpu_uuids), gpu_model=gpu_model)
+            )
+
+    def prune(self, before: float) -> int:
+        """Delete the records that ended before ``before`` (seconds since the epoch); open
+        records are kept whatever their age. Returns how many were deleted."""
+        with Session(self.engine) as s, s.begin():
+            result = s.execute(
+                delete(UsageRecord).where(
+                    UsageRecord.ended.is_not(None), UsageRecord.ended < before
+                )
+            )
+            return int(getattr(result, "rowcount", 0) or 0)
+
+    # -- reading -----------------------------------------------------------------------------
+    def get(self, record_id: int) -> UsageRecord | None:
+        with Session(self.engine, expire_on_commit=False) as s:
+            return s.get(UsageRecord, record_id)
+
+    def open_records(self) -> list[UsageRecord]:
+        """The records not ended, oldest first."""
+        with Session(self.engine, expire_on_commit=False) as s:
+            return list(
+                s.scalars(
+                    select(UsageRecord)
+                    .where(UsageRecord.ended.is_(None))
+                    .order_by(UsageRecord.started, UsageRecord.id)
+                )
+            )
+
+    def closed_at_restart(self, allocation_id: str) -> UsageRecord | None:
+        """The newest record of ``allocation_id`` that a restart closed, or None."""
+        with Session(self.engine, expire_on_commit=False) as s:
+            return s.scalars(
+                select(UsageRecord)
+                .where(
+                    UsageRecord.allocation_id == allocation_id,
+                    UsageRecord.closed_at_restart.is_(True),
+                )
+                .order_by(UsageRecord.id.desc())
+            ).first()
+
+    def records(
+        self,
+        start: float | None = None,
+        end: float | None = None,
+        users: Iterable[str] | None = None,
+    ) -> list[UsageRecord]:
+        """The records whose interval meets ``[start, end)`` (open ones count as running
+        now), oldest first; only ``users``' when given."""
+        q = select(UsageRecord)
+        if end is not None:
+            q = q.where(UsageRecord.started < end)
+        if start is not None:
+            q = q.where(or_(UsageRecord.ended.is_(None), UsageRecord.ended > start))
+        if users is not None:
+            q = q.where(UsageRecord.user.in_(sorted(set(users))))
+        with Session(self.engine, expire_on_commit=False) as s:
+            return list(s.scalars(q.order_by(UsageRecord.started, UsageRecord.id)))
+
+    def oldest(self) -> float | None:
+        """When the oldest record kept started (seconds since the epoch), or None."""
+        with Session(self.engine) as s:
+            return s.scalar(select(UsageRecord.started).order_by(UsageRecord.started).limit(1))
+
+    def close_store(self) -> None:
+        self.engine.dispose()
+
+
+def _used_values(used: Mapping[str, Any] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k in USED_FIELDS:
+        v = (used or {}).get(k)
+        if v is None:
+            continue
+        out[k] = json.dumps(v, sort_keys=True) if k == "gpu_used" and not isinstance(v, str) else v
+    return out
