@@ -48,6 +48,9 @@ if INTERNAL_SSL:
     c.JupyterHub.internal_ssl = True
     c.JupyterHub.internal_certs_location = str(STATE / "internal-ssl")
     c.JupyterHub.trusted_alt_names = [f"IP:{HUB_IP}"]
+# configurable-http-proxy whose route to a server accepts only that server's own certificate
+# (internal_ssl; docs/slurm-backend.md "How the hub learns the port")
+c.JupyterHub.proxy_class = "gpuspawner"
 chp = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
 if chp.exists():
     c.ConfigurableHTTPProxy.command = [str(chp)]
@@ -178,100 +181,32 @@ if api_token:
 # load_subconfig("/path/to/gpuspawner/hub_config/ldap.py")   # needs JUPYTERHUB_CRYPT_KEY
 # c.GPUSpawner.home_path_template = "/shared/home/{username}"
 
-# -- gpuspawner service (gpuspawner/hub/service/) -------------------------------------------
-# /services/gpuspawner/: REST API (api/nodes, api/allocations, api/users/{name}/usage,
-# api/openapi.json), the admin GPU map (admin) and Prometheus metrics (metrics). It runs inside
-# this hub process on a loopback port and reads the spawners' own ledger: one source of truth
-# (docs/service.md). GPUSPAWNER_SERVICE_PORT fixes its port (default: a free one).
-from gpuspawner.hub.service import configure_service  # noqa: E402
+# -- gpuspawner service, idle culler, notebook jobs: one call (gpuspawner/hub/wiring.py) ------
+# The gpuspawner service /services/gpuspawner/: REST API (api/nodes, api/allocations,
+# api/users/{name}/usage, api/jobs, api/openapi.json), the admin GPU map (admin) and Prometheus
+# metrics (metrics), inside this hub process on a loopback port, reading the spawners' own
+# ledger (docs/service.md). The idle culler /services/idle-culler/: culls idle servers by
+# activity, GPU utilisation, network and age under the policies in
+# hub_config/culler_policies.yaml (idle_culler/README.md). Notebook jobs from JupyterLab: the
+# servers send them to the service with their own token, on the hub network's gateway (plain
+# HTTP: off with internal_ssl; docs/jobs.md). The scopes, roles and servers' environment that
+# let each reach the other come with it.
+# Several nodes: listen_ip stays an address of this machine that servers reach, and
+# connect_ip is what they are told: the hub machine's address on the nodes' network (the hub
+# network's gateway exists only here). On GPU nodes: nvml=True when this machine is the GPU
+# node, or dcgm_urls=["http://node-1:9400/metrics", ...] (dcgm-exporter on each node).
+from gpuspawner.hub.wiring import wire_hub  # noqa: E402
 
-GPUSPAWNER_SERVICE = configure_service(c, port=int(os.environ.get("GPUSPAWNER_SERVICE_PORT", "0")))
-
-# -- idle culler (idle_culler/) -------------------------------------------------------------
-# A hub-managed service: culls idle servers by activity, GPU utilisation and age under the
-# policies in hub_config/culler_policies.yaml (see idle_culler/README.md). Its web API is at
-# /services/idle-culler/ (users: their servers' status and cull warnings; admins: everything,
-# and policy changes, written back to the file). GPUSPAWNER_CULLER=off leaves it out.
-if os.environ.get("GPUSPAWNER_CULLER", "on") != "off":
-    import socket
-    import sys
-
-    def _culler_port() -> int:
-        if os.environ.get("GPUSPAWNER_CULLER_PORT"):
-            return int(os.environ["GPUSPAWNER_CULLER_PORT"])
-        with socket.socket() as s:  # a free loopback port for this hub run
-            s.bind((HUB_IP, 0))
-            return s.getsockname()[1]
-
-    # the culler listens on the hub's address: servers ask it for their cull warning with
-    # their own token (it checks every token with the hub)
-    CULLER_URL = f"http://{HUB_IP}:{_culler_port()}"
-
-    def _culler_docker_urls() -> list[str]:
-        """--docker-url NODE=URL for each Docker node (as set so far in this file): the
-        network signal (container bytes/s, the policies' network_floor). None on Slurm: a job
-        shares its node's network, there is no per-server counter."""
-        if c.GPUSpawner.get("backend", "docker") != "docker":
-            return []
-        nodes = c.GPUSpawner.get("nodes") or [{"name": "local"}]
-        local = os.environ.get("DOCKER_HOST", "")  # the hub's engine for docker_url ""
-        tls = c.DockerBackend.get("tls_cert_path") or ""  # engines of other nodes over TLS
-        return [a for n in nodes if isinstance(n, dict) and n.get("name")
-                for a in ("--docker-url", f"{n['name']}={n.get('docker_url') or local}")
-                ] + (["--docker-tls-cert-path", tls] if tls else [])
-
-    c.JupyterHub.services.append({
-        "name": "idle-culler",
-        "url": CULLER_URL,
-        "command": [
-            sys.executable, "-m", "idle_culler",
-            "--policies", os.environ.get("GPUSPAWNER_CULLER_POLICIES",
-                                         str(REPO / "hub_config" / "culler_policies.yaml")),
-            "--cull-log", str(STATE / "culls.jsonl"),
-            "--cull-every", os.environ.get("GPUSPAWNER_CULLER_EVERY", "60"),
-            "--timeout", "3600",
-            "--concurrency", "10",
-            *_culler_docker_urls(),
-            # the wait queue (pressure_idle_timeout), read on the service's own loopback port
-            *(["--gpuspawner-url", GPUSPAWNER_SERVICE.url + GPUSPAWNER_SERVICE.prefix]
-              if GPUSPAWNER_SERVICE is not None else []),
-            # on a GPU node: "--nvml"; with dcgm-exporter: "--dcgm-url", "http://node-1:9400/metrics"
-        ],
-        "cwd": str(REPO),
-        "oauth_no_confirm": True,
-    })
-    c.JupyterHub.load_roles.append({
-        "name": "idle-culler",
-        "description": "Cull idle servers (idle_culler/README.md)",
-        "scopes": ["list:users", "read:users:activity", "read:users:groups", "read:servers",
-                   "delete:servers", "admin:server_state",
-                   # gpuspawner's wait queue and GPU models (culling under pressure)
-                   "access:services!service=gpuspawner"],
-        "services": ["idle-culler"],
-    })
-    # users may open the culler's page (their own servers' status) through hub OAuth
-    c.JupyterHub.extra_user_scopes.add("access:services!service=idle-culler")
-    # the JupyterLab GPU panel shows this server's cull warning: the server's own token may
-    # read the culler's status, reached through the proxy (docs/gpu-views.md)
-    c.Spawner.server_token_scopes = ["users:activity!user", "access:servers!server",
-                                     "access:services!service=idle-culler"]
-    c.GPUSpawner.environment = {
-        "GPUSPAWNER_CULLER_URL": f"{CULLER_URL}/services/idle-culler/"}
-
-# -- notebook jobs from JupyterLab (docs/jobs.md, "From JupyterLab") -----------------------
-# jupyter-scheduler's UI in the single-user image sends each job to the gpuspawner service
-# with the server's own token: the service also listens on the hub network's gateway (where
-# servers reach the hub API; each request is checked with the hub), servers are told where,
-# and their token may use the service. (Plain HTTP there: not with GPUSPAWNER_INTERNAL_SSL.)
-if GPUSPAWNER_SERVICE is not None and not INTERNAL_SSL:
-    _jobs_port = GPUSPAWNER_SERVICE.listen_for_servers(
-        HUB_IP, int(os.environ.get("GPUSPAWNER_SERVICE_SERVERS_PORT", "0")))
-    c.GPUSpawner.environment.update({
-        "GPUSPAWNER_SERVICE_URL": f"http://{HUB_IP}:{_jobs_port}{GPUSPAWNER_SERVICE.prefix}"})
-    c.Spawner.server_token_scopes = [
-        *(c.Spawner.server_token_scopes if "server_token_scopes" in c.Spawner
-          else ["users:activity!user", "access:servers!server"]),  # JupyterHub's default
-        "access:services!service=gpuspawner"]
+WIRING = wire_hub(
+    c, listen_ip=HUB_IP, state_dir=STATE, internal_ssl=INTERNAL_SSL,
+    service_port=int(os.environ.get("GPUSPAWNER_SERVICE_PORT", "0")),
+    servers_service_port=int(os.environ.get("GPUSPAWNER_SERVICE_SERVERS_PORT", "0")),
+    culler=os.environ.get("GPUSPAWNER_CULLER", "on") != "off",  # off: no culler
+    culler_policies=os.environ.get("GPUSPAWNER_CULLER_POLICIES",
+                                   str(REPO / "hub_config" / "culler_policies.yaml")),
+    culler_port=int(os.environ.get("GPUSPAWNER_CULLER_PORT", "0")),
+    culler_every=int(os.environ.get("GPUSPAWNER_CULLER_EVERY", "60")),
+)
 
 # -- checked now, not at the first spawn -----------------------------------------------------
 # Every GPUSpawner setting (profiles, nodes with their inventories, quotas, policy, network

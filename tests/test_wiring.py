@@ -1,0 +1,77 @@
+"""``wire_hub`` (issue 43, item 2): one call sets the culler service with its signals, the
+scopes, roles and servers' environment, keeping what the site's file set before it. The
+running service and the jobs listener are exercised by every real-hub test through
+hub_config/jupyterhub_config.py; here the configuration is loaded without an event loop (as
+``jupyterhub --help-all`` does), so the service itself is not started."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from traitlets.config import Config
+from traitlets.config.loader import LazyConfigValue
+
+from gpuspawner.hub.wiring import culler_docker_urls, wire_hub
+
+
+def _list(value, initial=None):
+    """A list (or dict) setting as the hub will see it (one appended to while unset is
+    lazy)."""
+    initial = [] if initial is None else initial
+    return value.get_value(initial) if isinstance(value, LazyConfigValue) else value
+
+
+def _culler(c: Config) -> dict:
+    (svc,) = [s for s in _list(c.JupyterHub.services) if s["name"] == "idle-culler"]
+    return svc
+
+
+def test_the_culler_gets_each_docker_nodes_engine_and_the_gpu_signals(tmp_path: Path) -> None:
+    c = Config()
+    c.GPUSpawner.nodes = [{"name": "a", "docker_url": ""},
+                          {"name": "b", "docker_url": "tcp://gpu-2:2376"}]
+    c.DockerBackend.tls_cert_path = "/etc/gpuspawner/docker-tls"
+    w = wire_hub(c, listen_ip="198.18.0.1", connect_ip="hub.example.org", state_dir=tmp_path,
+                 culler_policies=tmp_path / "p.yaml", culler_port=8123, nvml=True,
+                 dcgm_urls=["http://gpu-2:9400/metrics"])
+    assert w.service is None and w.culler_url == "http://198.18.0.1:8123"
+    cmd = _culler(c)["command"]
+    assert cmd[1:3] == ["-m", "idle_culler"]
+    pairs = list(zip(cmd, cmd[1:], strict=False))
+    assert ("--docker-url", "b=tcp://gpu-2:2376") in pairs
+    assert ("--docker-tls-cert-path", "/etc/gpuspawner/docker-tls") in pairs
+    assert ("--dcgm-url", "http://gpu-2:9400/metrics") in pairs and "--nvml" in cmd
+    assert ("--policies", str(tmp_path / "p.yaml")) in pairs
+    assert ("--cull-log", str(tmp_path / "culls.jsonl")) in pairs
+    # servers are told the connect address, not the listen address
+    assert _list(c.GPUSpawner.environment, {})["GPUSPAWNER_CULLER_URL"] == \
+        "http://hub.example.org:8123/services/idle-culler/"
+    (role,) = [r for r in _list(c.JupyterHub.load_roles) if r["name"] == "idle-culler"]
+    assert "delete:servers" in role["scopes"] and role["services"] == ["idle-culler"]
+    assert "admin:users" not in role["scopes"]
+
+
+def test_what_the_site_set_before_is_kept(tmp_path: Path) -> None:
+    c = Config()
+    c.JupyterHub.services = [{"name": "site-service", "api_token": "x" * 32}]
+    c.GPUSpawner.environment = {"SITE": "1"}
+    c.Spawner.server_token_scopes = ["users:activity!user", "read:users:name!user"]
+    wire_hub(c, listen_ip="127.0.0.1", state_dir=tmp_path, culler_port=8124)
+    assert [s["name"] for s in _list(c.JupyterHub.services)] == ["site-service", "idle-culler"]
+    assert c.GPUSpawner.environment["SITE"] == "1"
+    assert "GPUSPAWNER_CULLER_URL" in c.GPUSpawner.environment
+    assert c.Spawner.server_token_scopes == ["users:activity!user", "read:users:name!user",
+                                             "access:services!service=idle-culler"]
+
+
+def test_without_the_culler_and_on_slurm(tmp_path: Path) -> None:
+    c = Config()
+    c.GPUSpawner.backend = "slurm"
+    c.GPUSpawner.nodes = [{"name": "node1"}]
+    assert culler_docker_urls(c) == []
+    w = wire_hub(c, listen_ip="127.0.0.1", state_dir=tmp_path, culler=False,
+                 internal_ssl=True)
+    assert w.culler_url is None and w.service_url_for_servers is None
+    assert not any(s.get("name") == "idle-culler" for s in _list(c.JupyterHub.services))
+    # JupyterHub's default scopes, nothing more
+    assert c.Spawner.server_token_scopes == ["users:activity!user", "access:servers!server"]
