@@ -389,7 +389,13 @@ def test_internal_ssl_end_to_end(engine, tmp_path):
         last = wait_until(culler_pass, 60, 1, "a complete culler pass")
         assert last["errors"] == 0, last
         ip = container_ip(engine, alice["Id"])
-        assert proxy_routes_tls(h)["/user/alice"]["target"] == f"https://{ip}:8888"
+        # the route names alice's server: the proxy takes only its certificate at that address
+        # (gpuspawner.hub.proxy; any server certificate on the network names its own IP)
+        from gpuspawner.hub.identity import object_name
+        from gpuspawner.hub.proxy import route_host
+
+        target = f"https://{route_host(object_name('alice', ''), ip)}:8888"
+        assert proxy_routes_tls(h)["/user/alice"]["target"] == target
         # through the proxy, the server answers (the proxy presented its client certificate)
         r = h.api("GET", "/users/alice")
         assert r.json()["servers"][""]["ready"] is True

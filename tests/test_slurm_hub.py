@@ -23,6 +23,7 @@ import sqlite3
 import ssl
 import sys
 import tempfile
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -466,6 +467,153 @@ def test_another_user_who_binds_the_port_first_never_gets_the_route(
         try:
             if hub.server(USER) is not None:
                 hub.api("DELETE", f"/users/{USER}/server")
+        finally:
+            hub.stop()
+            shutil.rmtree(hub.home, ignore_errors=True)
+            shutil.rmtree(race, ignore_errors=True)
+
+
+#: the attacker (run as the other user): binds 127.0.0.1:PORT the moment it is free (tries
+#: every millisecond), answers TLS with its own server's certificate like a Jupyter server,
+#: and logs each request it gets
+SQUATTER = r"""
+import socket, ssl, sys, threading, time
+port, cert, key, log = int(sys.argv[1]), *sys.argv[2:5]
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(cert, key)
+def answer(conn):
+    try:
+        with ctx.wrap_socket(conn, server_side=True) as tls:
+            head = tls.recv(65536).decode(errors="replace")
+            with open(log, "a") as f:
+                f.write(head.split("\r\n", 1)[0] + " cookie=" + str("cookie:" in head.lower())
+                        + "\n")
+            body = b'{"version": "attacker"}'
+            tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    except (OSError, ssl.SSLError):
+        pass
+while True:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("127.0.0.1", port))
+        break
+    except OSError:
+        s.close()
+        time.sleep(0.001)
+s.listen(16)
+with open(log, "a") as f:
+    f.write(f"bound {port}\n")
+while True:
+    conn, _ = s.accept()
+    threading.Thread(target=answer, args=(conn,), daemon=True).start()
+"""
+
+
+def proxy_routes(hub: SlurmHub) -> dict:
+    """The proxy's own routes (its API over mutual TLS with internal_ssl: the hub's client
+    certificate), keyed without the trailing slash."""
+    import requests
+
+    conf = hub.config.read_text()
+    api = conf.split("c.ConfigurableHTTPProxy.api_url = \"", 1)[1].split('"', 1)[0]
+    token = conf.split("c.ConfigurableHTTPProxy.auth_token = '", 1)[1].split("'", 1)[0]
+    ssl_dir = hub.home / "internal-ssl"
+    r = requests.get(f"{api}/api/routes", timeout=10, headers={"Authorization": f"token {token}"},
+                     verify=str(ssl_dir / "proxy-api-ca" / "proxy-api-ca.crt"),
+                     cert=(str(ssl_dir / "hub-internal" / "hub-internal.crt"),
+                           str(ssl_dir / "hub-internal" / "hub-internal.key")))
+    r.raise_for_status()
+    return {k.rstrip("/"): v for k, v in r.json().items()}
+
+
+# was a hole (issue 47, item 1, what was left): after a server exited, until the hub's next
+# poll the proxy's route still pointed at its address and port, and configurable-http-proxy
+# accepted any certificate of the hub's CA naming that address (every server certificate of
+# the node does): another user who bound the freed port got the victim's requests and cookies
+def test_another_user_who_binds_the_port_after_the_server_exits_never_gets_the_route(
+        slurm_conf: str, tmp_path: Path) -> None:  # noqa: F811
+    """internal_ssl, the real jupyterhub-singleuser, the hub's poll at 30 s (JupyterHub's
+    default). gpsuser1's server is ready and reached through the proxy; then its process is
+    killed and gpsuser2, waiting on that port, binds it within milliseconds and answers TLS
+    with a certificate of the hub's CA for its own server. While the route still stands, the
+    victim's logged-in requests to ``/user/gpsuser1/api`` through the proxy never reach it:
+    the proxy refuses the certificate (503), and the route's target names the victim's server
+    (``<label>.127.0.0.1.server.gpuspawner.internal``)."""
+    if chp() is None:
+        pytest.skip("configurable-http-proxy is not installed (make venv installs it)")
+    site = Path(sys.prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" \
+        / "site-packages"
+    if not (site / "jupyterhub").is_dir() or not Path("/usr/bin/python3").exists():
+        pytest.skip("no jupyterhub in the hub's site-packages or no /usr/bin/python3")
+    import subprocess
+
+    import psutil
+
+    from gpuspawner.hub import certs
+
+    race = Path(tempfile.mkdtemp(prefix="gps-squat-", dir="/tmp"))
+    race.chmod(0o1777)
+    hub = SlurmHub(tmp_path, slurm_conf, cmd=["/usr/bin/python3", "-m", "jupyterhub.singleuser"],
+                   environment={"PYTHONPATH": str(site)}, internal_ssl=True,
+                   extra="c.GPUSpawner.poll_interval = 30\n")
+    hub.start()
+    attacker = None
+    try:
+        hub.ensure_user(USER)
+        hub.ensure_user(OTHER)
+        r = hub.api("POST", f"/users/{USER}/server", {"profile": "gpu1"})
+        assert r.status_code in (201, 202), r.text
+        hub.wait_ready(USER, timeout=120)
+        victim = hub.login(USER)
+        r = victim.get(f"{hub.url}/user/{USER}/api", timeout=10)
+        assert r.status_code == 200 and r.json()["version"] != "attacker", r.text[:300]
+        port = reported_port(hub, USER)
+
+        # the attacker's own server certificate, as the hub makes it for the attacker's server
+        other = pwd.getpwnam(OTHER)
+        pair = certs.create_pair(str(hub.home / "internal-ssl"), object_name(OTHER, ""),
+                                 ["IP:127.0.0.1"], "")
+        mine = certs.copy_for_server({k: pair[k] for k in ("keyfile", "certfile")},
+                                     str(race / "attacker-certs"), other.pw_uid, other.pw_gid,
+                                     str(race / "attacker-certs"))
+        log = race / "attacker.log"
+        log.touch()
+        log.chmod(0o666)
+        attacker = subprocess.Popen(
+            ["runuser", "-u", OTHER, "--", "/usr/bin/python3", "-c", SQUATTER, str(port),
+             mine["certfile"], mine["keyfile"], str(log)], start_new_session=True)
+        # the victim's server: the process of gpsuser1 listening on the port
+        uid = pwd.getpwnam(USER).pw_uid
+        (pid,) = {c.pid for c in psutil.net_connections("tcp")
+                  if c.status == psutil.CONN_LISTEN and c.laddr.port == port and c.pid
+                  and psutil.Process(c.pid).uids().real == uid}
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: "bound" in log.read_text(), timeout=20, interval=0.01,
+                   message="the attacker bound the victim's freed port")
+
+        answers = []
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            r = victim.get(f"{hub.url}/user/{USER}/api", timeout=10, allow_redirects=False)
+            answers.append((r.status_code, r.text[:80]))
+            assert f"/user/{USER}" in proxy_routes(hub), "the route went before the check ended"
+            time.sleep(0.2)
+        seen = [line for line in log.read_text().splitlines() if not line.startswith("bound ")]
+        assert seen == [], f"the proxy sent {USER}'s requests to the attacker: {seen}"
+        assert all(code == 503 for code, _ in answers), answers
+        target = proxy_routes(hub)[f"/user/{USER}"]["target"]
+        label = certs.server_dns_name(object_name(USER, "")).split(".", 1)[0]
+        assert target == f"https://{label}.127.0.0.1.server.gpuspawner.internal:{port}", target
+    finally:
+        if attacker is not None:
+            os.killpg(attacker.pid, signal.SIGKILL)
+            attacker.wait()
+        try:
+            if hub.server(USER) is not None:
+                hub.api("DELETE", f"/users/{USER}/server")
+                hub.wait_stopped(USER)
         finally:
             hub.stop()
             shutil.rmtree(hub.home, ignore_errors=True)

@@ -100,6 +100,8 @@ c.JupyterHub.internal_ssl = {internal_ssl!r}
 c.SlurmBackend.allow_plain_http = {not internal_ssl!r}
 c.JupyterHub.internal_certs_location = "{home}/internal-ssl"
 c.ConfigurableHTTPProxy.command = [{chp()!r}]
+# with internal_ssl a route accepts only its own server's certificate (gpuspawner.hub.proxy)
+c.JupyterHub.proxy_class = "gpuspawner.hub.proxy.GPUProxy"
 c.ConfigurableHTTPProxy.auth_token = {secrets.token_hex(16)!r}
 c.JupyterHub.db_url = "sqlite:///{state_dir}/jupyterhub.sqlite"
 c.JupyterHub.cookie_secret_file = "{state_dir}/cookie_secret"
