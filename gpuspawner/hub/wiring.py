@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuspawner.hub.service import configure_service
+
 log = logging.getLogger(__name__)
 
 #: JupyterHub's default ``Spawner.server_token_scopes``
@@ -129,8 +131,6 @@ def wire_hub(c: Any, *, listen_ip: str, state_dir: str | Path,
     (the culler's status and the service, beside JupyterHub's defaults or the site's),
     ``c.GPUSpawner.environment`` (``GPUSPAWNER_CULLER_URL``, ``GPUSPAWNER_SERVICE_URL``).
     """
-    from gpuspawner.hub.service import configure_service
-
     connect_ip = connect_ip or listen_ip
     state_dir = Path(state_dir)
     service = configure_service(c, port=service_port)
