@@ -17,6 +17,8 @@ import requests
 
 docker = pytest.importorskip("docker")
 
+from gpuspawner.hub.identity import object_name  # noqa: E402
+from gpuspawner.hub.proxy import route_host  # noqa: E402
 from tests.hubrunner import Hub, own  # noqa: E402
 from tests.test_hub_e2e import (  # noqa: E402
     MiB,
@@ -391,9 +393,6 @@ def test_internal_ssl_end_to_end(engine, tmp_path):
         ip = container_ip(engine, alice["Id"])
         # the route names alice's server: the proxy takes only its certificate at that address
         # (gpuspawner.hub.proxy; any server certificate on the network names its own IP)
-        from gpuspawner.hub.identity import object_name
-        from gpuspawner.hub.proxy import route_host
-
         target = f"https://{route_host(object_name('alice', ''), ip)}:8888"
         assert proxy_routes_tls(h)["/user/alice"]["target"] == target
         # through the proxy, the server answers (the proxy presented its client certificate)
