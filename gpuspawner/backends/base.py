@@ -247,6 +247,10 @@ class Backend(LoggingConfigurable):
         """
         self.nodes = nodes
 
+    def forget_node(self, node: str) -> None:
+        """Drop what this backend keeps about ``node``'s engine (clients, network managers):
+        an elastic node's engine changes between starts (:mod:`gpuspawner.elastic`)."""
+
     def check_config(self) -> None:
         """Check this backend's settings at hub start.
 

@@ -349,6 +349,17 @@ class DockerBackend(Backend):
                     **docker.utils.kwargs_from_env())
         return self._clients[node]
 
+    def forget_node(self, node: str) -> None:
+        """Drop ``node``'s client, network managers, disk-limit answer and image checks (an
+        elastic node's next start has another engine)."""
+        cli = self._clients.pop(node, None)
+        if cli is not None:
+            cli.close()
+        for key in [k for k in self._networks if k[0] == node]:
+            del self._networks[key]
+        self._disk.pop(node, None)
+        self._image_checks.pop(node, None)
+
     def networks(self, node: str, prefixlen: int | None = None) -> NetworkManager:
         """The manager of ``node``'s server networks: blocks of the node's ``network_pool``
         (else ``server_network_pool``) of /``prefixlen`` (default

@@ -50,7 +50,8 @@ class NodeConfigError(ValueError):
     """A malformed ``c.GPUSpawner.nodes`` entry (the message names the entry and field)."""
 
 
-NODE_KEYS = ("name", "docker_url", "topology", "host", "network_pool")
+NODE_KEYS = ("name", "docker_url", "topology", "host", "network_pool", "elastic", "category",
+             "provider")
 QUOTA_KEYS = ("users", "groups", "default_user")
 
 
@@ -100,7 +101,9 @@ def parse_node_config(entries: Sequence[Mapping[str, Any]]) -> list[NodeRuntime]
     """Read ``c.GPUSpawner.nodes``: dicts with ``name``, ``docker_url`` (default: the local
     engine), ``topology`` ("auto" reads this host through sysfs and NVML, else a topology file
     path), ``host`` (default 127.0.0.1) and ``network_pool`` (CIDR blocks of its server
-    networks; default: the spawner's ``server_network_pool``).
+    networks; default: the spawner's ``server_network_pool``); an elastic node (``elastic``:
+    true, :mod:`gpuspawner.elastic`) also ``category`` and ``provider``, kept in its
+    runtime's ``extra["elastic"]``.
 
     Raises:
         NodeConfigError: unknown keys, duplicate names, or an unreadable topology (the message
@@ -115,6 +118,11 @@ def parse_node_config(entries: Sequence[Mapping[str, Any]]) -> list[NodeRuntime]
         topology = entry.get("topology", "auto")
         pool = entry.get("network_pool") or ""
         url = str(entry.get("docker_url") or "")
+        elastic = bool(entry.get("elastic"))
+        if elastic and topology == "auto":
+            raise NodeConfigError(
+                f"{where} ({name}).topology: an elastic node needs its category's topology "
+                "file (what the machine its provider starts must report), not 'auto'")
         if topology == "auto" and url and not url.startswith("unix://"):
             raise NodeConfigError(
                 f"{where} ({name}).topology: 'auto' reads the hub's own host, but the node's "
@@ -132,7 +140,11 @@ def parse_node_config(entries: Sequence[Mapping[str, Any]]) -> list[NodeRuntime]
         out.append(NodeRuntime(name=name, host=str(entry.get("host") or "127.0.0.1"),
                                topology=str(topology), node=node,
                                docker_url=str(entry.get("docker_url") or ""),
-                               network_pool=str(pool)))
+                               network_pool=str(pool),
+                               extra={"elastic": {
+                                   "category": str(entry.get("category") or name),
+                                   "provider": str(entry.get("provider") or "command")}}
+                               if elastic else {}))
     return out
 
 
@@ -227,6 +239,10 @@ class Cluster:
     _isolation_lock: asyncio.Lock | None = field(default=None, repr=False)
     _isolation_logged: set[str] = field(default_factory=set, repr=False)
     _watch_task: asyncio.Task[None] | None = field(default=None, repr=False)
+    #: the elastic nodes' manager (:class:`gpuspawner.elastic.manager.ElasticManager`), None
+    #: without elastic nodes; its nodes that are not running are left out of the backend's
+    #: node table and of :meth:`refresh_health`
+    elastic: Any = None
     #: called with the report once the rebuild from the backend ran (:meth:`ensure_restored`):
     #: the usage records close the intervals of what no longer runs (:mod:`gpuspawner.usage`)
     after_restore: list[Callable[[RestoreReport], None]] = field(default_factory=list)
@@ -336,6 +352,8 @@ class Cluster:
         await self.refresh_held_elsewhere()
         states = await self.backend.node_states()
         for name, rt in self.nodes.items():
+            if self.elastic is not None and not self.elastic.live(name):
+                continue  # an elastic node that is off, starting or stopping: its manager's
             state, reason = states.get(name, ("up", ""))
             before = self._state_without_isolation(name)
             if state == "up" and name in self.isolation_missing and before[0] == "up":
@@ -474,6 +492,8 @@ class Cluster:
     def start_watch(self) -> None:
         """Start :meth:`watch` on the running event loop, once (again after a loop that ran
         it ended)."""
+        if self.elastic is not None:
+            self.elastic.start()
         task = self._watch_task
         loop = asyncio.get_running_loop()
         if task is not None and not task.done() and task.get_loop() is loop:

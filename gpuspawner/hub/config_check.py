@@ -20,6 +20,7 @@ from traitlets.config import LazyConfigValue
 
 from idle_culler.policies import PolicyError, PolicySet
 
+from ..elastic.manager import ElasticConfigError, attach_elastic
 from ..placement import POLICIES
 from ..usage.hub import UsageConfigError, attach_usage
 from .cluster import Cluster, current_clusters, get_cluster
@@ -266,6 +267,21 @@ def _usage(cluster: Cluster, c: Any, settings: Mapping[str, Any]) -> None:
         raise HubConfigError(str(e)) from None
 
 
+def _elastic(cluster: Cluster, c: Any) -> None:
+    """Elastic nodes (``c.GPUElastic``, :func:`gpuspawner.elastic.attach_elastic`) on the
+    hub's cluster, before anything is restored (once per cluster). Raises HubConfigError
+    naming the setting."""
+    if cluster.elastic is not None:
+        return
+    hub = _section(c, "JupyterHub")
+    db_url = str(hub["db_url"]) if "db_url" in hub else hub_db_url()
+    state_dir = str(_section(c, "GPUSpawner").get("state_dir") or "")
+    try:
+        attach_elastic(cluster, c, resolve_state_dir(state_dir, db_url))
+    except ElasticConfigError as e:
+        raise HubConfigError(str(e)) from None
+
+
 def _check_and_build(c: Any, usage: bool = False) -> Cluster:
     """:func:`check_hub_config`'s checks on ``c`` now; the cluster they built. ``usage``:
     also open the usage database and record on the cluster's ledger (:func:`_usage`).
@@ -280,6 +296,7 @@ def _check_and_build(c: Any, usage: bool = False) -> Cluster:
         cluster = check_spawner_settings(spawner_settings, c)
         if usage:
             _usage(cluster, c, spawner_settings)
+        _elastic(cluster, c)
         # users' own images: no registry in the servers' networks (gpuspawner.hub.images)
         refuse_networks([str(getattr(cluster.backend, "server_network_pool", "") or ""),
                          *(rt.network_pool for rt in cluster.nodes.values())])

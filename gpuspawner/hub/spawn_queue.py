@@ -120,6 +120,21 @@ class SpawnQueue:
         #: jobs held may be free now, ``Cluster.refresh_held_elsewhere``)
         self.before_tick: Callable[[], Awaitable[None]] | None = None
 
+        #: a note on a waiting entry beside its position (the elastic nodes' manager: "a node
+        #: is being started for this, about 2 min"), None: none
+        self.wait_note: Callable[[QueueEntry], str | None] | None = None
+
+    def note(self, entry: QueueEntry) -> str | None:
+        """The note on a waiting entry (:attr:`wait_note`), None when there is none or it
+        fails (logged)."""
+        if self.wait_note is None:
+            return None
+        try:
+            return self.wait_note(entry)
+        except Exception:  # a note never stops a wait
+            log.exception("wait queue: the note on %s failed", entry.id)
+            return None
+
     @property
     def ledger(self) -> Any:
         return self.wq.ledger

@@ -252,6 +252,9 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
             models = (f"MIG {b.mig}" if b.mig else
                       "/".join(b.gpu_models) if b.gpu_models else "GPUs")
             text += f"; {free} of {total} {models} free now"
+        note = self.cluster.queue.note(entry)  # an elastic node being started for it
+        if note:
+            text += f"; {note}"
         text += "; you keep your place until a server stops (the stop button cancels)"
         if not self._events or self._events[-1]["message"] != text:
             self._emit(10, text)

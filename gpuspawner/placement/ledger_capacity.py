@@ -28,6 +28,11 @@ class LedgerCapacity:
         with self._lock:
             return set(self._by_name) - set(self._node_state)
 
+    def startable_nodes(self) -> set[str]:
+        """Names of the elastic nodes that are off and can be started (state "off")."""
+        with self._lock:
+            return {n for n, (s, _) in self._node_state.items() if s == "off"}
+
     def capacity(self) -> Usage:
         """What the usable nodes have in all, booked or not (drained GPUs left out):
         milli-GPU, cores, memory bytes, disk bytes. The denominators of DRF shares.
@@ -73,6 +78,18 @@ class LedgerCapacity:
             if nodes:
                 names &= set(nodes)
             return {n for n in names if plan(self._empty_state(n), bundle, spill) is not None}
+
+    def could_hold(self, bundle: Bundle, name: str) -> bool:
+        """Whether node ``name``, with nothing booked, could hold ``bundle`` under its NUMA
+        policy, whatever the node's state (an elastic node that is off: would starting it
+        help?). One plan of an empty node.
+
+        Raises:
+            KeyError: unknown node.
+        """
+        with self._lock:
+            return plan(self._empty_state(name), bundle,
+                        bundle.numa_policy != "strict") is not None
 
     def fits_now(self, bundle: Bundle, nodes: Iterable[str] | None = None) -> str | None:
         """The first usable node (within ``nodes``, when given; configuration order) on which
@@ -126,12 +143,15 @@ class LedgerCapacity:
 
     def capacity_refusal(self, bundle: Bundle, nodes: Iterable[str] | None = None
                          ) -> PlacementRefused | None:
-        """None when some usable node could hold ``bundle`` once enough of it is free; else
-        the refusal saying why not even an empty cluster could (reason keys as
-        :class:`PlacementRefused`, ``never`` when only the combination does not fit)."""
+        """None when some usable node, or an elastic node that can be started (state
+        "off"), could hold ``bundle`` once enough of it is free; else the refusal saying why
+        not even an empty cluster could (reason keys as :class:`PlacementRefused`, ``never``
+        when only the combination does not fit)."""
         spill = bundle.numa_policy != "strict"
         with self._lock:
-            names = self.usable_nodes() & set(nodes) if nodes else self.usable_nodes()
+            names = self.usable_nodes() | self.startable_nodes()
+            if nodes:
+                names &= set(nodes)
             # any() stops at the first node that could: O(1) plans on a roomy cluster
             if any(plan(self._empty_state(n), bundle, spill) is not None for n in names):
                 return None

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from .model import GPU_MILLI, Allocation
 
 #: what :meth:`Ledger.set_node_state` accepts
-NODE_STATES = ("up", "drain", "down")
+NODE_STATES = ("up", "drain", "down", "off")
 
 
 
@@ -20,10 +20,12 @@ class LedgerHealth:
     allocations are the ledger's), kept in its own module by concern."""
 
     def set_node_state(self, name: str, state: str, reason: str = "") -> None:
-        """Mark node ``name`` "up", "drain" (no new placements; what runs stays) or "down"
-        (no new placements; the caller stops and releases what ran there). Slurm's node
-        states (slurm.conf(5): DRAIN, DOWN, NOT_RESPONDING) and a Docker engine that stops
-        answering map onto these.
+        """Mark node ``name`` "up", "drain" (no new placements; what runs stays), "down"
+        (no new placements; the caller stops and releases what ran there) or "off" (an
+        elastic node not running now, :mod:`gpuspawner.elastic`: no placements, but its
+        capacity *can start*, so a bundle that fits only it is admissible and waits while the
+        node is started). Slurm's node states (slurm.conf(5): DRAIN, DOWN, NOT_RESPONDING)
+        and a Docker engine that stops answering map onto the first three.
 
         Raises:
             KeyError: unknown node. ValueError: unknown state.

@@ -94,8 +94,9 @@ NODE = {
     "required": ["name", "numa_nodes", "gpus", "summary"],
     "properties": {
         "name": _STR,
-        "state": {"type": "string", "enum": ["up", "drain", "down"],
-                  "description": "down or drain: the node takes no new servers"},
+        "state": {"type": "string", "enum": ["up", "drain", "down", "off"],
+                  "description": "down or drain: the node takes no new servers; off: an "
+                                 "elastic node not running, started when a request needs it"},
         "state_reason": _STR,
         "labels": {"type": "object", "additionalProperties": _STR},
         "disk_bytes": _INT,
@@ -208,6 +209,8 @@ QUEUE_ENTRY: dict[str, Any] = {
                      "description": "later spawns that started ahead of it while it was first"},
         "restored": {"type": "boolean",
                      "description": "kept across a hub restart, waiting for its re-spawn"},
+        "note": {"type": "string",
+                 "description": "e.g. a node is being started for this, about 2 min"},
     },
 }
 

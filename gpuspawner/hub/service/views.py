@@ -303,9 +303,9 @@ def queue_view(cluster: Cluster, viewer: str | None, now: float | None = None
     lists all of them for admins (``viewer`` None), else only the viewer's. An entry:
     ``id, user, server, profile, position`` (1-based), ``enqueued`` (ISO 8601 UTC),
     ``waited_s`` (seconds), ``wants`` (words), ``gpus``, ``gpu_milli``, ``gpu_models``,
-    ``cores``, ``memory_bytes``, ``nodes`` (the nodes it may use; empty = any), ``bypassed``
-    and ``restored`` (waiting for its re-spawn after
-    a hub restart).
+    ``cores``, ``memory_bytes``, ``nodes`` (the nodes it may use; empty = any), ``bypassed``,
+    ``restored`` (waiting for its re-spawn after a hub restart) and ``note`` (e.g. "a node
+    is being started for this, about 2 min": :mod:`gpuspawner.elastic`; "" = none).
     """
     t = time.time() if now is None else now
     q = cluster.queue
@@ -330,6 +330,7 @@ def queue_view(cluster: Cluster, viewer: str | None, now: float | None = None
             "cores": b.cores, "memory_bytes": b.memory_bytes, "nodes": list(e.nodes),
             "bypassed": e.bypassed,
             "restored": not e.claimed,
+            "note": q.note(e) or "",  # type: ignore[union-attr]
         })
     return {"length": len(order),
             "by_profile": q.wq.count_by_profile() if q is not None else {},
