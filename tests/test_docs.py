@@ -143,3 +143,48 @@ def test_the_readme_simulator_examples_read_files_of_the_repository():
     for folder in folders:
         for name in files:
             assert (REPO / folder / name).is_file(), f"{folder}/{name}"
+
+
+#: a ``gpuspawner`` command inside code (a fenced block or a `span`): its words after it
+CODE = re.compile(r"```.*?```|`[^`\n]+`", re.S)
+COMMAND = re.compile(r"(?:^|(?<=`)|(?<=[$#] )|(?<=&& )|(?<=; ))gpuspawner((?: [a-z][a-z0-9-]*)+)",
+                     re.M)
+
+
+def _shown_commands() -> list[tuple[str, list[str]]]:
+    out = []
+    for page in PAGES:
+        for code in CODE.findall(page.read_text(encoding="utf-8")):
+            for m in COMMAND.finditer(code):
+                if code[m.end():m.end() + 1] == ":":
+                    continue  # a log line ("gpuspawner configuration error: ..."), no command
+                out.append((str(page.relative_to(REPO)), m.group(1).split()))
+    return out
+
+
+def test_every_gpuspawner_command_the_pages_show_exists():
+    """Each ``gpuspawner COMMAND [SUBCOMMAND]`` a page shows in code is a command of the CLI
+    (its words are followed through the argument parser's subcommands, as ``--help`` would)."""
+    import argparse
+
+    from gpuspawner.cli import build_parser
+
+    def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return dict(action.choices)
+        return {}
+
+    missing, shown = [], _shown_commands()
+    for page, words in shown:
+        parser, path = build_parser(), []
+        for word in words:
+            subs = subcommands(parser)
+            if not subs:
+                break  # a command without subcommands: the rest are its arguments
+            if word not in subs:
+                missing.append(f"{page}: gpuspawner {' '.join(path + [word])}")
+                break
+            parser, path = subs[word], path + [word]
+    assert not missing, "commands the CLI does not have:\n" + "\n".join(sorted(set(missing)))
+    assert len(shown) > 20  # the pages do show commands: the pattern matches
