@@ -530,6 +530,7 @@ def test_hub_config_check_names_slurm_settings_and_nodes(slurm_conf: str) -> Non
         check_hub_config,
         check_spawner_settings,
     )
+    from gpuspawner.hub.proxy import GPUProxy
 
     topo = REPO / "hub_config" / "slurm"
     settings = {"backend": "slurm",
@@ -562,10 +563,21 @@ def test_hub_config_check_names_slurm_settings_and_nodes(slurm_conf: str) -> Non
         with pytest.raises(SystemExit, match=r"JupyterHub.internal_ssl: must be True with "
                                              "SlurmBackend"):
             check_hub_config(config)
+        # ... and a proxy whose route accepts only its own server's certificate
         reset_clusters()
         config.JupyterHub.internal_ssl = True
-        check_hub_config(config)
-        reset_clusters()
+        for other in (None, "configurable-http-proxy", "jupyterhub.proxy.ConfigurableHTTPProxy",
+                      "no.such.Proxy"):
+            if other is not None:
+                config.JupyterHub.proxy_class = other
+            with pytest.raises(SystemExit, match=r'JupyterHub.proxy_class: must be "gpuspawner" '
+                                                 "with SlurmBackend and internal_ssl"):
+                check_hub_config(config)
+            reset_clusters()
+        for ours in ("gpuspawner", "gpuspawner.hub.proxy.GPUProxy", GPUProxy):
+            config.JupyterHub.proxy_class = ours
+            check_hub_config(config)
+            reset_clusters()
         config.JupyterHub.internal_ssl = False
         config.SlurmBackend.allow_plain_http = True  # a trusted test cluster
         check_hub_config(config)

@@ -13,10 +13,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
+from importlib.metadata import entry_points
 from typing import Any
 
 from traitlets import TraitError
 from traitlets.config import LazyConfigValue
+from traitlets.utils.importstring import import_item
 
 from idle_culler.policies import PolicyError, PolicySet
 
@@ -198,6 +200,35 @@ def check_internal_ssl(c: Any) -> None:
                 f"JupyterHub.internal_ssl: must be True with {name}: its servers share the "
                 "node's network with other users' processes (docs/slurm-backend.md); "
                 f"c.{name}.allow_plain_http = True allows it for a trusted test cluster")
+        if (backend.requires_internal_ssl and hub.get("internal_ssl", False)
+                and not proxy_checks_servers(hub.get("proxy_class", "configurable-http-proxy"))):
+            name = type(backend).__name__
+            raise HubConfigError(
+                f'JupyterHub.proxy_class: must be "gpuspawner" with {name} and internal_ssl: '
+                "any other proxy accepts for a server's route every certificate that names the "
+                "node's address, so after a server exits another user who binds its port gets "
+                "its requests (docs/slurm-backend.md, \"How the hub learns the port\")")
+
+
+def proxy_checks_servers(proxy_class: Any) -> bool:
+    """Whether ``c.JupyterHub.proxy_class`` (a class, an entry point name of
+    ``jupyterhub.proxies`` or a dotted path) is :class:`gpuspawner.hub.proxy.GPUProxy` or a
+    subclass, whose route accepts only its own server's certificate. A name that does not load
+    is False."""
+    cls = proxy_class
+    if isinstance(proxy_class, str):
+        found = [e for e in entry_points(group="jupyterhub.proxies") if e.name == proxy_class]
+        try:
+            cls = found[0].load() if found else import_item(proxy_class)
+        except (ImportError, AttributeError, ValueError):
+            return False
+    return isinstance(cls, type) and any(
+        f"{k.__module__}.{k.__qualname__}" == GPU_PROXY for k in cls.__mro__)
+
+
+#: the proxy class whose route accepts only its own server's certificate (not imported here:
+#: it needs jupyterhub, which this module does not)
+GPU_PROXY = "gpuspawner.hub.proxy.GPUProxy"
 
 
 #: JupyterHub ``Spawner`` options that GPUSpawner ignores, and the profile field that replaces
