@@ -9,6 +9,7 @@ neutralised), bad input naming the field, and ``gpuspawner usage``."""
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import io
 import json
@@ -389,3 +390,117 @@ def test_the_cli_reads_the_database(db, capsys):
     assert cli_main([*base, "--group-by", "colour"]) == 2
     assert "--group-by: unknown key" in capsys.readouterr().err
     assert cli_main(["usage", "--db", str(Path(path).parent / "none.sqlite")]) == 1
+
+
+# -- used figures ------------------------------------------------------------------------------
+def test_gpu_readings_give_each_interval_its_mean_and_peak(db, tmp_path):
+    """The sampler reads the held GPUs of this host through NVML (the double: utilisation and
+    memory per GPU index) and each interval gets its GPUs' mean utilisation and peak memory."""
+    from gpuspawner.testing import nvml_double as nd
+    from gpuspawner.testing.inprocess import fake_node
+    from gpuspawner.testing.nvml_metrics import MetricsNVML
+    from gpuspawner.usage.sampler import GPUSampler
+
+    clock = Clock()
+    node = load_topology_file(fake_node(tmp_path, "n1", gpus=2)["topology"])
+    ledger = Ledger([node], policy="first-fit", clock=clock)
+    rec = recorder_on(db, ledger, clock)
+    nvml = MetricsNVML(
+        [nd.FakeGPU("GPU-n1-0"), nd.FakeGPU("GPU-n1-1", pci_bus_id="00:08.0")],
+        util={0: 20, 1: 90},
+        used={0: 3 * GiB, 1: 50 * GiB},
+    )
+    sampler = GPUSampler(rec, lambda: {"GPU-n1-0", "GPU-n1-1"}, nvml=nvml)
+    alloc = ledger.reserve(Bundle(cores=1, memory_bytes=GiB, gpus=1), Owner("ann"))
+    assert alloc.gpu_uuids == ["GPU-n1-0"]
+    assert sampler.sample_once() == 1  # GPU 1 is held by no one: not read
+    nvml.util[0], nvml.used[0] = 60, 7 * GiB
+    assert sampler.sample_once() == 1
+    nvml.used[0] = 1 * GiB
+    sampler.sample_once()
+    clock.t += 60
+    ledger.release(alloc.id)
+    [row] = rec.store.records()
+    assert row.gpu_util_percent == pytest.approx((20 + 60 + 60) / 3, abs=1e-3)
+    assert row.gpu_mem_peak_bytes == 7 * GiB
+    assert json.loads(row.gpu_used) == {
+        "GPU-n1-0": {
+            "util_percent": pytest.approx(46.667, abs=1e-3),
+            "mem_peak_bytes": 7 * GiB,
+            "samples": 3,
+        }
+    }
+    # a GPU this host's NVML does not own (a remote node's) is never attributed
+    other = GPUSampler(rec, lambda: set(), nvml=nvml)
+    ledger.reserve(Bundle(cores=1, memory_bytes=GiB, gpus=1), Owner("bob"))
+    assert other.sample_once() == 0
+
+
+def test_figures_so_far_survive_a_restart(db):
+    clock = Clock()
+    ledger = dgx_ledger(clock)
+    rec = recorder_on(db, ledger, clock)
+    alloc = ledger.reserve(Bundle(cores=2, memory_bytes=GiB, gpus=1), Owner("ann"))
+    uuid = alloc.gpu_uuids[0]
+    rec.add_gpu_sample(uuid, 30.0, 5 * GiB)
+    rec.set_cpu_seconds(alloc.id, 100.0)
+    assert rec.flush_used() == 1
+    # a new hub process continues the interval and its figures
+    ledger2 = dgx_ledger(clock)
+    rec2 = recorder_on(db, ledger2, clock)
+    ledger2.restore([alloc.to_dict()])
+    rec2.add_gpu_sample(uuid, 50.0, 2 * GiB)
+    rec2.set_cpu_seconds(alloc.id, 160.0)
+    ledger2.release(alloc.id)
+    [row] = rec2.store.records()
+    assert row.gpu_util_percent == pytest.approx(40.0)
+    assert (row.gpu_mem_peak_bytes, row.cpu_seconds) == (5 * GiB, 160.0)
+
+
+@pytest.mark.docker
+async def test_cpu_seconds_come_from_the_docker_engine(db, tmp_path):
+    """A running container with this hub's labels: the backend reads its cgroup's CPU time
+    from the engine's stats, and the interval of its allocation gets it."""
+    import uuid
+    from types import SimpleNamespace
+
+    docker = pytest.importorskip("docker")
+    from gpuspawner.backends.docker_backend import DockerBackend
+    from gpuspawner.backends.spec import ALLOCATION_LABEL, HUB_LABEL, MANAGED_LABEL
+    from gpuspawner.usage.sampler import read_cpu
+
+    try:
+        engine = docker.APIClient(version="auto")
+        engine.inspect_image("gpuspawner/singleuser:latest")
+    except Exception as e:
+        pytest.skip(f"needs the Docker engine and the single-user image: {e}")
+    clock = Clock()
+    ledger = dgx_ledger(clock)
+    rec = recorder_on(db, ledger, clock)
+    alloc = ledger.reserve(Bundle(cores=1, memory_bytes=GiB), Owner("ann"))
+    hub = f"usage-cpu-{uuid.uuid4().hex[:8]}"
+    backend = DockerBackend()
+    backend.hub_id = hub
+    backend.bind({"local": SimpleNamespace(docker_url="", network_pool="")})
+    cid = engine.create_container(
+        "gpuspawner/singleuser:latest",
+        ["sh", "-c", "while :; do :; done"],
+        name=f"{hub}-busy",
+        labels={MANAGED_LABEL: "1", HUB_LABEL: hub, ALLOCATION_LABEL: json.dumps({"id": alloc.id})},
+        host_config=engine.create_host_config(network_mode="none"),
+    )["Id"]
+    try:
+        engine.start(cid)
+        figures = await backend.cpu_seconds()
+        assert set(figures) == {alloc.id}
+        # (a second of a busy loop: at least 0.3 CPU seconds, read by the engine)
+        deadline = asyncio.get_running_loop().time() + 30
+        while (await backend.cpu_seconds()).get(alloc.id, 0.0) < 0.3:
+            assert asyncio.get_running_loop().time() < deadline, "no CPU time in 30 s"
+            await asyncio.sleep(0.2)
+        assert await read_cpu(rec, backend) == 1
+        ledger.release(alloc.id)
+        [row] = rec.store.records()
+        assert row.cpu_seconds >= 0.3
+    finally:
+        engine.remove_container(cid, force=True)

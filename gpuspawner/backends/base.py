@@ -397,6 +397,13 @@ class Backend(LoggingConfigurable):
         """Remove one server found by :meth:`list_managed` (its owner is gone). Never
         raises."""
 
+    async def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds each running server and job of this hub has used so far (a
+        cumulative counter), by allocation id, on every reachable node; {} where the backend
+        cannot say (the usage records' ``cpu_seconds``, :mod:`gpuspawner.usage`). Never
+        raises."""
+        return {}
+
     async def sweep(self, node: str, booked: Callable[[str], bool],
                     owner_booked: Callable[[str, str], bool]) -> list[str]:
         """After ``node`` was unreachable: remove its servers whose allocation id

@@ -829,6 +829,33 @@ class DockerBackend(Backend):
                     out.append(Managed(name, text, c["Id"]))
         return out
 
+    async def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds each running container of this hub used so far, by allocation id: the
+        engine's stats (``GET /containers/{id}/stats?stream=false&one-shot=true``,
+        ``cpu_stats.cpu_usage.total_usage``: nanoseconds of the container's cgroup), one call
+        per container. A node or container that does not answer is skipped. Never raises."""
+        out: dict[str, float] = {}
+        for name in self.nodes:
+            try:
+                found = await self._call(name, "containers", filters={
+                    "label": f"{MANAGED_LABEL}=1", "status": "running"})
+            except Exception as e:  # noqa: BLE001 - an engine down: no figures from it
+                self.log.debug("node %s: no CPU figures: %s", name, e)
+                continue
+            for c in found:
+                labels = c.get("Labels") or {}
+                if not made_by(labels, self.hub_id):
+                    continue
+                try:
+                    alloc_id = json.loads(labels.get(ALLOCATION_LABEL, ""))["id"]
+                    stats = await self._call(name, "stats", c["Id"], stream=False,
+                                             one_shot=True)
+                    ns = stats["cpu_stats"]["cpu_usage"]["total_usage"]
+                except Exception:  # noqa: BLE001 - gone meanwhile, no label, no stats
+                    continue
+                out[str(alloc_id)] = float(ns) / 1e9
+        return out
+
     async def remove_managed(self, found: Managed) -> None:
         """Remove the container (force). Never raises."""
         try:

@@ -5,6 +5,7 @@ restored."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -14,6 +15,7 @@ from ..hub.cluster import Cluster
 from ..hub.state import state_file
 from ..placement import Allocation
 from .recorder import UsageRecorder
+from .sampler import GPUSampler, run_readings
 from .settings import USAGE_DB_FILE, GPUUsage
 from .store import UsageStore, UsageStoreError
 
@@ -36,6 +38,24 @@ def usage_db_url(settings: GPUUsage, state_dir: str, hub_db_url: str | None) -> 
 
 def _section(c: Any, name: str) -> Any:
     return c[name] if name in c else {}
+
+
+def _start_readings(
+    cluster: Cluster, recorder: UsageRecorder, interval_s: float, gpu: GPUSampler | None
+) -> None:
+    """Start the readings of what is used on the running loop (once; called after the
+    restore, which runs on the hub's loop)."""
+    if getattr(cluster, "_usage_readings", None) is not None:
+        return
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    task = loop.create_task(
+        run_readings(recorder, interval_s, gpu=gpu, backend=cluster.backend),
+        name="gpuspawner-usage-readings",
+    )
+    cluster._usage_readings = task  # type: ignore[attr-defined]
 
 
 def attach_usage(
@@ -93,6 +113,14 @@ def attach_usage(
             recorder.on_book(alloc)
         recorder.reconcile()
     cluster.usage = recorder
+    if settings.sample_interval > 0:
+        gpu = None
+        if cluster.health_nodes():  # GPUs NVML on this host reads
+            local = {g.uuid for n in cluster.health_nodes() for g in cluster.ledger.node(n).gpus}
+            gpu = GPUSampler(recorder, lambda: local)
+        cluster.after_restore.append(
+            lambda _report: _start_readings(cluster, recorder, settings.sample_interval, gpu)
+        )
     log.info(
         "usage records: %s (%d open, kept %d days)",
         url.split("?")[0],

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from traitlets import Bool, Int, TraitError, Unicode, validate
+from traitlets import Bool, Float, Int, TraitError, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
 __all__ = ["GPUUsage", "USAGE_DB_FILE"]
@@ -36,6 +36,22 @@ class GPUUsage(LoggingConfigurable):
         1); older records are deleted when the hub starts and once an hour after. Reports
         cannot reach further back.""",
     ).tag(config=True)
+
+    sample_interval = Float(
+        30.0,
+        help="""Seconds between two readings of the utilisation and memory used of the
+        booked GPUs of the hub's own host (nodes with topology "auto", through NVML); each
+        usage record gets its GPUs' mean utilisation and peak memory. 0 = no readings.""",
+    ).tag(config=True)
+
+    @validate("sample_interval")
+    def _interval(self, proposal: Any) -> float:
+        value = proposal.value
+        if value < 0:
+            raise TraitError(
+                f"GPUUsage.sample_interval: must be >= 0 seconds (0 = off), got {value!r}"
+            )
+        return float(value)
 
     @validate("retention_days")
     def _retention(self, proposal: Any) -> int:
