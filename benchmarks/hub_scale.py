@@ -85,6 +85,11 @@ from idle_culler.gpu import GPUHistory
 from idle_culler.hub import HubClient
 from idle_culler.policies import PolicySet
 
+try:
+    from benchmarks import loop_probe
+except ImportError:  # run as a script: benchmarks/ is sys.path[0]
+    import loop_probe  # type: ignore[no-redef]
+
 REPO = Path(__file__).resolve().parents[1]
 CHP = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
 FAKE_BACKEND = REPO / "benchmarks" / "fake_backend.py"
@@ -128,6 +133,8 @@ c.JupyterHub.services = [
     {{"name": "ours-culler", "api_token": {ours_token!r}}},
     {{"name": "reference-culler", "api_token": {ref_token!r}}},
 ]
+from benchmarks.loop_probe import install as _install_loop_probe
+_install_loop_probe({folder!r})
 c.JupyterHub.load_roles = [
     {{"name": "bench-admin", "services": ["bench-admin"], "scopes": {admin_scopes!r}}},
     {{"name": "ours-culler", "services": ["ours-culler"], "scopes": {ours_scopes!r}}},
@@ -271,6 +278,9 @@ class Hub:
     ours_token: str = field(default_factory=lambda: secrets.token_hex(24))
     ref_token: str = field(default_factory=lambda: secrets.token_hex(24))
     process: Process | None = None
+    #: phase -> the hub loop's report for it (:meth:`loop_report`)
+    loop: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _reports: int = 0
 
     @property
     def url(self) -> str:
@@ -289,7 +299,7 @@ class Hub:
             page_max=max(200, self.servers), admin_token=self.admin_token,
             ours_token=self.ours_token, ref_token=self.ref_token,
             admin_scopes=ADMIN_SCOPES, ours_scopes=OURS_CULLER_SCOPES,
-            ref_scopes=REF_CULLER_SCOPES)
+            ref_scopes=REF_CULLER_SCOPES, folder=str(self.folder))
         if self.side == "gpuspawner":
             topo = self.folder / "topology"
             topo.mkdir()
@@ -347,6 +357,16 @@ class Hub:
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"token {self.admin_token}"}
+
+    async def loop_report(self, phase: str) -> dict[str, Any]:
+        """The hub's loop probe (benchmarks/loop_probe.py) since the last report, kept under
+        ``phase`` in :attr:`loop`; a new window starts. Raises TimeoutError (no report)."""
+        assert self.process is not None
+        self._reports += 1
+        report = await loop_probe.read_report(self.process.proc.pid, self.folder,
+                                              self._reports)
+        self.loop[phase] = report
+        return report
 
 
 # -- phases ----------------------------------------------------------------------------------
@@ -444,24 +464,26 @@ async def latency(session: aiohttp.ClientSession, url: str, headers: dict[str, s
 
 async def rest_phase(session: aiohttp.ClientSession, hub: Hub, n: int, clock: Clock
                      ) -> dict[str, list[float]]:
+    """Each endpoint's GETs (milliseconds), by key; the hub's loop report of each endpoint's
+    GETs is kept in ``hub.loop`` under the same key."""
     h = hub.headers()
     hub_api = f"{hub.url}/hub/api"
     phase = f"{hub.side}: REST"
-    out = {"hub users page": await latency(
-        session, f"{hub_api}/users?state=ready&limit=200", h, n, clock, phase)}
+    svc = f"{hub.url}/services/gpuspawner"
+    urls = {"hub users page": f"{hub_api}/users?state=ready&limit=200"}
     if hub.side == "gpuspawner":
-        svc = f"{hub.url}/services/gpuspawner/api"
-        out["all servers"] = await latency(session, f"{svc}/allocations", h, n, clock, phase)
-        out["service nodes"] = await latency(session, f"{svc}/nodes", h, n, clock, phase)
-        out["service queue"] = await latency(session, f"{svc}/queue", h, n, clock, phase)
-        out["service usage"] = await latency(session, f"{svc}/users/u00000/usage", h, n,
-                                             clock, phase)
-        svc = f"{hub.url}/services/gpuspawner"
-        out["service map"] = await latency(session, f"{svc}/admin", h, n, clock, phase)
-        out["service metrics"] = await latency(session, f"{svc}/metrics", h, n, clock, phase)
+        urls.update({"all servers": f"{svc}/api/allocations",
+                     "service nodes": f"{svc}/api/nodes",
+                     "service queue": f"{svc}/api/queue",
+                     "service usage": f"{svc}/api/users/u00000/usage",
+                     "service map": f"{svc}/admin",
+                     "service metrics": f"{svc}/metrics"})
     else:
-        out["all servers"] = await latency(
-            session, f"{hub_api}/users?state=ready&limit={hub.servers}", h, n, clock, phase)
+        urls["all servers"] = f"{hub_api}/users?state=ready&limit={hub.servers}"
+    out = {}
+    for key, url in urls.items():
+        out[key] = await latency(session, url, h, n, clock, phase)
+        await clock.bound(phase, hub.loop_report(key))
     return out
 
 
@@ -523,6 +545,8 @@ class SideResult:
     rest: dict[str, list[float]]
     culler: dict[str, list[float]]
     rss_mib: float | None
+    #: the hub loop's report per phase (benchmarks/loop_probe.py; ms)
+    loop: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 async def run_side(side: str, folder: Path, responder_port: int, args: argparse.Namespace,
@@ -544,16 +568,21 @@ async def run_side(side: str, folder: Path, responder_port: int, args: argparse.
             done("hub up")
             await clock.bound(f"{side}: users", make_users(session, hub, names))
             done(f"{len(names)} users made")
+            await clock.bound(f"{side}: loop", hub.loop_report("start"))
             times, wall = await spawn_all(session, hub, names, body, args.concurrency, clock)
+            await clock.bound(f"{side}: loop", hub.loop_report("spawn"))
             ready = await clock.bound(f"{side}: count", count_ready(session, hub))
             if ready != args.servers:
                 raise RuntimeError(f"{side}: {ready} of {args.servers} servers ready")
             done(f"{ready} servers spawned and ready")
             rss = hub.rss_mib()
+            await clock.bound(f"{side}: loop", hub.loop_report("count"))
             rest = await rest_phase(session, hub, args.requests, clock)
             done("REST measured")
             uuids = await clock.bound(f"{side}: allocations", gpu_uuids(session, hub))
+            await clock.bound(f"{side}: loop", hub.loop_report("allocations"))
             culler = await culler_phase(hub, names, uuids, args.culler_repeat, clock)
+            await clock.bound(f"{side}: loop", hub.loop_report("culler"))
             done("culler passes measured")
         except BaseException:
             if hub.process is not None:
@@ -565,7 +594,7 @@ async def run_side(side: str, folder: Path, responder_port: int, args: argparse.
             if args.log_dir is not None:
                 args.log_dir.mkdir(parents=True, exist_ok=True)
                 shutil.copy(folder / "hub.log", args.log_dir / f"{side}-hub.log")
-    return SideResult(times, wall, rest, culler, rss)
+    return SideResult(times, wall, rest, culler, rss, hub.loop)
 
 
 # -- report ----------------------------------------------------------------------------------
@@ -608,8 +637,47 @@ def report(results: dict[str, SideResult], args: argparse.Namespace) -> list[str
     for key in ("idle_culler", "jupyterhub-idle-culler"):
         row(f"  {key}", f"{statistics.median(ours.culler[key]):.3f}",
             f"{statistics.median(ref.culler[key]):.3f}")
+    row("hub loop: longest callback ms (callbacks > 20 ms):", "", "")
+
+    def stall(result: SideResult, phase: str) -> str:
+        r = result.loop.get(phase)
+        return "n/a" if r is None else f"{r['max_ms']:.1f} ({r['over_ms']['20']})"
+
+    for phase, label in (("spawn", "  during the spawns"),
+                         ("hub users page", "  hub users page GETs"),
+                         ("all servers", "  all servers GETs (*)"),
+                         ("service nodes", "  service api/nodes GETs"),
+                         ("service queue", "  service api/queue GETs"),
+                         ("service usage", "  service api/users/{name}/usage GETs"),
+                         ("service map", "  service admin page GETs"),
+                         ("service metrics", "  service metrics GETs"),
+                         ("culler", "  culler passes")):
+        row(label, stall(ours, phase), stall(ref, phase))
+
+    def worst(result: SideResult) -> str:  # every window after the users were made
+        ms = [r["max_ms"] for p, r in result.loop.items() if p != "start"]
+        return f"{max(ms, default=0):.1f}"
+
+    row("  longest of all, after start (goal <= 20 ms)", worst(ours), worst(ref))
+
+    def full_gc(result: SideResult) -> str:  # generation 2, every window after start
+        windows = [r["gc"] for p, r in result.loop.items() if p != "start" and "gc" in r]
+        if not windows:
+            return "n/a"
+        return (f"{sum(w['count'][2] for w in windows)}, "
+                f"{max(w['max_ms'][2] for w in windows):.0f} ms")
+
+    row("hub full garbage collections after start, longest", full_gc(ours), full_gc(ref))
+    objects = [(r.loop.get("culler") or {}).get("gc", {}).get("objects") for r in (ours, ref)]
+    row("hub objects tracked by the collector, at the end",
+        *(f"{n / 1e6:.2f} M" if n else "n/a" for n in objects))
     lines.append("(*) gpuspawner: service api/allocations (every allocation with its devices);"
                  " dockerspawner: hub /hub/api/users?state=ready&limit=N (no resources)")
+    for side, result in (("gpuspawner", ours), ("dockerspawner", ref)):
+        for phase in ("spawn", "service map", "all servers", "hub users page", "culler"):
+            r = result.loop.get(phase)
+            for ms, what in (r or {}).get("longest", [])[:args.show_callbacks]:
+                lines.append(f"  {side} loop, {phase}: {ms:.1f} ms {what}")
     return lines
 
 
@@ -642,6 +710,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--culler-repeat", type=int, default=3, help="passes per culler")
     ap.add_argument("--time-limit", type=float, default=900.0,
                     help="seconds for the whole run (exit 2 when exceeded)")
+    ap.add_argument("--show-callbacks", type=int, default=2,
+                    help="the longest hub loop callbacks shown per side and phase")
     ap.add_argument("--log-dir", type=Path, default=None,
                     help="copy each side's hub log here (the temporary folder goes)")
     args = ap.parse_args(argv)
