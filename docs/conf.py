@@ -59,7 +59,8 @@ def _configuration_page() -> None:
               "DockerBackend": "The Docker backend (`c.GPUSpawner.backend = \"docker\"`)",
               "SlurmBackend": "The Slurm backend (`c.GPUSpawner.backend = \"slurm\"`)",
               "GPULDAPAuthenticator": "LDAP login (entry point `gpu-ldap`)",
-              "GPUJobs": "Notebook jobs (docs/jobs.md)"}
+              "GPUJobs": "Notebook jobs (docs/jobs.md)",
+              "GPUUsage": "Usage accounting (docs/usage.md)"}
     classes = [(titles[name], module, name) for module, name in CONFIG_CLASSES]
     classes.append(("The idle culler (`python -m idle_culler`; its own "
                     "`idle_culler_config.py` or command line)", "idle_culler.app", "IdleCuller"))

@@ -16,7 +16,7 @@ Subcommands:
   UUID``: GPU health of this host and drains through the hub (:mod:`gpuspawner.health_cli`).
 * ``gpuspawner generate-config [--culler] [-o FILE]``: a commented ``jupyterhub_config.py``
   with every option of GPUSpawner (its JupyterHub ``Spawner`` options included), DockerBackend,
-  SlurmBackend, GPULDAPAuthenticator and GPUJobs (:data:`CONFIG_CLASSES`), as
+  SlurmBackend, GPULDAPAuthenticator, GPUJobs and GPUUsage (:data:`CONFIG_CLASSES`), as
   ``jupyterhub --generate-config`` writes JupyterHub's
   (:func:`generate_config`); ``--culler``: the idle culler's ``idle_culler_config.py``.
 * ``gpuspawner jobs submit|list|show|cancel|output``: notebook jobs through the hub's
@@ -156,7 +156,8 @@ CONFIG_CLASSES = (("gpuspawner.hub.spawner", "GPUSpawner"),
                   ("gpuspawner.backends.docker_backend", "DockerBackend"),
                   ("gpuspawner.backends.slurm.backend", "SlurmBackend"),
                   ("gpuspawner.hub.auth", "GPULDAPAuthenticator"),
-                  ("gpuspawner.hub.jobs.settings", "GPUJobs"))
+                  ("gpuspawner.hub.jobs.settings", "GPUJobs"),
+                  ("gpuspawner.usage.settings", "GPUUsage"))
 
 
 def generate_config(culler: bool = False) -> str:
@@ -192,7 +193,8 @@ def generate_config(culler: bool = False) -> str:
             except ImportError as e:  # the LDAP authenticator without ldapauthenticator
                 missing.append(f"# {name}: not installed here ({e})")
         head = ["# gpuspawner options for jupyterhub_config.py: GPUSpawner, its backends, the",
-                "# LDAP authenticator and notebook jobs. Made by: gpuspawner generate-config.",
+                "# LDAP authenticator, notebook jobs and usage accounting. Made by: gpuspawner",
+                "# generate-config.",
                 "# JupyterHub's own options (c.JupyterHub.*): jupyterhub --generate-config.",
                 *missing]
     lines = [*head, "", "c = get_config()  # noqa", ""]
@@ -218,8 +220,8 @@ def _cmd_generate_config(args: argparse.Namespace) -> int:
 def _add_generate_config(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate-config", help="print every option as a commented config file",
                        description="Print a commented configuration file with every option of "
-                       "GPUSpawner, DockerBackend, SlurmBackend, GPULDAPAuthenticator and GPUJobs "
-                       "(their help, defaults and units), for jupyterhub_config.py.")
+                       "GPUSpawner, DockerBackend, SlurmBackend, GPULDAPAuthenticator, GPUJobs, "
+                       "GPUUsage (their help, defaults and units), for jupyterhub_config.py.")
     p.add_argument("--culler", action="store_true",
                    help="the idle culler's options (idle_culler_config.py) instead")
     p.add_argument("-o", "--output", default=None, help="write to this file instead of stdout")

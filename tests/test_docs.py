@@ -38,6 +38,7 @@ CLASSES = {
     "DockerBackend": "gpuspawner.backends.docker_backend",
     "SlurmBackend": "gpuspawner.backends.slurm.backend",
     "GPUJobs": "gpuspawner.hub.jobs.settings",
+    "GPUUsage": "gpuspawner.usage.settings",
     "GPULDAPAuthenticator": "gpuspawner.hub.auth",
     "IdleCuller": "idle_culler.app",
     "JupyterHub": "jupyterhub.app",

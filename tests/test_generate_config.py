@@ -14,6 +14,7 @@ from gpuspawner.hub.auth import GPULDAPAuthenticator
 from gpuspawner.hub.config_check import IGNORED_SPAWNER_OPTIONS
 from gpuspawner.hub.jobs.settings import GPUJobs
 from gpuspawner.hub.spawner import GPUSpawner
+from gpuspawner.usage.settings import GPUUsage
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +27,7 @@ def _settings(text: str) -> set[str]:
 
 
 @pytest.mark.parametrize("cls", [GPUSpawner, DockerBackend, SlurmBackend, GPULDAPAuthenticator,
-                                 GPUJobs])
+                                 GPUJobs, GPUUsage])
 def test_every_option_of_each_class_is_listed_under_its_name(text, cls):
     assert f"# {cls.__name__}(" in text  # its section header
     listed = {s.split(".", 1)[1] for s in _settings(text) if s.startswith(cls.__name__ + ".")}
@@ -38,7 +39,7 @@ def test_sections_name_only_the_classes_an_admin_sets(text):
     no section of their own: their options are listed under the class that uses them."""
     classes = {s.split(".", 1)[0] for s in _settings(text)}
     assert classes == {"GPUSpawner", "DockerBackend", "SlurmBackend", "GPULDAPAuthenticator",
-                       "GPUJobs"}
+                       "GPUJobs", "GPUUsage"}
     assert "See also:" not in text
 
 
@@ -95,7 +96,7 @@ def test_jupyterhub_generate_config_has_no_mixin_sections(jupyterhub_generated):
     classes = {s.split(".", 1)[0] for s in _settings(jupyterhub_generated)}
     assert "GPUSpawner" in classes and "GPULDAPAuthenticator" in classes
     # as the README says: not registered with JupyterHub, so only in gpuspawner generate-config
-    assert not classes & {"DockerBackend", "SlurmBackend", "GPUJobs"}, classes
+    assert not classes & {"DockerBackend", "SlurmBackend", "GPUJobs", "GPUUsage"}, classes
     assert not classes & {"SpawnerSettings", "OptionsFormMixin", "ProgressEvents"}, classes
     assert not re.search(r"^# (SpawnerSettings|OptionsFormMixin)\(", jupyterhub_generated, re.M)
 
