@@ -103,6 +103,9 @@ class SpawnQueue:
         clock: seconds since the epoch.
     """
 
+    #: the text :meth:`save` wrote last (None: nothing written yet by this process)
+    _saved_text: str | None = None
+
     def __init__(self, wait_queue: WaitQueue, settings: QueueSettings,
                  clock: Callable[[], float] = time.time) -> None:
         self.wq = wait_queue
@@ -179,22 +182,28 @@ class SpawnQueue:
         return problems
 
     def save(self) -> None:
-        """Write the queue atomically (no-op without a file). An unwritable file is logged,
-        never raised: a spawn must not fail because the queue could not be kept."""
+        """Write the queue atomically (no-op without a file), unless this process wrote the
+        same content last (a spawn that books at once leaves the queue as it was: no file
+        written per spawn). An unwritable file is logged, never raised: a spawn must not fail
+        because the queue could not be kept."""
         path = self.settings.file
         if not path:
             return
-        data = {"version": VERSION, "entries": self.wq.to_list()}
+        text = json.dumps({"version": VERSION, "entries": self.wq.to_list()}, indent=1,
+                          sort_keys=True)
+        if text == self._saved_text and os.path.exists(path):
+            return
         folder = os.path.dirname(os.path.abspath(path))
         try:
             fd, tmp = tempfile.mkstemp(prefix=".gpuspawner-queue.", dir=folder)
             try:
                 with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    json.dump(data, f, indent=1, sort_keys=True)
+                    f.write(text)
                 os.replace(tmp, path)
             except BaseException:
                 os.unlink(tmp)
                 raise
+            self._saved_text = text
         except OSError as e:
             log.error("wait queue: cannot write %s: %s", path, e)
 

@@ -569,10 +569,19 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
 
     def get_state(self) -> dict[str, Any]:
         """``{"allocation", "backend", "certs_dir", "image", "moves"}`` (what exists), written
-        through :class:`~gpuspawner.server_state.ServerState`."""
+        through :class:`~gpuspawner.server_state.ServerState`. The allocation's dict is made
+        once per allocation (JupyterHub asks for the state of every server in each page of
+        ``GET /hub/api/users`` that shows states, and at each save)."""
+        a = self.allocation
+        if a is not None and (self._state_allocation is None
+                              or self._state_allocation[0] is not a):
+            self._state_allocation = (a, a.to_dict())  # (frozen: a change is a new object)
         return {**super().get_state(), **ServerState(
-            self.allocation.to_dict() if self.allocation is not None else {},
+            self._state_allocation[1] if a is not None else {},  # type: ignore[index]
             self.backend_state, self.certs_dir, self.image_record, self.moves).to_state()}
+
+    #: (allocation, its ``to_dict``) of the last :meth:`get_state`
+    _state_allocation: tuple[Allocation, dict[str, Any]] | None = None
 
     def clear_state(self) -> None:
         """Forget the backend's state and the certificates (the ledger is released by

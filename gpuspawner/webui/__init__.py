@@ -13,6 +13,7 @@ Context every page gives the layout: ``hub_prefix`` (``/hub/``), ``user`` (``nam
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from jinja2 import BaseLoader, ChoiceLoader, Environment, PackageLoader, select_autoescape
 
@@ -40,9 +41,29 @@ def service_links(services_prefix: str, current: str) -> list[PageLink]:
             for label, href, admin_only in pages]
 
 
+#: the attributes of a plain dict (``d.items`` in a template is the method, as in Jinja2)
+_DICT_ATTRIBUTES = frozenset(dir(dict))
+
+
+class PageEnvironment(Environment):
+    """Jinja2's environment with a faster ``a.b`` on plain dicts (what the pages' views are):
+    Jinja2 tries ``getattr`` first and falls back to the item, so each ``a.b`` on a dict
+    raised and caught an AttributeError (two fifths of the GPU map's render time at 1,000
+    servers). Here a name that is no dict attribute is looked up as the item at once: the
+    same result, without the exception."""
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
+            try:
+                return obj[attribute]
+            except KeyError:
+                return self.undefined(obj=obj, name=attribute)
+        return super().getattr(obj, attribute)
+
+
 def environment(*loaders: BaseLoader) -> Environment:
-    """A Jinja2 environment that finds ``hub_page.html.j2`` after ``loaders`` (the service's
-    own templates, which extend it); HTML autoescaping on."""
-    return Environment(
+    """A Jinja2 environment (:class:`PageEnvironment`) that finds ``hub_page.html.j2`` after
+    ``loaders`` (the service's own templates, which extend it); HTML autoescaping on."""
+    return PageEnvironment(
         loader=ChoiceLoader([*loaders, PackageLoader("gpuspawner.webui", "templates")]),
         autoescape=select_autoescape(["html", "j2"]))

@@ -1,6 +1,9 @@
 """What the service shows, computed from the hub process's one
 :class:`~gpuspawner.hub.cluster.Cluster`
-(its ledger) at each request: no copy, no cache, so nothing can drift.
+(its ledger) at each request: no copy of the ledger, so nothing can drift. One cache: the JSON
+view of each allocation (:func:`allocation_view`, :func:`allocation_json`), kept per
+allocation object, which the ledger never changes (a new booking is a new object), so a
+request over N allocations formats only those booked since the last one.
 
 Units: memory and disk in bytes, GPUs in milli-GPU (1000 = one GPU) unless a key says
 ``gpus``, cores as logical CPU counts, times in seconds since the epoch.
@@ -10,7 +13,9 @@ from __future__ import annotations
 
 import colorsys
 import datetime
+import functools
 import hashlib
+import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import fields
@@ -18,7 +23,7 @@ from typing import Any
 
 from jinja2 import Environment, PackageLoader
 
-from ...placement import GPU_MILLI, Allocation, Quota, format_bytes, format_cpu_list
+from ...placement import GPU_MILLI, Allocation, Quota, Usage, format_bytes, format_cpu_list
 from ...schemas import SCHEMA_NAMES, load_schema
 from ...webui import environment
 from ..cluster import Cluster
@@ -93,25 +98,81 @@ def _holder(h: Mapping[str, Any], viewer: str | None) -> dict[str, Any]:
             "mine": False}
 
 
+#: allocation id -> (the allocation, its view, its JSON text or ""): :func:`allocation_view`
+_VIEWS: dict[str, tuple[Allocation, dict[str, Any], str]] = {}
+
+
+def _cached(a: Allocation) -> tuple[Allocation, dict[str, Any], str]:
+    hit = _VIEWS.get(a.id)
+    if hit is None or hit[0] is not a:  # (an allocation is frozen: a change is a new object)
+        d = a.to_dict()
+        d["gpu_milli"] = a.total_gpu_milli
+        d["cpuset_text"] = a.cpuset_str()
+        d["summary"] = a.summary()
+        hit = _VIEWS[a.id] = (a, d, "")
+    return hit
+
+
 def allocation_view(a: Allocation) -> dict[str, Any]:
-    """One allocation as JSON (``Allocation.to_dict`` plus readable fields)."""
-    d = a.to_dict()
-    d["gpu_milli"] = a.total_gpu_milli
-    d["cpuset_text"] = a.cpuset_str()
-    d["summary"] = a.summary()
-    return d
+    """One allocation as JSON (``Allocation.to_dict`` plus readable fields), made once per
+    allocation object and shared: callers must not change it."""
+    return _cached(a)[1]
+
+
+def allocation_json(a: Allocation) -> str:
+    """:func:`allocation_view` as JSON text (``json.dumps(..., sort_keys=True)``), made once per
+    allocation object."""
+    hit = _cached(a)
+    if not hit[2]:
+        hit = _VIEWS[a.id] = (a, hit[1], json.dumps(hit[1], sort_keys=True))
+    return hit[2]
+
+
+def forget_released(current: Sequence[Allocation]) -> None:
+    """Drop the cached views of allocations not in ``current`` (the ledger's whole list) once
+    the cache holds more than twice as many as that (and 64): memory stays in proportion to
+    what is booked."""
+    if len(_VIEWS) > 2 * len(current) + 64:
+        keep = {a.id for a in current}
+        for key in [k for k in _VIEWS if k not in keep]:
+            del _VIEWS[key]
 
 
 def allocation_views(cluster: Cluster, user: str | None = None) -> list[dict[str, Any]]:
-    """``GET api/allocations``: every allocation (``user`` None) or one user's, oldest first."""
-    return [allocation_view(a) for a in cluster.ledger.allocations(user)]
+    """``GET api/allocations``: every allocation (``user`` None) or one user's, oldest first
+    (shared views: see :func:`allocation_view`)."""
+    allocs = cluster.ledger.allocations(user)
+    if user is None:
+        forget_released(allocs)
+    return [allocation_view(a) for a in allocs]
+
+
+def allocations_json(cluster: Cluster, user: str | None = None) -> str:
+    """:func:`allocation_views` as JSON text, the same as ``json.dumps(allocation_views(...),
+    sort_keys=True)``, from each allocation's cached text: what ``GET api/allocations``
+    answers, at the cost of a join once the allocations were formatted."""
+    allocs = cluster.ledger.allocations(user)
+    if user is None:
+        forget_released(allocs)
+    return "[" + ", ".join(allocation_json(a) for a in allocs) + "]"
+
+
+#: field names of Quota and Usage (``dataclasses.fields`` at each call was most of the admin
+#: map's own time at 1,000 users)
+_QUOTA_FIELDS = tuple(f.name for f in fields(Quota))
+_USAGE_FIELDS = tuple(f.name for f in fields(Usage))
 
 
 def quota_dict(q: Quota | None) -> dict[str, int | None] | None:
     """A quota's limits by resource (None = unlimited), or None when there is no quota."""
     if q is None:
         return None
-    return {f.name: getattr(q, f.name) for f in fields(q)}
+    return {name: getattr(q, name) for name in _QUOTA_FIELDS}
+
+
+def usage_dict(u: Usage) -> dict[str, int]:
+    """What is held by resource (``Usage.to_dict``): milli-GPU, cores, bytes, servers."""
+    return {name: getattr(u, name) for name in _USAGE_FIELDS}
 
 
 def usage_view(cluster: Cluster, user: str, groups: Iterable[str],
@@ -126,12 +187,12 @@ def usage_view(cluster: Cluster, user: str, groups: Iterable[str],
     return {
         "user": user,
         "groups": groups,
-        "usage": ledger.usage(user).to_dict(),
+        "usage": usage_dict(ledger.usage(user)),
         "quota": quota_dict(table.user_quota(user)),
         "remaining": ledger.quota_remaining(user, groups),
         "group_quotas": [{
             "group": g,
-            "usage": ledger.group_usage(g).to_dict(),
+            "usage": usage_dict(ledger.group_usage(g)),
             "quota": quota_dict(table.groups.get(g)),
         } for g in groups],
         "allocations": [a.id for a in (ledger.allocations(user) if held is None else held)],
@@ -139,6 +200,7 @@ def usage_view(cluster: Cluster, user: str, groups: Iterable[str],
 
 
 # -- the admin map ---------------------------------------------------------------------------
+@functools.lru_cache(maxsize=65536)
 def owner_colour(user: str) -> str:
     """A stable colour per user (hue from a hash of the name), as CSS ``hsl()``."""
     hue = int(hashlib.sha256(user.encode()).hexdigest()[:4], 16) % 360
@@ -240,20 +302,19 @@ def map_view(cluster: Cluster) -> dict[str, Any]:
                      "numa": numa_cells, "state": node.get("state", "up"),
                      "state_reason": node.get("state_reason", "")})
     allocs = ledger.allocations()
+    forget_released(allocs)
     by_user: dict[str, list[Allocation]] = {}
     for a in allocs:  # one pass (a scan per user was quadratic: 1.2 s at 1,000 servers)
         by_user.setdefault(a.owner.user, []).append(a)
     users = sorted(set(by_user) | set(ledger.quotas.users))
     quota_rows = []
-    for u in users:
-        held = by_user.get(u, [])
-        groups = sorted({g for a in held for g in a.owner.groups})
-        view = usage_view(cluster, u, groups, held)
+    unlimited = quota_dict(Quota())
+    for u in users:  # the usage and quota of usage_view (its other parts are not shown)
         # no quota: every limit None (unlimited), which the page shows as usage alone
-        quota_rows.append({"user": u, "usage": view["usage"],
-                           "quota": view["quota"] or quota_dict(Quota()),
-                           "colour": colours.get(u, owner_colour(u))})
-    group_rows = [{"group": g, "usage": ledger.group_usage(g).to_dict(),
+        quota_rows.append({"user": u, "usage": usage_dict(ledger.usage(u)),
+                           "quota": quota_dict(ledger.quotas.user_quota(u)) or unlimited,
+                           "colour": colours.get(u) or owner_colour(u)})
+    group_rows = [{"group": g, "usage": usage_dict(ledger.group_usage(g)),
                    "quota": quota_dict(q) or {}} for g, q in sorted(ledger.quotas.groups.items())]
     return {
         "nodes": rows,

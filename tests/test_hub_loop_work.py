@@ -1,0 +1,206 @@
+"""Work on the hub's event loop that grows with the number of servers (benchmarks/hub_scale.py
+found it): each must stay proportional to what changed, not to what exists.
+
+- ``GET api/allocations`` and the admin map format an allocation once (a count of
+  ``Allocation.to_dict`` calls per request: 0 for a request after nothing changed, 1 after one
+  new booking), and their answers are the same as formatting everything anew;
+- the admin map's HTML (about 1 MiB at 1,000 servers) is rendered in a worker thread, not on
+  the loop (the thread that runs ``Template.render``, through the service's real handler);
+- a spawner's state formats its allocation once however often JupyterHub asks for it;
+- a spawn that books at once writes no queue file (a count of writes over 50 spawns);
+- the nodes' setting is checked against its schema once, not once per spawner.
+
+No hub, no engine: a real Ledger on benchmark-sized fake nodes, the service's real Tornado
+application with the hub's login replaced by a fixed admin model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+from typing import Any
+
+import jinja2
+import pytest
+
+from benchmarks.fake_backend import FakeBackend
+from benchmarks.hub_scale import fake_node
+from gpuspawner.backends.base import NodeRuntime
+from gpuspawner.hub import trait_check
+from gpuspawner.hub.cluster import Cluster
+from gpuspawner.hub.service import views
+from gpuspawner.hub.service.views import allocation_views, allocations_json, map_view
+from gpuspawner.hub.spawn_queue import QueueSettings, SpawnQueue
+from gpuspawner.inventory.topology import node_from_dict
+from gpuspawner.placement import Allocation, Bundle, Ledger, Owner
+from gpuspawner.placement.queue import WaitQueue
+
+SMALL = Bundle(cores=1, memory_bytes=2 << 30, gpu_milli=250)
+
+
+def cluster_with(servers: int) -> Cluster:
+    nodes = [node_from_dict(fake_node(i)) for i in range((servers + 23) // 24)]
+    ledger = Ledger(nodes, policy="fgd")
+    for i in range(servers):
+        ledger.reserve(SMALL, Owner(f"u{i:05d}", "", (f"g{i % 3}",)))
+    return Cluster({n.name: NodeRuntime(n.name, "127.0.0.1", "x.yaml", n) for n in nodes},
+                   ledger, FakeBackend(responder_port=4242))
+
+
+@pytest.fixture
+def to_dict_calls(monkeypatch) -> list[str]:
+    """Every ``Allocation.to_dict`` call from now on (the allocation's id)."""
+    calls: list[str] = []
+    original = Allocation.to_dict
+
+    def counted(self: Allocation) -> dict[str, Any]:
+        calls.append(self.id)
+        return original(self)
+
+    monkeypatch.setattr(Allocation, "to_dict", counted)
+    views._VIEWS.clear()
+    yield calls
+    views._VIEWS.clear()
+
+
+def test_allocations_are_formatted_once_per_booking(to_dict_calls):
+    cluster = cluster_with(200)
+    first = allocations_json(cluster)
+    assert len(to_dict_calls) == 200
+    assert allocations_json(cluster) == first and len(to_dict_calls) == 200  # nothing again
+    assert json.loads(first) == allocation_views(cluster)
+    assert first == json.dumps(allocation_views(cluster), sort_keys=True)  # the same bytes
+    cluster.ledger.reserve(SMALL, Owner("newcomer"))
+    again = json.loads(allocations_json(cluster))
+    assert len(to_dict_calls) == 201 and again[-1]["owner"]["user"] == "newcomer"
+    one = json.loads(allocations_json(cluster, "u00007"))
+    assert [a["owner"]["user"] for a in one] == ["u00007"] and len(to_dict_calls) == 201
+    # released allocations leave the cache once it holds twice what is booked
+    for a in cluster.ledger.allocations()[:150]:
+        cluster.ledger.release(a.id)
+    allocations_json(cluster)
+    assert len(views._VIEWS) <= 2 * 51 + 64
+
+
+def test_the_admin_map_formats_nothing_again_and_matches_a_fresh_one(to_dict_calls):
+    cluster = cluster_with(120)
+    view = map_view(cluster)
+    n = len(to_dict_calls)
+    assert n == 120
+    again = map_view(cluster)
+    assert len(to_dict_calls) == n
+    views._VIEWS.clear()
+    assert again == view == map_view(cluster)  # cached or made anew: the same page data
+    assert len(view["quota_rows"]) == 120 and view["totals"]["allocations"] == 120
+
+
+async def test_the_admin_page_is_rendered_off_the_event_loop(monkeypatch):
+    """The service's real handler, with the hub's login replaced by an admin model."""
+    from tornado.httpclient import AsyncHTTPClient
+    from tornado.httpserver import HTTPServer
+    from tornado.netutil import bind_sockets
+
+    from gpuspawner.hub.service.app import GPUService
+
+    cluster = cluster_with(100)
+    admin = {"name": "root", "kind": "user", "admin": True,
+             "scopes": ["custom:gpuspawner:admin", "access:services!service=gpuspawner"]}
+
+    class Login:
+        base_url = "/services/gpuspawner/"
+
+        async def get_user(self, handler: Any, sync: bool = True) -> dict[str, Any]:
+            return admin
+
+        def check_scopes(self, required: Any, model: dict[str, Any]) -> set[str]:
+            return set(required)
+
+    service = GPUService("gpuspawner", "t" * 64, hub_api_url="http://127.0.0.1:1/hub/api",
+                         cluster_provider=lambda: cluster, user_lookup=lambda name: (True, []))
+    service._hub_auth = Login()  # type: ignore[assignment]
+    threads: list[int] = []
+    original = jinja2.Template.render
+
+    def spy(self: jinja2.Template, *args: Any, **kwargs: Any) -> str:
+        threads.append(threading.get_ident())
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(jinja2.Template, "render", spy)
+    sockets = bind_sockets(0, "127.0.0.1")
+    server = HTTPServer(service.make_app())
+    server.add_sockets(sockets)
+    try:
+        url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}{service.prefix}admin"
+        r = await AsyncHTTPClient().fetch(url, raise_error=False)
+    finally:
+        server.stop()
+        await server.close_all_connections()
+    assert r.code == 200, r.body[:500]
+    html = r.body.decode()
+    assert html.count('data-quota-user="u000') == 100 and 'data-allocation="' in html
+    assert threads and threading.get_ident() not in threads  # never on the loop's thread
+
+
+def test_spawner_state_formats_its_allocation_once(to_dict_calls):
+    from gpuspawner.hub.spawner import GPUSpawner
+
+    cluster = cluster_with(2)
+    a, b = cluster.ledger.allocations()
+    spawner = GPUSpawner()
+    spawner.allocation = a
+    states = [spawner.get_state() for _ in range(5)]
+    assert len(to_dict_calls) == 1
+    assert all(s["allocation"] == a.to_dict() for s in states)
+    spawner.allocation = b  # a new allocation is formatted anew
+    assert spawner.get_state()["allocation"]["id"] == b.id
+    spawner.allocation = None
+    assert "allocation" not in spawner.get_state()
+
+
+def test_spawns_that_book_at_once_write_no_queue_file(tmp_path, monkeypatch):
+    ledger = Ledger([node_from_dict(fake_node(i)) for i in range(3)], policy="fgd")
+    path = tmp_path / "q.json"
+    q = SpawnQueue(WaitQueue(ledger), QueueSettings(file=str(path), tick_s=0.05))
+    writes: list[str] = []
+    original = os.replace
+
+    def counted(src: Any, dst: Any) -> None:
+        writes.append(str(dst))
+        original(src, dst)
+
+    monkeypatch.setattr(os, "replace", counted)
+
+    async def main() -> None:
+        for i in range(50):
+            await q.acquire(Owner(f"u{i}"), SMALL)
+
+    asyncio.run(main())
+    assert len(ledger.allocations()) == 50
+    assert writes.count(str(path)) <= 1  # (the first save of this process)
+    assert json.loads(path.read_text())["entries"] == []
+    path.unlink()  # gone from under the hub: written again at the next change
+    q.save()
+    assert json.loads(path.read_text())["entries"] == []
+
+
+def test_the_nodes_setting_is_checked_once_for_every_spawner(monkeypatch):
+    calls: list[int] = []
+    original = trait_check.check_node_entries
+
+    def counted(entries: Any) -> None:
+        calls.append(len(entries))
+        original(entries)
+
+    monkeypatch.setattr(trait_check, "check_node_entries", counted)
+    trait_check._PASSED.clear()
+    nodes = [{"name": f"fake-{i:03d}", "topology": f"/x/{i}.yaml"} for i in range(42)]
+    for _ in range(20):
+        trait_check.check_trait("nodes", [dict(n) for n in nodes])
+    assert calls == [42]
+    with pytest.raises(trait_check.HubConfigError, match="nodes"):  # a bad value still fails
+        trait_check.check_trait("nodes", [*nodes, {"name": "x", "gpus": 1}])
+    with pytest.raises(trait_check.HubConfigError):  # every time
+        trait_check.check_trait("nodes", [*nodes, {"name": "x", "gpus": 1}])
+    assert len(calls) == 3
