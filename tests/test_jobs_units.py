@@ -7,6 +7,8 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
+import sys
 
 import pytest
 
@@ -314,3 +316,41 @@ async def test_the_restore_leaves_a_jobs_allocation_to_the_job_runner():
     await c.ensure_restored(lambda user, srv: False)  # no hub server exists
     assert backend.removed == ["c-server"]
     assert [a.id for a in c.ledger.allocations()] == [job.id]
+
+
+def _py310_datetime_module():
+    """A ``datetime`` module whose ``datetime.fromisoformat`` refuses what Python 3.10's does:
+    a ``Z`` suffix and fractions of other than 3 or 6 digits (3.11 reads both)."""
+    import datetime as real
+    import types
+
+    class Py310DateTime(real.datetime):
+        @classmethod
+        def fromisoformat(cls, text):
+            frac = re.search(r"\.(\d+)", text)
+            if text.endswith(("Z", "z")) or (frac and len(frac.group(1)) not in (3, 6)):
+                raise ValueError(f"Invalid isoformat string: {text!r}")
+            return real.datetime.fromisoformat(text)
+
+    fake = types.ModuleType("datetime")
+    fake.__dict__.update(real.__dict__)
+    fake.datetime = Py310DateTime
+    return fake
+
+
+def test_at_with_z_is_read_as_python_3_10_would_refuse_it(monkeypatch):
+    """``at`` ending in Z (what the Lab, JavaScript's toISOString and `date -u` write) is UTC
+    on every supported Python: 3.10's ``datetime.fromisoformat`` refuses the Z (emulated by a
+    datetime module that behaves as 3.10's), so the parser may not depend on it."""
+    monkeypatch.setitem(sys.modules, "datetime", _py310_datetime_module())
+    now = 1_800_000_000.0
+    assert check_at("2027-01-15T08:00:00Z", now) == now
+    assert check_at("2027-01-15t08:00:00z", now) == now
+    assert check_at("2027-01-15T08:00:00.5Z", now) == now + 0.5
+    assert check_at("2027-01-15T08:00Z", now) == now
+    assert check_at("2027-01-15 09:00:00+0100", now) == now
+    assert check_at("2027-01-15T09:00:00.123456+01:00", now) == now + 0.123456
+    for bad in ("2027-01-15", "2027-01-15T08:00:00", "2027-13-15T08:00:00Z",
+                "2027-01-15T08:00:00+25:00", "tomorrow", "2027-01-15T08:00:00ZZ"):
+        with pytest.raises(JobInputError, match="^at: "):
+            check_at(bad, now)
