@@ -504,3 +504,47 @@ async def test_cpu_seconds_come_from_the_docker_engine(db, tmp_path):
         assert row.cpu_seconds >= 0.3
     finally:
         engine.remove_container(cid, force=True)
+
+
+async def test_a_hub_restart_through_the_cluster_closes_only_what_ended(tmp_path):
+    """attach_usage on a cluster (as the hub's start does): its restore from the backend
+    (the servers it finds running) continues their records, and the hook after the restore
+    closes the others with closed_at_restart."""
+    from traitlets.config import Config
+
+    from gpuspawner.backends.base import Backend, Managed
+    from gpuspawner.hub.cluster import Cluster
+    from gpuspawner.usage.hub import attach_usage
+
+    class Running(Backend):
+        found: list[Managed] = []
+
+        async def list_managed(self) -> list[Managed]:
+            return list(self.found)
+
+    c = Config()
+    c.GPUUsage.sample_interval = 0
+    state = str(tmp_path / "state")
+    clock = Clock()
+    ledger = dgx_ledger(clock)
+    cluster = Cluster({n.name: None for n in ledger.nodes}, ledger, Running())  # type: ignore
+    rec = attach_usage(cluster, c, state_dir=state)
+    assert rec is not None and cluster.usage is rec
+    bundle = Bundle(cores=1, memory_bytes=GiB, gpus=1)
+    kept = ledger.reserve(bundle, Owner("ann"))
+    gone = ledger.reserve(bundle, Owner("bob"))
+    ids = dict(rec.open_ids)
+    # a new hub process: a new ledger and cluster on the same state folder
+    ledger2 = dgx_ledger(clock)
+    backend = Running()
+    backend.found = [Managed(kept.node, kept.to_json(), "c1")]
+    cluster2 = Cluster({n.name: None for n in ledger2.nodes}, ledger2, backend)  # type: ignore
+    rec2 = attach_usage(cluster2, c, state_dir=state)
+    assert set(rec2.open_ids) == {kept.id, gone.id}
+    await cluster2.ensure_restored()
+    assert set(rec2.open_ids) == {kept.id}
+    assert rec2.store.get(ids[kept.id]).ended is None
+    closed = rec2.store.get(ids[gone.id])
+    assert closed.ended is not None and closed.closed_at_restart
+    assert len(rec2.store.records()) == 2
+    assert (Path(state) / "gpuspawner-usage.sqlite").exists()

@@ -65,7 +65,7 @@ class UsageReportHandler(ServiceHandler):
         now = time.time()
 
         def read() -> dict[str, Any]:  # off the event loop: a year is many rows
-            rows = recorder.store.records(q.start, q.end, users=[q.user] if q.user else None)
+            rows = recorder.store.rows(q.start, q.end, users=[q.user] if q.user else None)
             return build_report(rows, q, now)
 
         report = await asyncio.to_thread(read)

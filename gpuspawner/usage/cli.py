@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpuspawner usage: {e}", file=sys.stderr)
         return 1
     try:
-        report = build_report(store.records(q.start, q.end, users=[q.user] if q.user else None), q)
+        report = build_report(store.rows(q.start, q.end, users=[q.user] if q.user else None), q)
     finally:
         store.close_store()
     if args.format == "json":

@@ -267,16 +267,21 @@ class _Sums:
         return v
 
 
+def _list(text: str | None) -> list[str]:
+    return list(json.loads(text)) if text else []
+
+
 def _keys(rec: UsageRecord, key: str) -> list[str]:
     if key == "group":
-        return rec.group_list or [""]
+        return _list(rec.groups) or [""]
     return [str(getattr(rec, key) or "")]
 
 
 def build_report(
     records: Iterable[UsageRecord], q: ReportQuery, now: float | None = None
 ) -> dict[str, Any]:
-    """The report of ``records`` for ``q``: ``{"from", "to", "tz", "group_by", "rows",
+    """The report of ``records`` (:class:`UsageRecord` objects or :meth:`UsageStore.rows`)
+    for ``q``: ``{"from", "to", "tz", "group_by", "rows",
     "totals"}``; times are ISO 8601 in ``q.tz``. Without ``group_by`` the rows are the
     records (:data:`RECORD_COLUMNS`, with their ``gpu_hours`` and ``core_hours`` in the
     range), else one row per key combination (its keys, then :data:`FIGURES`), sorted by
@@ -298,12 +303,12 @@ def build_report(
                 {
                     "id": rec.id,
                     "user": rec.user,
-                    "groups": rec.group_list,
+                    "groups": _list(rec.groups),
                     "kind": rec.kind,
                     "name": rec.name,
                     "profile": rec.profile,
                     "node": rec.node,
-                    "gpu_uuids": rec.uuid_list,
+                    "gpu_uuids": _list(rec.gpu_uuids),
                     "gpu_model": rec.gpu_model,
                     "gpu_milli": rec.gpu_milli,
                     "cpu_milli": rec.cpu_milli,
