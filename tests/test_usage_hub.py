@@ -36,6 +36,7 @@ from gpuspawner.testing.inprocess import (
 )
 from gpuspawner.usage.api import usage_routes
 from gpuspawner.usage.recorder import UsageRecorder
+from tests.test_service_unit import _validate
 from tests.test_spawner_inprocess import PROFILES, api, start, stopped
 
 GiB = 1 << 30
@@ -185,6 +186,7 @@ async def test_api_usage_gives_users_their_own_rows_and_admins_all(usage_hub):
     assert code in (401, 403), body
     code, kind, body = await get(url, ann)
     assert code == 200 and kind.startswith("application/json"), body
+    _validate(json.loads(body), "UsageReport")  # the OpenAPI document's schema
     rows = json.loads(body)["rows"]
     assert [(r["user"], r["profile"]) for r in rows] == [("ann", "a100-1")]
     assert rows[0]["gpu_milli"] == 1000 and len(rows[0]["gpu_uuids"]) == 1
@@ -198,6 +200,7 @@ async def test_api_usage_gives_users_their_own_rows_and_admins_all(usage_hub):
     ]
     code, _, body = await get(url, root, "user=bob&group_by=user")
     assert code == 200, body
+    _validate(json.loads(body), "UsageReport")
     [row] = json.loads(body)["rows"]
     assert row["user"] == "bob" and row["intervals"] == 2
     code, kind, body = await get(url, root, "group_by=user,profile&format=csv")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...usage import openapi as usage_openapi
 from ..jobs import openapi as jobs_openapi
 
 _INT = {"type": "integer"}
@@ -98,6 +99,11 @@ NODE = {
                   "description": "down or drain: the node takes no new servers; off: an "
                                  "elastic node not running, started when a request needs it"},
         "state_reason": _STR,
+        "gpu_share": {"type": ["object", "null"],
+                      "description": "what holds GPU shares on the node (docs/gpu-sharing.md)",
+                      "properties": {"mechanism": {"type": "string",
+                                                   "enum": ["dmem", "mps", "watchdog"]},
+                                     "reason": _STR}},
         "labels": {"type": "object", "additionalProperties": _STR},
         "disk_bytes": _INT,
         "disk_free_bytes": _INT,
@@ -249,10 +255,13 @@ PROFILE: dict[str, Any] = {
 
 def openapi_document(prefix: str = "/services/gpuspawner/") -> dict[str, Any]:
     """The OpenAPI 3.0.3 document; ``servers`` is the service's URL prefix on the hub. The
-    notebook jobs' paths and schemas come from :mod:`gpuspawner.hub.jobs.openapi`."""
+    notebook jobs' paths and schemas come from :mod:`gpuspawner.hub.jobs.openapi`, the usage
+    reports' from :mod:`gpuspawner.usage.openapi`."""
     doc = _document(prefix)
     doc["components"]["schemas"].update(jobs_openapi.SCHEMAS)
     doc["paths"].update(jobs_openapi.paths())
+    doc["components"]["schemas"].update(usage_openapi.SCHEMAS)  # api/usage (docs/usage.md)
+    doc["paths"].update(usage_openapi.paths())
     return doc
 
 
