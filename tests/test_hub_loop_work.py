@@ -4,8 +4,10 @@ found it): each must stay proportional to what changed, not to what exists.
 - ``GET api/allocations`` and the admin map format an allocation once (a count of
   ``Allocation.to_dict`` calls per request: 0 for a request after nothing changed, 1 after one
   new booking), and their answers are the same as formatting everything anew;
-- the admin map's HTML (about 1 MiB at 1,000 servers) is rendered in a worker thread, not on
-  the loop (the thread that runs ``Template.render``, through the service's real handler);
+- the admin map's view and HTML (about 1 MiB at 1,000 servers) and the metrics' gauges are
+  made in a worker thread from a copy of the cluster taken on the loop, not on the loop (the
+  threads that run ``map_view``, ``Template.render`` and the collector, through the service's
+  real handlers); the copy gives what the live cluster gave when it was taken;
 - a spawner's state formats its allocation once however often JupyterHub asks for it;
 - a spawn that books at once writes no queue file (a count of writes over 50 spawns);
 - the nodes' setting is checked against its schema once, not once per spawner.
@@ -96,13 +98,42 @@ def test_the_admin_map_formats_nothing_again_and_matches_a_fresh_one(to_dict_cal
     assert len(view["quota_rows"]) == 120 and view["totals"]["allocations"] == 120
 
 
+def test_a_frozen_copy_gives_the_same_map_and_metrics(monkeypatch):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from gpuspawner.hub import metrics
+    from gpuspawner.hub.metrics import ClusterCollector, latest_from
+    from gpuspawner.hub.service.frozen import FrozenCluster, freeze_all
+
+    cluster = cluster_with(60)
+    cluster.drain_gpu(cluster.ledger.nodes[0].gpus[7].uuid, "fan", by="admin")
+    frozen = FrozenCluster(cluster)
+    cluster.ledger.reserve(SMALL, Owner("later"))  # after the copy: not in it
+    view = map_view(frozen)
+    assert view["totals"]["allocations"] == 60 and view["drained"] == 1
+    assert "later" not in {r["user"] for r in view["quota_rows"]}
+    live = map_view(cluster)
+    assert live["totals"]["allocations"] == 61
+    registry = CollectorRegistry()
+    registry.register(ClusterCollector(lambda: [cluster]))
+    monkeypatch.setattr(metrics, "REGISTRY", registry)
+    copy = freeze_all([cluster])
+    assert latest_from(copy) == generate_latest(registry)  # nothing changed: the same text
+    cluster.ledger.reserve(SMALL, Owner("last"))
+    assert b"gpuspawner_users_holding 61.0" in latest_from(copy)  # the copy's
+    assert b"gpuspawner_users_holding 62.0" in generate_latest(registry)  # the ledger's now
+
+
 async def test_the_admin_page_is_rendered_off_the_event_loop(monkeypatch):
-    """The service's real handler, with the hub's login replaced by an admin model."""
+    """The service's real handler, with the hub's login replaced by an admin model: the map's
+    view, its HTML and the metrics' gauges are made in a worker thread."""
+    from prometheus_client import CollectorRegistry
     from tornado.httpclient import AsyncHTTPClient
     from tornado.httpserver import HTTPServer
     from tornado.netutil import bind_sockets
 
-    from gpuspawner.hub.service.app import GPUService
+    from gpuspawner.hub import metrics
+    from gpuspawner.hub.service import app
 
     cluster = cluster_with(100)
     admin = {"name": "root", "kind": "user", "admin": True,
@@ -117,7 +148,7 @@ async def test_the_admin_page_is_rendered_off_the_event_loop(monkeypatch):
         def check_scopes(self, required: Any, model: dict[str, Any]) -> set[str]:
             return set(required)
 
-    service = GPUService("gpuspawner", "t" * 64, hub_api_url="http://127.0.0.1:1/hub/api",
+    service = app.GPUService("gpuspawner", "t" * 64, hub_api_url="http://127.0.0.1:1/hub/api",
                          cluster_provider=lambda: cluster, user_lookup=lambda name: (True, []))
     service._hub_auth = Login()  # type: ignore[assignment]
     threads: list[int] = []
@@ -128,19 +159,44 @@ async def test_the_admin_page_is_rendered_off_the_event_loop(monkeypatch):
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(jinja2.Template, "render", spy)
+    view_threads: list[int] = []
+
+    def map_spy(c: Any) -> dict[str, Any]:
+        view_threads.append(threading.get_ident())
+        return map_view(c)
+
+    monkeypatch.setattr(app, "map_view", map_spy)
+    gauge_threads: list[int] = []
+    collect = metrics.ClusterCollector.collect
+
+    def collect_spy(self: Any) -> Any:
+        gauge_threads.append(threading.get_ident())
+        return collect(self)
+
+    monkeypatch.setattr(metrics.ClusterCollector, "collect", collect_spy)
+    collector = metrics.ClusterCollector(lambda: [cluster])
+    registry = CollectorRegistry()
+    registry.register(collector)
+    monkeypatch.setattr(metrics, "_COLLECTOR", collector)
+    monkeypatch.setattr(metrics, "REGISTRY", registry)
     sockets = bind_sockets(0, "127.0.0.1")
     server = HTTPServer(service.make_app())
     server.add_sockets(sockets)
     try:
-        url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}{service.prefix}admin"
-        r = await AsyncHTTPClient().fetch(url, raise_error=False)
+        url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}{service.prefix}"
+        r = await AsyncHTTPClient().fetch(url + "admin", raise_error=False)
+        scrape = await AsyncHTTPClient().fetch(url + "metrics", raise_error=False)
     finally:
         server.stop()
         await server.close_all_connections()
     assert r.code == 200, r.body[:500]
     html = r.body.decode()
     assert html.count('data-quota-user="u000') == 100 and 'data-allocation="' in html
-    assert threads and threading.get_ident() not in threads  # never on the loop's thread
+    loop_thread = threading.get_ident()
+    assert threads and loop_thread not in threads  # never on the loop's thread
+    assert view_threads and loop_thread not in view_threads
+    assert scrape.code == 200 and b"gpuspawner_users_holding 100.0" in scrape.body
+    assert gauge_threads and loop_thread not in gauge_threads
 
 
 def test_spawner_state_formats_its_allocation_once(to_dict_calls):

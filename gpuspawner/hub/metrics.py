@@ -26,9 +26,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -206,7 +207,8 @@ class ClusterCollector(Collector):
         users: set[str] = set()
         groups: dict[str, list[int]] = {}
         t = time.time()
-        for cluster in self._clusters():
+        frozen = _FROZEN.get()
+        for cluster in self._clusters() if frozen is None else frozen:
             ledger = cluster.ledger
             if cluster.queue is not None:
                 oldest: dict[str, float] = {}
@@ -252,6 +254,28 @@ class ClusterCollector(Collector):
 
 
 _COLLECTOR: ClusterCollector | None = None
+
+#: the clusters' copies :func:`latest_from` reports (set in the worker thread only)
+_FROZEN: ContextVar[list[Any] | None] = ContextVar("gpuspawner_frozen_clusters", default=None)
+
+
+def reported_clusters() -> list[Any]:
+    """The clusters the ledger gauges report (:func:`register_cluster_collector`'s), [] when
+    none is registered. Read them on the event loop."""
+    return list(_COLLECTOR._clusters()) if _COLLECTOR is not None else []
+
+
+def latest_from(frozen: list[Any]) -> bytes:
+    """:data:`REGISTRY` in Prometheus' text format, the ledger gauges computed from
+    ``frozen`` (copies of :func:`reported_clusters` taken on the loop:
+    :class:`~gpuspawner.hub.service.frozen.FrozenCluster`) instead of the live clusters: what
+    the service's ``metrics`` runs in a worker thread (the gauges walk every allocation).
+    The counters and histograms are prometheus_client's, which lock their values."""
+    token = _FROZEN.set(frozen)
+    try:
+        return generate_latest(REGISTRY)
+    finally:
+        _FROZEN.reset(token)
 
 
 def register_cluster_collector(clusters: Callable[[], Iterable[Any]]) -> ClusterCollector:

@@ -33,7 +33,7 @@ from typing import Any
 
 from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
 from jupyterhub.utils import url_path_join
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from tornado import web
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
@@ -44,6 +44,7 @@ from .. import metrics
 from ..cluster import Cluster
 from ..identity import is_job_server
 from ..service_base import ADMIN_SCOPE, ServiceHandler, hub_app, hub_cluster, hub_user
+from .frozen import FrozenCluster, freeze_all
 from .openapi import openapi_document
 from .views import (
     allocations_json,
@@ -71,7 +72,11 @@ class NodesHandler(_Base):
         user = self.require_user()
         cluster = await self.cluster()
         viewer = None if self.is_admin(user) else user["name"]
-        self.write_json(node_views(cluster, viewer))
+        data = node_views(cluster, viewer)  # (new dicts: encoded in a worker thread)
+        body = await asyncio.to_thread(json.dumps, data, sort_keys=True)
+        self.set_header("Content-Type", "application/json; charset=UTF-8")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(body)
 
 
 #: the largest body ``POST api/gpus/{uuid}/drain`` reads, bytes (a reason is a line of text)
@@ -207,12 +212,15 @@ class MetricsHandler(_Base):
     def hub_scopes(self) -> set[str]:
         return {f"access:services!service={self.service.name}", "read:metrics"}
 
-    def get(self) -> None:
+    async def get(self) -> None:
         user = self.require_user()
         if not (self.is_admin(user) or "read:metrics" in (user.get("scopes") or [])):
             raise web.HTTPError(403, "metrics need read:metrics or the admin view")
+        # the ledger copied on the loop, the gauges and the text made in a worker thread
+        frozen = freeze_all(metrics.reported_clusters())
+        body = await asyncio.to_thread(metrics.latest_from, frozen)
         self.set_header("Content-Type", CONTENT_TYPE_LATEST)
-        self.finish(generate_latest(metrics.REGISTRY))
+        self.finish(body)
 
 
 class AdminPageHandler(_Base):
@@ -230,13 +238,13 @@ class AdminPageHandler(_Base):
             raise web.HTTPError(403, "the GPU map is for hub admins; your own allocations are "
                                      f"at {self.service.prefix}api/allocations")
         cluster = await self.cluster()
-        view = map_view(cluster)
-        # rendered in a worker thread (about 1 MiB of HTML at 1,000 servers, 100-200 ms):
-        # the view is made of new or shared read-only dicts that nothing changes meanwhile
+        # the cluster copied on the loop (frozen.py); the view and its HTML (about 1 MiB at
+        # 1,000 servers, 100-200 ms) made from the copy in a worker thread
+        frozen = FrozenCluster(cluster)
         template = self.service.templates.get_template("admin.html.j2")
         html = await asyncio.to_thread(
-            template.render,
-            view=view, user={"name": user["name"], "admin": True}, prefix=self.service.prefix,
+            lambda **kw: template.render(view=map_view(frozen), **kw),
+            user={"name": user["name"], "admin": True}, prefix=self.service.prefix,
             hub_prefix=self.service.hub_prefix, refresh_s=REFRESH_S,
             xsrf=self.xsrf_token.decode(),
             links=service_links(self.service.services_prefix, "GPU map"),

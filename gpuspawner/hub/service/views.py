@@ -103,6 +103,8 @@ _VIEWS: dict[str, tuple[Allocation, dict[str, Any], str]] = {}
 
 
 def _cached(a: Allocation) -> tuple[Allocation, dict[str, Any], str]:
+    # (also called from the admin map's worker thread: single dict reads and writes, and a
+    # race makes the same view twice, never a wrong one)
     hit = _VIEWS.get(a.id)
     if hit is None or hit[0] is not a:  # (an allocation is frozen: a change is a new object)
         d = a.to_dict()
@@ -134,8 +136,9 @@ def forget_released(current: Sequence[Allocation]) -> None:
     what is booked."""
     if len(_VIEWS) > 2 * len(current) + 64:
         keep = {a.id for a in current}
-        for key in [k for k in _VIEWS if k not in keep]:
-            del _VIEWS[key]
+        for key in list(_VIEWS):  # (a copy: the admin map's thread may add meanwhile)
+            if key not in keep:
+                _VIEWS.pop(key, None)
 
 
 def allocation_views(cluster: Cluster, user: str | None = None) -> list[dict[str, Any]]:
@@ -207,6 +210,7 @@ def owner_colour(user: str) -> str:
     return f"hsl({hue}, 65%, 45%)"
 
 
+@functools.lru_cache(maxsize=4096)
 def _mix(hue_css: str, fraction: float) -> str:
     """Lighter for less use: a share at 25 % is pale, an exclusive GPU full colour."""
     hue = int(hue_css[4:].split(",")[0])
@@ -221,6 +225,7 @@ def page_templates() -> Environment:
     return environment(PackageLoader("gpuspawner.hub", "service/templates"))
 
 
+@functools.lru_cache(maxsize=4096)
 def text_colour(background: str) -> str:
     """Black or white, whichever reads better on ``background`` (``#rrggbb`` or ``hsl(h, s%,
     l%)``): the WCAG 2 contrast ratio against each (relative luminance, WCAG 2.1 §1.4.3)."""
