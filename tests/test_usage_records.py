@@ -362,6 +362,7 @@ def test_csv_parses_back_and_neutralises_formulas(db):
         ({"from": "2026-11-02", "to": "2026-11-01"}, "to"),
         ({"group_by": "user,colour"}, "group_by"),
         ({"tz": "Mars/Olympus"}, "tz"),
+        ({"tz": "../../../etc/passwd"}, "tz"),  # never a path
         ({"from": "2020-01-01"}, "from"),  # before the retention
     ],
 )
