@@ -22,7 +22,8 @@ returned, and stops only nodes that have one (:mod:`gpuspawner.elastic.manager`)
 - ``STOP_COMMAND... HANDLE`` (``GPUSPAWNER_NODE`` set too); exit status 0 = stopped.
 - ``STATE_COMMAND... HANDLE`` (optional): prints ``running``, ``stopped`` or ``starting``.
 
-Each program runs at most ``timeout`` seconds (then it is killed and counts as a failure);
+Each program runs at most ``timeout`` seconds (then it and what it started are killed, and
+it counts as a failure; a start cut short by a hub shutdown is killed the same way);
 its standard error (the last 2,000 characters) goes into the failure's message.
 """
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +95,17 @@ class Provider(LoggingConfigurable):
 
 def _tail(data: bytes, n: int = 2000) -> str:
     return data.decode("utf-8", "replace").strip()[-n:]
+
+
+def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    """Kill a program and what it started (its own session: ``start_new_session``), so that
+    no child keeps its output open."""
+    if proc.returncode is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 class CommandProvider(Provider):
@@ -159,12 +172,11 @@ class CommandProvider(Provider):
         try:
             out, err = await asyncio.wait_for(proc.communicate(), self.timeout)
         except asyncio.TimeoutError:
-            proc.kill()
+            _kill_group(proc)
             await proc.wait()
             raise ProviderError(f"{what}: no answer within {self.timeout:g} s (killed)") from None
         except asyncio.CancelledError:
-            if proc.returncode is None:
-                proc.kill()
+            _kill_group(proc)
             raise
         if proc.returncode != 0:
             raise ProviderError(f"{what}: exit status {proc.returncode}: {_tail(err)}")
