@@ -20,7 +20,7 @@ pytest.importorskip("croniter")
 pytest.importorskip("sqlalchemy")
 pytest.importorskip("traitlets")
 
-from gpuspawner.hub.jobs.runner import JobRefused  # noqa: E402
+from gpuspawner.hub.jobs.runner import JobRefused, JobRunner  # noqa: E402
 from gpuspawner.hub.jobs.schedule import (  # noqa: E402
     Scheduler,
     definition_view,
@@ -79,6 +79,9 @@ class FakeRunner:
 
     def profiles(self):
         return load_profiles(PROFILES)
+
+    def image_of(self, options, profile):  # the real rules, no site settings
+        return JobRunner.image_of(SimpleNamespace(spawner={}), options, profile)
 
     async def submit(self, user, groups, req):
         await asyncio.sleep(0)  # a real submit awaits the cluster
@@ -405,7 +408,11 @@ def test_defaults_and_seconds():
 
 
 @pytest.mark.parametrize("body,field", [
-    ({}, "body"), ([], "body"), ({"name": "x"}, "name"), ({"profile": "cpu"}, "profile"),
+    ({}, "body"), ([], "body"), ({"name": "a/b"}, "name"), ({"profile": 5}, "profile"),
+    ({"notebook": 3}, "notebook"), ({"parameters": {"1x": 1}}, "parameters.1x"),
+    ({"time_limit": "1h"}, "time_limit"), ({"output_formats": ["pdf"]}, "output_formats"),
+    ({"input_folder": "../up"}, "input_folder"), ({"input_folder": "/etc"}, "input_folder"),
+    ({"image": 7}, "image"), ({"user": "other"}, "user"), ({"id": "x"}, "id"),
     ({"schedule": "bad"}, "schedule"), ({"timezone": "Nowhere/X"}, "timezone"),
     ({"paused": 1}, "paused"), ({"starting_deadline": -5}, "starting_deadline"),
     ({"concurrency_policy": "Never"}, "concurrency_policy")])
@@ -507,12 +514,12 @@ def test_a_database_of_the_old_version_table_is_migrated_by_alembic(tmp_path, ve
                                                   insp.get_indexes("gpuspawner_jobs")}
     assert {"gpuspawner_job_definitions", "gpuspawner_job_runs", VERSION_TABLE} <= set(
         insp.get_table_names())
-    assert store.revision == "0004"
+    assert store.revision == "0005"
     assert store.session.execute(sqlalchemy.text(
         "SELECT version FROM gpuspawner_jobs_schema")).scalar() == SCHEMA_VERSION == 3
     assert store.get("b" * 32).definition_id is None and store.definitions() == []
     store.close()
-    assert JobStore(url).revision == "0004"  # opened again: nothing to do
+    assert JobStore(url).revision == "0005"  # opened again: nothing to do
 
 
 def test_the_migrated_schema_is_the_models(tmp_path):

@@ -148,7 +148,9 @@ def test_bad_definitions_are_400_naming_the_field_and_store_nothing(hub, engine)
     assert u.call("GET", "api/job_definitions").json()["job_definitions"] == []
     # a bad change of a good definition: 400, nothing changed
     d = define(u, schedule="0 3 * * *", paused=True)
-    for change, field in [({"schedule": "0 25 * * *"}, "schedule"), ({"name": "x"}, "name"),
+    for change, field in [({"schedule": "0 25 * * *"}, "schedule"), ({"name": "a/b"}, "name"),
+                          ({"profile": "nope"}, "profile"), ({"time_limit": 10**6}, "time_limit"),
+                          ({"image": "tf"}, "image"), ({"owner": "x"}, "owner"),
                           ({"timezone": "Nowhere"}, "timezone"), ({}, "body")]:
         r = u.call("PATCH", f"api/job_definitions/{d['id']}", change)
         assert r.status_code == 400 and r.json()["message"].startswith(f"{field}: "), r.text
@@ -262,3 +264,48 @@ def test_ticks_missed_while_the_hub_is_down_run_once_late(hub, engine):
     assert not [a for a in ats if stopped < a < t(late["at"])], (stopped, sorted(ats))
     view = u.call("GET", f"api/job_definitions/{d['id']}").json()
     assert view["skipped"] >= 1, view
+
+
+def test_a_definition_is_edited_and_run_now_by_its_owner_only(hub, engine):
+    """Every field of a definition can be changed (what the Lab's update_job_definition
+    sends), checked as at creation; "Run job" (POST .../jobs) makes a job now of the edited
+    definition with parameters over its own. Another user, with a real token of their own,
+    can neither change nor run it (404, nothing changed, no job); an admin who does not own
+    it may not run it as its owner (403)."""
+    owner, other = User(hub, "jb-defedit"), User(hub, "jb-defthief")
+    d = define(owner, schedule="0 3 * * *", paused=True)
+    path = f"api/job_definitions/{d['id']}"
+    r = owner.call("PATCH", path, {
+        "notebook": notebook("print('edited', x, y)"), "parameters": {"x": 8, "y": "a"},
+        "name": "edited", "time_limit": 60, "output_formats": ["ipynb"]})
+    assert r.status_code == 200, r.text
+    e = r.json()
+    assert (e["name"], e["parameters"], e["time_limit"], e["output_formats"], e["paused"],
+            e["schedule"]) == ("edited", {"x": 8, "y": "a"}, 60, ["ipynb"], True, "0 3 * * *")
+    # the attack: user B with their own token, on A's definition
+    for method, sub, body in [("PATCH", "", {"parameters": {"x": 666}}),
+                              ("PATCH", "", {"profile": "cpu"}),
+                              ("POST", "/jobs", {}), ("POST", "/jobs", {"parameters": {}}),
+                              ("GET", "", None)]:
+        r = other.call(method, path + sub, body)
+        assert r.status_code == 404, (method, sub, r.text)
+    r = User(hub, "admin").call("POST", path + "/jobs", {})
+    assert r.status_code == 403, r.text
+    assert owner.call("GET", path).json()["parameters"] == {"x": 8, "y": "a"}
+    assert jobs_of(owner, d["id"]) == []
+    # "Run job": now, the edited notebook, parameters over the definition's
+    r = owner.call("POST", path + "/jobs", {"parameters": {"x": 9}})
+    assert r.status_code == 201, r.text
+    job = r.json()
+    assert (job["definition_id"], job["parameters"], job["name"], job["time_limit"],
+            job["output_formats"]) == (d["id"], {"x": 9, "y": "a"}, "edited", 60, ["ipynb"])
+    done = owner.wait_state(job["id"], FINAL)
+    assert done["state"] == "completed", done
+    assert "edited 9 a" in owner.call("GET", f"api/jobs/{job['id']}/log").text
+    assert not done["has_html"]  # only the notebook was asked for
+    after = owner.call("GET", path).json()
+    assert (after["parameters"], after["runs"], after["last_job_id"], after["paused"]) == (
+        {"x": 8, "y": "a"}, 1, job["id"], True)
+    assert [j["id"] for j in jobs_of(owner, d["id"])] == [job["id"]]
+    assert other.call("GET", "api/jobs").json()["jobs"] == []
+    wait_until(lambda: released(hub, engine, "jb-defedit"), 30, 0.3)

@@ -7,8 +7,10 @@ at the top; papermill is imported when the notebook runs.
 
 Input (environment): the notebook in ``GPUSPAWNER_JOB_NOTEBOOK_<i>`` (zlib + base64, in
 ``GPUSPAWNER_JOB_NOTEBOOK_CHUNKS`` chunks), ``GPUSPAWNER_JOB_PARAMETERS`` (JSON object),
-``GPUSPAWNER_JOB_OUTPUT_DIR`` (relative to ``$HOME``: ``jobs/<name>/<UTC start>-<id>``) and
-``GPUSPAWNER_JOB_NAME``.
+``GPUSPAWNER_JOB_OUTPUT_DIR`` (relative to ``$HOME``: ``jobs/<name>/<UTC start>-<id>``),
+``GPUSPAWNER_JOB_NAME``, ``GPUSPAWNER_JOB_OUTPUT_FORMATS`` (``ipynb,html``: the HTML export is
+made only when ``html`` is in it) and ``GPUSPAWNER_JOB_INPUT_FOLDER`` (a folder of the home
+copied into the output folder first: :func:`copy_input_folder`).
 
 Output, in that folder, written as the user: ``<name>.input.ipynb`` (the snapshot),
 ``<name>.ipynb``
@@ -96,6 +98,79 @@ def emit(result: dict[str, object], key: str = "") -> None:
     sys.stdout.flush()
 
 
+#: the most bytes and files of an input folder a job copies (``GPUSPAWNER_JOB_INPUT_MAX_BYTES``
+#: and ``..._FILES`` may say less or more)
+INPUT_MAX_BYTES = 2**30
+INPUT_MAX_FILES = 10_000
+
+
+class InputFolderError(Exception):
+    """The input folder cannot be given to the job (the message says why)."""
+
+
+def copy_input_folder(home: str, relative: str, dest: str, max_bytes: int = INPUT_MAX_BYTES,
+                      max_files: int = INPUT_MAX_FILES) -> tuple[int, int, list[str]]:
+    """Copy the folder ``relative`` of ``home`` into ``dest`` (the job's output folder), as
+    jupyter-scheduler's "Run job with input folder" copies the notebook's folder beside it:
+    the notebook then reads its neighbours by relative paths. Run as the user, inside the
+    job: the hub never reads a home.
+
+    Only what is inside the home is copied: the folder, with its links resolved, must be
+    the home or under it; inside it, no link is followed (links to files or folders are
+    skipped and named in the log), only regular files are copied (each opened with
+    ``O_NOFOLLOW``), and the home's ``jobs`` folder (the jobs' outputs, this one's included)
+    is left out.
+
+    Returns:
+        (files, bytes) copied and the links skipped (relative paths).
+
+    Raises:
+        InputFolderError: it is not a folder, it is outside the home, or it holds more than
+            ``max_bytes`` bytes or ``max_files`` files.
+    """
+    import stat
+
+    real_home = os.path.realpath(home)
+    src = os.path.realpath(os.path.join(home, relative))
+    if src != real_home and not src.startswith(real_home + os.sep):
+        raise InputFolderError(f"{relative!r} is outside your home")
+    if not os.path.isdir(src):
+        raise InputFolderError(f"{relative!r} is not a folder of your home")
+    skip = {os.path.join(real_home, "jobs"), os.path.realpath(dest)}
+    files = size = 0
+    links: list[str] = []
+    for root, dirs, names in os.walk(src, followlinks=False):
+        keep = []
+        for d in dirs:
+            path = os.path.join(root, d)
+            if os.path.islink(path):
+                links.append(os.path.relpath(path, src))
+            elif path not in skip:
+                keep.append(d)
+        dirs[:] = keep
+        out_root = os.path.join(dest, os.path.relpath(root, src))
+        os.makedirs(out_root, exist_ok=True)
+        for n in names:
+            path = os.path.join(root, n)
+            info = os.lstat(path)
+            if stat.S_ISLNK(info.st_mode):
+                links.append(os.path.relpath(path, src))
+                continue
+            if not stat.S_ISREG(info.st_mode):
+                continue
+            files += 1
+            size += info.st_size
+            if files > max_files or size > max_bytes:
+                raise InputFolderError(f"{relative!r} holds more than {max_files} files or "
+                                       f"{max_bytes} bytes")
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as f_in, \
+                    open(os.path.join(out_root, n), "wb") as f_out:
+                while chunk := f_in.read(2**20):
+                    f_out.write(chunk)
+    return files, size, links
+
+
 def export_html(notebook_path: str, html_path: str) -> str | None:
     """Export the notebook at ``notebook_path`` to HTML with nbconvert's ``HTMLExporter``
     (its default template, ``lab``), write it to ``html_path`` and return it; None (logged)
@@ -127,6 +202,23 @@ def run(env: dict[str, str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
                         handlers=[logging.FileHandler(os.path.join(folder, "job.log")),
                                   logging.StreamHandler(sys.stderr)])
+    formats = (env.get("GPUSPAWNER_JOB_OUTPUT_FORMATS") or "ipynb,html").split(",")
+    relative = env.get("GPUSPAWNER_JOB_INPUT_FOLDER")
+    if relative is not None:
+        try:
+            files, size, links = copy_input_folder(
+                home, relative, folder,
+                int(env.get("GPUSPAWNER_JOB_INPUT_MAX_BYTES") or INPUT_MAX_BYTES),
+                int(env.get("GPUSPAWNER_JOB_INPUT_MAX_FILES") or INPUT_MAX_FILES))
+        except (InputFolderError, OSError) as e:
+            log.error("input folder: %s", e)
+            emit({"notebook": None, "error": {"ename": "InputFolderError",
+                                              "evalue": f"input folder: {e}", "cell": None}},
+                 key)
+            return 2
+        log.info("input folder %s: %d files, %d bytes copied into %s%s", relative or ".",
+                 files, size, folder,
+                 f"; links not followed: {', '.join(links[:20])}" if links else "")
     source = read_notebook(env)
     params = json.loads(env.get("GPUSPAWNER_JOB_PARAMETERS") or "{}")
     input_path = os.path.join(folder, f"{name}.input.ipynb")
@@ -166,7 +258,7 @@ def run(env: dict[str, str]) -> int:
     except (OSError, ValueError) as e:
         log.error("no executed notebook to hand over: %s", e)
     html = export_html(output_path, os.path.join(folder, f"{name}.html")) \
-        if notebook is not None else None
+        if notebook is not None and "html" in formats else None
     max_html = int(env.get("GPUSPAWNER_JOB_MAX_HTML_BYTES") or MAX_HTML_BYTES)
     if html is not None and len(html.encode("utf-8")) > max_html:
         log.warning("the HTML export is larger than %d bytes: it stays in %s only", max_html,

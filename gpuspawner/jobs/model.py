@@ -32,8 +32,10 @@ from typing import Any
 
 __all__ = ["ACTIVE_STATES", "CONCURRENCY_POLICIES", "DefinitionRequest", "ENV_CHUNK",
            "FINAL_STATES", "JobInputError", "JobRequest", "Limits", "OUTPUT_BEGIN", "OUTPUT_END",
-           "ResultTooLarge", "STATES", "check_at", "check_concurrency_policy", "check_name",
-           "check_notebook", "check_parameters", "check_schedule", "check_starting_deadline",
+           "IMAGE_KEYS", "OUTPUT_FORMATS", "ResultTooLarge", "STATES", "check_at",
+           "check_concurrency_policy", "check_env_size", "check_image_options",
+           "check_input_folder", "check_name", "check_notebook", "check_output_formats",
+           "check_parameters", "check_schedule", "check_starting_deadline",
            "check_time_limit", "check_timezone", "encode_notebook", "notebook_env", "output_dir",
            "parse_definition", "parse_definition_update", "parse_iso_time", "parse_output",
            "parse_submission"]
@@ -46,8 +48,17 @@ ACTIVE_STATES = frozenset({"queued", "waiting", "starting", "running"})
 #: states a job never leaves
 FINAL_STATES = frozenset({"completed", "failed", "timed_out", "cancelled", "lost"})
 
+#: the keys of a submission that choose its image, as the spawn form's ``user_options``
+#: (KubeSpawner's names; checked by :func:`gpuspawner.hub.images.choose_image`)
+IMAGE_KEYS = ("image", "image--unlisted-choice")
 #: the keys a submission may have
-SUBMISSION_KEYS = ("notebook", "parameters", "profile", "time_limit", "name", "at")
+SUBMISSION_KEYS = ("notebook", "parameters", "profile", "time_limit", "name", "at",
+                   *IMAGE_KEYS, "output_formats", "input_folder")
+#: the output formats a job writes, jupyter-scheduler's names; the notebook is always
+#: written (it is saved after every cell), the others only when asked for
+OUTPUT_FORMATS = ("ipynb", "html")
+#: the longest input folder accepted (characters)
+MAX_INPUT_FOLDER_CHARS = 1000
 #: how far ahead a job may be scheduled (seconds)
 MAX_AHEAD_S = 366 * 24 * 3600
 #: a job's name: one path component of letters, digits, ".", "_" and "-"
@@ -104,6 +115,12 @@ class JobRequest:
         name: the job's name (one path component).
         at: when to start it (seconds since the epoch), or None for now.
         definition_id: the job definition whose tick made it, or None (a job of its own).
+        image_options: the image chosen (``image``: a key of the profile's choices, or
+            ``image--unlisted-choice``: a reference of the user's own), as the spawn form's
+            ``user_options``; empty: the profile's image.
+        output_formats: the formats written (:data:`OUTPUT_FORMATS`, ``ipynb`` always).
+        input_folder: a folder of the home (relative to it) copied into the job's folder
+            before the notebook runs, or None.
     """
 
     notebook: dict[str, Any]
@@ -113,6 +130,15 @@ class JobRequest:
     name: str = DEFAULT_NAME
     at: float | None = None
     definition_id: str | None = None
+    image_options: dict[str, str] = field(default_factory=dict)
+    output_formats: tuple[str, ...] = OUTPUT_FORMATS
+    input_folder: str | None = None
+
+    def options(self) -> dict[str, Any]:
+        """What is stored with the job beside its columns (the store's ``options``): the
+        image choice, output formats and input folder."""
+        return {**self.image_options, "output_formats": list(self.output_formats),
+                "input_folder": self.input_folder}
 
 
 def check_name(value: Any) -> str:
@@ -265,6 +291,70 @@ def check_at(value: Any, now: float | None = None, max_ahead: float = MAX_AHEAD_
     return t
 
 
+def check_image_options(body: Mapping[str, Any]) -> dict[str, str]:
+    """The image keys of a submission (:data:`IMAGE_KEYS`): strings of at most 255
+    characters; empty ones are left out. What they may name is the hub's to check (the
+    profile's choices, the site's rules: :func:`gpuspawner.hub.images.choose_image`).
+
+    Raises:
+        JobInputError: field ``image`` or ``image--unlisted-choice``.
+    """
+    out: dict[str, str] = {}
+    for key in IMAGE_KEYS:
+        value = body.get(key)
+        if value is None or value == "":
+            continue
+        if not isinstance(value, str) or len(value) > 255:
+            raise JobInputError(key, f"must be a string of at most 255 characters, got "
+                                     f"{type(value).__name__}")
+        out[key] = value
+    return out
+
+
+def check_output_formats(value: Any) -> tuple[str, ...]:
+    """The output formats asked for: a list of :data:`OUTPUT_FORMATS`; the notebook
+    (``ipynb``) is always written, as jupyter-scheduler's own backend keeps it. None: all.
+
+    Raises:
+        JobInputError: field ``output_formats``.
+    """
+    if value is None:
+        return OUTPUT_FORMATS
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise JobInputError("output_formats", f"must be a list of "
+                                              f"{', '.join(OUTPUT_FORMATS)}, got {value!r}"[:200])
+    unknown = [v for v in value if v not in OUTPUT_FORMATS]
+    if unknown:
+        raise JobInputError("output_formats", f"{', '.join(unknown)[:100]}: a job writes "
+                                              f"{', '.join(OUTPUT_FORMATS)} only")
+    return tuple(f for f in OUTPUT_FORMATS if f == "ipynb" or f in value)
+
+
+def check_input_folder(value: Any) -> str | None:
+    """The folder given to the job ("Run job with input folder"): a path relative to the
+    home (``""`` or ``.``: the home itself), with no ``..``, no leading ``/``, no NUL, at
+    most :data:`MAX_INPUT_FOLDER_CHARS` characters; returned normalised (``a/./b/`` ->
+    ``a/b``). None: none. Whether it exists, and that it stays in the home (links), is
+    checked by the job as the user when it copies it (:mod:`gpuspawner.jobs.execute`).
+
+    Raises:
+        JobInputError: field ``input_folder``.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise JobInputError("input_folder", f"must be a folder of your home (a string), got "
+                                            f"{type(value).__name__}")
+    if len(value) > MAX_INPUT_FOLDER_CHARS or "\0" in value:
+        raise JobInputError("input_folder", f"longer than {MAX_INPUT_FOLDER_CHARS} "
+                                            "characters or holds a NUL")
+    parts = [p for p in value.split("/") if p not in ("", ".")]
+    if value.startswith("/") or ".." in parts:
+        raise JobInputError("input_folder", f"{value[:100]!r}: a path relative to your home, "
+                                            "without '..'")
+    return "/".join(parts)
+
+
 def check_notebook(value: Any, max_bytes: int) -> dict[str, Any]:
     """The snapshot of a submitted notebook: a JSON object that nbformat reads and validates
     as version 4 (an older version is converted), with the code cells' outputs and execution
@@ -327,11 +417,22 @@ def parse_submission(body: Any, limits: Limits) -> JobRequest:
         limit = int(limit)
     name = check_name(body["name"]) if body.get("name") is not None else DEFAULT_NAME
     at = check_at(body["at"]) if body.get("at") is not None else None
+    check_env_size(nb, limits)
+    return JobRequest(notebook=nb, parameters=params, profile=profile, time_limit=limit,
+                      name=name, at=at, image_options=check_image_options(body),
+                      output_formats=check_output_formats(body.get("output_formats")),
+                      input_folder=check_input_folder(body.get("input_folder")))
+
+
+def check_env_size(nb: Mapping[str, Any], limits: Limits) -> None:
+    """The notebook as it travels (:func:`notebook_env`) fits ``limits.max_env_bytes``.
+
+    Raises:
+        JobInputError: field ``notebook``.
+    """
     if len(notebook_env(nb)[1]) > limits.max_env_bytes:
         raise JobInputError("notebook", f"more than {limits.max_env_bytes} bytes even "
                                         "compressed; make it smaller")
-    return JobRequest(notebook=nb, parameters=params, profile=profile, time_limit=limit,
-                      name=name, at=at)
 
 
 # -- job definitions: a notebook on a schedule ------------------------------------------------
@@ -341,10 +442,13 @@ def parse_submission(body: Any, limits: Limits) -> JobRequest:
 CONCURRENCY_POLICIES = ("Allow", "Forbid", "Replace")
 #: the keys a definition may have (a job's, without ``at``, and the schedule's)
 DEFINITION_KEYS = ("notebook", "parameters", "profile", "time_limit", "name", "schedule",
-                   "timezone", "concurrency_policy", "starting_deadline", "paused")
-#: the keys ``PATCH api/job_definitions/{id}`` may change
+                   "timezone", "concurrency_policy", "starting_deadline", "paused",
+                   *IMAGE_KEYS, "output_formats", "input_folder")
+#: the keys ``PATCH api/job_definitions/{id}`` may change: every key of a definition (the
+#: notebook is a new snapshot; its next runs run it)
 DEFINITION_UPDATE_KEYS = ("schedule", "timezone", "concurrency_policy", "starting_deadline",
-                          "paused")
+                          "paused", "notebook", "parameters", "profile", "time_limit", "name",
+                          *IMAGE_KEYS, "output_formats", "input_folder")
 #: the longest cron expression accepted (characters)
 MAX_SCHEDULE_CHARS = 200
 #: the longest starting deadline accepted (seconds; a year)
@@ -500,14 +604,19 @@ def parse_definition(body: Any, limits: Limits, seconds: bool = False) -> Defini
         paused=_check_paused(body.get("paused", False)))
 
 
-def parse_definition_update(body: Any, seconds: bool = False) -> dict[str, Any]:
+def parse_definition_update(body: Any, seconds: bool = False,
+                            limits: Limits | None = None) -> dict[str, Any]:
     """The changes of ``PATCH api/job_definitions/{id}``: any of
-    :data:`DEFINITION_UPDATE_KEYS`, each checked as :func:`parse_definition` does. Returns
-    field -> checked value.
+    :data:`DEFINITION_UPDATE_KEYS`, each checked as :func:`parse_definition` does
+    (``limits``: the notebook's and parameters' sizes, default :class:`Limits`). Returns
+    field -> checked value; an image key given as ``""`` or null is kept as ``""`` (back to
+    the profile's image). The profile, time limit and image are the hub's to check against
+    its profiles (:meth:`gpuspawner.hub.jobs.schedule.Scheduler.update`).
 
     Raises:
         JobInputError: the field and the reason.
     """
+    limits = limits or Limits()
     if not isinstance(body, dict) or not body:
         raise JobInputError("body", "must be a JSON object with one or more of "
                                     f"{', '.join(DEFINITION_UPDATE_KEYS)}")
@@ -516,10 +625,35 @@ def parse_definition_update(body: Any, seconds: bool = False) -> dict[str, Any]:
             raise JobInputError(str(key)[:60], "cannot be changed; make a new definition "
                                                "instead. Changeable: "
                                                f"{', '.join(DEFINITION_UPDATE_KEYS)}")
+    def notebook(v: Any) -> dict[str, Any]:
+        nb = check_notebook(v, limits.max_notebook_bytes)
+        check_env_size(nb, limits)
+        return nb
+
+    def profile(v: Any) -> str:
+        if not isinstance(v, str) or not v:
+            raise JobInputError("profile", f"must be a profile's slug (a string), got {v!r}"
+                                [:200])
+        return v
+
+    def time_limit(v: Any) -> int | None:
+        if v is not None:
+            check_time_limit(v, 1, 2**62)
+            return int(v)
+        return None
+
+    def image_key(key: str) -> Any:
+        return lambda v: check_image_options({key: v}).get(key, "")
+
     checks: dict[str, Any] = {
         "schedule": lambda v: check_schedule(v, seconds), "timezone": check_timezone,
         "concurrency_policy": check_concurrency_policy,
-        "starting_deadline": check_starting_deadline, "paused": _check_paused}
+        "starting_deadline": check_starting_deadline, "paused": _check_paused,
+        "notebook": notebook,
+        "parameters": lambda v: check_parameters(v, limits.max_parameters_bytes),
+        "profile": profile, "time_limit": time_limit, "name": check_name,
+        "output_formats": check_output_formats, "input_folder": check_input_folder,
+        **{k: image_key(k) for k in IMAGE_KEYS}}
     return {key: checks[key](value) for key, value in body.items()}
 
 

@@ -24,6 +24,25 @@ def _resp(description: str, schema: dict[str, Any], media: str = "application/js
     return {"description": description, "content": {media: {"schema": schema}}}
 
 
+#: the image, output formats and input folder of a job or definition (docs/jobs.md)
+_OPTION_FIELDS: dict[str, Any] = {
+    "image": {"type": "string", "nullable": True, "maxLength": 255,
+              "description": "a key of the profile's profile_options.image choices (as the "
+                             "spawn form's user_options); default: the profile's image"},
+    "image--unlisted-choice": {"type": "string", "nullable": True, "maxLength": 255,
+                               "description": "an image of your own, where the profile's "
+                                              "unlisted_choice allows it (its "
+                                              "validation_regex, the site's deny patterns "
+                                              "and registries)"},
+    "output_formats": {"type": "array", "items": {"type": "string", "enum": ["ipynb", "html"]},
+                       "description": "what the job writes beside the executed notebook "
+                                      "(always written); default both"},
+    "input_folder": {"type": "string", "nullable": True, "maxLength": 1000,
+                     "description": "a folder of your home (relative path, no '..') copied "
+                                    "into the job's folder before it runs; links are not "
+                                    "followed"},
+}
+
 JOB_SUBMISSION: dict[str, Any] = {
     "type": "object",
     "required": ["notebook"],
@@ -47,6 +66,7 @@ JOB_SUBMISSION: dict[str, Any] = {
                                        "Kubernetes backoffLimit style; default "
                                        "c.GPUJobs.default_max_retries, at most "
                                        "c.GPUJobs.max_retries_max"},
+        **_OPTION_FIELDS,
     },
 }
 
@@ -94,6 +114,7 @@ JOB: dict[str, Any] = {
                          "output_dir": _STR_OR_NULL}}},
         "has_html": {"type": "boolean",
                      "description": "the HTML export can be downloaded (output?format=html)"},
+        **_OPTION_FIELDS,
     },
 }
 
@@ -132,8 +153,11 @@ JOB_DEFINITION_UPDATE: dict[str, Any] = {
     "additionalProperties": False,
     "minProperties": 1,
     "description": "What PATCH may change: pause or resume, a new schedule (counted from "
-                   "now), time zone, policy, deadline.",
-    "properties": _SCHEDULE_FIELDS,
+                   "now), time zone, policy, deadline, and what its next runs get: notebook "
+                   "(a new snapshot), parameters, profile, time limit, name, image, output "
+                   "formats, input folder (checked as at creation).",
+    "properties": {**{k: v for k, v in JOB_SUBMISSION["properties"].items()
+                      if k not in ("at", "max_retries")}, **_SCHEDULE_FIELDS},
 }
 
 JOB_DEFINITION: dict[str, Any] = {
@@ -159,6 +183,7 @@ JOB_DEFINITION: dict[str, Any] = {
         "active_jobs": {"type": "array", "items": _STR,
                         "description": "its jobs that are queued, waiting, starting or "
                                        "running"},
+        **_OPTION_FIELDS,
     },
 }
 
@@ -300,5 +325,18 @@ def definition_paths() -> dict[str, Any]:
                        "summary": "Delete it; its jobs stay and run to their end",
                        "responses": {"200": _resp("the definition, as it was", _DEF),
                                      **_DENIED, **_DEF_GONE}},
+        },
+        "/api/job_definitions/{id}/jobs": {
+            "parameters": _ID,
+            "post": {"operationId": "runJobDefinition",
+                     "summary": "A job of the definition now (its owner only), with "
+                                "parameters over its own",
+                     "requestBody": {"required": False, "content": {"application/json": {
+                         "schema": {"type": "object", "additionalProperties": False,
+                                    "properties": {"parameters": {
+                                        "type": "object", "additionalProperties": _VALUE}}}}}},
+                     "responses": {"201": _resp("the job, queued", _JOB), **_BAD, **_DENIED,
+                                   "429": _resp("too many active jobs", _ERR),
+                                   **_DEF_GONE}},
         },
     }

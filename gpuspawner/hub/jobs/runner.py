@@ -55,8 +55,10 @@ from ...backends.spec import HomeMount, launch_spec
 from ...jobs import execute
 from ...jobs.model import (
     ACTIVE_STATES,
+    IMAGE_KEYS,
     OUTPUT_BEGIN,
     OUTPUT_END,
+    OUTPUT_FORMATS,
     JobInputError,
     JobRequest,
     ResultTooLarge,
@@ -74,6 +76,12 @@ from ..identity import (
     job_object_name,
     job_server,
     safe_name,
+)
+from ..images import (
+    ImageRequestError,
+    check_allowed_registries,
+    check_deny_patterns,
+    choose_image,
 )
 from ..profiles import OptionsError, Profile, choose_profile, load_profiles
 from ..volumes import mounts_for, site_volumes
@@ -261,6 +269,27 @@ class JobRunner:
     def profiles(self) -> list[Profile]:
         return load_profiles(self.spawner["profiles"])
 
+    def image_of(self, options: dict[str, Any], profile: Profile) -> tuple[str, bool]:
+        """The image a job with ``options`` (its stored ``options``: ``image``,
+        ``image--unlisted-choice``) runs in on ``profile``, checked by the spawn form's rules
+        (:func:`~gpuspawner.hub.images.choose_image`: the profile's choices, its
+        ``validation_regex``, ``c.GPUSpawner.image_deny_patterns`` and
+        ``allowed_registries``), and whether the user typed it. No choice: the profile's
+        image, else ``c.GPUSpawner.image``.
+
+        Raises:
+            JobInputError: field ``image`` or ``image--unlisted-choice``.
+        """
+        sp = self.spawner
+        try:
+            image, unlisted = choose_image(
+                {k: v for k, v in options.items() if k in IMAGE_KEYS}, profile.image_option,
+                profile.slug, check_deny_patterns(sp.get("image_deny_patterns") or []),
+                check_allowed_registries(sp.get("allowed_registries") or []))
+        except ImageRequestError as e:
+            raise JobInputError(e.field, e.reason) from None
+        return image or profile.image or str(sp.get("image") or ""), unlisted
+
     def access(self, user: str, since: float, slug: str,
                stored: list[str]) -> tuple[list[str], Profile]:
         """The groups ``user`` has now and the profile ``slug``, for a job or definition made
@@ -302,6 +331,7 @@ class JobRunner:
         default, maximum = self.settings.time_limits(profile.slug)
         limit = check_time_limit(req.time_limit, default, maximum,
                                  f"profile {profile.slug!r}")
+        self.image_of(req.image_options, profile)
         cluster = self.cluster
         check_backend(cluster)
         await cluster.ensure_restored()
@@ -326,6 +356,7 @@ class JobRunner:
         row.set_json("parameters", req.parameters)
         row.set_json("gpu_uuids", [])
         row.set_json("history", [["queued", now]])
+        row.set_json("options", req.options())
         self.store.session.add(JobRun(job_id=job_id, max_retries=retries, attempt=1,
                                       attempts="[]"))
         self.store.add(row)
@@ -535,6 +566,7 @@ class JobRunner:
             attempt = self.run_of(row).attempt
             row.output_dir = "~/" + output_dir(row.name, row.started, row.id) + (
                 f"-attempt{attempt}" if attempt > 1 else "")
+            await self._check_user_image(row, profile, alloc)
             spec = await self._spec(row, profile, alloc)
             token = current_spawner.set(SimpleNamespace(
                 user=SimpleNamespace(name=row.user), name=job_server(row.id),
@@ -574,7 +606,8 @@ class JobRunner:
         host_home = home_path(sp["home_path_template"], escaped)
         home = HomeMount(host_home, sp["home_mount_point"].format(username=escaped)) \
             if host_home else None
-        image = profile.image or sp["image"]
+        image, _ = self.image_of(row.get_json("options", {}), profile)
+        options = row.get_json("options", {})
         env, _ = notebook_env(row.notebook_dict)
         env.update({
             "USER": row.user,
@@ -585,7 +618,11 @@ class JobRunner:
             "GPUSPAWNER_JOB_OUTPUT_DIR": row.output_dir[2:],
             "GPUSPAWNER_JOB_PARAMETERS": row.parameters,
             "GPUSPAWNER_JOB_TIME_LIMIT": str(row.time_limit),
+            "GPUSPAWNER_JOB_OUTPUT_FORMATS": ",".join(options.get("output_formats")
+                                                      or OUTPUT_FORMATS),
         })
+        if options.get("input_folder") is not None:
+            env["GPUSPAWNER_JOB_INPUT_FOLDER"] = str(options["input_folder"])
         if home is None:
             env["HOME"] = "/tmp"
         spec = launch_spec(name=job_object_name(row.user, row.id), user=row.user,
@@ -593,9 +630,33 @@ class JobRunner:
                            cmd=["python3", "-c", EXECUTE_SOURCE], env=env, uid=uid, gid=gid,
                            port=1, home=home, mounts=mounts_for(
                                [*site_volumes(sp.get("volumes"), sp.get("group_volumes")),
-                                *profile.volumes], escaped, row.get_json("groups", [])))
+                                *profile.volumes], escaped, row.get_json("groups", [])),
+                           helper_image=profile.image or str(sp.get("image") or ""))
         # nothing listens: no port
         return replace(spec, port=0, time_limit=int(row.time_limit))
+
+    async def _check_user_image(self, row: JobRow, profile: Profile, alloc: Allocation
+                                ) -> None:
+        """The job's image checked again now (the site's rules may have changed since the
+        submission) and, when the user typed it, on the placed node as a server's own image
+        is (:meth:`~gpuspawner.backends.base.Backend.check_image`: pulled within
+        ``c.GPUSpawner.image_max_bytes``, the node's architecture, runs as the user).
+
+        Raises:
+            ValueError: the image is no longer allowed (the job fails, naming the field).
+            ImageRefused: the node's check failed (a BackendError: the job fails).
+        """
+        try:
+            image, unlisted = self.image_of(row.get_json("options", {}), profile)
+        except JobInputError as e:
+            raise ValueError(str(e)) from None
+        if not unlisted:
+            return
+        uid, gid = await self._user_ids(row)
+        sp = self.spawner
+        await self.cluster.backend.check_image(
+            alloc.node, image, uid, gid, float(sp.get("image_check_timeout") or 60.0),
+            lambda pct, text: None, int(sp.get("image_max_bytes") or 0))
 
     async def _user_ids(self, row: JobRow) -> tuple[int, int]:
         """(uid, gid) as a server of the user would get them: auth_state, then uid_map, then
@@ -1043,7 +1104,17 @@ def job_view(row: JobRow, position: tuple[int, int] | None = None,
         "output_dir": row.output_dir or None, "has_output": bool(row.output),
         "queue_position": list(position) if position else None,
         "definition_id": row.definition_id,  # the job definition whose tick made it
+        **options_view(row.get_json("options", {})),
     }
+
+
+def options_view(options: dict[str, Any]) -> dict[str, Any]:
+    """A job's or definition's stored ``options`` as the REST API answers them: ``image``
+    and ``image--unlisted-choice`` (null: none), ``output_formats`` (all when the row is
+    older than them), ``input_folder``."""
+    return {**{k: options.get(k) or None for k in IMAGE_KEYS},
+            "output_formats": list(options.get("output_formats") or OUTPUT_FORMATS),
+            "input_folder": options.get("input_folder")}
 
 
 def output_size(row: JobRow) -> int:
@@ -1053,4 +1124,4 @@ def output_size(row: JobRow) -> int:
 
 __all__ = ["JOB_BACKENDS", "Account", "JobRefused", "JobRunner", "NoRights", "check_access",
            "check_backend", "check_max_retries",
-           "job_view", "launched", "output_size", "strip_result"]
+           "job_view", "launched", "options_view", "output_size", "strip_result"]

@@ -45,13 +45,24 @@ from zoneinfo import ZoneInfo
 from croniter import croniter
 
 from ...jobs.model import (
+    IMAGE_KEYS,
+    OUTPUT_FORMATS,
     DefinitionRequest,
     JobInputError,
     JobRequest,
     check_time_limit,
 )
 from ..profiles import OptionsError, choose_profile
-from .runner import Account, JobRefused, JobRunner, NoRights, check_access, check_backend, iso
+from .runner import (
+    Account,
+    JobRefused,
+    JobRunner,
+    NoRights,
+    check_access,
+    check_backend,
+    iso,
+    options_view,
+)
 from .store import DefinitionRow, JobRow, JobStore, pack
 
 log = logging.getLogger("gpuspawner")
@@ -167,15 +178,17 @@ class Scheduler:
 
     # -- definitions -----------------------------------------------------------------------
     def check(self, groups: list[str], req: DefinitionRequest) -> tuple[str, int]:
-        """The profile and time limit of a definition's jobs, checked as a job's are at
-        submission (profile allowed for ``groups``, a bundle some node can ever hold, time
-        limit within the profile's maximum). The quota is checked at each tick.
+        """The profile, time limit and image of a definition's jobs, checked as a job's are
+        at submission (profile allowed for ``groups``, a bundle some node can ever hold, time
+        limit within the profile's maximum, the image by the spawn form's rules). The quota
+        is checked at each tick.
 
         Returns:
             (profile slug, time limit in seconds).
 
         Raises:
-            JobInputError: field ``profile`` or ``time_limit``.
+            JobInputError: field ``profile``, ``time_limit``, ``image`` or
+                ``image--unlisted-choice``.
             JobRefused: 503, jobs cannot run on this hub's backend.
         """
         job = req.job
@@ -187,6 +200,7 @@ class Scheduler:
         default, maximum = self.runner.settings.time_limits(profile.slug)
         limit = check_time_limit(job.time_limit, default, maximum,
                                  f"profile {profile.slug!r}")
+        self.runner.image_of(job.image_options, profile)
         cluster = self.runner.cluster
         check_backend(cluster)
         problem = cluster.ledger.capacity_refusal(profile.bundle, profile.nodes or None)
@@ -221,17 +235,68 @@ class Scheduler:
             message="paused" if req.paused else "", runs=0, skipped=0)
         row.set_json("groups", list(groups))
         row.set_json("parameters", job.parameters)
+        row.set_json("options", job.options())
         self.store.add_definition(row)
         log.info("job definition %s of %s: %s, %r in %s, profile %s", row.id, user, row.name,
                  row.schedule, row.timezone, slug)
         self.wake()
         return row
 
-    def update(self, row: DefinitionRow, changes: dict[str, Any]) -> DefinitionRow:
+    def request_of(self, row: DefinitionRow, changes: dict[str, Any] | None = None,
+                   at: float | None = None) -> JobRequest:
+        """The job a run of the definition makes (its snapshot, parameters, profile, time
+        limit, name, image, output formats, input folder), with ``changes`` (checked fields of
+        :func:`~gpuspawner.jobs.model.parse_definition_update`) over the stored ones."""
+        c = changes or {}
+        options = dict(row.get_json("options", {}))
+        for key in IMAGE_KEYS:
+            if key in c:
+                options[key] = c[key]
+        for key in ("output_formats", "input_folder"):
+            if key in c:
+                options[key] = c[key]
+        formats = options.get("output_formats")
+        return JobRequest(
+            notebook=c["notebook"] if "notebook" in c else row.notebook_dict,
+            parameters=c["parameters"] if "parameters" in c else row.get_json("parameters",
+                                                                               {}),
+            profile=c.get("profile", row.profile),
+            time_limit=c["time_limit"] if "time_limit" in c else row.time_limit,
+            name=c.get("name", row.name), at=at, definition_id=row.id,
+            image_options={k: options[k] for k in IMAGE_KEYS if options.get(k)},
+            output_formats=tuple(formats) if formats else OUTPUT_FORMATS,
+            input_folder=options.get("input_folder"))
+
+    def update(self, row: DefinitionRow, changes: dict[str, Any],
+               groups: list[str] | None = None) -> DefinitionRow:
         """Apply checked changes (:func:`~gpuspawner.jobs.model.parse_definition_update`):
         a new schedule or time zone counts from now; resuming counts from now (ticks that
-        passed while paused never run); pausing clears the next tick."""
+        passed while paused never run); pausing clears the next tick. A new notebook,
+        parameters, profile, time limit, name, image, output formats or input folder is
+        what the next runs get; the profile, time limit and image are checked as at
+        creation (:meth:`check`, with ``groups``: the owner's now, default the stored
+        ones), and a change of the profile without a time limit takes the new profile's
+        default. Nothing is stored when a check fails.
+
+        Raises:
+            JobInputError: a field the hub refuses (HTTP 400).
+            JobRefused: 503, as :meth:`check`.
+        """
         now = self.clock()
+        job_keys = {"notebook", "parameters", "profile", "time_limit", "name",
+                    "output_formats", "input_folder", *IMAGE_KEYS}
+        if job_keys & set(changes):
+            if "profile" in changes and "time_limit" not in changes:
+                changes = {**changes, "time_limit": None}
+            req = self.request_of(row, changes)
+            slug, limit = self.check(list(groups if groups is not None else
+                                          row.get_json("groups", [])),
+                                     DefinitionRequest(job=req, schedule=row.schedule))
+            row.profile, row.time_limit, row.name = slug, limit, req.name
+            row.notebook = pack(req.notebook)
+            row.set_json("parameters", req.parameters)
+            row.set_json("options", req.options())
+            changes = {k: v for k, v in changes.items() if k not in job_keys}
         resumed = row.paused and changes.get("paused") is False
         for key, value in changes.items():
             setattr(row, key, value)
@@ -359,9 +424,7 @@ class Scheduler:
                 await self._replace(row, job)
             replaced = f"; replaced job(s) {', '.join(j.id for j in active)}"
         self._advance(row, due)  # committed with the job's row (one session)
-        req = JobRequest(notebook=row.notebook_dict, parameters=row.get_json("parameters", {}),
-                         profile=row.profile, time_limit=row.time_limit, name=row.name,
-                         at=due, definition_id=row.id)
+        req = self.request_of(row, at=due)
         try:
             job = await self.runner.submit(row.user, groups, req)
         except (JobInputError, JobRefused) as e:
@@ -378,6 +441,27 @@ class Scheduler:
         self.store.save()
         log.info("job definition %s: %s", row.id, row.message)
         return TickOutcome(row.id, due, "run", job.id, row.message)
+
+    async def run_now(self, row: DefinitionRow, groups: list[str],
+                      parameters: dict[str, Any] | None = None) -> JobRow:
+        """A job of the definition now, outside its schedule ("Run job" of a definition,
+        jupyter-scheduler's ``create_job_from_definition``): its snapshot, profile, image and
+        the rest, ``parameters`` (checked) over its own; submitted as the owner's job
+        (:meth:`JobRunner.submit`: ``groups`` are the owner's now, quota and active-job
+        limits apply). Its ticks, ``last_tick`` and ``concurrency_policy`` are not touched.
+
+        Raises:
+            JobInputError, JobRefused: as :meth:`JobRunner.submit`.
+        """
+        changes = {} if parameters is None else {"parameters": {
+            **row.get_json("parameters", {}), **parameters}}
+        job = await self.runner.submit(row.user, groups, self.request_of(row, changes))
+        job.definition_id = row.id
+        row.last_job_id = job.id
+        row.runs += 1
+        self.store.save()
+        log.info("job definition %s: run now as job %s", row.id, job.id)
+        return job
 
     async def _replace(self, row: DefinitionRow, job: JobRow) -> None:
         try:
@@ -434,4 +518,5 @@ def definition_view(row: DefinitionRow, active: list[JobRow] | None = None) -> d
         "last_tick": iso(row.last_tick), "next_tick": iso(row.next_tick),
         "message": row.message, "last_job_id": row.last_job_id, "runs": row.runs,
         "skipped": row.skipped, "active_jobs": [j.id for j in active or []],
+        **options_view(row.get_json("options", {})),
     }

@@ -21,7 +21,10 @@ runs.
 ``api/job_definitions``                GET     the caller's definitions (admins: all)
 ``api/job_definitions/{id}``           GET     one definition
 ``api/job_definitions/{id}``           PATCH   pause/resume (``{"paused": bool}``), a new
-                                               schedule, time zone, policy or deadline
+                                               schedule, time zone, policy, deadline,
+                                               notebook, parameters, profile, time limit,
+                                               name, image, output formats, input folder
+``api/job_definitions/{id}/jobs``      POST    a job of it now (``{"parameters": ...}``)
 ``api/job_definitions/{id}``           DELETE  delete it (its jobs stay)
 =====================================  ======  ==============================================
 
@@ -42,6 +45,7 @@ from tornado import web
 from ...jobs.model import (
     JobInputError,
     Limits,
+    check_parameters,
     parse_definition,
     parse_definition_update,
     parse_submission,
@@ -449,13 +453,19 @@ class DefinitionHandler(_DefinitionsBase):
 
     async def patch(self, definition_id: str) -> None:
         scheduler, row = await self.own_definition(definition_id)
+        user = self.current_user
+        settings = scheduler.runner.settings
+        # the owner's groups now; an admin's change of another's definition: the stored ones
+        groups = self.groups_of(user) if row.user == user["name"] else None
         try:
-            changes = parse_definition_update(
-                self.json_body(scheduler.runner.settings.limits),
-                seconds=scheduler.runner.settings.cron_seconds)
+            changes = await parse_off_loop(
+                parse_definition_update, self.json_body(settings.limits),
+                seconds=settings.cron_seconds, limits=settings.limits)
+            scheduler.update(row, changes, groups)
         except JobInputError as e:
             raise web.HTTPError(400, str(e).replace("%", "%%")) from None
-        scheduler.update(row, changes)
+        except JobRefused as e:
+            raise web.HTTPError(e.status, str(e).replace("%", "%%")) from None
         self.write_definition(scheduler, row)
 
     async def delete(self, definition_id: str) -> None:
@@ -465,6 +475,36 @@ class DefinitionHandler(_DefinitionsBase):
         self.write_json(view)
 
 
+class DefinitionJobsHandler(_DefinitionsBase):
+    """``POST api/job_definitions/{id}/jobs``: a job of the definition now ("Run job";
+    body ``{}`` or ``{"parameters": {...}}`` over the definition's), 201 and the job. Only
+    its owner may (another user: 404; an admin who does not own it: 403: the job would run
+    as its owner)."""
+
+    async def post(self, definition_id: str) -> None:
+        scheduler, row = await self.own_definition(definition_id)
+        user = self.current_user
+        if user.get("kind", "user") != "user" or row.user != user["name"]:
+            raise web.HTTPError(403, "only the definition's owner may run it now")
+        settings = scheduler.runner.settings
+        body = self.read_json_body(settings.limits.max_parameters_bytes * BODY_FACTOR
+                                   + BODY_SLACK, "a run of a definition may have") \
+            if self.request.body else {}
+        try:
+            if not isinstance(body, dict) or set(body) - {"parameters"}:
+                raise JobInputError("body", "must be a JSON object with parameters only")
+            params = body.get("parameters")
+            params = None if params is None else check_parameters(
+                params, settings.max_parameters_bytes)
+            job = await scheduler.run_now(row, self.groups_of(user), params)
+        except JobInputError as e:
+            raise web.HTTPError(400, str(e).replace("%", "%%")) from None
+        except JobRefused as e:
+            raise web.HTTPError(e.status, str(e).replace("%", "%%")) from None
+        self.set_header("Location", f"{self.service.prefix}api/jobs/{job.id}")
+        self.write_job(scheduler.runner, job, 201)
+
+
 def job_routes(prefix: str, kw: dict[str, Any]) -> list[tuple[str, type, dict[str, Any]]]:
     """The service's routes of jobs (under ``prefix``)."""
     return [(prefix + "api/jobs", JobsHandler, kw),
@@ -472,6 +512,7 @@ def job_routes(prefix: str, kw: dict[str, Any]) -> list[tuple[str, type, dict[st
             (prefix + f"api/jobs/{JOB_ID}/output", JobOutputHandler, kw),
             (prefix + "api/job_definitions", DefinitionsHandler, kw),
             (prefix + f"api/job_definitions/{JOB_ID}", DefinitionHandler, kw),
+            (prefix + f"api/job_definitions/{JOB_ID}/jobs", DefinitionJobsHandler, kw),
             (prefix + f"api/jobs/{JOB_ID}/log", JobLogHandler, kw)]
 
 

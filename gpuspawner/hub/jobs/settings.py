@@ -199,7 +199,9 @@ class GPUJobs(LoggingConfigurable):
 #: the GPUSpawner traits a job reads
 SPAWNER_TRAITS = ("nodes", "placement_policy", "quotas", "profiles", "backend", "image",
                   "home_path_template", "home_mount_point", "uid_map", "default_uid",
-                  "default_gid", "state_dir", "volumes", "group_volumes")
+                  "default_gid", "state_dir", "volumes", "group_volumes",
+                  "image_deny_patterns", "allowed_registries", "image_check_timeout",
+                  "image_max_bytes")
 
 
 def spawner_values(app: Any, names: tuple[str, ...] = SPAWNER_TRAITS) -> dict[str, Any]:

@@ -101,6 +101,8 @@ class JobRow(Base):
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     output: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     definition_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
+    #: the image chosen, output formats, input folder (JSON; :meth:`JobRequest.options`)
+    options: Mapped[str] = mapped_column(Text, default="{}", server_default="{}")
 
     # -- JSON columns ----------------------------------------------------------------------
     def get_json(self, column: str, default: Any = None) -> Any:
@@ -205,6 +207,8 @@ class DefinitionRow(Base):
     last_job_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
     runs: Mapped[int] = mapped_column(Integer, default=0)
     skipped: Mapped[int] = mapped_column(Integer, default=0)
+    #: as a job's ``options``: what each of its jobs gets
+    options: Mapped[str] = mapped_column(Text, default="{}", server_default="{}")
 
     def get_json(self, column: str, default: Any = None) -> Any:
         text = getattr(self, column)

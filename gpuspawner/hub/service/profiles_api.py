@@ -24,8 +24,12 @@ def profile_view(profile: Profile, time_limits: tuple[int, int] | None) -> dict[
     ``description``, ``default``, ``summary`` (the bundle for people, e.g. ``"1 x A100, 8 cores,
     32.0 GiB"``), the bundle's ``cores``, ``memory`` (bytes), ``gpus``, ``gpu_milli``,
     ``mig``, ``mig_count``, ``gpu_models``, and ``time_limit`` (``{"default": s, "max": s}`` of
-    notebook jobs, or None when jobs are not running on this hub)."""
+    notebook jobs, or None when jobs are not running on this hub), ``images`` (the profile's
+    ``profile_options.image`` choices: ``key``, ``display_name``, ``image``, ``default``; a
+    job's ``image`` names a key) and ``own_image`` (its ``unlisted_choice`` is enabled: a
+    job's ``image--unlisted-choice`` may name an image of the user's own)."""
     b = profile.bundle
+    option = profile.image_option
     return {
         "slug": profile.slug, "display_name": profile.display_name,
         "description": profile.description, "default": profile.default,
@@ -34,6 +38,10 @@ def profile_view(profile: Profile, time_limits: tuple[int, int] | None) -> dict[
         "gpu_models": list(b.gpu_models),
         "time_limit": ({"default": time_limits[0], "max": time_limits[1]}
                        if time_limits else None),
+        "images": [{"key": c.key, "display_name": c.display_name, "image": c.image,
+                    "default": c is option.default_choice()}
+                   for c in option.choices] if option else [],
+        "own_image": bool(option and option.unlisted),
     }
 
 
