@@ -8,8 +8,8 @@ folder):
    (docs/usage.md): <= 1 ms per booking.
 2. **a report**: ``--records`` records of ``--users`` users in 20 groups spread over a year
    (one bulk insert), then ``GET api/usage``'s work for one month grouped by group
-   (:meth:`UsageStore.records` + :func:`build_report`), ``--runs`` times, median. The issue's
-   goal is 300 ms for a month by group at one million records of a year; run with
+   (:func:`report_from_store`: the database adds up per group), ``--runs`` times, median.
+   The goal is 300 ms for a month by group at one million records of a year; run with
    ``--records 1000000`` for that (the insert takes a while).
 
 Usage: ``.venv/bin/python benchmarks/usage.py [--pairs 500] [--records 100000] [--users 1000]
@@ -31,7 +31,7 @@ from sqlalchemy import insert
 from gpuspawner.inventory.topology import load_topology_file
 from gpuspawner.placement import Bundle, Ledger, Owner
 from gpuspawner.usage.recorder import UsageRecorder
-from gpuspawner.usage.report import build_report, parse_query
+from gpuspawner.usage.report import parse_query, report_from_store
 from gpuspawner.usage.store import UsageRecord, UsageStore
 
 REPO = Path(__file__).resolve().parents[1]
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         times = []
         for _ in range(args.runs):
             t = time.perf_counter()
-            report = build_report(store.rows(q.start, q.end), q, now)
+            report = report_from_store(store, q, now)
             times.append(time.perf_counter() - t)
         print(
             f"report, this month by group ({report['totals']['intervals']} records of "

@@ -24,7 +24,7 @@ from typing import Any
 from tornado import web
 
 from ..hub.service_base import ServiceHandler
-from .report import ReportError, build_report, parse_query, to_csv
+from .report import ReportError, parse_query, report_from_store, to_csv
 
 __all__ = ["PARAMETERS", "UsageReportHandler", "usage_routes"]
 
@@ -65,8 +65,7 @@ class UsageReportHandler(ServiceHandler):
         now = time.time()
 
         def read() -> dict[str, Any]:  # off the event loop: a year is many rows
-            rows = recorder.store.rows(q.start, q.end, users=[q.user] if q.user else None)
-            return build_report(rows, q, now)
+            return report_from_store(recorder.store, q, now)
 
         report = await asyncio.to_thread(read)
         if fmt == "csv":

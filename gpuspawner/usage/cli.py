@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Any
 
-from .report import GROUP_KEYS, ReportError, build_report, parse_query, to_csv
+from .report import GROUP_KEYS, ReportError, parse_query, report_from_store, to_csv
 from .settings import USAGE_DB_FILE
 from .store import UsageStore, UsageStoreError
 
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpuspawner usage: {e}", file=sys.stderr)
         return 1
     try:
-        report = build_report(store.rows(q.start, q.end, users=[q.user] if q.user else None), q)
+        report = report_from_store(store, q)
     finally:
         store.close_store()
     if args.format == "json":

@@ -31,7 +31,7 @@ from datetime import date, datetime, timedelta, timezone
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from .store import UsageRecord
+from .store import UsageRecord, UsageStore
 
 __all__ = [
     "GROUP_KEYS",
@@ -41,6 +41,7 @@ __all__ = [
     "month_start",
     "parse_query",
     "parse_time",
+    "report_from_store",
     "to_csv",
 ]
 
@@ -351,6 +352,97 @@ def build_report(
         "user": q.user or None,
         "rows": rows,
         "totals": total.row(),
+    }
+
+
+#: group_by keys the database adds up itself -> their columns (``day`` is cut in Python)
+SQL_KEYS = {
+    "user": "user",
+    "group": "groups",
+    "profile": "profile",
+    "node": "node",
+    "gpu_model": "gpu_model",
+}
+
+
+def _figures(v: Mapping[str, Any]) -> dict[str, Any]:
+    """A row's figures (:data:`FIGURES`) from :meth:`UsageStore.aggregate`'s sums."""
+    h = 3600.0
+    out: dict[str, Any] = {
+        "intervals": int(v["intervals"]),
+        "gpu_hours": v["gpu_ms"] / 1000.0 / h,
+        "core_hours": v["cpu_ms"] / 1000.0 / h,
+        "memory_gib_hours": v["mem_bs"] / 2**30 / h,
+        "gpu_hours_measured": v["gpu_meas"] / 1000.0 / h,
+        "gpu_used_hours": v["gpu_used"] / 1000.0 / h / 100.0,
+        "core_hours_measured": v["cpu_meas"] / 1000.0 / h,
+        "cpu_used_hours": v["cpu_used"] / h,
+        "gpu_mem_peak_bytes": v["peak"],
+    }
+    out["gpu_efficiency_percent"] = (
+        100.0 * out["gpu_used_hours"] / out["gpu_hours_measured"]
+        if out["gpu_hours_measured"]
+        else None
+    )
+    out["cpu_efficiency_percent"] = (
+        100.0 * out["cpu_used_hours"] / out["core_hours_measured"]
+        if out["core_hours_measured"]
+        else None
+    )
+    return {k: round(x, 6) if isinstance(x, float) else x for k, x in out.items()}
+
+
+_SUMS = ("intervals", "gpu_ms", "cpu_ms", "mem_bs", "gpu_meas", "gpu_used", "cpu_meas", "cpu_used")
+
+
+def _add(acc: dict[str, Any], row: Any) -> None:
+    for k in _SUMS:
+        acc[k] = acc.get(k, 0) + float(getattr(row, k) or 0)
+    peak = row.peak
+    if peak is not None:
+        acc["peak"] = max(acc.get("peak") or 0, int(peak))
+    acc.setdefault("peak", None)
+
+
+def report_from_store(
+    store: UsageStore, q: ReportQuery, now: float | None = None
+) -> dict[str, Any]:
+    """The report of ``q`` from ``store``, as :func:`build_report` makes it: grouped by
+    keys of :data:`SQL_KEYS` only, the database adds up the figures
+    (:meth:`UsageStore.aggregate`: one row per key combination, not one per record; a
+    record's groups are expanded here); with ``day`` or without ``group_by``, the records
+    are read and added up here."""
+    now = time.time() if now is None else now
+    users = [q.user] if q.user else None
+    if not q.group_by or "day" in q.group_by:
+        return build_report(store.rows(q.start, q.end, users=users), q, now)
+    sums = store.aggregate([SQL_KEYS[k] for k in q.group_by], q.start, q.end, now, users)
+    total: dict[str, Any] = {}
+    groups: dict[tuple[str, ...], dict[str, Any]] = {}
+    for row in sums:
+        _add(total, row)
+        combos: list[tuple[str, ...]] = [()]
+        for k in q.group_by:
+            values = (
+                (_list(row.groups) or [""])
+                if k == "group"
+                else [str(getattr(row, SQL_KEYS[k]) or "")]
+            )
+            combos = [c + (v,) for c in combos for v in values]
+        for key in combos:
+            _add(groups.setdefault(key, {}), row)
+    empty = dict.fromkeys(_SUMS, 0.0) | {"peak": None}
+    return {
+        "from": _iso(q.start, q.zone),
+        "to": _iso(q.end, q.zone),
+        "tz": q.tz,
+        "group_by": list(q.group_by),
+        "user": q.user or None,
+        "rows": [
+            {**dict(zip(q.group_by, key, strict=True)), **_figures(v)}
+            for key, v in sorted(groups.items())
+        ],
+        "totals": _figures(total or empty),
     }
 
 

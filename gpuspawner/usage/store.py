@@ -32,10 +32,15 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
+    and_,
+    case,
     create_engine,
     delete,
     event,
+    func,
+    literal,
     select,
+    union_all,
     update,
 )
 from sqlalchemy.engine import Engine
@@ -368,6 +373,66 @@ class UsageStore:
             for q in self._range(select(UsageRecord.__table__), start, end, users):
                 out += c.execute(q).fetchall()
         return sorted(out, key=lambda r: (r.started, r.id))
+
+    #: the columns :meth:`aggregate` may group by
+    AGGREGATE_KEYS = ("user", "groups", "profile", "node", "gpu_model")
+
+    def aggregate(
+        self,
+        keys: Iterable[str],
+        start: float,
+        end: float,
+        now: float,
+        users: Iterable[str] | None = None,
+    ) -> list[Any]:
+        """Sums over the records meeting ``[start, end)``, each clipped to it (an open
+        record runs until ``now``), grouped by the columns ``keys`` (of
+        :data:`AGGREGATE_KEYS`; ``groups`` is the JSON text of the record's groups), in the
+        database: one row per key combination with ``intervals``, ``gpu_ms`` (milli-GPU x
+        seconds), ``cpu_ms`` (milli-CPU x seconds), ``mem_bs`` (bytes x seconds), ``gpu_meas``
+        and ``gpu_used`` (milli-GPU x seconds of the records with a utilisation figure, and
+        that times the utilisation percent), ``cpu_meas`` (milli-CPU x seconds of those with
+        CPU seconds), ``cpu_used`` (their CPU seconds, by the clipped share of each record)
+        and ``peak`` (the largest ``gpu_mem_peak_bytes``). Portable SQL (CASE, no
+        dialect's min/max of two values).
+
+        Raises:
+            ValueError: a key not in :data:`AGGREGATE_KEYS`.
+        """
+        keys = list(keys)
+        bad = [k for k in keys if k not in self.AGGREGATE_KEYS]
+        if bad:
+            raise ValueError(f"cannot group by {bad[0]!r}")
+        t = UsageRecord.__table__
+        parts = self._range(select(t), start, end, users)
+        if now <= start:  # an open record ends now: none of them meets the range
+            parts = parts[:1]
+        u = union_all(*parts).subquery() if len(parts) > 1 else parts[0].subquery()
+        c = u.c
+        ended = case((c.ended.is_(None), literal(now)), else_=c.ended)
+        lo = case((c.started > start, c.started), else_=literal(start))
+        hi = case((ended < end, ended), else_=literal(end))
+        secs = case((hi > lo, hi - lo), else_=literal(0.0))
+        length = ended - c.started
+        share = case((length > 0, secs / length), else_=literal(0.0))
+        gpu_ok = and_(c.gpu_util_percent.is_not(None), c.gpu_milli > 0)
+        cpu_ok = and_(c.cpu_seconds.is_not(None), c.cpu_milli > 0)
+        q = select(
+            *[c[k] for k in keys],
+            func.count().label("intervals"),
+            func.sum(c.gpu_milli * secs).label("gpu_ms"),
+            func.sum(c.cpu_milli * secs).label("cpu_ms"),
+            func.sum(c.memory_bytes * secs).label("mem_bs"),
+            func.sum(case((gpu_ok, c.gpu_milli * secs), else_=literal(0.0))).label("gpu_meas"),
+            func.sum(
+                case((gpu_ok, c.gpu_milli * secs * c.gpu_util_percent), else_=literal(0.0))
+            ).label("gpu_used"),
+            func.sum(case((cpu_ok, c.cpu_milli * secs), else_=literal(0.0))).label("cpu_meas"),
+            func.sum(case((cpu_ok, c.cpu_seconds * share), else_=literal(0.0))).label("cpu_used"),
+            func.max(c.gpu_mem_peak_bytes).label("peak"),
+        ).group_by(*[c[k] for k in keys])
+        with self.engine.connect() as conn:
+            return list(conn.execute(q).fetchall())
 
     def oldest(self) -> float | None:
         """When the oldest record kept started (seconds since the epoch), or None."""
