@@ -38,6 +38,8 @@ CLASSES = {
     "DockerBackend": "gpuspawner.backends.docker_backend",
     "SlurmBackend": "gpuspawner.backends.slurm.backend",
     "GPUJobs": "gpuspawner.hub.jobs.settings",
+    "GPUElastic": "gpuspawner.elastic.config",
+    "CommandProvider": "gpuspawner.elastic.provider",
     "GPUUsage": "gpuspawner.usage.settings",
     "GPULDAPAuthenticator": "gpuspawner.hub.auth",
     "IdleCuller": "idle_culler.app",

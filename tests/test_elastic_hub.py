@@ -15,6 +15,9 @@ starts nothing else (back-off). Docs: docs/howto/elastic-nodes.md.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -88,6 +91,8 @@ def elastic_hub(
     """A started hub over node ``a`` and elastic node ``node``; yields (hub, control folder
     of the test programs). Afterwards: the users' servers and the hub stopped, the elastic
     engine stopped, the users' objects removed."""
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("nsenter") is None:
+        pytest.skip("needs root, ip and nsenter (a network namespace for the node's engine)")
     ctl = tmp / "ctl"
     ctl.mkdir()
     (ctl / "pool").write_text(POOL)
@@ -138,8 +143,6 @@ c.GPUElastic.categories = {{"cpu": {{"start_s": 60}}}}
             remove_objects_of(docker.APIClient(base_url=url, version="auto"), users)
         remove_objects_of(_engine(), users)
         (ctl / "fail").unlink(missing_ok=True)
-        import subprocess
-
         subprocess.run([str(DOUBLES / "stop-node"), str(ctl), node], check=False)
 
 

@@ -14,7 +14,7 @@ returned, and stops only nodes that have one (:mod:`gpuspawner.elastic.manager`)
   status 0 and, as the last line of its standard output, one JSON object::
 
       {"docker_url": "unix:///run/n1.sock" | "tcp://n1:2376",
-       "topology": {...},            # the machine's topology (gpuspawner inventory --json)
+       "topology": {...},            # its topology: `gpuspawner inventory` output as JSON
        "handle": "i-0abc...",        # optional: the provider's id of it (default: the node)
        "host": "n1",                 # optional: the node's address (host networking)
        "network_pool": "198.19.240.0/21"}   # optional: the node's server networks
