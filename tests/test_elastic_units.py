@@ -302,3 +302,24 @@ async def test_the_sites_policy_is_called_and_the_limits_still_hold(cluster_with
     assert [d.action for d in applied] == ["start"]  # one e1; node a is never stopped
     await manager.slots["e1"].task
     assert cluster.ledger.node_state("a")[0] == "up"
+
+
+def test_the_form_says_a_node_is_started_when_only_an_off_node_has_room(cluster_with):
+    from gpuspawner.hub.form import profile_cards
+    from gpuspawner.hub.profiles import load_profiles
+
+    make, _ = cluster_with
+    cluster, _ = make("exit 1\n")
+    cores = sum(len(n.cpus) for n in cluster.ledger.node("a").numa_nodes)
+    (p,) = load_profiles([{"slug": "all", "cpu": cores, "memory": "256M", "queue": True}])
+    (card,) = profile_cards([p], cluster.ledger, "u", [])
+    assert card["free"] and not card["waits"]  # node a has room: nothing to start
+    cluster.ledger.reserve(p.bundle, Owner("holder"))
+    (card,) = profile_cards([p], cluster.ledger, "u", [])
+    assert card["waits"] and card["available"] and not card["never"]
+    assert card["reason"] == "no room now: you will wait in the queue while a node is started"
+    (p2,) = load_profiles(
+        [{"slug": "a-only", "cpu": cores, "memory": "256M", "queue": True, "nodes": ["a"]}]
+    )
+    (card,) = profile_cards([p2], cluster.ledger, "u", [])
+    assert card["reason"] == "no room now: you will wait in the queue"

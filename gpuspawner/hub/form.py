@@ -102,6 +102,13 @@ def never_reason(profile: Profile, nodes: Sequence[Node]) -> str:
     return "larger than any node of this hub"
 
 
+def _startable(ledger: Ledger, bundle: Any, nodes: Sequence[str]) -> bool:
+    """Whether an elastic node that is off (can start, :mod:`gpuspawner.elastic`) within
+    ``nodes`` (empty: any) could hold ``bundle``."""
+    return any(ledger.could_hold(bundle, n) for n in ledger.startable_nodes()
+               if not nodes or n in nodes)
+
+
 def profile_cards(profiles: Sequence[Profile], ledger: Ledger, user: str,
                   groups: Iterable[str], quotas: QuotaTable | None = None
                   ) -> list[dict[str, Any]]:
@@ -155,7 +162,9 @@ def profile_cards(profiles: Sequence[Profile], ledger: Ledger, user: str,
                     card["free"] = True
                 elif p.queue:  # fits the capacity (not "never"): it waits for its turn
                     busy = f"all {models} busy now" if b.total_gpu_milli else "no room now"
-                    card.update(waits=True, reason=f"{busy}: you will wait in the queue")
+                    then = ("you will wait in the queue while a node is started"
+                            if _startable(ledger, b, p.nodes) else "you will wait in the queue")
+                    card.update(waits=True, reason=f"{busy}: {then}")
                 elif b.gpus and ledger.free_gpus(b.gpu_models, p.nodes)[0] < b.gpus:
                     free = ledger.free_gpus(b.gpu_models, p.nodes)[0]
                     card.update(available=False, reason=f"only {free} {models} free now")
