@@ -601,3 +601,42 @@ def test_the_database_adds_up_as_the_records_do(db, group_by):
             else:
                 assert a[k] == b[k], (k, a, b)
     assert by_sql["totals"]["intervals"] > 50
+
+
+async def test_a_job_and_its_retry_leave_one_record_per_attempt(tmp_path):
+    """The job runner on a backend double (tests/test_jobs_runner.py's world): a job lost on
+    n1 and retried on n2 leaves two records of kind job, named by the job's id, with its
+    profile, each closed when its attempt released its bundle."""
+    from traitlets.config import Config
+
+    from gpuspawner.usage.hub import attach_usage
+    from tests import test_jobs_runner as jr
+
+    gen = jr.world.__wrapped__(tmp_path)  # the fixture's generator, called here
+    runner, cluster, engine = next(gen)
+    try:
+        c = Config()
+        c.GPUUsage.sample_interval = 0
+        rec = attach_usage(cluster, c, state_dir=str(tmp_path / "state"))
+        row = await jr.submit(runner, max_retries=1)
+        await jr.until(engine.running)
+        [open_one] = rec.store.records()
+        assert (open_one.kind, open_one.name, open_one.profile, open_one.node) == (
+            "job",
+            row.id,
+            "g1",
+            "n1",
+        )
+        assert open_one.gpu_milli == 1000 and open_one.ended is None
+        engine.down.add("n1")
+        second = await jr.until(lambda: [x for x in engine.running() if engine.where[x] == "n2"])
+        engine.finish(second[0])
+        await jr.until(lambda: row.state == "completed")
+        rows = rec.store.records()
+        assert [(r.kind, r.name, r.profile, r.node) for r in rows] == [
+            ("job", row.id, "g1", "n1"),
+            ("job", row.id, "g1", "n2"),
+        ]
+        assert all(r.ended is not None and not r.closed_at_restart for r in rows)
+    finally:
+        gen.close()
