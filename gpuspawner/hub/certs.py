@@ -40,12 +40,37 @@ def create_pair(certs_location: str, name: str, alt_names: Sequence[str], cafile
     Returns:
         {"keyfile", "certfile", "cafile"}: paths on the hub's host.
     """
-    from certipy import Certipy
+    from certipy import Certipy, CertNotFoundError
 
     names = ["DNS:localhost", "IP:127.0.0.1", *alt_names, f"DNS:{server_dns_name(name)}"]
-    pair = Certipy(store_dir=certs_location).create_signed_pair(
-        f"server-{name}", "notebooks-ca", alt_names=names, overwrite=True)
+    store = Certipy(store_dir=certs_location)
+    cn = f"server-{name}"
+    try:
+        key = store.store.get_record(cn)["files"]["key"]
+    except CertNotFoundError:
+        key = os.path.join(certs_location, cn, f"{cn}.key")  # certipy's own path for it
+    _private_file(key)
+    pair = store.create_signed_pair(cn, "notebooks-ca", alt_names=names, overwrite=True)
     return {"keyfile": pair["files"]["key"], "certfile": pair["files"]["cert"], "cafile": cafile}
+
+
+def _private_file(path: str) -> None:
+    """Make ``path`` an empty-or-kept regular file 0600 (its folder 0700 when new) before
+    certipy writes the key into it: certipy opens a new file with the process's umask (0644
+    under 022) in a folder it makes 0755 and makes it 0600 only after writing, and another
+    account that opened it in that moment kept a descriptor to the key
+    (``tests/test_certs_key_window.py``). An existing file is truncated by certipy and keeps
+    its mode.
+
+    Raises:
+        OSError: it cannot be made (or is a link: ``O_NOFOLLOW``).
+    """
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
 
 
 def server_folder(certs_location: str, name: str) -> str:

@@ -1,0 +1,83 @@
+"""A server's private key is never readable by another account, not even for a moment
+(gpuspawner.hub.certs.create_pair): certipy writes a new key file with the process's umask
+(0644 under 022) in a folder it makes 0755 and only then makes it 0600, and a file opened in
+that moment stays readable through its descriptor. With the key of a user's server (its
+certificate names that server alone), another account could answer as that server to the
+hub's readiness check and to the proxy (docs/security.md)."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from gpuspawner.hub import certs
+
+OTHER = "gpsuser2"
+
+#: the other account: opens PATH whenever it can until the file STOP exists (at most 120 s),
+#: then prints "KEY" if a descriptor it got shows a private key (read after the writer closed
+#: the file)
+GRABBER = r"""
+import os, sys, time
+path, stop = sys.argv[1], sys.argv[2]
+end = time.monotonic() + 120
+fds = []
+tries = 0
+while len(fds) < 200:
+    tries += 1
+    if tries % 500 == 0 and (os.path.exists(stop) or time.monotonic() > end):
+        break
+    try:
+        fds.append(os.open(path, os.O_RDONLY))
+    except OSError:
+        continue
+time.sleep(0.2)
+print("KEY" if any(b"PRIVATE KEY" in os.pread(fd, 8192, 0) for fd in fds) else
+      f"none ({len(fds)} opened)", flush=True)
+"""
+
+
+def test_another_account_never_reads_a_servers_key_while_it_is_made() -> None:
+    """gpsuser2 tries to open the key file of server jupyter-victim without pause while the
+    hub makes that server's key pair 40 times (as 40 spawns do: each stop removes the
+    pair); it never gets a descriptor that shows the key."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (the hub makes keys as root; the other account runs by runuser)")
+    try:
+        pwd.getpwnam(OTHER)
+    except KeyError:
+        pytest.skip(f"no account {OTHER} (make slurm makes it)")
+    from certipy import Certipy
+
+    store = Path(tempfile.mkdtemp(prefix="gps-keys-", dir="/tmp"))
+    store.chmod(0o755)  # users traverse it: their servers' copies live below it
+    grabber = None
+    try:
+        Certipy(store_dir=str(store)).create_ca("notebooks-ca")
+        name = "jupyter-victim"
+        key = store / f"server-{name}" / f"server-{name}.key"
+        stop = store / "stop"
+        grabber = subprocess.Popen(
+            ["runuser", "-u", OTHER, "--", "/usr/bin/python3", "-c", GRABBER, str(key),
+             str(stop)],
+            stdout=subprocess.PIPE, text=True, start_new_session=True)
+        for _ in range(40):
+            pair = certs.create_pair(str(store), name, ["IP:127.0.0.1"], "")
+            assert pair["keyfile"] == str(key)
+            assert os.stat(key).st_mode & 0o077 == 0
+            certs.remove(str(store), name, "")
+        stop.touch()  # it stops trying and reports what it holds
+        out, _ = grabber.communicate(timeout=30)
+        assert "KEY" not in out, f"{OTHER} read the server's private key: {out}"
+    finally:
+        if grabber is not None and grabber.poll() is None:
+            os.killpg(grabber.pid, signal.SIGKILL)
+            grabber.wait()
+        shutil.rmtree(store, ignore_errors=True)
