@@ -38,6 +38,7 @@ from sqlalchemy import (
     delete,
     event,
     func,
+    insert,
     literal,
     select,
     union_all,
@@ -246,11 +247,11 @@ class UsageStore:
         for k in ("groups", "gpu_uuids"):
             if k in values and not isinstance(values[k], str):
                 values[k] = json.dumps(list(values[k]))
-        with Session(self.engine) as s, s.begin():
-            row = UsageRecord(closed_at_restart=False, **values)
-            s.add(row)
-            s.flush()
-            return int(row.id)
+        with self.engine.begin() as c:  # (Core: no ORM object for a write on every booking)
+            result = c.execute(
+                insert(UsageRecord.__table__).values(closed_at_restart=False, **values)
+            )
+            return int(result.inserted_primary_key[0])
 
     def close(
         self,
@@ -264,8 +265,12 @@ class UsageStore:
         (:data:`USED_FIELDS`; ``gpu_used`` as a mapping) that are not None."""
         values: dict[str, Any] = {"ended": ended, "closed_at_restart": closed_at_restart}
         values.update(_used_values(used))
-        with Session(self.engine) as s, s.begin():
-            s.execute(update(UsageRecord).where(UsageRecord.id == record_id).values(**values))
+        with self.engine.begin() as c:
+            c.execute(
+                update(UsageRecord.__table__)
+                .where(UsageRecord.__table__.c.id == record_id)
+                .values(**values)
+            )
 
     def set_used(self, record_id: int, used: Mapping[str, Any]) -> None:
         """Write the used figures so far of a record (open or not)."""
