@@ -640,3 +640,26 @@ async def test_a_job_and_its_retry_leave_one_record_per_attempt(tmp_path):
         assert all(r.ended is not None and not r.closed_at_restart for r in rows)
     finally:
         gen.close()
+
+
+def test_a_database_that_does_not_open_stops_the_hub_without_its_password(tmp_path):
+    from traitlets.config import Config
+
+    from gpuspawner.hub.cluster import reset_clusters
+    from gpuspawner.hub.config_check import _check_and_build
+    from gpuspawner.testing.inprocess import fake_node
+
+    c = Config()
+    c.GPUSpawner.nodes = [fake_node(tmp_path, "n1")]
+    c.GPUSpawner.state_dir = str(tmp_path / "state")
+    # (loopback port 1: nothing listens; or no driver installed: either way it does not open)
+    c.GPUUsage.db_url = "postgresql://acct:s3cr3t-pw@127.0.0.1:1/usage"
+    reset_clusters()
+    try:
+        with pytest.raises(SystemExit) as e:
+            _check_and_build(c, usage=True)
+    finally:
+        reset_clusters()
+    text = str(e.value)
+    assert "GPUUsage.db_url: postgresql://acct:***@127.0.0.1:1/usage" in text
+    assert "s3cr3t-pw" not in text

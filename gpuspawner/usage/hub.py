@@ -17,7 +17,7 @@ from ..placement import Allocation
 from .recorder import UsageRecorder
 from .sampler import GPUSampler, run_readings
 from .settings import USAGE_DB_FILE, GPUUsage
-from .store import UsageStore, UsageStoreError
+from .store import UsageStore, UsageStoreError, shown_url
 
 log = logging.getLogger("gpuspawner")
 
@@ -95,7 +95,7 @@ def attach_usage(
     except UsageStoreError as e:
         raise UsageConfigError(f"GPUUsage.db_url: {e}") from None
     except Exception as e:  # a driver's error: a URL that does not open
-        raise UsageConfigError(f"GPUUsage.db_url: {url.split('?')[0]}: {e}") from None
+        raise UsageConfigError(f"GPUUsage.db_url: {shown_url(url)}: {e}") from None
 
     def profile_of(alloc: Allocation) -> str:
         queue = cluster.queue
@@ -121,9 +121,11 @@ def attach_usage(
         cluster.after_restore.append(
             lambda _report: _start_readings(cluster, recorder, settings.sample_interval, gpu)
         )
+        if cluster.restored is not None:
+            _start_readings(cluster, recorder, settings.sample_interval, gpu)
     log.info(
         "usage records: %s (%d open, kept %d days)",
-        url.split("?")[0],
+        shown_url(url),
         len(recorder.open_ids),
         settings.retention_days,
     )

@@ -44,7 +44,7 @@ from sqlalchemy import (
     union_all,
     update,
 )
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from ..hub.state import STATE_FILE_MODE, sqlite_file
@@ -159,6 +159,14 @@ def sqlite_pragmas(dbapi_connection: Any, record: Any) -> None:
         cur.close()
 
 
+def shown_url(url: str) -> str:
+    """``url`` as logs and messages show it: no password, no query."""
+    try:
+        return make_url(url).render_as_string(hide_password=True).split("?")[0]
+    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy parses: its scheme only
+        return url.split(":", 1)[0] + ":..."
+
+
 def _config(conn: Any) -> Config:
     cfg = Config()
     cfg.set_main_option("script_location", MIGRATIONS)
@@ -189,14 +197,14 @@ def migrate(engine: Engine, url: str = "", upgrade: bool = True) -> str:
                 script.get_revision(current)
             except AlembicError:
                 raise UsageStoreError(
-                    f"{url}: the usage database is at revision {current!r}, "
+                    f"{shown_url(url)}: the usage database is at revision {current!r}, "
                     "which this gpuspawner does not know (a newer one?)"
                 ) from None
         if not upgrade:
             head = script.get_current_head()
             if current != head:
                 raise UsageStoreError(
-                    f"{url}: the usage database is at revision {current!r}, "
+                    f"{shown_url(url)}: the usage database is at revision {current!r}, "
                     f"not {head!r}: start the hub of this gpuspawner once "
                     "(it upgrades the database)"
                 )
