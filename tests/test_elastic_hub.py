@@ -170,6 +170,22 @@ def test_a_request_no_running_node_fits_starts_a_node_runs_there_and_the_idle_no
             f"{hub.url}/user/elb/api", timeout=30, headers={"Authorization": f"token {hub.token}"}
         )
         assert r.status_code == 200, r.text
+        # the hub restarts: the node runs on, its server is restored there and still answers
+        hub.stop()
+        hub.start()
+        assert (
+            json.loads((tmp_path / "hub" / "hub" / "gpuspawner-elastic.json").read_text())["nodes"][
+                node
+            ]["state"]
+            == "running"
+        )
+        r = requests.get(
+            f"{hub.url}/user/elb/api", timeout=30, headers={"Authorization": f"token {hub.token}"}
+        )
+        assert r.status_code == 200, r.text
+        assert calls(ctl) == [f"start cpu {node}"]
+        (c2,) = cli.containers(filters={"label": "gpuspawner.user=elb"})
+        assert c2["Id"] == c["Id"]
         # while it holds a server the node keeps running, past idle_shutdown
         wait_until(lambda: any(s["name"] == node and s["state"] == "up" for s in nodes_of(hub)), 30)
         hub.api("DELETE", "/users/elb/server")
