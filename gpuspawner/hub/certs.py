@@ -15,6 +15,9 @@ import hashlib
 import os
 import shutil
 from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .runtime import loading_hub
 
 #: the DNS zone of the servers' own names (never resolved: only named in certificates)
 SERVER_ZONE = "server.gpuspawner.internal"
@@ -71,6 +74,39 @@ def _private_file(path: str) -> None:
         os.fchmod(fd, 0o600)
     finally:
         os.close(fd)
+
+
+def private_keys_at_hub_start(app: Any = None) -> bool:
+    """Have JupyterHub make its internal_ssl keys (the CAs', ``hub-internal``'s, the
+    proxy's; ``init_internal_ssl``, at the first start) under umask 077: certipy writes each
+    new key file with the process's umask (0644 under 022) and makes it 0600 only after
+    writing, and ``internal_certs_location`` must be traversable by users (their servers'
+    copies are below it), so another account could keep a descriptor to the notebooks CA's
+    key and sign a certificate for any server. ``app``: the JupyterHub application (default:
+    the one loading its configuration files, :func:`gpuspawner.hub.runtime.loading_hub`);
+    :func:`gpuspawner.hub.config_check.check_hub_config` calls this.
+
+    Returns:
+        True when the application's ``init_internal_ssl`` is wrapped (once), else False.
+    """
+    app = app if app is not None else loading_hub()
+    init = getattr(app, "init_internal_ssl", None)
+    if init is None or getattr(app, _KEYS_GUARDED, False):
+        return False
+    setattr(app, _KEYS_GUARDED, True)
+
+    def init_internal_ssl_with_private_keys() -> Any:
+        old = os.umask(0o077)  # at start, in the main thread, before any server or service
+        try:
+            return init()
+        finally:
+            os.umask(old)
+
+    app.init_internal_ssl = init_internal_ssl_with_private_keys
+    return True
+
+
+_KEYS_GUARDED = "_gpuspawner_private_keys"
 
 
 def server_folder(certs_location: str, name: str) -> str:

@@ -25,6 +25,7 @@ from idle_culler.policies import PolicyError, PolicySet
 from ..elastic.manager import ElasticConfigError, attach_elastic
 from ..placement import POLICIES
 from ..usage.hub import UsageConfigError, attach_usage
+from .certs import private_keys_at_hub_start
 from .cluster import Cluster, current_clusters, get_cluster
 from .drains import DrainFileError
 from .hub_id import hub_id as hub_id_of
@@ -276,6 +277,7 @@ def check_hub_config(c: Any) -> None:
     """
     app = loading_hub()
     if app is not None:  # a hub loading its files: check the final configuration, once
+        private_keys_at_hub_start(app)  # internal_ssl keys never readable, even for a moment
         at_hub_start(app, _check_and_build_hub)
         return
     _check_and_build(c)
