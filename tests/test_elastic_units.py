@@ -118,8 +118,10 @@ echo '{json.dumps({"docker_url": "tcp://n1:2376", "topology": topo, "handle": "i
 def test_command_provider_failures_say_why(tmp_path: Path):
     fail = program(tmp_path / "fail", "echo 'quota exceeded' >&2; exit 3\n")
     p = CommandProvider(start_command=[fail], stop_command=[fail])
-    with pytest.raises(ProviderError, match="exit status 3: quota exceeded"):
+    with pytest.raises(ProviderError, match="exit status 3: quota exceeded") as e:
         asyncio.run(p.start("gpu", "n1"))
+    # what users are told: neither the program's path nor its output
+    assert e.value.public == "its program failed with exit status 3"
     slow = program(tmp_path / "slow", "sleep 30\n")
     p = CommandProvider(start_command=[slow], stop_command=[slow], timeout=0.5)
     with pytest.raises(ProviderError, match="no answer within 0.5 s"):

@@ -498,13 +498,16 @@ class ElasticManager:
                     raise ProviderError(
                         f"its engine {rt.docker_url} did not answer within "
                         f"join_timeout {self.settings.join_timeout:g} s: "
-                        f"{state[1]}"
+                        f"{state[1]}",
+                        f"its engine did not answer within join_timeout "
+                        f"{self.settings.join_timeout:g} s",
                     )
                 await asyncio.sleep(1.0)
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            await self._give_up(slot, str(e))
+            public = e.public if isinstance(e, ProviderError) else "an error (the hub's log)"
+            await self._give_up(slot, str(e), public)
             return
         now = self._clock()
         slot.state, slot.joined_at, slot.idle_since = "running", now, now
@@ -519,12 +522,13 @@ class ElasticManager:
         )
         self._moved()
 
-    async def _give_up(self, slot: Slot, why: str) -> None:
-        """A start failed: stop what the provider may have started, back off."""
+    async def _give_up(self, slot: Slot, why: str, public: str) -> None:
+        """A start failed: stop what the provider may have started, back off. ``why`` goes
+        to the log and :meth:`status` (admins), ``public`` to users (notes, state reason)."""
         b = self._backoff.setdefault(slot.category, _Backoff())
         b.failures += 1
         delay = min(self.settings.backoff_max, self.settings.backoff * 2 ** (b.failures - 1))
-        b.until, b.error = self._clock() + delay, why
+        b.until, b.error = self._clock() + delay, public
         slot.error = why
         log.error(
             "elastic node %s (category %s): start failed: %s; next try in %g s",
@@ -536,10 +540,10 @@ class ElasticManager:
         self.active.pop(slot.name, None)
         self.cluster.backend.forget_node(slot.name)
         slot.state = "stopping"
-        self.cluster.ledger.set_node_state(slot.name, "off", f"start failed: {why}")
+        self.cluster.ledger.set_node_state(slot.name, "off", f"start failed: {public}")
         self.save()
         self._moved()
-        await self._stop(slot, f"start failed: {why}")
+        await self._stop(slot, f"start failed: {public}")
 
     async def _stop(self, slot: Slot, reason: str) -> None:
         """Stop a node its provider started (``slot.handle``): check its engine has no server

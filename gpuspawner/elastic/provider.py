@@ -44,7 +44,17 @@ __all__ = ["CommandProvider", "Provider", "ProviderError", "StartedNode", "provi
 
 class ProviderError(RuntimeError):
     """A provider could not start or stop a machine (the message says which program and
-    why: exit status, time-out, bad output)."""
+    why: exit status, time-out, bad output, with the program's standard error).
+
+    Attributes:
+        public: what users may be told (waiting requests' notes, the nodes' state reasons):
+            without the program's path and output, which may name the site's accounts or
+            hosts; defaults to the message.
+    """
+
+    def __init__(self, message: str, public: str = "") -> None:
+        super().__init__(message)
+        self.public = public or message
 
 
 @dataclass(frozen=True)
@@ -91,6 +101,10 @@ class Provider(LoggingConfigurable):
         """``"running"``, ``"starting"``, ``"stopped"`` or ``"unknown"`` (the default: the
         provider cannot tell; the hub then asks the node's engine)."""
         return "unknown"
+
+
+#: what users are told when a start program's output is not what the hub reads
+BAD_OUTPUT = "its program's output is not what the hub reads"
 
 
 def _tail(data: bytes, n: int = 2000) -> str:
@@ -168,18 +182,24 @@ class CommandProvider(Provider):
                 start_new_session=True,
             )
         except OSError as e:
-            raise ProviderError(f"{what}: cannot run: {e}") from None
+            raise ProviderError(f"{what}: cannot run: {e}", "its program could not run") from None
         try:
             out, err = await asyncio.wait_for(proc.communicate(), self.timeout)
         except asyncio.TimeoutError:
             _kill_group(proc)
             await proc.wait()
-            raise ProviderError(f"{what}: no answer within {self.timeout:g} s (killed)") from None
+            raise ProviderError(
+                f"{what}: no answer within {self.timeout:g} s (killed)",
+                f"its program gave no answer within {self.timeout:g} s",
+            ) from None
         except asyncio.CancelledError:
             _kill_group(proc)
             raise
         if proc.returncode != 0:
-            raise ProviderError(f"{what}: exit status {proc.returncode}: {_tail(err)}")
+            raise ProviderError(
+                f"{what}: exit status {proc.returncode}: {_tail(err)}",
+                f"its program failed with exit status {proc.returncode}",
+            )
         return out.decode("utf-8", "replace")
 
     async def start(self, category: str, node: str) -> StartedNode:
@@ -195,7 +215,9 @@ class CommandProvider(Provider):
         try:
             data = json.loads(lines[-1]) if lines else None
         except ValueError as e:
-            raise ProviderError(f"{what}: the last line of its output is not JSON: {e}") from None
+            raise ProviderError(
+                f"{what}: the last line of its output is not JSON: {e}", BAD_OUTPUT
+            ) from None
         if (
             not isinstance(data, dict)
             or not isinstance(data.get("docker_url"), str)
@@ -204,11 +226,12 @@ class CommandProvider(Provider):
         ):
             raise ProviderError(
                 f"{what}: its last line must be a JSON object with docker_url "
-                "(a string) and topology (an object)"
+                "(a string) and topology (an object)",
+                BAD_OUTPUT,
             )
         for key in ("handle", "host", "network_pool"):
             if key in data and not isinstance(data[key], str):
-                raise ProviderError(f"{what}: {key} must be a string")
+                raise ProviderError(f"{what}: {key} must be a string", BAD_OUTPUT)
         return StartedNode(
             docker_url=data["docker_url"],
             topology=data["topology"],
