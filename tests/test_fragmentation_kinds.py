@@ -82,3 +82,54 @@ def test_a_new_workload_gives_its_own_values():
         model.set_workload(workload)
         for sid, sig in zip(ids, sigs, strict=True):
             assert model.score(sid, 8000) == _reference(sig, 8000, workload, True)
+
+
+def _reference_mem(sig: tuple, cpu_left: int, mem_left: int, workload, memory) -> float:
+    """The memory-aware F by its definition: a type whose milli-CPU or MiB does not fit
+    counts all free milli-GPU."""
+    total = sum(f for numa in sig for _m, f, _s in numa)
+    if total == 0:
+        return 0.0
+    return sum(p * (total if t.milli_gpu == 0 or mem_left < memory.get(t, 0)
+                    else type_fragmentation(sig, cpu_left, t, True))
+               for t, p in workload)
+
+
+def test_memory_aware_score_is_the_definition():
+    """The memory-aware score, computed from which types fit a node's level (a cached index
+    per level), equals the definition on random signatures, free CPU and free memory, with
+    types of no memory among them, whatever order the values are asked in. Free memory below
+    0 (a task's memory taken from a class's lower bound) is asked of its own model: the score
+    cache keys it as memory level 0, so there the first value asked of a level is kept (as
+    before the index; the decisions recorded in tests/test_placement_decisions.py depend on
+    that)."""
+    rng = random.Random(13)
+    checked = 0
+    for _ in range(25):
+        workload = _workload(rng)
+        memory = {t: rng.choice((0, 2048, 8192, 16384, 65536)) for t, _p in workload}
+        if not any(t.milli_gpu == 1000 for t, _p in workload):
+            workload.append((PodType(4000, 1000, 1), 0.1))
+            memory[workload[-1][0]] = 4096
+        model = FragmentationModel(workload, memory_aware=True, memory=memory)
+        below = FragmentationModel(workload, memory_aware=True, memory=memory)
+        asked = []
+        for _ in range(40):
+            sig = _signature(rng)
+            sid = model.intern(sig)
+            assert below.intern(sig) == sid
+            for cpu_left in (0, 700, 4000, 12000, 64000):
+                for mem_left in (0, 2047, 2048, 9000, 70000):
+                    want = _reference_mem(sig, cpu_left, mem_left, workload, memory)
+                    assert model.score(sid, cpu_left, mem_left) == want, (sig, cpu_left,
+                                                                          mem_left)
+                    asked.append((sid, cpu_left, mem_left, want))
+                    checked += 1
+                want = _reference_mem(sig, cpu_left, -100, workload, memory)
+                assert below.score(sid, cpu_left, -100) == want
+        fresh = FragmentationModel(workload, memory_aware=True, memory=memory)
+        for sid, _cpu, _mem, _want in sorted(asked):
+            fresh.intern(model.signature(sid))
+        for sid, cpu_left, mem_left, want in reversed(asked):
+            assert fresh.score(sid, cpu_left, mem_left) == want
+    assert checked == 25 * 40 * 25

@@ -40,6 +40,7 @@ import math
 from bisect import bisect_right
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from operator import mul
 
 from .units import GPU_MILLI
 from .workload import (
@@ -288,8 +289,12 @@ class FragmentationModel:
         self._parsed_list: list[tuple[PodType, float, frozenset[str]]] = []
         self._cpu_levels: list[int] = []
         self._whole = False
-        #: per workload type: (frequency, GPU kind index or -1 for no GPU, milli-CPU)
-        self._template: list[tuple[float, int, int]] = []
+        #: per workload type: (frequency, GPU kind index or -1 for no GPU, milli-CPU, MiB)
+        self._template: list[tuple[float, int, int, int]] = []
+        #: the template's frequencies, and per level the types' places in the kind values
+        #: (:meth:`_fit_index`)
+        self._probs: tuple[float, ...] = ()
+        self._fit_idx: dict[int, tuple[int, ...]] = {}
         #: per allowed-models set: (models, [(kind, share milli)], [(kind, whole GPUs)])
         self._kind_groups: list[tuple[frozenset[str], list, list]] = []
         self._kind_count = 0
@@ -376,6 +381,8 @@ class FragmentationModel:
             self._template = [
                 (p, kinds[(models, t.is_share, t.milli_gpu, t.gpu_number)] if t.milli_gpu
                  else -1, t.milli_cpu, mem.get(t, 0)) for t, p, models in self._parsed_list]
+            self._probs = tuple(p for p, _ki, _c, _m in self._template)
+            self._fit_idx = {}
             if tuple(kinds) != self._kinds_key:
                 self._kinds_key = tuple(kinds)
                 if len(self._kvals_by) > 8:
@@ -447,28 +454,57 @@ class FragmentationModel:
         # F depends on cpu_left (mem_left) only through which types' milli-CPU (memory) it
         # reaches: key by that
         self._parsed()
-        key = sid * self._lvmul + self._level(cpu_left, mem_left)
-        s = self._score.get(key)
+        lv = self._level(cpu_left, mem_left)
+        s = self._score.get(sid * self._lvmul + lv)
         if s is None:
-            if len(self._score) > 1_000_000:
-                self._score.clear()
-            total = self.free[sid]
-            if total == 0:
-                s = self._score[key] = 0.0
-                return s
-            # F(n, m) is the type's GPU-only value when the type's CPU fits, else all free
-            # milli-GPU (type_fragmentation): the GPU-only values are computed once per
-            # signature and GPU kind (_kind_values); the sum keeps the workload's order, so
-            # it is the same float as summing type_fragmentation
-            vals = self._kvals.get(sid)
-            if vals is None:
-                if len(self._kvals) > 200_000:
-                    self._kvals.clear()
-                vals = self._kvals[sid] = self._kind_values(self._sigs[sid], total)
-            s = self._score[key] = sum([
-                p * (total if ki < 0 or cpu_left < c or mem_left < m else vals[ki])
-                for p, ki, c, m in self._template])
+            s = self._score_at(sid, lv, mem_left < 0)
         return s
+
+    def _score_at(self, sid: int, lv: int, neg: bool) -> float:
+        """:meth:`score` on a cache miss, for a node at level ``lv`` (:meth:`_level`); ``neg``:
+        its free MiB is below 0 (a task's memory taken from a bucket's lower bound), which the
+        level does not tell and which leaves no type's memory fitting. Cached as
+        :meth:`score` reads it."""
+        key = sid * self._lvmul + lv
+        if len(self._score) > 1_000_000:
+            self._score.clear()
+        total = self.free[sid]
+        if total == 0:
+            s = self._score[key] = 0.0
+            return s
+        # F(n, m) is the type's GPU-only value when the type's CPU and memory fit, else all
+        # free milli-GPU (type_fragmentation): the GPU-only values are computed once per
+        # signature and GPU kind (_kind_values, kept with the total appended, so that index
+        # -1 reads it), and which types fit is a function of the level (_fit_index); the
+        # products and their sum keep the workload's order, so it is the same float as
+        # summing type_fragmentation
+        vals = self._kvals.get(sid)
+        if vals is None:
+            if len(self._kvals) > 200_000:
+                self._kvals.clear()
+            vals = self._kvals[sid] = self._kind_values(self._sigs[sid], total)
+            vals.append(total)
+        idx = self._fit_idx.get(-1 - lv if neg else lv)
+        if idx is None:
+            idx = self._fit_index(lv, neg)
+        s = self._score[key] = sum(map(mul, self._probs, map(vals.__getitem__, idx)))
+        return s
+
+    def _fit_index(self, lv: int, neg: bool) -> tuple[int, ...]:
+        """Per workload type, in the workload's order: the index of its GPU-only value in a
+        signature's kind values when its CPU and memory fit a node at level ``lv`` (free MiB
+        below 0 with ``neg``), else -1 (all free milli-GPU). A type's milli-CPU ``c`` fits
+        ``cpu_left`` exactly when ``bisect_right(cpu levels, cpu_left)`` is past ``c``'s
+        place in them, and the same for its memory among the memory levels; memory 0 fits
+        unless the free MiB is below 0. Cached until the workload is parsed again."""
+        mm = self._mmul
+        lc, lm = divmod(lv, mm)
+        cpos = {c: i for i, c in enumerate(self._cpu_levels)}
+        mpos = {m: i for i, m in enumerate(self._mem_levels)}
+        idx = tuple(-1 if ki < 0 or lc <= cpos[c] or (lm <= mpos[m] if m else neg) else ki
+                    for _p, ki, c, m in self._template)
+        self._fit_idx[-1 - lv if neg else lv] = idx
+        return idx
 
     def level(self, cpu_left: int, mem_left: int = MEM_ANY) -> int:
         """A node's level: which of the workload's milli-CPU and (memory-aware) memory levels
@@ -576,7 +612,7 @@ class FragmentationModel:
         table = self._rank_table(d, quantize)
         afters = self.after_table(d)
         scores = self._score
-        score = self.score
+        score_at = self._score_at
         after_of = self.after
         miss = _MISS
         mul = self._lvmul
@@ -596,10 +632,10 @@ class FragmentationModel:
                 return None
             a = scores.get(after * mul + la)
             if a is None:
-                a = score(after, cpu_left - cpu)
+                a = score_at(after, la, False)
             b = scores.get(sid * mul + lb)
             if b is None:
-                b = score(sid, cpu_left)
+                b = score_at(sid, lb, False)
             delta = a - b
             out = table[k] = -fgd_score_from_delta(delta) if quantize else round(delta, 6)
             return out
@@ -623,7 +659,8 @@ class FragmentationModel:
         mul = self._lvmul
         afters = self.after_table(d)
         after_of = self.after
-        score = self.score
+        scores = self._score
+        score_at = self._score_at
         aware = self.memory_aware
         inf = math.inf
         miss = _MISS
@@ -644,7 +681,13 @@ class FragmentationModel:
             if after is None:
                 g = inf
             else:
-                g = score(after, cpu_left - cpu, mem_left - mib) - score(sid, cpu_left, mem_left)
+                a = scores.get(after * mul + la)
+                if a is None:
+                    a = score_at(after, la, mem_left < mib)
+                b = scores.get(sid * mul + lb)
+                if b is None:
+                    b = score_at(sid, lb, mem_left < 0)
+                g = a - b
             if len(memo) > 200_000:
                 memo.clear()
             memo[k] = g
@@ -673,7 +716,7 @@ class FragmentationModel:
         afters = self.after_table(d)
         after_of = self.after
         scores = self._score
-        score = self.score
+        score_at = self._score_at
         cl = self._cpu_levels
         ml = self._mem_levels
         mm = self._mmul
@@ -701,10 +744,10 @@ class FragmentationModel:
             # have up to 1/8 more than m free, and the device plan decides
             a = scores.get(after * mul + la)
             if a is None:
-                a = score(after, cpu_left - cpu, m - mib)
+                a = score_at(after, la, m < mib)
             b = scores.get(sid * mul + lb)
             if b is None:
-                b = score(sid, cpu_left, m)
+                b = score_at(sid, lb, False)
             delta = a - b
             out = table[k] = -fgd_score_from_delta(delta) if quantize else round(delta, 6)
             return out
