@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 
 from .fragmentation import FragmentationModel, mem_class
 from .model import GPU_MILLI, Allocation
-from .rank_index import KEEP
 from .state import NodeState
 
 
@@ -70,10 +69,12 @@ class LedgerIndex:
     created: list[tuple[int, int, int]] = field(default_factory=list)
     #: :mod:`.lookahead`'s state: per next-request type a heap of (growth, bucket key)
     lookahead: dict = field(default_factory=dict)
-    #: bucket keys whose bucket changed (created, a node joined or left, version bumped), in
-    #: order, for :mod:`.rank_index`; ``changes_base`` counts the entries dropped before it
-    changes: list[tuple[int, int, int]] = field(default_factory=list)
-    changes_base: int = 0
+    #: for :mod:`.rank_index`: the keys of the buckets that exist and changed (created, a node
+    #: joined or left, version bumped), each with the number of its latest change
+    #: (``change_seq`` then), in that order; a bucket's key leaves it with the bucket
+    changed: dict[tuple[int, int, int], int] = field(default_factory=dict)
+    #: the number the next change gets
+    change_seq: int = 0
     #: bundle shape id -> its :class:`~.rank_index.RankHeaps`
     rank_heaps: dict = field(default_factory=dict)
 
@@ -102,12 +103,10 @@ class IndexMaintenance:
         reads bucket keys started afresh (a switch to or from a memory-aware policy changes
         what the keys' memory class means)."""
         c = self._c
-        c.changes_base += len(c.changes)
         for d in (c.buckets, c.versions, c.no_fit, c.spent, c.first_name, c.by_sid,
-                  c.rank_heaps, c.lookahead, c.shapes):
+                  c.rank_heaps, c.lookahead, c.shapes, c.changed):
             d.clear()
         c.created.clear()
-        c.changes.clear()
         for st in c.states:
             self._rebucket(st, grew=False)
 
@@ -127,6 +126,7 @@ class IndexMaintenance:
                     bucket.pop(st.name, None)
                     if not bucket:
                         del c.buckets[old]
+                        c.changed.pop(old, None)
                         same_sig = c.by_sid[old[0]]
                         del same_sig[old]
                         if not same_sig:
@@ -135,7 +135,7 @@ class IndexMaintenance:
                     if first == st.name:
                         del c.first_name[old]  # recomputed when next asked for
                     if bucket and first in (None, st.name):
-                        c.changes.append(old)  # its smallest name may have changed
+                        _changed(c, old)  # its smallest name may have changed
             bucket = c.buckets.get(key)
             if bucket is None:
                 bucket = c.buckets[key] = {}
@@ -150,13 +150,17 @@ class IndexMaintenance:
             if first is not None and st.name < first:
                 c.first_name[key] = st.name
             c.versions[key] = c.versions.get(key, 0) + 1
-            c.changes.append(key)
+            _changed(c, key)
         elif grew:
             c.versions[key] = c.versions.get(key, 0) + 1
-            c.changes.append(key)
-        if len(c.changes) > 2 * (len(c.buckets) + KEEP):
-            # keep the newest: an index that has not read the dropped ones rebuilds, as it
-            # would anyway with more than half the buckets to read (rank_index.ShapeRanks)
-            drop = len(c.changes) - (len(c.buckets) // 2 + KEEP)
-            c.changes_base += drop
-            del c.changes[:drop]
+            _changed(c, key)
+
+
+def _changed(c: LedgerIndex, key: tuple[int, int, int]) -> None:
+    """Record that bucket ``key`` changed: it moves to the end of ``c.changed`` with the next
+    change number, so that the buckets changed since any number are the end of it, each
+    once (:class:`~.rank_index.ShapeRanks` reads them from there)."""
+    changed = c.changed
+    changed.pop(key, None)
+    changed[key] = c.change_seq
+    c.change_seq += 1

@@ -79,8 +79,8 @@ class ClusterView(Protocol):
     profiles: dict[tuple, NodeState]
     created: list[tuple[int, int, int]]
     lookahead: dict
-    changes: list[tuple[int, int, int]]
-    changes_base: int
+    changed: dict[tuple[int, int, int], int]
+    change_seq: int
     rank_heaps: dict
 
 

@@ -10,17 +10,22 @@ slowest decisions' time.
 A bucket's rank for a bundle shape depends only on its key and the fragmentation model's
 workload (:meth:`~.fragmentation.FragmentationModel.keys`), so it stays right while the bucket
 exists. Per shape this keeps, for each rank, a heap of ``(smallest node name, bucket key)``.
-Buckets that change (created, a node joins or leaves, a version bump) are appended by the
-ledger to ``LedgerIndex.changes``; each shape's index reads the entries it has not seen
-before its next decision and pushes a fresh entry for each. Old entries are dropped when they
-reach a heap's top (lazy deletion): an entry is current while its bucket exists, its name is
-still the bucket's smallest and the bucket is not in the shape's no-fit cache at its version.
-An index is rebuilt from all buckets when the workload changes (its rank table is a new one),
-when more changes were logged since it last read than half the buckets (counted before
-reading them: reading a long log to count its distinct buckets made those rebuilds the
-slowest decisions; docs/placement.md "Decision latency"), or when stale entries have piled
-up. The ledger keeps only the newest changes (``LedgerIndex.changes``, at least
-:data:`KEEP` + half the buckets), so an index that has not read the older ones rebuilds.
+Buckets that change (created, a node joins or leaves, a version bump) are recorded by the
+ledger in ``LedgerIndex.changed``: each existing bucket's key once, with the number of its
+latest change, in that order (a change moves the key to the end; a bucket that goes leaves
+it). Before its next decision each shape's index reads the end of it back to the first change
+it has seen, so it meets each changed bucket that still exists once, and pushes a fresh entry
+for each. Old entries are dropped when they reach a heap's top (lazy deletion): an entry is
+current while its bucket exists, its name is still the bucket's smallest and the bucket is not
+in the shape's no-fit cache at its version. An index is rebuilt from all buckets when the
+workload changes (its rank table is a new one), when more buckets changed since it last read
+than half the buckets (it stops reading there), or when stale entries have piled up.
+
+Before, the ledger kept a plain log of changes (a bucket once per change, gone ones included),
+and an index more entries behind than half the buckets rebuilt; on the trace's fill most of a
+fill's slowest decisions held such a rebuild, though the buckets that had changed and still
+existed were a median 22 % of the buckets (docs/placement.md "The default's decision
+latency").
 
 The decisions are the same as the full pass's: the same best rank, and its buckets' nodes in
 name order (tests/test_placement_decisions.py, and a check to capacity on the trace).
@@ -42,8 +47,6 @@ _MISS = object()
 #: at most this many shapes keep an index: a new one evicts the least recently used (memory:
 #: about 64 bytes per bucket per shape, so 256 shapes of 4,000 buckets hold ~65 MB)
 MAX_SHAPES = 256
-#: the ledger keeps at least this many changes more than half its buckets
-KEEP = 4096
 
 
 @dataclass(slots=True)
@@ -52,8 +55,8 @@ class RankHeaps:
 
     #: the fragmentation model's rank table these ranks came from (a new one: new workload)
     table: dict
-    #: how far into ``LedgerIndex.changes`` (counted from its start, ``changes_base``
-    #: included) this index has read
+    #: the change number (``LedgerIndex.change_seq``) up to which this index has read the
+    #: changed buckets (``LedgerIndex.changed``)
     pos: int
     heaps: dict[int, list[Entry]] = field(default_factory=dict)
     #: entries in the heaps, stale ones included
@@ -89,17 +92,22 @@ class ShapeRanks:
         self._args = (d, cores, need, ranks, rank_of)
         store = c.rank_heaps
         idx = store.pop(shape, None)  # put back last: the store is in order of use
-        base = c.changes_base
-        unread: dict[Key, None] | None = None
-        if idx is not None and idx.table is ranks and idx.pos >= base:
-            end = base + len(c.changes)
-            if end - idx.pos > len(c.buckets) // 2 + 64:
-                # more changes to read than half the buckets: as cheap to rebuild, and
-                # counted before reading them (the raw count bounds the distinct buckets)
-                idx = None
-            elif idx.pos < end:
-                # the buckets changed since this index last read, each once
-                unread = dict.fromkeys(c.changes[idx.pos - base:])
+        unread: list[Key] = []
+        if idx is not None and idx.table is ranks:
+            pos = idx.pos
+            if pos < c.change_seq:
+                # the buckets changed since this index last read, each once and only those
+                # that exist: the end of c.changed (in order of their latest change), read
+                # back to the first one this index has seen; more than half the buckets (and
+                # 64): as cheap to rebuild
+                limit = len(c.buckets) // 2 + 64
+                for key, seq in reversed(c.changed.items()):
+                    if seq < pos:
+                        break
+                    unread.append(key)
+                    if len(unread) > limit:
+                        idx = None
+                        break
             if idx is not None and idx.entries > 2 * len(c.buckets) + 1024:
                 idx = None  # stale entries piled up
         else:
@@ -107,11 +115,11 @@ class ShapeRanks:
         if idx is None:
             while len(store) >= MAX_SHAPES:
                 del store[next(iter(store))]  # the least recently used
-            idx = RankHeaps(ranks, base + len(c.changes))
+            idx = RankHeaps(ranks, c.change_seq)
             self._build(idx)
         elif unread:
             self._add(idx, unread)
-            idx.pos = base + len(c.changes)
+            idx.pos = c.change_seq
         store[shape] = idx
         self.idx = idx
 
@@ -130,17 +138,22 @@ class ShapeRanks:
         miss = _MISS
         added = 0
         for sid, keys in c.by_sid.items():
-            # the after-table first, as policies._fgd's pass does: calling frag.after for
-            # every signature made a rebuild ~30 % slower (thread time over a 1,523-node fill)
-            after = afters.get(sid, miss)
-            if after is miss:
-                after = frag.after(sid, d)
-            if after is None:
-                continue
+            after = miss
             for key in keys:
                 _sid, free, mem = key
                 if cores > free or mem < need:
                     continue
+                if after is miss:
+                    # asked only for a signature with a bucket that has the cores and memory
+                    # (placing the GPUs is a new signature to score; most signatures near
+                    # capacity have none), and the after-table first, as policies._fgd's
+                    # pass does: calling frag.after for every signature made a rebuild ~30 %
+                    # slower (thread time over a 1,523-node fill)
+                    after = afters.get(sid, miss)
+                    if after is miss:
+                        after = frag.after(sid, d)
+                if after is None:
+                    break
                 r = ranks.get(key, miss)
                 if r is miss:
                     r = ranks[key] = rank_of(sid, free * 1000, mem)
@@ -263,4 +276,4 @@ class ShapeRanks:
         self.idx.entries += len(entries)
 
 
-__all__ = ["KEEP", "MAX_SHAPES", "RankHeaps", "ShapeRanks", "first_name"]
+__all__ = ["MAX_SHAPES", "RankHeaps", "ShapeRanks", "first_name"]
