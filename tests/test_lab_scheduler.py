@@ -52,7 +52,7 @@ from gpuspawner.hub.service.app import GPUService  # noqa: E402
 from gpuspawner.hub.service.openapi import openapi_document  # noqa: E402
 from gpuspawner.hub.service.profiles_api import profile_routes  # noqa: E402
 from gpuspawner.jobs.client import JobsClient  # noqa: E402
-from gpuspawner.jobs.model import FINAL_STATES, STATES  # noqa: E402
+from gpuspawner.jobs.model import DEFINITION_UPDATE_KEYS, FINAL_STATES, STATES  # noqa: E402
 from gpuspawner.singleuser.scheduler import (  # noqa: E402
     STATUS_OF,
     HubEnvironmentManager,
@@ -60,10 +60,13 @@ from gpuspawner.singleuser.scheduler import (  # noqa: E402
     HubScheduler,
     describe_job,
     environment,
+    environment_name,
+    environments,
     hub_client,
     hub_id,
     job_files,
     scheduler_id,
+    split_environment,
     submission,
     time_limit_choices,
     time_limit_of,
@@ -129,6 +132,7 @@ class FakeJobsService:
             (p + r"api/jobs/([0-9a-f]{32})/output", _Output, kw),
             (p + "api/job_definitions", _Definitions, kw),
             (p + r"api/job_definitions/([0-9a-f]{32})", _Definition, kw),
+            (p + r"api/job_definitions/([0-9a-f]{32})/jobs", _DefinitionJobs, kw),
             (p + "api/profiles", _Profiles, kw)])
         self.server = httpserver.HTTPServer(app)
         self.server.add_sockets(sockets)
@@ -204,7 +208,10 @@ class _Jobs(_Base):
                "history": [{"state": "queued", "time": iso(now)}], "node": None,
                "gpu_uuids": [], "exit_code": None, "error": None, "output_dir": None,
                "has_output": False, "queue_position": None, "definition_id": None,
-               "notebook": body["notebook"]}
+               "notebook": body["notebook"],
+               "output_formats": body.get("output_formats", ["ipynb", "html"]),
+               "input_folder": body.get("input_folder"), "image": body.get("image"),
+               "image--unlisted-choice": body.get("image--unlisted-choice")}
         with self.fake.lock:
             self.fake.jobs[job_id] = job
         self.set_status(201)
@@ -253,7 +260,11 @@ class _Definitions(_Base):
                "timezone": body.get("timezone", "UTC"), "concurrency_policy": "Forbid",
                "starting_deadline": None, "paused": False, "created": now, "updated": now,
                "last_tick": None, "next_tick": None, "message": "", "last_job_id": None,
-               "runs": 0, "skipped": 0, "active_jobs": []}
+               "runs": 0, "skipped": 0, "active_jobs": [],
+               "output_formats": body.get("output_formats", ["ipynb", "html"]),
+               "input_folder": body.get("input_folder"), "image": body.get("image"),
+               "image--unlisted-choice": body.get("image--unlisted-choice"),
+               "notebook": body["notebook"]}
         self.fake.definitions[def_id] = row
         self.set_status(201)
         self.finish(row)
@@ -270,8 +281,7 @@ class _Definition(_Base):
 
     def patch(self, def_id: str) -> None:
         body = json.loads(self.request.body)
-        unknown = set(body) - {"schedule", "timezone", "concurrency_policy",
-                               "starting_deadline", "paused"}
+        unknown = set(body) - set(DEFINITION_UPDATE_KEYS)
         if unknown:
             raise web.HTTPError(400, f"{sorted(unknown)[0]}: cannot be changed")
         row = self.row(def_id)
@@ -280,6 +290,20 @@ class _Definition(_Base):
 
     def delete(self, def_id: str) -> None:
         self.finish(self.fake.definitions.pop(self.row(def_id)["id"]))
+
+
+class _DefinitionJobs(_Definition):
+    def post(self, def_id: str) -> None:  # a job of the definition now ("Run job")
+        row = self.row(def_id)
+        body = json.loads(self.request.body or b"{}")
+        job = {"id": uuid.uuid4().hex, "state": "queued", "created": iso(time.time()),
+               "profile": row["profile"], "name": row["name"], "definition_id": def_id,
+               "parameters": {**row["parameters"], **body.get("parameters", {})},
+               "time_limit": row["time_limit"], "notebook": row["notebook"]}
+        with self.fake.lock:
+            self.fake.jobs[job["id"]] = job
+        self.set_status(201)
+        self.finish(job)
 
 
 @pytest.fixture(scope="module")
@@ -391,12 +415,29 @@ def test_submission_maps_the_create_job_model():
                       notebook())
     assert body == {"notebook": notebook(), "name": "my-run-1", "profile": "cpu",
                     "parameters": {"lr": 0.01, "flag": True, "word": "hello", "xs": [1, 2]},
-                    "time_limit": 120}
-    assert "parameters" in submission(create(output_formats=["ipynb", "html"]), notebook())
+                    "time_limit": 120, "output_formats": ["ipynb"]}
+    # only what was ticked; the notebook always (as jupyter-scheduler keeps it)
+    assert submission(create(output_formats=["ipynb", "html"]), notebook())[
+        "output_formats"] == ["ipynb", "html"]
+    assert submission(create(output_formats=["html"]), notebook())[
+        "output_formats"] == ["ipynb", "html"]
+    assert submission(create(output_formats=[]), notebook())["output_formats"] == ["ipynb"]
     with pytest.raises(SchedulerError, match="pdf"):
         submission(create(output_formats=["ipynb", "pdf"]), notebook())
+    # "Run job with input folder": the folder the scheduler gives, relative to the home
     with pytest.raises(SchedulerError, match="input folder"):
         submission(create(package_input_folder=True), notebook())
+    assert submission(create(package_input_folder=True), notebook(), "proj/a")[
+        "input_folder"] == "proj/a"
+    assert "input_folder" not in submission(create(), notebook(), "proj/a")
+    # the environment carries the image chosen: a choice of the profile, or one's own
+    body = submission(create(env="cpu:tf"), notebook())
+    assert (body["profile"], body["image"], "image--unlisted-choice" in body) == (
+        "cpu", "tf", False)
+    body = submission(create(env="cpu@reg.example.org/me/img:1"),
+                      notebook())
+    assert (body["profile"], body["image--unlisted-choice"], "image" in body) == (
+        "cpu", "reg.example.org/me/img:1", False)
     with pytest.raises(SchedulerError, match="time_limit"):
         submission(create(runtime_environment_parameters={"time_limit": "soon"}), notebook())
     # the form's "Compute type" select carries the time limit
@@ -557,7 +598,7 @@ async def test_definitions_go_to_the_hubs_job_definitions(scheduler, fake, home)
     assert (method, path) == ("POST", "api/job_definitions")
     assert body == {"notebook": notebook("lr = 0.1"), "name": "nightly-run", "profile": "cpu",
                     "parameters": {"lr": 0.2}, "schedule": "0 3 * * *",
-                    "timezone": "Europe/Rome"}
+                    "timezone": "Europe/Rome", "output_formats": ["ipynb", "html"]}
     d = await scheduler.get_job_definition(def_id)
     assert (d.job_definition_id, d.name, d.schedule, d.timezone, d.active) == (
         def_id, "nightly-run", "0 3 * * *", "Europe/Rome", True)
@@ -571,14 +612,35 @@ async def test_definitions_go_to_the_hubs_job_definitions(scheduler, fake, home)
     await scheduler.update_job_definition(def_id, UpdateJobDefinition(active=False))
     assert fake.requests[-1] == ("PATCH", f"api/job_definitions/{ours}", {"paused": True})
     assert not (await scheduler.get_job_definition(def_id)).active
+    # (the snapshot's name unchanged: no new notebook, as jupyter-scheduler's own backend)
     await scheduler.update_job_definition(def_id, UpdateJobDefinition(
-        schedule="30 4 * * 1", timezone="UTC", input_uri="nightly.ipynb"))
+        schedule="30 4 * * 1", timezone="UTC", input_uri="nightly-run.ipynb"))
     assert fake.requests[-1] == ("PATCH", f"api/job_definitions/{ours}",
                                  {"schedule": "30 4 * * 1", "timezone": "UTC"})
-    with pytest.raises(SchedulerError, match="name: a definition of the hub cannot be changed"):
-        await scheduler.update_job_definition(def_id, UpdateJobDefinition(name="other"))
-    with pytest.raises(SchedulerError, match="not supported by the hub"):
-        await scheduler.create_job_from_definition(def_id, CreateJobFromDefinition())
+    # every other field of the definition: name, environment (profile and image), compute
+    # type, parameters, output formats, and a new notebook (a file dropped on the edit form)
+    (home / "v2.ipynb").write_text(json.dumps(notebook("lr = 0.5")))
+    await scheduler.update_job_definition(def_id, UpdateJobDefinition(
+        name="other run", runtime_environment_name="a100-1:tf", compute_type="time limit 2 h",
+        parameters={"lr": "0.3", "tag": "best"}, output_formats=["ipynb"],
+        input_uri="v2.ipynb"))
+    assert fake.requests[-1] == ("PATCH", f"api/job_definitions/{ours}", {
+        "name": "other-run", "profile": "a100-1", "image": "tf",
+        "image--unlisted-choice": "", "time_limit": 7200,
+        "parameters": {"lr": 0.3, "tag": "best"}, "output_formats": ["ipynb"],
+        "notebook": notebook("lr = 0.5")})
+    d = await scheduler.get_job_definition(def_id)
+    assert (d.name, d.runtime_environment_name, d.parameters, d.output_formats) == (
+        "other-run", "a100-1:tf", {"lr": "0.3", "tag": "best"}, ["ipynb"])
+    with pytest.raises(SchedulerError, match="tags"):
+        await scheduler.update_job_definition(def_id, UpdateJobDefinition(tags=["x"]))
+    # "Run job" of a definition: a job now, the form's parameters over the definition's
+    run_id = await scheduler.create_job_from_definition(def_id, CreateJobFromDefinition(
+        parameters={"lr": "0.9"}))
+    assert fake.requests[-1] == ("POST", f"api/job_definitions/{ours}/jobs",
+                                 {"parameters": {"lr": 0.9}})
+    assert fake.jobs[hub_id(run_id)]["parameters"] == {"lr": 0.9, "tag": "best"}
+    del fake.jobs[hub_id(run_id)]
     # the jobs its ticks made (the definition's detail view)
     (home / "a.ipynb").write_text(json.dumps(notebook()))
     tick = await scheduler.create_job(create(name="tick", path="a.ipynb"))
@@ -692,3 +754,29 @@ async def test_the_services_profiles_route_lists_what_the_users_groups_may_use()
     finally:
         server.stop()
         await server.close_all_connections()
+
+
+def test_environments_offer_the_profiles_images_and_the_servers_own():
+    """Each image choice of a profile is an environment (``slug:key``), and the server's own
+    image (``JUPYTER_IMAGE_SPEC``) where the profile takes one (``slug@reference``): what
+    the job then runs in (the hub checks the choice again)."""
+    profiles = [
+        {"slug": "gpu", "display_name": "GPU", "images": [], "own_image": False},
+        {"slug": "cpu", "display_name": "CPU", "default": True, "own_image": True,
+         "images": [{"key": "std", "display_name": "Standard", "image": "reg.example/std:1",
+                     "default": True},
+                    {"key": "tf", "display_name": "TensorFlow", "image": "reg.example/tf:2",
+                     "default": False}]}]
+    envs = environments(profiles, "reg.example/me:3")
+    assert [e.name for e in envs] == ["cpu", "cpu:tf", "cpu@reg.example/me:3", "gpu"]
+    assert all(e.label == e.name for e in envs)
+    assert "image: TensorFlow" in envs[1].description
+    assert "this server's image" in envs[2].description
+    # a server that runs one of the listed images gets no environment of its own image
+    assert [e.name for e in environments(profiles, "reg.example/tf:2")] == [
+        "cpu", "cpu:tf", "gpu"]
+    for name in ("cpu", "cpu:tf", "cpu@reg.example/me:3"):
+        profile, image = split_environment(name)
+        assert environment_name(profile, image) == name
+    assert split_environment("cpu@reg.example:5000/me:3") == (
+        "cpu", {"image": "", "image--unlisted-choice": "reg.example:5000/me:3"})

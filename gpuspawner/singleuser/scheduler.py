@@ -30,7 +30,11 @@ jupyter-scheduler                  hub job
 =================================  ===================================================
 ``job_id`` (must contain ``-``:    ``id`` (32 hex digits), written as a UUID
 its routes' pattern)               (:func:`scheduler_id` / :func:`hub_id`)
-``runtime_environment_name``       ``profile``
+``runtime_environment_name``       ``profile`` and the image chosen: ``slug`` (the
+                                   profile's image), ``slug:key`` (a choice of its
+                                   ``profile_options.image``), ``slug@reference``
+                                   (this server's own image, where the profile allows
+                                   one): :func:`environment_name`
 ``name`` (may hold spaces)         ``name`` (one folder name: other characters -> ``-``)
 ``parameters`` (strings)           ``parameters``: JSON scalars or lists where the
                                    string is one, else the string (as ``-p``)
@@ -39,24 +43,31 @@ its routes' pattern)               (:func:`scheduler_id` / :func:`hub_id`)
                                    (:func:`time_limit_choices`)
 ``runtime_environment_parameters   ``time_limit`` (seconds; over ``compute_type``)
 ["time_limit"]``
-``output_formats``                 ``ipynb`` and ``html``: the job writes both (and
-                                   the snapshot it ran and a log)
+``output_formats``                 ``output_formats``: ``ipynb`` always (as
+                                   jupyter-scheduler keeps the notebook), ``html``
+                                   when ticked (and the snapshot it ran and a log)
+``package_input_folder``           ``input_folder``: the notebook's folder, relative
+                                   to the home (copied into the job's folder)
 ``status``                         :data:`STATUS_OF` (state kept in ``status_message``
                                    where the status loses it)
 ``job_files``                      the files in ``~/jobs/<name>/<UTC start>-<id>/``
                                    (:func:`job_files`)
 job definition                     ``api/job_definitions``: ``schedule`` (cron),
                                    ``timezone``; ``active`` = not ``paused``
-                                   (:func:`describe_definition`)
+                                   (:func:`describe_definition`); every field of
+                                   ``UpdateJobDefinition`` is a ``PATCH``
+                                   (:func:`definition_changes`); "Run job" of a
+                                   definition is ``POST api/job_definitions/{id}/jobs``
 =================================  ===================================================
 
 Not supported (a :class:`~jupyter_scheduler.exceptions.SchedulerError` with the reason, shown
-by the UI): renaming a job; "Run job with input folder" (the job gets the notebook only; it
-runs with the home mounted, so absolute paths work); output formats other than ``ipynb`` and
-``html``; running a definition now ("Run job" of a definition); changing a definition's name,
-profile or parameters. Editing a definition in the UI changes its schedule and time zone;
-the notebook stays the snapshot taken when the definition was made (the UI sends a new one,
-which is not used: make a new definition for a new notebook).
+by the UI): renaming a job once submitted; output formats other than ``ipynb`` and ``html``;
+tags.
+
+The Notebook Jobs list of jupyter-scheduler 2.12 asks for the jobs only when it opens and on
+*Reload*; gpuspawner's lab extension presses *Reload* every few seconds while the list shows
+a job that is queued or in progress (``src/jobs_refresh.ts``), and each job's ``update_time``
+is its latest change (the last state it passed), so the list's order and times follow.
 """
 
 from __future__ import annotations
@@ -98,8 +109,9 @@ from traitlets import Float, Unicode, default
 from ..jobs.client import ClientError, JobsClient, default_name, parse_parameter, service_url
 
 __all__ = ["HubEnvironmentManager", "HubJobFilesManager", "HubScheduler", "OUTPUT_FORMATS",
-           "STATUS_OF", "definition_submission", "describe_definition", "describe_job",
-           "environment", "hub_client", "hub_id", "job_files", "scheduler_id", "status_of",
+           "STATUS_OF", "definition_changes", "definition_submission", "describe_definition",
+           "describe_job", "environment", "environment_name", "environments", "hub_client",
+           "hub_id", "job_files", "scheduler_id", "split_environment", "status_of",
            "submission"]
 
 #: our states -> jupyter-scheduler's statuses. The UI offers "Stop" for IN_PROGRESS only and
@@ -152,6 +164,59 @@ def time_limit_of(compute_type: str) -> int:
         raise SchedulerError(f"compute type {compute_type!r}: choose a time limit of the list")
     n, unit = int(m.group(1)), m.group(2)
     return n * {"h": 3600, "min": 60, "s": 1}[unit]
+#: the keys of a job's image choice (the spawn form's user_options names)
+_IMAGE = "image"
+_OWN_IMAGE = "image--unlisted-choice"
+
+
+def environment_name(profile: str, options: Mapping[str, Any] | None = None) -> str:
+    """The environment of a profile and an image choice: ``slug`` (no choice: the profile's
+    image), ``slug:key`` (``image``: a key of its choices) or ``slug@reference``
+    (``image--unlisted-choice``: an image of the user's own). Read back by
+    :func:`split_environment`."""
+    options = options or {}
+    if options.get(_OWN_IMAGE):
+        return f"{profile}@{options[_OWN_IMAGE]}"
+    if options.get(_IMAGE):
+        return f"{profile}:{options[_IMAGE]}"
+    return profile
+
+
+def split_environment(name: str) -> tuple[str, dict[str, str]]:
+    """An environment's name (:func:`environment_name`) as ``(profile, image keys)``: both
+    image keys are always there (``""``: not chosen), so a change of environment clears the
+    other one."""
+    at, colon = name.find("@"), name.find(":")
+    if at > 0 and (colon < 0 or at < colon):
+        return name[:at], {_IMAGE: "", _OWN_IMAGE: name[at + 1:]}
+    if colon > 0:
+        return name[:colon], {_IMAGE: name[colon + 1:], _OWN_IMAGE: ""}
+    return name, {_IMAGE: "", _OWN_IMAGE: ""}
+
+
+def _formats(model_formats: list[str] | None) -> list[str]:
+    """The output formats ticked, as the hub reads them (``ipynb`` always).
+
+    Raises:
+        SchedulerError: a format the hub's jobs do not write.
+    """
+    formats = [f for f in (model_formats or []) if f not in OUTPUT_FORMATS]
+    if formats:
+        raise SchedulerError(f"output formats {', '.join(formats)}: a job on this hub writes "
+                             "the executed notebook (ipynb) and its HTML export only")
+    return ["ipynb", *(["html"] if "html" in (model_formats or []) else [])]
+
+
+def _parameters(given: Mapping[str, str]) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    for key, value in given.items():
+        if "=" in key:
+            raise SchedulerError(f"parameter {key!r}: a name is a Python identifier")
+        name, parsed = parse_parameter(f"{key}={value}")
+        params[name] = parsed
+    return params
+
+
 #: the file of the service's API that each request goes to
 _JOBS = "api/jobs"
 _PROFILES = "api/profiles"
@@ -275,11 +340,12 @@ def describe_job(job: Mapping[str, Any], root_dir: str, home: str,
     model = DescribeJob(
         job_id=scheduler_id(str(job["id"])), name=name,
         input_filename=f"{name}.input.ipynb",
-        runtime_environment_name=str(job.get("profile") or ""),
+        runtime_environment_name=environment_name(str(job.get("profile") or ""), job),
         runtime_environment_parameters={"time_limit": int(job.get("time_limit") or 0)},
         compute_type=(_TIME_LIMIT + duration_words(int(job["time_limit"]))
                       if job.get("time_limit") else None),
-        output_formats=list(OUTPUT_FORMATS),
+        output_formats=list(job.get("output_formats") or OUTPUT_FORMATS),
+        package_input_folder=job.get("input_folder") is not None,
         parameters={k: _text(v) for k, v in (job.get("parameters") or {}).items()},
         url=f"{_JOBS}/{job['id']}", create_time=created, update_time=updated,
         start_time=_ms(job.get("started")), end_time=_ms(job.get("finished")),
@@ -292,37 +358,37 @@ def describe_job(job: Mapping[str, Any], root_dir: str, home: str,
     return model
 
 
-def submission(model: CreateJob, notebook: dict[str, Any]) -> dict[str, Any]:
+def submission(model: CreateJob, notebook: dict[str, Any],
+               input_folder: str | None = None) -> dict[str, Any]:
     """The body of ``POST api/jobs`` for jupyter-scheduler's :class:`CreateJob` and the
     notebook's content: ``profile`` = the environment's name, ``name`` made one folder name
     (:func:`gpuspawner.jobs.client.default_name`), each parameter read as ``-p NAME=VALUE``
     is (JSON scalar or list, else the string), ``time_limit`` from the compute type (the
     form's time limit choice, :func:`time_limit_of`) or, over it,
-    ``runtime_environment_parameters["time_limit"]`` when given.
+    ``runtime_environment_parameters["time_limit"]`` when given; the environment's image
+    choice (:func:`split_environment`); ``output_formats`` (``ipynb`` always, ``html`` when
+    ticked); ``input_folder`` (given by :class:`HubScheduler` for "Run job with input
+    folder": the notebook's folder relative to the home).
 
     Raises:
-        SchedulerError: an output format other than ``ipynb``, "Run job with input folder",
-            a time limit that is no whole number, or a parameter name with ``=``.
+        SchedulerError: an output format other than ``ipynb`` and ``html``, "Run job with
+            input folder" without a folder, a time limit that is no whole number, or a
+            parameter name with ``=``.
     """
-    formats = [f for f in (model.output_formats or []) if f not in OUTPUT_FORMATS]
-    if formats:
-        raise SchedulerError(f"output formats {', '.join(formats)}: a job on this hub writes "
-                             "the executed notebook (ipynb) and its HTML export only")
-    if model.package_input_folder:
-        raise SchedulerError("'Run job with input folder' is not supported on this hub: the "
-                             "job gets the notebook only, and runs with your home mounted "
-                             "(refer to other files by their path in your home)")
+    formats = _formats(model.output_formats)
+    if model.package_input_folder and input_folder is None:
+        raise SchedulerError("'Run job with input folder': the notebook's folder is not in "
+                             "your home")
     body: dict[str, Any] = {"notebook": notebook,
-                            "name": default_name(model.name or model.input_filename or "")}
+                            "name": default_name(model.name or model.input_filename or ""),
+                            "output_formats": formats}
+    if model.package_input_folder:
+        body["input_folder"] = input_folder
     if model.runtime_environment_name:
-        body["profile"] = model.runtime_environment_name
-    params: dict[str, Any] = {}
-    for key, value in (model.parameters or {}).items():
-        if "=" in key:
-            raise SchedulerError(f"parameter {key!r}: a name is a Python identifier")
-        name, parsed = parse_parameter(f"{key}={value}")
-        params[name] = parsed
-    body["parameters"] = params
+        profile, image = split_environment(model.runtime_environment_name)
+        body["profile"] = profile
+        body.update({k: v for k, v in image.items() if v})
+    body["parameters"] = _parameters(model.parameters or {})
     if model.compute_type:
         body["time_limit"] = time_limit_of(model.compute_type)
     limit = (model.runtime_environment_parameters or {}).get("time_limit")
@@ -442,10 +508,21 @@ class HubScheduler(BaseScheduler):
             raise SchedulerError(f"{input_uri}: not a notebook (a JSON object)")
         return nb
 
+    def _input_folder(self, input_uri: str) -> str | None:
+        """The folder of ``input_uri`` (relative to the server's root) relative to the home,
+        as the hub's ``input_folder`` (``""``: the home itself); None when it is not in the
+        home (the job copies only the home's files)."""
+        root = os.path.abspath(self.root_dir)
+        folder = os.path.dirname(os.path.abspath(os.path.join(root, input_uri.lstrip("/"))))
+        if folder != self.home and not folder.startswith(self.home + os.sep):
+            return None
+        return os.path.relpath(folder, self.home).replace(os.sep, "/").lstrip(".")
+
     async def create_job(self, model: CreateJob) -> str:
         """Submit the notebook at ``model.input_uri`` (relative to the server's root) as a
         job; returns its id (:func:`scheduler_id`)."""
-        body = submission(model, self._read_notebook(model.input_uri))
+        body = submission(model, self._read_notebook(model.input_uri),
+                          self._input_folder(model.input_uri))
         job = await _call(self.client, "POST", _JOBS, body)
         self.log.info("notebook job %s (%s) submitted to the hub", job["id"], job["name"])
         return scheduler_id(job["id"])
@@ -570,7 +647,8 @@ class HubScheduler(BaseScheduler):
         """Make a definition on the hub (``POST api/job_definitions``): the notebook at
         ``model.input_uri`` (a snapshot), ``schedule`` and ``timezone`` (default UTC) and the
         job's fields as :func:`submission` maps them; returns its id (a UUID)."""
-        body = definition_submission(model, self._read_notebook(model.input_uri))
+        body = definition_submission(model, self._read_notebook(model.input_uri),
+                                     self._input_folder(model.input_uri))
         row = await _call(self.client, "POST", _DEFINITIONS, body)
         self.log.info("job definition %s (%s, %s) made on the hub", row["id"], row["name"],
                       row["schedule"])
@@ -578,31 +656,21 @@ class HubScheduler(BaseScheduler):
 
     async def update_job_definition(self, job_definition_id: str,
                                     model: UpdateJobDefinition) -> None:
-        """``PATCH api/job_definitions/{id}`` with what the hub can change: ``schedule``,
-        ``timezone`` and ``active`` (pause/resume). A new ``input_uri`` (the UI's edit sends
-        one) is not used: the definition keeps the notebook it was made with.
+        """``PATCH api/job_definitions/{id}`` with every field given
+        (:func:`definition_changes`): schedule, time zone, pause/resume, name, environment
+        (profile and image), compute type (time limit), parameters, output formats, and a
+        new notebook when ``input_uri`` names a file other than the definition's (the UI's
+        edit sends the snapshot's name unchanged, or the file dropped on it).
 
         Raises:
-            SchedulerError: a change of name, profile, parameters or output formats.
+            SchedulerError: the hub refused a change (its message), or tags.
         """
-        given = model.dict(exclude_unset=True)
-        refused = sorted(k for k in ("name", "runtime_environment_name", "parameters",
-                                     "runtime_environment_parameters", "compute_type", "tags")
-                         if given.get(k) is not None)
-        if refused:
-            raise SchedulerError(f"{', '.join(refused)}: a definition of the hub cannot be "
-                                 "changed there; make a new definition")
-        changes: dict[str, Any] = {}
-        if given.get("schedule") is not None:
-            changes["schedule"] = given["schedule"]
-        if given.get("timezone") is not None:
-            changes["timezone"] = given["timezone"]
-        if given.get("active") is not None:
-            changes["paused"] = not given["active"]
-        if given.get("input_uri"):
-            self.log.info("job definition %s: the new input %s is not used (the hub keeps "
-                          "the notebook the definition was made with)", job_definition_id,
-                          given["input_uri"])
+        current = await self.get_job_definition(job_definition_id)
+        notebook = None
+        uri = model.input_uri
+        if uri and os.path.basename(uri) != current.input_filename and self.file_exists(uri):
+            notebook = self._read_notebook(uri)
+        changes = definition_changes(model, notebook)
         if changes:
             await _call(self.client, "PATCH", f"{_DEFINITIONS}/{hub_id(job_definition_id)}",
                         changes)
@@ -638,9 +706,17 @@ class HubScheduler(BaseScheduler):
 
     async def create_job_from_definition(self, job_definition_id: str,
                                          model: CreateJobFromDefinition) -> str:
-        raise SchedulerError("running a definition now is not supported by the hub: its "
-                             "jobs start at its schedule's ticks; for a run now, create a "
-                             "job from the notebook ('Run now')")
+        """"Run job" of a definition: ``POST api/job_definitions/{id}/jobs``, a job now of
+        its snapshot, profile, image and the rest, with the form's parameters over its own;
+        returns the job's id."""
+        body: dict[str, Any] = {}
+        if model.parameters is not None:
+            body["parameters"] = _parameters(model.parameters)
+        job = await _call(self.client, "POST",
+                          f"{_DEFINITIONS}/{hub_id(job_definition_id)}/jobs", body)
+        self.log.info("job %s of definition %s submitted to the hub", job["id"],
+                      job_definition_id)
+        return scheduler_id(job["id"])
 
 
 def _page(items: list[Any], max_items: int | None, next_token: str | None
@@ -655,8 +731,54 @@ def _page(items: list[Any], max_items: int | None, next_token: str | None
     return page, total, (str(end) if size and end < total else None)
 
 
-def definition_submission(model: CreateJobDefinition, notebook: dict[str, Any]
-                          ) -> dict[str, Any]:
+def definition_changes(model: UpdateJobDefinition,
+                       notebook: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The body of ``PATCH api/job_definitions/{id}`` for jupyter-scheduler's
+    :class:`UpdateJobDefinition`: each field given (not None) as :func:`submission` maps it
+    (``name``, ``runtime_environment_name`` -> ``profile`` and both image keys,
+    ``compute_type`` and ``runtime_environment_parameters["time_limit"]`` ->
+    ``time_limit``, ``parameters``, ``output_formats``), ``schedule``, ``timezone``,
+    ``active`` -> ``paused``, and ``notebook`` when given (a new snapshot).
+
+    Raises:
+        SchedulerError: tags, an output format or parameter :func:`submission` refuses, a
+            compute type not of the list.
+    """
+    given = {k: v for k, v in model.dict(exclude_unset=True).items() if v is not None}
+    if given.get("tags"):
+        raise SchedulerError("tags: the hub's job definitions have none")
+    changes: dict[str, Any] = {}
+    if "name" in given:
+        changes["name"] = default_name(given["name"])
+    if given.get("runtime_environment_name"):
+        profile, image = split_environment(given["runtime_environment_name"])
+        changes["profile"] = profile
+        changes.update(image)
+    if given.get("compute_type"):
+        changes["time_limit"] = time_limit_of(given["compute_type"])
+    limit = (given.get("runtime_environment_parameters") or {}).get("time_limit")
+    if limit not in (None, "", 0):
+        try:
+            changes["time_limit"] = int(limit)
+        except (TypeError, ValueError):
+            raise SchedulerError(f"time_limit: {limit!r} is not a whole number of "
+                                 "seconds") from None
+    if "parameters" in given:
+        changes["parameters"] = _parameters(given["parameters"])
+    if "output_formats" in given:
+        changes["output_formats"] = _formats(given["output_formats"])
+    for key in ("schedule", "timezone"):
+        if key in given:
+            changes[key] = given[key]
+    if "active" in given:
+        changes["paused"] = not given["active"]
+    if notebook is not None:
+        changes["notebook"] = notebook
+    return changes
+
+
+def definition_submission(model: CreateJobDefinition, notebook: dict[str, Any],
+                          input_folder: str | None = None) -> dict[str, Any]:
     """The body of ``POST api/job_definitions`` for jupyter-scheduler's
     :class:`CreateJobDefinition`: the job's fields as :func:`submission` maps them, plus
     ``schedule`` and ``timezone`` (UTC when none).
@@ -667,7 +789,7 @@ def definition_submission(model: CreateJobDefinition, notebook: dict[str, Any]
     if not model.schedule:
         raise SchedulerError("schedule: a job definition needs a cron schedule")
     body = submission(CreateJob(**{k: v for k, v in model.dict().items()
-                                   if k in CreateJob.__fields__}), notebook)
+                                   if k in CreateJob.__fields__}), notebook, input_folder)
     body["schedule"] = model.schedule
     body["timezone"] = model.timezone or "UTC"
     return body
@@ -681,9 +803,12 @@ def describe_definition(row: Mapping[str, Any]) -> DescribeJobDefinition:
     return DescribeJobDefinition(
         job_definition_id=scheduler_id(str(row["id"])), name=name,
         input_filename=f"{name}.ipynb",
-        runtime_environment_name=str(row.get("profile") or ""),
+        runtime_environment_name=environment_name(str(row.get("profile") or ""), row),
         runtime_environment_parameters={"time_limit": int(row.get("time_limit") or 0)},
-        output_formats=list(OUTPUT_FORMATS),
+        compute_type=(_TIME_LIMIT + duration_words(int(row["time_limit"]))
+                      if row.get("time_limit") else None),
+        output_formats=list(row.get("output_formats") or OUTPUT_FORMATS),
+        package_input_folder=row.get("input_folder") is not None,
         parameters={k: _text(v) for k, v in (row.get("parameters") or {}).items()},
         schedule=row.get("schedule"), timezone=row.get("timezone"),
         create_time=created, update_time=_ms(row.get("updated")) or created,
@@ -736,9 +861,8 @@ class HubEnvironmentManager(EnvironmentManager):
             data = await asyncio.to_thread(self.client.request, "GET", _PROFILES)
         except ClientError as e:
             raise EnvironmentRetrievalError(f"the hub's profiles: {e}") from None
-        profiles = list(data.get("profiles", []))
-        profiles.sort(key=lambda p: not p.get("default"))  # the UI preselects the first
-        return [environment(p) for p in profiles]
+        return environments(list(data.get("profiles", [])),
+                            os.environ.get("JUPYTER_IMAGE_SPEC", ""))
 
     def manage_environments_command(self) -> str:
         return ""
@@ -747,10 +871,35 @@ class HubEnvironmentManager(EnvironmentManager):
         return dict(OUTPUT_FORMATS)
 
 
-def environment(profile: Mapping[str, Any]) -> RuntimeEnvironment:
-    """One profile of ``api/profiles`` as a :class:`RuntimeEnvironment` (see
+def environments(profiles: list[Mapping[str, Any]], own_image: str = ""
+                 ) -> list[RuntimeEnvironment]:
+    """The environments of the profiles of ``api/profiles``, the default profile first (the
+    UI preselects the first): each profile with its own image (the default choice of its
+    ``profile_options.image``), then one per other image choice (``slug:key``), then, where
+    the profile takes an image of the user's own and this server runs one (``own_image``,
+    the server's ``JUPYTER_IMAGE_SPEC``, not one of the profile's images), that image
+    (``slug@reference``): :func:`environment_name`. The hub checks the choice again at
+    each submission."""
+    out = []
+    for p in sorted(profiles, key=lambda p: not p.get("default")):
+        out.append(environment(p))
+        images = [i for i in p.get("images") or [] if isinstance(i, Mapping)]
+        for choice in images:
+            if not choice.get("default"):
+                out.append(environment(p, {_IMAGE: str(choice["key"])},
+                                       str(choice.get("display_name") or choice["key"])))
+        listed = {str(i.get("image")) for i in images}
+        if p.get("own_image") and own_image and own_image not in listed:
+            out.append(environment(p, {_OWN_IMAGE: own_image}, "this server's image"))
+    return out
+
+
+def environment(profile: Mapping[str, Any], image: Mapping[str, str] | None = None,
+                image_words: str = "") -> RuntimeEnvironment:
+    """One profile of ``api/profiles`` (with an image choice: ``image``, named
+    ``image_words`` in the description) as a :class:`RuntimeEnvironment` (see
     :class:`HubEnvironmentManager`)."""
-    slug = str(profile["slug"])
+    slug = environment_name(str(profile["slug"]), image)
     parts = [str(profile.get("display_name") or slug)]
     if profile.get("summary"):
         parts.append(str(profile["summary"]))
@@ -761,6 +910,8 @@ def environment(profile: Mapping[str, Any]) -> RuntimeEnvironment:
         choices = time_limit_choices(int(limits["default"]), int(limits["max"]))
     if profile.get("description"):
         parts.append(str(profile["description"]))
+    if image_words:
+        parts.insert(1, f"image: {image_words}")
     return RuntimeEnvironment(
         name=slug, label=slug, description="; ".join(parts), file_extensions=["ipynb"],
         output_formats=list(OUTPUT_FORMATS),
