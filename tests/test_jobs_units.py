@@ -354,3 +354,37 @@ def test_at_with_z_is_read_as_python_3_10_would_refuse_it(monkeypatch):
                 "2027-01-15T08:00:00+25:00", "tomorrow", "2027-01-15T08:00:00ZZ"):
         with pytest.raises(JobInputError, match="^at: "):
             check_at(bad, now)
+
+
+def test_the_input_folder_is_copied_from_inside_the_home_only(tmp_path):
+    """execute.copy_input_folder: regular files and folders of the home's folder, no link
+    followed (named), the home's jobs folder left out, a folder reached through a link out of
+    the home refused, and the size bounds."""
+    home, outside = tmp_path / "home", tmp_path / "outside"
+    (home / "proj" / "sub").mkdir(parents=True)
+    (home / "jobs" / "old").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "secret.txt").write_text("secret")
+    (home / "proj" / "a.txt").write_text("a")
+    (home / "proj" / "sub" / "b.txt").write_text("bb")
+    (home / "jobs" / "old" / "x.ipynb").write_text("{}")
+    os.symlink(outside / "secret.txt", home / "proj" / "link-file")
+    os.symlink(outside, home / "proj" / "link-dir")
+    os.symlink(outside, home / "escape")
+    dest = home / "jobs" / "new" / "run1"
+    dest.mkdir(parents=True)
+    files, size, links = execute.copy_input_folder(str(home), "proj", str(dest))
+    assert (files, size, sorted(links)) == (2, 3, ["link-dir", "link-file"])
+    assert (dest / "a.txt").read_text() == "a" and (dest / "sub" / "b.txt").read_text() == "bb"
+    assert not (dest / "link-file").exists() and not (dest / "link-dir").exists()
+    # the home itself: not its jobs folder (this job's folder is in it)
+    dest2 = home / "jobs" / "new" / "run2"
+    dest2.mkdir()
+    execute.copy_input_folder(str(home), "", str(dest2))
+    assert (dest2 / "proj" / "a.txt").is_file() and not (dest2 / "jobs").exists()
+    for bad, words in [("escape", "outside your home"), ("../outside", "outside your home"),
+                       ("nope", "not a folder")]:
+        with pytest.raises(execute.InputFolderError, match=words):
+            execute.copy_input_folder(str(home), bad, str(dest))
+    with pytest.raises(execute.InputFolderError, match="more than 1 files"):
+        execute.copy_input_folder(str(home), "proj", str(dest), max_files=1)
