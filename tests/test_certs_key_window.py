@@ -65,9 +65,11 @@ def test_another_account_never_reads_a_servers_key_while_it_is_made() -> None:
         key = store / f"server-{name}" / f"server-{name}.key"
         stop = store / "stop"
         grabber = subprocess.Popen(
-            ["runuser", "-u", OTHER, "--", "/usr/bin/python3", "-c", GRABBER, str(key),
-             str(stop)],
-            stdout=subprocess.PIPE, text=True, start_new_session=True)
+            ["runuser", "-u", OTHER, "--", "/usr/bin/python3", "-c", GRABBER, str(key), str(stop)],
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         for _ in range(40):
             pair = certs.create_pair(str(store), name, ["IP:127.0.0.1"], "")
             assert pair["keyfile"] == str(key)
@@ -128,8 +130,16 @@ def test_another_account_never_reads_the_hubs_ca_keys_at_first_start(tmp_path: P
     top = Path(tempfile.mkdtemp(prefix="gps-cakeys-", dir="/tmp"))
     top.chmod(0o755)
     location = top / "internal-ssl"
-    names = ["hub-ca", "proxy-api-ca", "proxy-client-ca", "notebooks-ca", "services-ca",
-             "hub-internal", "proxy-api", "proxy-client"]
+    names = [
+        "hub-ca",
+        "proxy-api-ca",
+        "proxy-client-ca",
+        "notebooks-ca",
+        "services-ca",
+        "hub-internal",
+        "proxy-api",
+        "proxy-client",
+    ]
     keys = [str(location / n / f"{n}.key") for n in names]
     stop = top / "stop"
     url = f"http://127.0.0.1:{free_port()}"
@@ -153,7 +163,10 @@ private_keys_at_hub_start()
 """)
     grabber = subprocess.Popen(
         ["runuser", "-u", OTHER, "--", "/usr/bin/python3", "-c", GRAB_MANY, str(stop), *keys],
-        stdout=subprocess.PIPE, text=True, start_new_session=True)
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         hub.start()
         assert all(Path(k).stat().st_size > 0 for k in keys)
