@@ -632,6 +632,16 @@ async def test_definitions_go_to_the_hubs_job_definitions(scheduler, fake, home)
     d = await scheduler.get_job_definition(def_id)
     assert (d.name, d.runtime_environment_name, d.parameters, d.output_formats) == (
         "other-run", "a100-1:tf", {"lr": "0.3", "tag": "best"}, ["ipynb"])
+    # the definition's own file, saved with a new schedule: snapshotted anew (jupyter-
+    # scheduler's rule); saved again with the same schedule: the snapshot stays
+    (home / "other-run.ipynb").write_text(json.dumps(notebook("lr = 0.7")))
+    again = UpdateJobDefinition(schedule="0 5 * * *", timezone="UTC",
+                                input_uri="other-run.ipynb")
+    await scheduler.update_job_definition(def_id, again)
+    assert fake.requests[-1][2] == {"schedule": "0 5 * * *", "timezone": "UTC",
+                                    "notebook": notebook("lr = 0.7")}
+    await scheduler.update_job_definition(def_id, again)
+    assert fake.requests[-1][2] == {"schedule": "0 5 * * *", "timezone": "UTC"}
     with pytest.raises(SchedulerError, match="tags"):
         await scheduler.update_job_definition(def_id, UpdateJobDefinition(tags=["x"]))
     # "Run job" of a definition: a job now, the form's parameters over the definition's

@@ -659,8 +659,10 @@ class HubScheduler(BaseScheduler):
         """``PATCH api/job_definitions/{id}`` with every field given
         (:func:`definition_changes`): schedule, time zone, pause/resume, name, environment
         (profile and image), compute type (time limit), parameters, output formats, and a
-        new notebook when ``input_uri`` names a file other than the definition's (the UI's
-        edit sends the snapshot's name unchanged, or the file dropped on it).
+        new snapshot of the notebook at ``input_uri`` (relative to the server's root) when
+        that file exists and its name differs from the definition's or the schedule or time
+        zone changes: jupyter-scheduler's own backend's rule (its edit form sends the
+        snapshot's name, or the file dropped on it, with every save).
 
         Raises:
             SchedulerError: the hub refused a change (its message), or tags.
@@ -668,7 +670,10 @@ class HubScheduler(BaseScheduler):
         current = await self.get_job_definition(job_definition_id)
         notebook = None
         uri = model.input_uri
-        if uri and os.path.basename(uri) != current.input_filename and self.file_exists(uri):
+        changed = (os.path.basename(uri or "") != current.input_filename
+                   or (model.schedule is not None and model.schedule != current.schedule)
+                   or (model.timezone is not None and model.timezone != current.timezone))
+        if uri and changed and self.file_exists(uri):
             notebook = self._read_notebook(uri)
         changes = definition_changes(model, notebook)
         if changes:
