@@ -23,6 +23,7 @@ from typing import Any
 from gpuspawner.placement import DEFAULT_POLICY, POLICIES
 from gpuspawner.placement.model import NUMA_POLICIES
 from gpuspawner.simulate import paper_method
+from gpuspawner.simulate.elastic import compare_elastic, format_elastic
 from gpuspawner.simulate.engine import MODES, compare_queue, simulate
 from gpuspawner.simulate.paper import PAPER_POLICIES
 from gpuspawner.simulate.report import format_compare, format_json, format_queue, format_table
@@ -90,6 +91,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--queue: how often later pods may start ahead of a blocked "
                              "head on its nodes before the closest of them is reserved for it "
                              "(default: 3)")
+    parser.add_argument("--elastic", type=_positive_int, default=None, metavar="N",
+                        help="replay mode: the last N nodes are elastic (started when a request "
+                             "waits, stopped when idle; docs/howto/elastic-nodes.md): waits and "
+                             "node-hours against the fixed cluster, one row per --idle-shutdown")
+    parser.add_argument("--start-s", type=float, default=300.0, metavar="S",
+                        help="--elastic: seconds an elastic node takes to start (default: 300)")
+    parser.add_argument("--idle-shutdown", default="300,900,1800,3600", metavar="LIST",
+                        help="--elastic: idle_shutdown settings to compare, seconds, comma "
+                             "separated (default: 300,900,1800,3600)")
+    parser.add_argument("--scale-out-after", type=float, default=0.0, metavar="S",
+                        help="--elastic: seconds a request waits before a node is started "
+                             "for it (default: 0)")
     parser.add_argument("--sample-nodes", type=_positive_int, default=None, metavar="N",
                         help="use N nodes spread evenly over the node list (a smaller cluster, "
                              "so that the trace contends) (default: all)")
@@ -151,6 +164,8 @@ def run(args: argparse.Namespace) -> int:
     if args.policy not in POLICIES and args.policy != "all":
         print(f"error: policy {args.policy!r} exists only in --method paper", file=sys.stderr)
         return 2
+    if getattr(args, "elastic", None):
+        return _run_elastic(args)
     if getattr(args, "queue", False):
         return _run_queue(args)
     try:
@@ -202,6 +217,37 @@ def _run_queue(args: argparse.Namespace) -> int:
               f"{args.policy}, numa {args.numa_policy}; queue: {args.queue_users} users, "
               f"max_bypass {args.max_bypass}")
         print(format_queue(results))
+    return 0
+
+
+def _run_elastic(args: argparse.Namespace) -> int:
+    """``--mode replay --elastic N``: the fixed cluster and one elastic replay per
+    ``--idle-shutdown`` value (:func:`~gpuspawner.simulate.elastic.compare_elastic`)."""
+    if args.mode != "replay" or args.policy == "all":
+        print("error: --elastic needs --mode replay and one --policy", file=sys.stderr)
+        return 2
+    try:
+        idle = [float(x) for x in args.idle_shutdown.split(",") if x.strip()]
+        nodes = load_nodes(args.nodes, numa_split=args.numa_split)
+        if args.sample_nodes is not None:
+            nodes = sample_nodes(nodes, args.sample_nodes)
+        pods = load_pods(args.pods)
+        rows = compare_elastic(nodes, pods, args.policy, elastic=args.elastic,
+                               start_s=args.start_s, idle_shutdowns=idle,
+                               scale_out_after_s=args.scale_out_after,
+                               numa_policy=args.numa_policy, seed=args.seed,
+                               max_pods=args.max_pods, users=args.queue_users,
+                               max_bypass=args.max_bypass)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(format_json(rows))
+    else:
+        print(f"# replay {Path(args.pods).name} on {len(nodes)} nodes, the last "
+              f"{args.elastic} elastic (start {args.start_s:g} s, scale out after "
+              f"{args.scale_out_after:g} s), policy {args.policy}")
+        print(format_elastic(rows))
     return 0
 
 
