@@ -2,8 +2,8 @@
 # Build the JupyterLab extension in labextension/ into the prebuilt extension
 # gpuspawner/labextension_static/ (the wheel installs it as
 # share/jupyter/labextensions/gpuspawner-labextension, see pyproject.toml shared-data;
-# labextension/install.json goes there from pyproject.toml too, not through this build, so an
-# existing prebuilt output that a wheel reuses still gets it).
+# labextension/install.json is copied into it at every run, built or up to date, so an existing
+# prebuilt output that a wheel reuses has it too; pyproject.toml's ensured-targets require it).
 # Steps: npm ci (only when node_modules is missing or older than package-lock.json), tsc,
 # `jupyter-builder build` (what `jupyter labextension build` runs). Idempotent: skipped when the
 # sources' hash matches the last successful build and the output exists.
@@ -87,10 +87,19 @@ hash_sources() {
   (cd "$EXT" && find src style schema package.json package-lock.json tsconfig.json -type f -print0 \
     | sort -z | xargs -0 sha256sum; "$JUPYTER_BUILDER" --version) | sha256sum | cut -d' ' -f1
 }
+# labextension/install.json into the output (the wheel ships it from there), when it differs
+copy_install_json() {
+  cmp -s "$EXT/install.json" "$OUT/install.json" 2>/dev/null && return 0
+  mkdir -p "$OUT"
+  rm -f "$OUT/install.json"
+  cp "$EXT/install.json" "$OUT/install.json"
+}
+
 HASH="$(hash_sources)"
 if [ "${1:-}" != "--force" ] && [ -f "$OUT/package.json" ] && [ -f "$STAMP" ] \
     && [ "$(cat "$STAMP")" = "$HASH" ]; then
   log "labextension unchanged, $OUT is up to date"
+  copy_install_json
   link_into_venv
   exit 0
 fi
@@ -104,5 +113,6 @@ rm -f "$STAMP"
 } >>"$LOGF" 2>&1 || { tail -n 30 "$LOGF" >&2; die "labextension build failed"; }
 [ -f "$OUT/package.json" ] || die "$OUT/package.json missing after the build"
 echo "$HASH" >"$STAMP"
+copy_install_json
 log "built $OUT in $(( $(date +%s) - start )) s"
 link_into_venv
