@@ -178,13 +178,11 @@ def test_a_job_made_in_jupyterlab_runs_in_its_own_container(hub):
             page.get_by_role("option", name="time limit 15 min", exact=True).click()
             _shot(page, "lab-create-job.png")
             page.get_by_role("button", name="Create", exact=True).click()
-            # the Notebook Jobs panel: the job, then (its Reload button) Completed
+            # the Notebook Jobs panel: the job, then Completed (the lab extension reloads it)
             row = page.locator("tr", has_text="double").first
             row.wait_for(timeout=60_000)
 
-            def completed() -> bool:
-                page.get_by_role("button", name="Reload", exact=True).first.click()
-                page.wait_for_timeout(300)  # the list's request after the click
+            def completed() -> bool:  # no Reload pressed: the list follows by itself
                 return "Completed" in (row.text_content() or "")
 
             try:
@@ -249,6 +247,137 @@ def test_a_job_made_in_jupyterlab_runs_in_its_own_container(hub):
     asyncio.run(scheduler.delete_job_definition(def_id))
     assert asyncio.run(scheduler.list_job_definitions(ListJobDefinitionsQuery())
                        ).job_definitions == []
+
+
+#: a request of the Lab's own scheduler API from the page (its XSRF token): what the panel's
+#: buttons send
+CALL_JSON = """async ([method, path, body]) => {
+    const meta = document.querySelector('meta[name=xsrf-token]');
+    const cookie = /(?:^|; )_xsrf=([^;]*)/.exec(document.cookie);
+    const xsrf = meta ? meta.content : (cookie ? decodeURIComponent(cookie[1]) : '');
+    const r = await fetch(path, {method, headers: {'X-XSRFToken': xsrf,
+        'Content-Type': 'application/json'}, body: body === null ? undefined :
+        JSON.stringify(body)});
+    const text = await r.text();
+    let parsed = null;
+    try { parsed = JSON.parse(text); } catch (e) { parsed = text.slice(0, 500); }
+    return {status: r.status, body: parsed};
+}"""
+#: a notebook whose parameter cell the definition's parameters replace
+EDIT_NOTEBOOK = {
+    "nbformat": 4, "nbformat_minor": 5,
+    "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                "language": "python"}},
+    "cells": [
+        {"cell_type": "code", "id": "params", "metadata": {"tags": ["parameters"]},
+         "source": "x = 1", "outputs": [], "execution_count": None},
+        {"cell_type": "code", "id": "work", "metadata": {},
+         "source": "print('x is', x)", "outputs": [], "execution_count": None},
+    ],
+}
+
+
+def _login(page: Any, hub: Hub) -> None:
+    page.goto(f"{hub.url}/hub/login")
+    page.fill("#username_input", USER)
+    page.fill("#password_input", "gpuspawner")
+    page.click("#login_submit")
+    page.wait_for_url(lambda url: "/hub/login" not in url)
+
+
+def test_a_definition_edited_in_jupyterlab_runs_with_its_new_parameters(hub):
+    """A job definition's parameters are changed in the Lab (jupyter-scheduler's
+    update_job_definition API of the user's server, what an edit sends: the hub's PATCH
+    api/job_definitions/{id}), the definition's page in the Notebook Jobs panel shows them,
+    its *Run Job* makes a job now with the form's parameter (create_job_from_definition:
+    POST api/job_definitions/{id}/jobs), and the job list shows it Completed without
+    *Reload* being pressed (the lab extension reloads a list with active jobs). Another
+    user's real token can neither change nor run the definition."""
+    hub.ensure_user(USER)
+    if hub.api("GET", f"/users/{USER}").json().get("servers", {}).get("", {}).get(
+            "ready") is not True:
+        r = hub.api("POST", f"/users/{USER}/server", {"profile": "cpu"})
+        assert r.status_code in (201, 202, 400), r.text
+        hub.wait_ready(USER, timeout=180)
+    home = hub.state_dir / "home" / safe_name(USER)
+    owner = home.stat()
+    nb_path = home / "edited.ipynb"
+    nb_path.write_text(json.dumps(EDIT_NOTEBOOK))
+    os.chown(nb_path, owner.st_uid, owner.st_gid)
+    lab = f"/user/{USER}/scheduler"
+    token = hub.api("POST", f"/users/{USER}/tokens", {"note": "lab edit"}).json()["token"]
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
+        page.set_default_timeout(60_000)
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
+        try:
+            _login(page, hub)
+            page.goto(f"{hub.url}/user/{USER}/lab/tree/edited.ipynb")
+            page.locator("[data-command='scheduling:create-from-notebook']").first.wait_for(
+                timeout=120_000)
+            made = page.evaluate(CALL_JSON, ["POST", f"{lab}/job_definitions", {
+                "input_uri": "edited.ipynb", "runtime_environment_name": "cpu",
+                "name": "edited", "schedule": "0 3 * * *", "timezone": "UTC",
+                "parameters": {"x": "2"}, "output_formats": ["ipynb"]}])
+            assert made["status"] == 200, made
+            def_id = made["body"]["job_definition_id"]
+            # the edit: new parameters (and name kept), through the Lab's API
+            edit = page.evaluate(CALL_JSON, ["PATCH", f"{lab}/job_definitions/{def_id}", {
+                "parameters": {"x": "5"}, "compute_type": "time limit 15 min"}])
+            assert edit["status"] == 204, edit
+            shown = page.evaluate(FETCH_JSON, f"{lab}/job_definitions/{def_id}")
+            assert shown["body"]["parameters"] == {"x": "5"}, shown
+            assert shown["body"]["compute_type"] == "time limit 15 min", shown
+            # user B's real token against the hub's API: neither change nor run A's
+            thief_name = "lab-jobs-bob"
+            hub.ensure_user(thief_name)
+            thief = hub.api("POST", f"/users/{thief_name}/tokens",
+                            {"note": "attack"}).json()["token"]
+            hub_def = def_id.replace("-", "")
+            for method, sub, body in [("PATCH", "", {"parameters": {"x": 666}}),
+                                      ("POST", "/jobs", {"parameters": {"x": 666}})]:
+                r = requests.request(method, f"{hub.url}{SVC}api/job_definitions/{hub_def}{sub}",
+                                     headers={"Authorization": f"token {thief}"},
+                                     data=json.dumps(body), timeout=30)
+                assert r.status_code == 404, (method, sub, r.text)
+            # the definition's page in the panel, then its "Run Job"
+            page.locator("[data-command='launcher:create']").first.click()
+            page.locator(".jp-LauncherCard", has_text="Jobs").first.click()
+            page.get_by_role("tab", name=re.compile("Definitions")).click()
+            page.get_by_text("edited", exact=True).first.click()
+            page.get_by_role("button", name="Run Job", exact=True).click()
+            value = page.locator("input[name='parameter-0-value']")
+            value.wait_for()
+            assert value.input_value() == "5"  # the edited parameter, prefilled
+            value.fill("7")
+            value.press("Tab")
+            _shot(page, "lab-run-job-from-definition.png")
+            page.get_by_role("button", name="Create", exact=True).click()
+            # the job list: no Reload pressed; the lab extension reloads it while it runs
+            row = page.locator("tr", has_text="edited").first
+            row.wait_for(timeout=60_000)
+            wait_until(lambda: "Completed" in (row.text_content() or ""), 240, 1.0,
+                       lambda: row.text_content() or "")
+            assert errors == [], errors
+        finally:
+            browser.close()
+    jobs = requests.get(f"{hub.url}{SVC}api/jobs?definition_id={hub_def}", timeout=30,
+                        headers={"Authorization": f"token {token}"}).json()["jobs"]
+    (job,) = jobs
+    assert (job["state"], job["parameters"], job["time_limit"], job["output_formats"]) == (
+        "completed", {"x": 7}, 900, ["ipynb"]), job
+    folder = home / job["output_dir"][2:]
+    executed = json.loads((folder / "edited.ipynb").read_text())
+    texts = ["".join(o.get("text", "")) for c in executed["cells"] for o in c.get("outputs", [])]
+    assert "x is 7\n" in texts, texts
+    assert not (folder / "edited.html").exists()  # only the notebook was asked for
+    d = requests.get(f"{hub.url}{SVC}api/job_definitions/{hub_def}", timeout=30,
+                     headers={"Authorization": f"token {token}"}).json()
+    assert (d["parameters"], d["runs"], d["time_limit"]) == ({"x": 5}, 1, 900), d
+    requests.delete(f"{hub.url}{SVC}api/job_definitions/{hub_def}", timeout=30,
+                    headers={"Authorization": f"token {token}"})
 
 
 def _shot(page: Any, name: str) -> Path:

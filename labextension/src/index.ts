@@ -8,6 +8,7 @@ import { CullNotifier, MoveNotifier } from './notify';
 import { GpuPanel } from './panel';
 import { GpuDataSource } from './source';
 import { GpuStatusItem } from './status';
+import { JobsRefresher } from './jobs_refresh';
 
 const gpuIcon = new LabIcon({
   name: 'gpuspawner:gpu',
@@ -89,6 +90,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
     }
     new CullNotifier(app.commands, source);
     new MoveNotifier(app.commands, source);
+    // jupyter-scheduler's Notebook Jobs list follows the hub's jobs (src/jobs_refresh.ts)
+    new JobsRefresher(document).start();
     console.log('gpuspawner-labextension is activated');
   }
 };
