@@ -113,3 +113,11 @@ def test_hub_scale_tiny_run_prints_both_columns() -> None:
     assert float(spawn[-1]) > 0 and float(spawn[-2]) > 0
     culler = next(line for line in table if line.strip().startswith("idle_culler")).split()
     assert float(culler[-1]) > 0 and float(culler[-2]) > 0
+    # each hub's loop probe answered: the longest callback of the spawns on both sides, the
+    # service's own endpoints on ours, and the longest callbacks named
+    spawns = next(line for line in table if "during the spawns" in line).split()
+    assert float(spawns[-6]) > 0 and float(spawns[-3]) > 0, spawns  # "ms (n) gcs" per side
+    row = next(line for line in table if "service admin page GETs" in line).split()
+    assert float(row[4]) > 0 and row[-1] == "n/a", row
+    assert any(line.startswith("  gpuspawner loop, service map: ") and "AdminPageHandler" in line
+               for line in lines), r.stdout[-3000:]
