@@ -118,6 +118,7 @@ def test_a_frozen_copy_gives_the_same_map_and_metrics(monkeypatch):
     registry.register(ClusterCollector(lambda: [cluster]))
     monkeypatch.setattr(metrics, "REGISTRY", registry)
     copy = freeze_all([cluster])
+    assert metrics.other_families() == []  # (the live ledger's gauges are left out)
     assert latest_from(copy) == generate_latest(registry)  # nothing changed: the same text
     cluster.ledger.reserve(SMALL, Owner("last"))
     assert b"gpuspawner_users_holding 61.0" in latest_from(copy)  # the copy's
@@ -170,13 +171,25 @@ async def test_the_admin_page_is_rendered_off_the_event_loop(monkeypatch):
     collect = metrics.ClusterCollector.collect
 
     def collect_spy(self: Any) -> Any:
-        gauge_threads.append(threading.get_ident())
-        return collect(self)
+        families = list(collect(self))
+        if families:  # (on the loop it yields nothing: the copy's gauges are made instead)
+            gauge_threads.append(threading.get_ident())
+        return iter(families)
+
+    other_threads: list[int] = []
+
+    class LoopOwned:  # like the jobs' collector, whose database session the loop owns
+        def collect(self) -> Any:
+            from prometheus_client.core import GaugeMetricFamily
+
+            other_threads.append(threading.get_ident())
+            yield GaugeMetricFamily("loop_owned", "read on the loop", value=1)
 
     monkeypatch.setattr(metrics.ClusterCollector, "collect", collect_spy)
     collector = metrics.ClusterCollector(lambda: [cluster])
     registry = CollectorRegistry()
     registry.register(collector)
+    registry.register(LoopOwned())  # type: ignore[arg-type]
     monkeypatch.setattr(metrics, "_COLLECTOR", collector)
     monkeypatch.setattr(metrics, "REGISTRY", registry)
     sockets = bind_sockets(0, "127.0.0.1")
@@ -197,6 +210,7 @@ async def test_the_admin_page_is_rendered_off_the_event_loop(monkeypatch):
     assert view_threads and loop_thread not in view_threads
     assert scrape.code == 200 and b"gpuspawner_users_holding 100.0" in scrape.body
     assert gauge_threads and loop_thread not in gauge_threads
+    assert b"loop_owned 1.0" in scrape.body and other_threads == [loop_thread]
 
 
 def test_spawner_state_formats_its_allocation_once(to_dict_calls):

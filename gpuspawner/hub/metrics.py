@@ -207,8 +207,9 @@ class ClusterCollector(Collector):
         users: set[str] = set()
         groups: dict[str, list[int]] = {}
         t = time.time()
-        frozen = _FROZEN.get()
-        for cluster in self._clusters() if frozen is None else frozen:
+        if _SKIP_LEDGER.get():
+            return
+        for cluster in self._clusters():
             ledger = cluster.ledger
             if cluster.queue is not None:
                 oldest: dict[str, float] = {}
@@ -255,8 +256,8 @@ class ClusterCollector(Collector):
 
 _COLLECTOR: ClusterCollector | None = None
 
-#: the clusters' copies :func:`latest_from` reports (set in the worker thread only)
-_FROZEN: ContextVar[list[Any] | None] = ContextVar("gpuspawner_frozen_clusters", default=None)
+#: set while :func:`other_families` collects: the ledger gauges are left out
+_SKIP_LEDGER: ContextVar[bool] = ContextVar("gpuspawner_skip_ledger_gauges", default=False)
 
 
 def reported_clusters() -> list[Any]:
@@ -265,17 +266,35 @@ def reported_clusters() -> list[Any]:
     return list(_COLLECTOR._clusters()) if _COLLECTOR is not None else []
 
 
-def latest_from(frozen: list[Any]) -> bytes:
-    """:data:`REGISTRY` in Prometheus' text format, the ledger gauges computed from
-    ``frozen`` (copies of :func:`reported_clusters` taken on the loop:
-    :class:`~gpuspawner.hub.service.frozen.FrozenCluster`) instead of the live clusters: what
-    the service's ``metrics`` runs in a worker thread (the gauges walk every allocation).
-    The counters and histograms are prometheus_client's, which lock their values."""
-    token = _FROZEN.set(frozen)
+def other_families() -> list[Metric]:
+    """Every metric family of :data:`REGISTRY` but the ledger gauges, collected now: call it
+    on the event loop (other collectors read what the loop owns, e.g. the jobs database's
+    session)."""
+    token = _SKIP_LEDGER.set(True)
     try:
-        return generate_latest(REGISTRY)
+        return list(REGISTRY.collect())
     finally:
-        _FROZEN.reset(token)
+        _SKIP_LEDGER.reset(token)
+
+
+class _Families:
+    """Families already collected, in the shape ``generate_latest`` reads (``collect()``)."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families)
+
+
+def latest_from(frozen: list[Any], others: list[Metric] | None = None) -> bytes:
+    """The service's ``metrics`` text (Prometheus' format): ``others`` (from
+    :func:`other_families`, taken on the loop) and the ledger gauges computed from ``frozen``
+    (copies of :func:`reported_clusters` taken on the loop:
+    :class:`~gpuspawner.hub.service.frozen.FrozenCluster`). Reads nothing the loop owns: run
+    it in a worker thread (the gauges walk every allocation)."""
+    gauges = list(ClusterCollector(lambda: frozen).collect())
+    return generate_latest(_Families([*(others or []), *gauges]))  # type: ignore[arg-type]
 
 
 def register_cluster_collector(clusters: Callable[[], Iterable[Any]]) -> ClusterCollector:

@@ -216,9 +216,10 @@ class MetricsHandler(_Base):
         user = self.require_user()
         if not (self.is_admin(user) or "read:metrics" in (user.get("scopes") or [])):
             raise web.HTTPError(403, "metrics need read:metrics or the admin view")
-        # the ledger copied on the loop, the gauges and the text made in a worker thread
+        # the ledger copied and the other metrics collected on the loop; the ledger gauges and
+        # the text made in a worker thread
         frozen = freeze_all(metrics.reported_clusters())
-        body = await asyncio.to_thread(metrics.latest_from, frozen)
+        body = await asyncio.to_thread(metrics.latest_from, frozen, metrics.other_families())
         self.set_header("Content-Type", CONTENT_TYPE_LATEST)
         self.finish(body)
 
