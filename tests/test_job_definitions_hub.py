@@ -218,6 +218,21 @@ def test_the_cli_makes_pauses_resumes_and_deletes_a_definition(hub, tmp_path):
         p.stderr, p.stderr
     p = cli("submit", str(path), "--cron", "0 2 * * *", "--timezone", "Atlantis/Capital")
     assert p.returncode == 1 and "HTTP 400: timezone: unknown time zone" in p.stderr
+    # run-definition: a job of it now, with a parameter over its own; the CLI's options
+    p = cli("run-definition", def_id, "-p", "x=3", "--json")
+    assert p.returncode == 0, p.stderr
+    run = json.loads(p.stdout)
+    assert (run["definition_id"], run["parameters"]) == (def_id, {"x": 3}), run
+    assert u.wait_state(run["id"], FINAL)["state"] == "completed"
+    p = cli("submit", str(path), "--profile", "cpu", "--output-format", "ipynb",
+            "--input-folder", ".", "--json")
+    assert p.returncode == 0, p.stderr
+    job = json.loads(p.stdout)
+    assert (job["output_formats"], job["input_folder"]) == (["ipynb"], ""), job
+    assert u.wait_state(job["id"], FINAL)["state"] == "completed"
+    p = cli("submit", str(path), "--image", "tf")
+    assert p.returncode == 1 and "HTTP 400: image: profile 'cpu' offers no choice" in \
+        p.stderr, p.stderr
     p = cli("delete-definition", def_id)
     assert p.returncode == 0 and "deleted" in p.stdout, p.stderr
     assert json.loads(cli("definitions", "--json").stdout) == []

@@ -106,11 +106,14 @@ class JobsClient:
 
     def submit(self, notebook: dict[str, Any], profile: str | None,
                parameters: dict[str, Any], time_limit: int | None, name: str,
-               at: str | None = None, max_retries: int | None = None) -> Any:
+               at: str | None = None, max_retries: int | None = None,
+               options: dict[str, Any] | None = None) -> Any:
         """``POST api/jobs``: the job (with its ``id``). ``time_limit`` in seconds and
         ``max_retries`` (runs again after the job is lost with its node) default to the
-        profile's and the hub's when None."""
-        body: dict[str, Any] = {"notebook": notebook, "parameters": parameters, "name": name}
+        profile's and the hub's when None; ``options``: ``image``,
+        ``image--unlisted-choice``, ``output_formats``, ``input_folder`` (docs/jobs.md)."""
+        body: dict[str, Any] = {"notebook": notebook, "parameters": parameters, "name": name,
+                                **(options or {})}
         if at:
             body["at"] = at
         if max_retries is not None:
@@ -164,10 +167,12 @@ class JobsClient:
                           parameters: dict[str, Any], time_limit: int | None, name: str,
                           schedule: str, timezone: str | None = None,
                           concurrency_policy: str | None = None,
-                          starting_deadline: int | None = None, paused: bool = False) -> Any:
-        """``POST api/job_definitions``: the definition (with its ``id``)."""
+                          starting_deadline: int | None = None, paused: bool = False,
+                          options: dict[str, Any] | None = None) -> Any:
+        """``POST api/job_definitions``: the definition (with its ``id``); ``options`` as
+        :meth:`submit`'s."""
         body: dict[str, Any] = {"notebook": notebook, "parameters": parameters, "name": name,
-                                "schedule": schedule}
+                                "schedule": schedule, **(options or {})}
         for key, value in (("profile", profile), ("time_limit", time_limit),
                            ("timezone", timezone), ("concurrency_policy", concurrency_policy),
                            ("starting_deadline", starting_deadline)):
@@ -176,6 +181,13 @@ class JobsClient:
         if paused:
             body["paused"] = True
         return self.request("POST", "api/job_definitions", body)
+
+    def run_definition(self, definition_id: str,
+                       parameters: dict[str, Any] | None = None) -> Any:
+        """``POST api/job_definitions/{id}/jobs``: a job of the definition now, with
+        ``parameters`` over its own; the job."""
+        body = {} if parameters is None else {"parameters": parameters}
+        return self.request("POST", f"api/job_definitions/{definition_id}/jobs", body)
 
     def definitions(self) -> list[dict[str, Any]]:
         return list(self.request("GET", "api/job_definitions")["job_definitions"])
@@ -224,7 +236,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         return _submit_definition(args, notebook, params)
     job = _client().submit(notebook, args.profile, params, args.time_limit,
                            args.name or default_name(args.notebook), args.at,
-                           args.max_retries)
+                           args.max_retries, _options(args))
     print(json.dumps(job, indent=1, sort_keys=True) if args.json else job["id"])
     return 0
 
@@ -278,6 +290,21 @@ def _cmd_logs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    """``--image``, ``--own-image``, ``--output-format``, ``--input-folder`` as the
+    submission's keys (those given)."""
+    out: dict[str, Any] = {}
+    if args.image is not None:
+        out["image"] = args.image
+    if args.own_image is not None:
+        out["image--unlisted-choice"] = args.own_image
+    if args.output_format is not None:
+        out["output_formats"] = list(args.output_format)
+    if args.input_folder is not None:
+        out["input_folder"] = args.input_folder
+    return out
+
+
 def _schedule_options(args: argparse.Namespace) -> list[str]:
     """The options of a schedule given to ``submit`` (they need ``--cron``)."""
     return [o for o, v in (("--timezone", args.timezone),
@@ -298,7 +325,7 @@ def _submit_definition(args: argparse.Namespace, notebook: dict[str, Any],
     d = _client().create_definition(
         notebook, args.profile, params, args.time_limit,
         args.name or default_name(args.notebook), args.cron, args.timezone,
-        args.concurrency_policy, args.starting_deadline, args.paused)
+        args.concurrency_policy, args.starting_deadline, args.paused, _options(args))
     print(json.dumps(d, indent=1, sort_keys=True) if args.json else d["id"])
     return 0
 
@@ -329,6 +356,14 @@ def _set_paused(paused: bool) -> Any:
 def _cmd_delete_definition(args: argparse.Namespace) -> int:
     d = _client().delete_definition(args.id)
     print(f"{d['id']}: deleted (its jobs stay)")
+    return 0
+
+
+def _cmd_run_definition(args: argparse.Namespace) -> int:
+    params = dict(parse_parameter(p) for p in args.parameter or []) if args.parameter \
+        else None
+    job = _client().run_definition(args.id, params)
+    print(json.dumps(job, indent=1, sort_keys=True) if args.json else job["id"])
     return 0
 
 
@@ -391,6 +426,18 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
                    "skipped (default: the latest missed tick runs once, late)")
     s.add_argument("--paused", action="store_true", default=None,
                    help="with --cron: make it paused (gpuspawner jobs resume ID starts it)")
+    s.add_argument("--image", default=None, metavar="KEY",
+                   help="run in this image choice of the profile (its profile_options.image "
+                   "keys; default: the profile's image)")
+    s.add_argument("--own-image", default=None, metavar="REFERENCE",
+                   help="run in an image of your own, where the profile allows one "
+                   "(image--unlisted-choice)")
+    s.add_argument("--output-format", action="append", default=None, choices=["ipynb", "html"],
+                   help="what to write beside the executed notebook (always written); "
+                   "repeatable; default: ipynb and html")
+    s.add_argument("--input-folder", default=None, metavar="PATH",
+                   help="a folder of your home (relative to it) copied into the job's folder "
+                   "before the notebook runs")
     s.add_argument("--json", action="store_true", help="print the whole job")
     s.set_defaults(func=_run(_cmd_submit))
 
@@ -434,6 +481,13 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
                         help="delete a job definition (its jobs stay and run to their end)")
     s.add_argument("id", metavar="DEFINITION")
     s.set_defaults(func=_run(_cmd_delete_definition))
+
+    s = jsub.add_parser("run-definition", help="a job of a job definition now; prints its id")
+    s.add_argument("id", metavar="DEFINITION")
+    s.add_argument("-p", "--parameter", action="append", metavar="NAME=VALUE",
+                   help="a parameter over the definition's; repeatable")
+    s.add_argument("--json", action="store_true", help="print the whole job")
+    s.set_defaults(func=_run(_cmd_run_definition))
 
     s = jsub.add_parser("definition-jobs", help="the jobs a job definition made")
     s.add_argument("id", metavar="DEFINITION")
