@@ -198,10 +198,6 @@ async def test_the_admin_page_is_rendered_off_the_event_loop(monkeypatch):
     try:
         url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}{service.prefix}"
         r = await AsyncHTTPClient().fetch(url + "admin", raise_error=False)
-        again = await AsyncHTTPClient().fetch(url + "admin", raise_error=False)
-        views_made = len(view_threads)  # the second page reused the first one's view
-        cluster.ledger.reserve(SMALL, Owner("newcomer"))
-        third = await AsyncHTTPClient().fetch(url + "admin", raise_error=False)
         scrape = await AsyncHTTPClient().fetch(url + "metrics", raise_error=False)
     finally:
         server.stop()
@@ -212,45 +208,9 @@ async def test_the_admin_page_is_rendered_off_the_event_loop(monkeypatch):
     loop_thread = threading.get_ident()
     assert threads and loop_thread not in threads  # never on the loop's thread
     assert view_threads and loop_thread not in view_threads
-    assert views_made == 1 and len(view_threads) == 2 and len(threads) == 3
-    assert again.body == r.body and 'data-quota-user="newcomer"' in third.body.decode()
-    assert scrape.code == 200 and b"gpuspawner_users_holding 101.0" in scrape.body
+    assert scrape.code == 200 and b"gpuspawner_users_holding 100.0" in scrape.body
     assert gauge_threads and loop_thread not in gauge_threads
     assert b"loop_owned 1.0" in scrape.body and other_threads == [loop_thread]
-
-
-def test_the_map_signature_sees_every_change_the_page_shows():
-    from gpuspawner.hub.service.frozen import MapCache, map_signature
-
-    cluster = cluster_with(30)
-    ledger = cluster.ledger
-    seen = [map_signature(cluster)]
-    assert map_signature(cluster) == seen[0]  # nothing changed
-
-    def changed() -> None:  # (a release gives back the signature before the booking)
-        now = map_signature(cluster)
-        assert now != seen[-1]
-        seen.append(now)
-
-    a = ledger.reserve(SMALL, Owner("x"))
-    changed()
-    ledger.release(a.id)
-    changed()
-    uuid = ledger.nodes[0].gpus[7].uuid
-    cluster.drain_gpu(uuid, "fan", by="admin")
-    changed()
-    cluster.drain_gpu(uuid, "noise", by="admin")  # another reason
-    changed()
-    ledger.set_node_state(ledger.nodes[1].name, "drain", "maintenance")
-    changed()
-    cluster.record_move("u00001", "", "fake-000", "fake-001", 1.0, "node down")
-    changed()
-    clock = [0.0]
-    cache = MapCache(max_age_s=5, clock=lambda: clock[0])
-    cache.put(seen[-1], {"view": 1})
-    assert cache.get(seen[-1]) == {"view": 1} and cache.get(seen[0]) is None
-    clock[0] = 5.5  # older than max_age_s: made anew even when nothing it sees changed
-    assert cache.get(seen[-1]) is None
 
 
 def test_spawner_state_formats_its_allocation_once(to_dict_calls):

@@ -44,7 +44,7 @@ from .. import metrics
 from ..cluster import Cluster
 from ..identity import is_job_server
 from ..service_base import ADMIN_SCOPE, ServiceHandler, hub_app, hub_cluster, hub_user
-from .frozen import FrozenCluster, MapCache, freeze_all, map_signature
+from .frozen import FrozenCluster, freeze_all
 from .openapi import openapi_document
 from .views import (
     allocations_json,
@@ -240,23 +240,11 @@ class AdminPageHandler(_Base):
                                      f"at {self.service.prefix}api/allocations")
         cluster = await self.cluster()
         # the cluster copied on the loop (frozen.py); the view and its HTML (about 1 MiB at
-        # 1,000 servers, 100-200 ms) made from the copy in a worker thread; the last view is
-        # reused while nothing it shows changed (MapCache)
-        signature = map_signature(cluster)
-        view = self.service.map_cache.get(signature)
-        frozen = FrozenCluster(cluster) if view is None else None
-        cache = self.service.map_cache
+        # 1,000 servers, 100-200 ms) made from the copy in a worker thread
+        frozen = FrozenCluster(cluster)
         template = self.service.templates.get_template("admin.html.j2")
-
-        def render(**kw: Any) -> str:
-            shown = view
-            if shown is None:
-                shown = map_view(frozen)
-                cache.put(signature, shown)
-            return template.render(view=shown, **kw)
-
         html = await asyncio.to_thread(
-            render,
+            lambda **kw: template.render(view=map_view(frozen), **kw),
             user={"name": user["name"], "admin": True}, prefix=self.service.prefix,
             hub_prefix=self.service.hub_prefix, refresh_s=REFRESH_S,
             xsrf=self.xsrf_token.decode(),
@@ -344,8 +332,6 @@ class GPUService:
         self.resume_task: asyncio.Future[list[str]] | None = None
         #: notebook jobs (:mod:`gpuspawner.hub.jobs.service`; set by configure_service)
         self.jobs: Any = None
-        #: the admin map's last view (:class:`~gpuspawner.hub.service.frozen.MapCache`)
-        self.map_cache = MapCache()
 
     @property
     def hub_auth(self) -> HubOAuth:

@@ -22,8 +22,7 @@ from typing import Any
 
 from ...placement import Allocation, Usage
 
-__all__ = ["FrozenCluster", "FrozenLedger", "FrozenQueue", "MapCache", "freeze_all",
-           "map_signature"]
+__all__ = ["FrozenCluster", "FrozenLedger", "FrozenQueue"]
 
 
 class FrozenLedger:
@@ -107,60 +106,6 @@ class FrozenCluster:
     def drain_records(self) -> dict[str, Any]:
         """Drained GPUs: UUID -> record, as they were."""
         return dict(self._drains)
-
-
-def map_signature(cluster: Any) -> tuple[Any, ...]:
-    """What the admin map shows changes only when this changes: the allocation objects (a
-    booking, release or adoption is a new object), the drained GPUs and each node's state,
-    the drains' records, the latest health readings, the moves, the policy and each node's
-    GPU share mechanism. It holds the objects themselves (the allocations, records and
-    readings are frozen or replaced on change), so two signatures are equal when each part is
-    the same object or an equal one (tuple comparison tries identity first: cheap, no
-    formatting). The admin page reuses its last view while this stays the same
-    (:class:`MapCache`)."""
-    ledger = cluster.ledger
-    moves = getattr(cluster, "moves", ())
-    health = getattr(cluster, "last_health", {}) or {}
-    drains = cluster.drain_records() if hasattr(cluster, "drain_records") else {}
-    return (tuple(ledger.allocations()),
-            tuple(sorted(ledger.drained_gpus().items())),
-            tuple(ledger.node_state(n.name) for n in ledger.nodes),
-            tuple(sorted(drains.items(), key=lambda kv: kv[0])),
-            tuple(sorted(health.items(), key=lambda kv: kv[0])),
-            tuple(moves), ledger.policy_name,
-            tuple((name, getattr(rt, "gpu_share", None)) for name, rt in
-                  sorted(cluster.nodes.items(), key=lambda kv: kv[0])))
-
-
-class MapCache:
-    """The admin map's last view and what it was made from (:func:`map_signature`), reused
-    for at most ``max_age_s`` seconds while the signature is the same: admins' open pages
-    refresh every few seconds, and each view made anew is thousands of objects the garbage
-    collector then walks (a full collection pauses the hub).
-
-    Args:
-        max_age_s: the longest a view is reused, seconds (a bound on any change the signature
-            does not see).
-        clock: seconds (monotonic).
-    """
-
-    def __init__(self, max_age_s: float = 5.0, clock: Any = None) -> None:
-        import time
-
-        self.max_age_s = max_age_s
-        self._clock = clock or time.monotonic
-        self._entry: tuple[tuple[Any, ...], float, Any] | None = None
-
-    def get(self, signature: tuple[Any, ...]) -> Any:
-        """The view made for ``signature`` less than ``max_age_s`` ago, else None."""
-        entry = self._entry
-        if entry is None or entry[0] != signature or self._clock() - entry[1] > self.max_age_s:
-            return None
-        return entry[2]
-
-    def put(self, signature: tuple[Any, ...], view: Any) -> None:
-        """Keep ``view`` (read-only from now on) as made for ``signature``."""
-        self._entry = (signature, self._clock(), view)
 
 
 def freeze_all(clusters: Iterable[Any], usage: bool = False) -> list[FrozenCluster]:
