@@ -90,8 +90,12 @@ class LoopProbe:
             "max_ms": round(self.max_ms, 2),
             "over_ms": {f"{k:g}": v for k, v in self.over.items()},
             "longest": [[round(ms, 2), what] for ms, what in self.longest],
-            "gc": {"count": self.gc_count, "max_ms": [round(x, 2) for x in self.gc_max_ms],
-                   "total_ms": round(self.gc_total_ms, 1), "objects": len(gc.get_objects())},
+            "gc": {
+                "count": self.gc_count,
+                "max_ms": [round(x, 2) for x in self.gc_max_ms],
+                "total_ms": round(self.gc_total_ms, 1),
+                "objects": len(gc.get_objects()),
+            },
         }
 
 
@@ -127,8 +131,10 @@ def describe(handle: asyncio.Handle, handler: Any = None) -> str:
     line it stopped at (where the step ended); else the callback's qualified name."""
     if handler is not None:
         request = getattr(handler, "request", None)
-        return (f"request {type(handler).__name__} {getattr(request, 'method', '')} "
-                f"{getattr(request, 'path', '')}")
+        return (
+            f"request {type(handler).__name__} {getattr(request, 'method', '')} "
+            f"{getattr(request, 'path', '')}"
+        )
     cb = handle._callback  # type: ignore[attr-defined]
     owner = task_of(handle)
     if isinstance(owner, asyncio.Task):

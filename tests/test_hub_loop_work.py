@@ -47,8 +47,11 @@ def cluster_with(servers: int) -> Cluster:
     ledger = Ledger(nodes, policy="fgd")
     for i in range(servers):
         ledger.reserve(SMALL, Owner(f"u{i:05d}", "", (f"g{i % 3}",)))
-    return Cluster({n.name: NodeRuntime(n.name, "127.0.0.1", "x.yaml", n) for n in nodes},
-                   ledger, FakeBackend(responder_port=4242))
+    return Cluster(
+        {n.name: NodeRuntime(n.name, "127.0.0.1", "x.yaml", n) for n in nodes},
+        ledger,
+        FakeBackend(responder_port=4242),
+    )
 
 
 @pytest.fixture
@@ -137,8 +140,12 @@ async def test_the_admin_page_is_rendered_off_the_event_loop(monkeypatch):
     from gpuspawner.hub.service import app
 
     cluster = cluster_with(100)
-    admin = {"name": "root", "kind": "user", "admin": True,
-             "scopes": ["custom:gpuspawner:admin", "access:services!service=gpuspawner"]}
+    admin = {
+        "name": "root",
+        "kind": "user",
+        "admin": True,
+        "scopes": ["custom:gpuspawner:admin", "access:services!service=gpuspawner"],
+    }
 
     class Login:
         base_url = "/services/gpuspawner/"
@@ -149,8 +156,13 @@ async def test_the_admin_page_is_rendered_off_the_event_loop(monkeypatch):
         def check_scopes(self, required: Any, model: dict[str, Any]) -> set[str]:
             return set(required)
 
-    service = app.GPUService("gpuspawner", "t" * 64, hub_api_url="http://127.0.0.1:1/hub/api",
-                         cluster_provider=lambda: cluster, user_lookup=lambda name: (True, []))
+    service = app.GPUService(
+        "gpuspawner",
+        "t" * 64,
+        hub_api_url="http://127.0.0.1:1/hub/api",
+        cluster_provider=lambda: cluster,
+        user_lookup=lambda name: (True, []),
+    )
     service._hub_auth = Login()  # type: ignore[assignment]
     threads: list[int] = []
     original = jinja2.Template.render
