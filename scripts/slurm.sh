@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A private three-node Slurm cluster on this host, for the Slurm backend's tests
+# A private four-node Slurm cluster on this host, for the Slurm backend's tests
 # (docs: /work/shared/ENVIRONMENT.md "Slurm"; Slurm 22.05 from Debian). Everything lives under
 # var/slurm/ (etc/ state/ spool/ log/ run/ dev/ munge/):
 #   munged with its own key and socket (var/slurm/munge/), as user munge;
@@ -20,7 +20,14 @@
 #   Slurm's JWT authentication beside munge (AuthAltTypes=auth/jwt, key var/slurm/jwt/) and
 #   slurmrestd (OpenAPI v0.0.38, rest_auth/jwt) on 127.0.0.1:17004, run as its own system user
 #   slurmrest (it refuses root): `c.SlurmBackend.submit_via = "rest"` submits through it;
-#   PrivateData=jobs,usage,users: a user's squeue/scontrol shows that user's jobs only.
+#   PrivateData=jobs,usage,users: a user's squeue/scontrol shows that user's jobs only;
+#   node4 (1 core, 1000 MiB, no GPU; port 17006; partition "power" of its own, not the
+#   default) under Slurm's power saving (issue 42): State=CLOUD, so it starts powered down
+#   (sinfo `idle~`; PrivateData=cloud shows it); Slurm resumes it for a job through
+#   ResumeProgram (etc/node-resume -> scripts/slurm-power.sh resume: starts its slurmd) and
+#   suspends it SuspendTime (15 s) after it fell idle through SuspendProgram (etc/node-suspend:
+#   stops that slurmd); node1-3 are excluded (SuspendExcNodes, SuspendExcParts=debug). Both
+#   programs run on this host as SlurmUser (root), from slurmctld; power.log in log/.
 # Idempotent: a cluster that is already running is left alone (a configuration this script now
 # writes differently takes effect when it next starts the cluster: `--stop`, then run it again).
 # Waits until sinfo shows the nodes up (SLURM_WAIT seconds, default 60) and prints the line to
@@ -32,8 +39,8 @@
 # ports is an error that names it (GPUSPAWNER_STOP_OTHER_SLURM=1 stops another checkout's
 # cluster with that checkout's own `--stop`).
 #   GPUSPAWNER_VAR          where var/ is (scripts/lib.sh): a second, throwaway cluster's files
-#   GPUSPAWNER_SLURM_PORTS  first of its five ports (default 17001: slurmctld 17001, node1
-#                           17002, node2 17003, slurmrestd 17004, node3 17005); the tests use
+#   GPUSPAWNER_SLURM_PORTS  first of its six ports (default 17001: slurmctld 17001, node1
+#                           17002, node2 17003, slurmrestd 17004, node3 17005, node4 17006); the tests use
 #                           the default cluster
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -42,11 +49,13 @@ SL="$VAR/slurm"
 ETC="$SL/etc" RUN="$SL/run" LOGDIR="$SL/log" DEV="$SL/dev" MUNGE="$SL/munge"
 CONF="$ETC/slurm.conf"
 NODES=(node1 node2 node3)
+POWER_NODES=(node4)  # under Slurm's power saving: started by ResumeProgram, not by this script
 BASE="${GPUSPAWNER_SLURM_PORTS:-17001}"
 if ! [[ "$BASE" =~ ^[0-9]+$ ]] || [ "$BASE" -lt 1024 ] || [ "$BASE" -gt 65530 ]; then
   die "GPUSPAWNER_SLURM_PORTS=$BASE is no port number 1024..65530"
 fi
-declare -A PORT=([node1]=$((BASE + 1)) [node2]=$((BASE + 2)) [node3]=$((BASE + 4)))
+declare -A PORT=([node1]=$((BASE + 1)) [node2]=$((BASE + 2)) [node3]=$((BASE + 4))
+                 [node4]=$((BASE + 5)))
 CTLD_PORT=$BASE
 REST_PORT=$((BASE + 3))
 JWT="$SL/jwt"
@@ -169,13 +178,34 @@ ReturnToService=2
 SlurmdParameters=config_overrides
 # users see only their own jobs, usage and user records (root and SlurmUser see all, as the hub
 # needs): another user's job shows no Comment, AdminComment, StdOut or WorkDir (issue 47)
-PrivateData=jobs,usage,users
+PrivateData=jobs,usage,users,cloud
 EOF
     for n in "${NODES[@]}"; do
       echo "NodeName=$n NodeHostname=localhost NodeAddr=$addr Port=${PORT[$n]} CPUs=2 Boards=1 SocketsPerBoard=2 CoresPerSocket=1 ThreadsPerCore=1 RealMemory=4000 Gres=${GRES[$n]} Features=$n State=UNKNOWN"
     done
     echo "PartitionName=debug Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP"
+    # Slurm's power saving (slurm.conf(5), power_save.html), node4 only
+    cat <<EOF
+SuspendProgram=$ETC/node-suspend
+ResumeProgram=$ETC/node-resume
+SuspendTime=15
+SuspendTimeout=10
+ResumeTimeout=60
+SuspendExcNodes=$(IFS=,; echo "${NODES[*]}")
+SuspendExcParts=debug
+EOF
+    for n in "${POWER_NODES[@]}"; do
+      echo "NodeName=$n NodeHostname=localhost NodeAddr=$addr Port=${PORT[$n]} CPUs=1 Boards=1 SocketsPerBoard=1 CoresPerSocket=1 ThreadsPerCore=1 RealMemory=1000 Features=$n State=CLOUD"
+    done
+    echo "PartitionName=power Nodes=$(IFS=,; echo "${POWER_NODES[*]}") Default=NO MaxTime=INFINITE State=UP"
   } >"$out/slurm.conf"
+  # what slurmctld runs (as SlurmUser) to resume / suspend power-saving nodes: NODELIST as
+  # the only argument (scontrol show hostnames expands it)
+  for action in resume suspend; do
+    printf '#!/bin/sh\n# made by scripts/slurm.sh: Slurm %s program of this cluster\nexec %q %s %q "$@"\n' \
+      "$action" "$REPO/scripts/slurm-power.sh" "$action" "$ETC/slurm.conf" >"$out/node-$action"
+    chmod 0755 "$out/node-$action"
+  done
 
   cat >"$out/cgroup.conf" <<EOF
 # made by scripts/slurm.sh (cgroup v1 on this host)
@@ -206,7 +236,7 @@ if [ "${1:-}" = "--stop" ]; then
     done
   fi
   stop_one slurmrestd slurmrestd
-  for n in "${NODES[@]}"; do stop_one "slurmd-$n" slurmd; done
+  for n in "${NODES[@]}" "${POWER_NODES[@]}"; do stop_one "slurmd-$n" slurmd; done
   stop_one slurmctld slurmctld
   stop_one munged munged
   log "cluster stopped (state kept in $SL/state)"
@@ -238,7 +268,7 @@ fi
 # stopped: a cluster of another checkout (a scratch clone, a worktree) only when asked with
 # GPUSPAWNER_STOP_OTHER_SLURM=1, and then by that checkout's own `--stop` (which stops only
 # what it started); anything else is an error that names it.
-DAEMONS=(munged slurmctld slurmrestd slurmd-node1 slurmd-node2 slurmd-node3)
+DAEMONS=(munged slurmctld slurmrestd slurmd-node1 slurmd-node2 slurmd-node3 slurmd-node4)
 daemon_bin() { case "$1" in slurmd-*) echo slurmd ;; *) echo "$1" ;; esac; }
 ours_pids=" "
 for d in "${DAEMONS[@]}"; do
@@ -346,7 +376,7 @@ TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 make_config "$TMP"
 changed=()
-for f in slurm.conf cgroup.conf gres.conf; do
+for f in slurm.conf cgroup.conf gres.conf node-resume node-suspend; do
   cmp -s "$TMP/$f" "$ETC/$f" || changed+=("$f")
 done
 if [ "${#changed[@]}" -gt 0 ] && [ -f "$ETC/slurm.conf" ] && { pid_alive slurmctld slurmctld >/dev/null \
@@ -360,7 +390,7 @@ if [ "${#changed[@]}" -gt 0 ] && [ -f "$ETC/slurm.conf" ] && { pid_alive slurmct
 else
   for f in "${changed[@]}"; do
     cp "$TMP/$f" "$ETC/$f"
-    chmod 0644 "$ETC/$f"
+    case "$f" in node-*) chmod 0755 "$ETC/$f" ;; *) chmod 0644 "$ETC/$f" ;; esac
   done
 fi
 

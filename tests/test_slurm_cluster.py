@@ -63,7 +63,11 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 def test_nodes_carry_the_gres_made_from_the_topology(client: SlurmClient) -> None:
     nodes = {n.name: n for n in run(client.show_nodes())}
-    assert set(nodes) == {"node1", "node2", "node3"}
+    assert set(nodes) == {"node1", "node2", "node3", "node4"}
+    # node4: no GPU, 1 core, under Slurm's power saving (State=CLOUD; tests/test_slurm_power.py)
+    assert (nodes["node4"].gres, nodes["node4"].cpus, nodes["node4"].real_memory_mb) == (
+        "", 1, 1000)
+    assert "CLOUD" in nodes["node4"].flags
     # node3 types its GPUs by model (the backend's model mode): one count per model
     assert nodes["node3"].gres == "gpu:FAKE:2(S:0-1)"
     for name, topo in TOPOLOGIES.items():

@@ -628,8 +628,21 @@ def attach_elastic(cluster: Any, config: Any, state_dir: str) -> ElasticManager 
         provs[el["provider"]] = name
     if not cats:
         return None
-    if getattr(cluster.backend, "backend_name", "") != "docker":
-        raise ElasticConfigError("GPUSpawner.nodes: elastic nodes need the docker backend")
+    from .slurm import SlurmPowerManager, check_slurm_providers
+
+    backend_name = getattr(cluster.backend, "backend_name", "")
+    try:
+        check_slurm_providers(provs, backend_name)
+    except ValueError as e:
+        raise ElasticConfigError(str(e)) from None
+    if backend_name == "slurm":  # Slurm's power saving starts and stops them (elastic/slurm.py)
+        conf = GPUElastic(config=config) if config is not None else GPUElastic()
+        slurm_manager = SlurmPowerManager(cluster, elastic_settings(conf, cats, ""))
+        slurm_manager.attach()
+        return slurm_manager
+    if backend_name != "docker":
+        raise ElasticConfigError("GPUSpawner.nodes: elastic nodes need the docker backend "
+                                 "(or the slurm backend, with provider \"slurm\")")
     providers: dict[str, Provider] = {}
     for pname, node in provs.items():
         try:

@@ -494,6 +494,14 @@ class NodeInfo:
                 and not {"FAIL", "MAINTENANCE", "REBOOT_REQUESTED", "REBOOT_ISSUED"}
                 & self.flags)
 
+    @property
+    def resumable(self) -> bool:
+        """True when Slurm's power saving has it powered down, or is powering it up, and
+        starts a job sent there once it is up (ResumeProgram; slurm.conf(5), power_save.html):
+        not DOWN, drained or failing. Such a node does not respond until it is up."""
+        return (bool({"POWERED_DOWN", "POWERING_UP"} & self.flags) and self.state != "DOWN"
+                and not self.drained and "FAIL" not in self.flags)
+
 
 _REASON_SUFFIX = re.compile(r"\s*\[[^\]@]*@[^\]]*\]\s*$")
 

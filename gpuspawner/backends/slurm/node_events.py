@@ -37,6 +37,11 @@ class NodeEvents:
                 out[name] = ("down", "Slurm does not know this node")
             elif info.drained and info.responding and info.state != "DOWN":
                 out[name] = ("drain", f"Slurm: drained: {info.reason or 'no reason given'}")
+            elif info.resumable:
+                # Slurm's power saving resumes it (ResumeProgram) for a job: not responding
+                # until its slurmd registers, yet jobs sent there start then
+                # (gpuspawner.elastic.slurm)
+                out[name] = ("up", "Slurm: powered down or powering up (power saving)")
             elif not info.usable:
                 flags = "+".join(sorted(info.flags))
                 out[name] = ("down", f"Slurm: {info.state}{'+' + flags if flags else ''}"

@@ -167,8 +167,9 @@ class JobSubmission:
             raise LaunchRefused(f"node {alloc.node}: {e}") from None
         # the home is checked and made by the job on its node (job.home_lines), never here
         for info in await self._ask(alloc.node, self.client.show_nodes(alloc.node)):
-            if not info.usable:
-                # a drained or dead node would keep the job PENDING until submit_timeout
+            if not info.usable and not info.resumable:
+                # a drained or dead node would keep the job PENDING until submit_timeout (a
+                # powered-down one is resumed by Slurm for the job: gpuspawner.elastic.slurm)
                 raise BackendUnavailable(
                     alloc.node, f"node state {'+'.join([info.state, *sorted(info.flags)])}"
                     + (f" ({info.reason})" if info.reason else ""), "slurmd")
