@@ -94,13 +94,15 @@ else:
         {"slug": "cpu", "display_name": "CPU, small", "cpu": 1, "memory": "1G",
          "description": "For editing and small computations.", "default": True},
         {"slug": "cpu-2", "display_name": "CPU, medium", "cpu": 2, "memory": "2G"},
+        # the GPU profiles run the PyTorch image (images/pytorch; `make up` builds it)
         {"slug": "gpu-share", "display_name": "Shared GPU", "cpu": 1,
-         "memory": "4G", "gpus": 0.25},
+         "memory": "4G", "gpus": 0.25, "image": "gpuspawner/pytorch:latest"},
         {"slug": "a100-1", "display_name": "One A100",
-         "cpu": 8, "memory": "64G", "gpus": 1, "gpu_models": ["A100"], "disk": "50G"},
+         "cpu": 8, "memory": "64G", "gpus": 1, "gpu_models": ["A100"], "disk": "50G",
+         "image": "gpuspawner/pytorch:latest"},
         {"slug": "a100-2", "display_name": "Two A100 with NVLink",
          "cpu": 16, "memory": "128G", "gpus": 2, "gpu_models": ["A100"],
-         "groups": ["gpu-users"]},
+         "groups": ["gpu-users"], "image": "gpuspawner/pytorch:latest"},
     ]
 
 # the shared home: a host folder per user, mounted as the container's HOME. Its parent must
