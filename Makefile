@@ -8,6 +8,8 @@
 #   make labext-ui    node_modules of its galata UI tests (labextension/ui-tests; no browser
 #                     download: Debian's chromium from make test-tools)
 #   make images       gpuspawner/singleuser:latest (scripts/build-images.sh)
+#   make pytorch-image gpuspawner/pytorch:latest, the single-user image plus the CUDA build of
+#                     PyTorch, for the GPU profiles (scripts/build-pytorch-image.sh)
 #   make gpu-check    on this host's real GPU: NVML vs nvidia-smi, a 1-GPU server, the panel
 #                     and the culler under load, two shares per enforcement mechanism, MIG,
 #                     XID/ECC; one table, exit 1 on a mismatch, 2 (one line) without a GPU
@@ -38,7 +40,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 LINT_DIRS := $(wildcard gpuspawner tests idle_culler benchmarks hub_config labextension/ui-tests)
 
-.PHONY: help venv chp engine btrfs-engine labext labext-ui images dist slurm registry up hub test \
+.PHONY: help venv chp engine btrfs-engine labext labext-ui images pytorch-image dist slurm registry up hub test \
 	test-unit lint gpu-check \
 	docs clean distclean
 
@@ -74,13 +76,16 @@ labext-ui: venv
 images: venv engine labext
 	scripts/build-images.sh
 
+pytorch-image: images
+	scripts/build-pytorch-image.sh
+
 gpu-check: venv
 	$(VENV)/bin/python -m gpuspawner.gpushare.check $(GPU_CHECK_ARGS)
 
 dist: venv
 	scripts/dist.sh
 
-up: venv chp engine images
+up: venv chp engine images pytorch-image
 	$(MAKE) --no-print-directory hub
 
 # the hub alone (keeps its state in var/hub/, see hub_config/); Ctrl-C stops it and its proxy
@@ -121,7 +126,7 @@ test-tools:
 # other's jobs) beside the others, which run as whole modules on TEST_WORKERS pytest-xdist
 # workers (--dist loadfile, longest modules first: tests/conftest.py); tests marked `exclusive`
 # (they change the host's isolation rule) run after, alone. TEST_WORKERS=0: one process.
-test: venv chp engine images btrfs-engine test-tools slurm registry labext-ui dist lint docs
+test: venv chp engine images pytorch-image btrfs-engine test-tools slurm registry labext-ui dist lint docs
 ifeq ($(TEST_WORKERS),0)
 	$(VENV)/bin/pytest -q -p no:xdist $(PYTEST_ARGS)
 else
