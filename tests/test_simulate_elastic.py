@@ -97,3 +97,26 @@ def test_the_command_prints_the_curve(capsys):
     assert [ln.split(",")[0] for ln in lines[3:]] == ["elastic 58", "elastic 58"]
     with pytest.raises(ValueError, match="elastic must be 1..2"):
         simulate_replay_elastic(two(), [], elastic=3, start_s=1, idle_shutdown_s=1)
+
+
+def test_the_command_draws_the_curve_to_a_png(tmp_path, capsys):
+    """``--plot FILE``: a PNG (its signature, an image of the size drawn) beside the table;
+    a plot that cannot be written is an error (exit status 2), not a traceback."""
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "curve.png"
+    args = [
+        "--mode", "replay", "--elastic", "5", "--sample-nodes", "6",
+        "--idle-shutdown", "300,3600,14400",
+        "--nodes", str(SAMPLE / "openb_node_list_gpu_node.csv"),
+        "--pods", str(SAMPLE / "openb_pod_list_default.csv"),
+    ]
+    assert main([*args, "--plot", str(png)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[2].startswith("fixed (every node on)")
+    assert f"curve drawn to {png}" in captured.err
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert (width, height) == (700, 450)
+    assert main([*args, "--plot", str(tmp_path / "no-such-folder" / "c.png")]) == 2
+    assert "error: --plot" in capsys.readouterr().err

@@ -23,7 +23,7 @@ from typing import Any
 from gpuspawner.placement import DEFAULT_POLICY, POLICIES
 from gpuspawner.placement.model import NUMA_POLICIES
 from gpuspawner.simulate import paper_method
-from gpuspawner.simulate.elastic import compare_elastic, format_elastic
+from gpuspawner.simulate.elastic import compare_elastic, format_elastic, plot_elastic
 from gpuspawner.simulate.engine import MODES, compare_queue, simulate
 from gpuspawner.simulate.paper import PAPER_POLICIES
 from gpuspawner.simulate.report import format_compare, format_json, format_queue, format_table
@@ -103,6 +103,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scale-out-after", type=float, default=0.0, metavar="S",
                         help="--elastic: seconds a request waits before a node is started "
                              "for it (default: 0)")
+    parser.add_argument("--plot", default=None, metavar="FILE",
+                        help="--elastic: also draw the curve (node-hours against the mean and "
+                             "95th-percentile wait, one point per --idle-shutdown) to the PNG "
+                             "FILE (needs matplotlib: the test and docs extras)")
     parser.add_argument("--sample-nodes", type=_positive_int, default=None, metavar="N",
                         help="use N nodes spread evenly over the node list (a smaller cluster, "
                              "so that the trace contends) (default: all)")
@@ -248,6 +252,19 @@ def _run_elastic(args: argparse.Namespace) -> int:
               f"{args.elastic} elastic (start {args.start_s:g} s, scale out after "
               f"{args.scale_out_after:g} s), policy {args.policy}")
         print(format_elastic(rows))
+    if args.plot:
+        try:
+            plot_elastic(rows, idle, args.plot,
+                         title=f"{Path(args.pods).name}: {len(nodes)} nodes, {args.elastic} "
+                               f"elastic (start {args.start_s:g} s), policy {args.policy}")
+        except ImportError as e:
+            print(f"error: --plot needs matplotlib (pip install matplotlib): {e}",
+                  file=sys.stderr)
+            return 2
+        except (OSError, ValueError) as e:
+            print(f"error: --plot {args.plot}: {e}", file=sys.stderr)
+            return 2
+        print(f"# curve drawn to {args.plot}", file=sys.stderr)
     return 0
 
 

@@ -38,7 +38,13 @@ from .engine import (
 )
 from .traces import Pod
 
-__all__ = ["ELASTIC_KEYS", "compare_elastic", "format_elastic", "simulate_replay_elastic"]
+__all__ = [
+    "ELASTIC_KEYS",
+    "compare_elastic",
+    "format_elastic",
+    "plot_elastic",
+    "simulate_replay_elastic",
+]
 
 #: the columns of the elastic curve
 ELASTIC_KEYS = (
@@ -329,3 +335,68 @@ def format_elastic(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table
     )
+
+
+def plot_elastic(
+    rows: Sequence[dict[str, Any]],
+    idle_shutdowns: Sequence[float],
+    path: str,
+    title: str = "",
+) -> None:
+    """Draw the curve of :func:`compare_elastic` to a PNG at ``path``: node-hours (x) against
+    the mean and 95th-percentile wait (y, seconds), one point per idle shutdown (labelled in
+    seconds), the fixed cluster as a point of its own. matplotlib is imported here only (the
+    ``test`` and ``docs`` extras), with its Agg backend (no display).
+
+    Args:
+        rows: :func:`compare_elastic`'s rows, the fixed cluster first.
+        idle_shutdowns: the idle-shutdown seconds of ``rows[1:]``, in that order.
+        path: the PNG file to write.
+        title: the plot's title.
+    Raises:
+        ValueError: ``rows`` and ``idle_shutdowns`` do not match.
+        ImportError: matplotlib is not installed (``pip install matplotlib``).
+        OSError: the file cannot be written.
+    """
+    if len(rows) != len(idle_shutdowns) + 1:
+        raise ValueError(
+            f"{len(rows)} rows for {len(idle_shutdowns)} idle shutdowns (the fixed cluster first)"
+        )
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    fixed, curve = rows[0], rows[1:]
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+    try:
+        hours = [float(r["node_hours"]) for r in curve]
+        for key, label, style in (
+            ("wait_mean_s", "mean wait", "o-"),
+            ("wait_p95_s", "95th percentile wait", "s--"),
+        ):
+            ax.plot(hours, [float(r.get(key) or 0.0) for r in curve], style, label=label)
+        for i, (h, r, idle) in enumerate(zip(hours, curve, idle_shutdowns, strict=True)):
+            ax.annotate(  # labels stacked apart, arrows to their points (near settings
+                f"idle {idle:g} s",  # often land on one spot)
+                (h, float(r.get("wait_mean_s") or 0.0)),
+                textcoords="axes fraction",
+                xytext=(0.3, 0.75 - 0.07 * i),
+                arrowprops={"arrowstyle": "-", "color": "0.6", "lw": 0.8},
+                fontsize=8,
+            )
+        ax.plot(
+            [float(fixed["node_hours"])],
+            [float(fixed.get("wait_mean_s") or 0.0)],
+            "k^",
+            label="fixed cluster (every node on), mean wait",
+        )
+        ax.set_xlabel("node-hours")
+        ax.set_ylabel("wait (s)")
+        ax.set_title(title or "elastic nodes: waits against node-hours", fontsize=9)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(path, format="png")
+    finally:
+        plt.close(fig)
