@@ -16,8 +16,8 @@ import yaml
 from traitlets.config import Config
 
 from gpuspawner.elastic import CommandProvider, ProviderError, default_policy, topology_problem
+from gpuspawner.elastic.attach import attach_elastic
 from gpuspawner.elastic.config import ElasticConfigError, GPUElastic, elastic_settings
-from gpuspawner.elastic.manager import attach_elastic
 from gpuspawner.elastic.policy import CategoryView, ElasticView, NodeView, WaitingView
 from gpuspawner.hub.cluster import get_cluster, reset_clusters
 from gpuspawner.inventory.topology import load_topology_file

@@ -6,8 +6,9 @@ Not part of :mod:`gpuspawner.placement` (pure placement): this package talks to 
 the hub's cluster; the ledger only knows elastic nodes that are not running as state ``off``.
 """
 
+from .attach import attach_elastic
 from .config import ElasticConfigError, GPUElastic
-from .manager import ElasticManager, attach_elastic, topology_problem
+from .manager import ElasticManager, topology_problem
 from .policy import Decision, ElasticView, default_policy
 from .provider import CommandProvider, Provider, ProviderError, StartedNode
 

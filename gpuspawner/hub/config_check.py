@@ -22,7 +22,8 @@ from traitlets.utils.importstring import import_item
 
 from idle_culler.policies import PolicyError, PolicySet
 
-from ..elastic.manager import ElasticConfigError, attach_elastic
+from ..elastic.attach import attach_elastic
+from ..elastic.config import ElasticConfigError
 from ..placement import POLICIES
 from ..usage.hub import UsageConfigError, attach_usage
 from .certs import private_keys_at_hub_start
