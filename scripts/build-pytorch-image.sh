@@ -7,8 +7,8 @@
 # 2. a container of the single-user image, no network, the wheelhouse mounted read-only, runs
 #    `pip install --no-index` and is committed (the wheels never become a layer);
 # 3. docker build of images/pytorch on top of that (the kernel config, gpuspawner-torch-check).
-# The image is labelled with a hash of its inputs (files in images/pytorch, the single-user
-# image's id); when the existing image carries the same hash nothing is downloaded or built.
+# The image is labelled with a hash of its inputs (files in images/pytorch, this script, the
+# single-user image's id); when the existing image carries the same hash nothing is downloaded or built.
 #   FORCE=1   rebuild even when the hash matches
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -28,6 +28,7 @@ BASE_ID="$(docker image inspect -f '{{.Id}}' "$SINGLEUSER_IMAGE")"
 INPUTS_HASH="$(
   {
     (cd "$CTX" && find . -type f ! -name '*.pyc' | LC_ALL=C sort | xargs sha256sum)
+    sha256sum <"$REPO/scripts/build-pytorch-image.sh"
     printf '%s\n' "$BASE_ID"
   } | sha256sum | cut -c1-16
 )"
@@ -60,15 +61,15 @@ log "pip install in a container of $SINGLEUSER_IMAGE (log: var/log/build-pytorch
 t=$SECONDS
 cleanup() { docker rm -f "$BUILDER" >/dev/null 2>&1 || true; }
 trap cleanup EXIT
-docker run --name "$BUILDER" --network none --user 0:0 --entrypoint /bin/sh \
-  -v "$WHEELHOUSE:/wheelhouse:ro" -v "$REQS:/tmp/requirements.txt:ro" "$SINGLEUSER_IMAGE" -euc '
+docker run --name "$BUILDER" --network none --user 0:0 \
+  -v "$WHEELHOUSE:/wheelhouse:ro" -v "$REQS:/tmp/requirements.txt:ro" "$SINGLEUSER_IMAGE" /bin/sh -euc '
     /opt/venv/bin/pip install --no-cache-dir --no-index --find-links /wheelhouse \
       --disable-pip-version-check -r /tmp/requirements.txt
     /opt/venv/bin/pip check
   ' >"$VAR/log/build-pytorch.log" 2>&1 \
   || { tail -n 30 "$VAR/log/build-pytorch.log" >&2; die "pip install of torch failed (log: var/log/build-pytorch.log)"; }
 docker commit --change 'USER 65534:65534' --change 'CMD ["jupyterhub-singleuser"]' \
-  --change 'ENTRYPOINT []' "$BUILDER" "$LAYER_IMAGE" >/dev/null
+  "$BUILDER" "$LAYER_IMAGE" >/dev/null
 cleanup
 log "torch installed and committed in $((SECONDS - t))s"
 
