@@ -169,6 +169,9 @@ class NodeRuntime:
             default; Docker backend; engines sharing one host need disjoint pools).
         suspect: set when the node stopped answering: servers the ledger no longer books may
             still run there, so the next placement on it sweeps them first.
+        gpu_share: what holds GPU shares on the node
+            (:class:`~gpuspawner.gpushare.mechanism.Mechanism`, chosen at hub start), or None
+            (not chosen: a runtime made outside the hub's node configuration).
     """
 
     name: str
@@ -179,6 +182,7 @@ class NodeRuntime:
     network_pool: str = ""
     suspect: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    gpu_share: Any = None
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,12 @@ from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from traitlets import Any as AnyTrait
 from traitlets import CaselessStrEnum, Enum, Int, List, TraitError, Unicode, validate
 
+from ..gpushare.mechanism import (
+    ShareLimits,
+    prepare_dmem_cgroup,
+    remove_dmem_cgroup,
+    share_limits,
+)
 from ..placement import Allocation
 from . import home_script
 from .base import (
@@ -455,14 +461,25 @@ class DockerBackend(Backend):
         """Make the home, apply the disk rule, check (or pull) the image, create a *new*
         container from the spec and start it.
 
+        A GPU share gets the limits of its node's mechanism (:mod:`gpuspawner.gpushare.
+        mechanism`): the ``GPUSPAWNER_GPU_*`` (and MPS) environment; under MPS the control
+        daemon's pipe directory and the host's IPC namespace (MPS clients reach the daemon
+        through both); under dmem a cgroup parent of its own, made here with its
+        ``dmem.max`` before the container starts (the node's engine on this host, with the
+        cgroupfs cgroup driver).
+
         Raises:
-            LaunchRefused: a disk limit the node cannot enforce in "refuse" mode.
+            LaunchRefused: a disk limit the node cannot enforce in "refuse" mode; a dmem share
+                on a node whose cgroups this host cannot write.
             LaunchFailed: the image is missing, or the engine refuses the container.
             BackendUnavailable: the engine does not answer.
         """
         node = spec.allocation.node
         if self.hub_id:
             spec = replace(spec, labels={**spec.labels, HUB_LABEL: self.hub_id})
+        share = self.share_limits(spec)
+        if share.env:
+            spec = replace(spec, env={**spec.env, **share.env})
         base_host = await self._resolved(self.extra_host_config)
         base_create = await self._resolved(self.extra_create_kwargs)
         # the host paths, checked on the node (and the home made) before the engine sees any
@@ -486,6 +503,15 @@ class DockerBackend(Backend):
                 base_host=base_host, base_create=base_create)
         except ValueError as e:
             raise LaunchFailed(str(e)) from None
+        if share.mps_pipe_directory:  # the admin's daemon's folder, not a user's path
+            host["ipc_mode"] = "host"
+            host["binds"] = {**(host.get("binds") or {}), share.mps_pipe_directory: {
+                "bind": share.mps_pipe_directory, "mode": "rw"}}
+            checked = {*checked, os.path.normpath(share.mps_pipe_directory)}
+        if share.cgroup_parent:
+            await self._dmem_parent(node, share)
+            host["cgroup_parent"] = state["cgroup_parent"] = share.cgroup_parent
+            progress(40, f"GPU memory held by the kernel: {share.cgroup_parent} dmem.max")
         unchecked = sorted({os.path.normpath(p) for p in bind_sources(host)} - checked)
         if unchecked:  # never a path the node's check did not see
             raise LaunchFailed(f"node {node}: host path {unchecked[0]} was not checked on the "
@@ -514,6 +540,39 @@ class DockerBackend(Backend):
             ip = info["NetworkSettings"]["Networks"][self.network_name]["IPAddress"]
         state["ip"] = ip
         return ip, spec.port
+
+    #: where cgroup v2 is mounted on this host (the dmem parents are made there)
+    cgroup_root = "/sys/fs/cgroup"
+
+    def share_limits(self, spec: LaunchSpec) -> ShareLimits:
+        """The limits of the server's GPU share on its node (:func:`~gpuspawner.gpushare.
+        mechanism.share_limits`); none when the node has no mechanism chosen."""
+        rt = self.nodes.get(spec.allocation.node)
+        mech = getattr(rt, "gpu_share", None)
+        if rt is None or mech is None:
+            return ShareLimits()
+        try:
+            return share_limits(spec.allocation, {g.uuid: g for g in rt.node.gpus}, mech,
+                                spec.name)
+        except KeyError:  # a GPU the inventory does not list: nothing to hold it to
+            return ShareLimits()
+
+    async def _dmem_parent(self, node: str, share: ShareLimits) -> None:
+        """Make the dmem cgroup parent (:func:`~gpuspawner.gpushare.mechanism.
+        prepare_dmem_cgroup`). Raises LaunchRefused where this host cannot."""
+        if not self._engine_is_local(node):
+            raise LaunchRefused(f"node {node}: a dmem GPU share needs the node's engine on "
+                                "the hub's host (its cgroups are written here); set the "
+                                "node's gpu_share to watchdog or mps")
+        info = await self._call(node, "info")
+        if info.get("CgroupDriver") != "cgroupfs":
+            raise LaunchRefused(f"node {node}: a dmem GPU share needs Docker's cgroupfs cgroup "
+                                f"driver (this engine: {info.get('CgroupDriver')})")
+        try:
+            await asyncio.to_thread(prepare_dmem_cgroup, share, self.cgroup_root)
+        except OSError as e:
+            raise LaunchRefused(f"node {node}: cannot write the dmem limit of "
+                                f"{share.cgroup_parent}: {e}") from None
 
     def _engine_is_local(self, node: str) -> bool:
         """Whether ``node``'s engine runs on this machine (a unix socket)."""
@@ -756,6 +815,9 @@ class DockerBackend(Backend):
         except APIError as e:
             if e.status_code not in (404, 409):
                 raise
+        if state.get("cgroup_parent"):
+            await asyncio.to_thread(remove_dmem_cgroup, str(state["cgroup_parent"]),
+                                    self.cgroup_root)
 
     async def cleanup(self, alloc: Allocation | None, state: Mapping[str, Any]) -> None:
         """Remove the container and the server's network as far as ``state`` knows them.
@@ -763,6 +825,8 @@ class DockerBackend(Backend):
         node = state.get("node") or (alloc.node if alloc else "")
         if not node or node not in self.nodes:
             return
+        if state.get("cgroup_parent"):  # after the container: the kernel refuses it before
+            await self._drop_dmem_parent(node, state)
         cid = state.get("container_id")
         if cid:
             try:
@@ -778,6 +842,17 @@ class DockerBackend(Backend):
                 await self._call(node, lambda n: self.networks(node).remove(n), net["name"])
             except Exception as e:
                 self.log.warning("node %s: removing network %s failed: %s", node, net["name"], e)
+
+    async def _drop_dmem_parent(self, node: str, state: Mapping[str, Any]) -> None:
+        """Remove the dmem cgroup parent once its container is gone (never raises)."""
+        cid = state.get("container_id")
+        if cid:
+            try:
+                await self._call(node, "remove_container", cid, v=True, force=True)
+            except Exception:  # noqa: BLE001 - gone already, or the cleanup below reports it
+                pass
+        await asyncio.to_thread(remove_dmem_cgroup, str(state["cgroup_parent"]),
+                                self.cgroup_root)
 
     async def remove_server(self, node: str, server: ServerRef) -> None:
         """Remove the containers labelled with this user and server, and its network."""

@@ -492,13 +492,13 @@ def _shares_with(ctx: Context, mech: Any) -> list[Row]:
     """Two half shares of GPU 0 under one mechanism."""
     from ..placement.model import Allocation, GPUShare, Owner
     from .mechanism import prepare_dmem_cgroup, remove_dmem_cgroup, share_limits
-    from .watchdog import Watchdog, shares_from_containers
+    from .watchdog import Watchdog, shares_from_allocations
 
     g = ctx.gpus[0]
     gpus = {g.uuid: g}
     made: list[tuple[str, str]] = []
     outcome: dict[str, tuple[int | None, str]] = {}
-    watched: list[Any] = []
+    watched: list[tuple[str, str]] = []
     for who, fraction, matmul in (("over", 0.75, False), ("within", 0.40, True)):
         alloc = Allocation(
             id=Allocation.new_id(),
@@ -536,17 +536,11 @@ def _shares_with(ctx: Context, mech: Any) -> list[Row]:
         )["Id"]
         ctx.engine.start(cid)
         made.append((cid, lim.cgroup_parent))
-        watched.append(
-            {
-                "Id": cid,
-                "Labels": {"gpuspawner.allocation": alloc.to_json(), "gpuspawner.user": who},
-            }
-        )
-        time.sleep(0 if who == "over" else 0)
+        watched.append((cid, alloc.to_json()))
     try:
         if mech.name == "watchdog":
             dog = Watchdog(ctx.nvml, grace_s=ctx.grace_s, count=lambda kind: None)
-            shares = shares_from_containers(watched, gpus, mech)
+            shares = shares_from_allocations(watched, gpus, mech)
             interrupted: set[str] = set()
 
             def tick() -> bool:

@@ -49,7 +49,7 @@ __all__ = [
     "container_of",
     "namespace_pid",
     "read_gpu_processes",
-    "shares_from_containers",
+    "shares_from_allocations",
 ]
 
 log = logging.getLogger("gpuspawner.gpushare")
@@ -151,30 +151,22 @@ def namespace_pid(pid: int, proc_root: str = "/proc") -> int | None:
     return None
 
 
-def shares_from_containers(
-    containers: Iterable[Mapping[str, Any]], gpus: Mapping[str, GPU], mechanism: Mechanism
+def shares_from_allocations(
+    found: Iterable[tuple[str, str]], gpus: Mapping[str, GPU], mechanism: Mechanism
 ) -> dict[str, Share]:
-    """The shares among a node's managed containers (``APIClient.containers()`` entries: ``Id``
-    and ``Labels``, the allocation in the ``gpuspawner.allocation`` label), by container id;
-    containers without a share, or whose label does not parse, are left out."""
+    """The shares among a node's running servers: ``(container id, allocation JSON)`` pairs
+    (:meth:`~gpuspawner.backends.base.Backend.list_managed`'s ``handle`` and ``allocation``),
+    by container id, the owner from the allocation; servers without a share, or whose
+    allocation does not parse or names a GPU not in ``gpus``, are left out."""
     out: dict[str, Share] = {}
-    for c in containers:
-        labels = c.get("Labels") or {}
-        text = labels.get("gpuspawner.allocation")
-        if not text:
-            continue
+    for cid, text in found:
         try:
             alloc = Allocation.from_json(text)
             limits = share_limits(alloc, gpus, mechanism, "")
         except (ValueError, KeyError, TypeError, json.JSONDecodeError):
             continue
         if limits.memory_bytes:
-            out[str(c["Id"])] = Share(
-                str(c["Id"]),
-                labels.get("gpuspawner.user", ""),
-                labels.get("gpuspawner.server", ""),
-                dict(limits.memory_bytes),
-            )
+            out[cid] = Share(cid, alloc.owner.user, alloc.owner.server, dict(limits.memory_bytes))
     return out
 
 

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..backends.base import Backend, Managed, NodeRuntime, backend_class
+from ..gpushare.mechanism import Mechanism, ShareModeUnavailable, detect_mechanism
+from ..gpushare.watchdog import Action, Share, Watchdog, shares_from_allocations
 from ..inventory.health import GPUHealth, HealthReader, HealthThresholds
 from ..inventory.local import read_local_node
 from ..inventory.topology import load_topology_file
@@ -50,8 +52,8 @@ class NodeConfigError(ValueError):
     """A malformed ``c.GPUSpawner.nodes`` entry (the message names the entry and field)."""
 
 
-NODE_KEYS = ("name", "docker_url", "topology", "host", "network_pool", "elastic", "category",
-             "provider")
+NODE_KEYS = ("name", "docker_url", "topology", "host", "network_pool", "gpu_share", "elastic",
+             "category", "provider")
 QUOTA_KEYS = ("users", "groups", "default_user")
 
 
@@ -97,7 +99,8 @@ def check_node_entries(entries: Sequence[Any]) -> None:
         seen[name] = i
 
 
-def parse_node_config(entries: Sequence[Mapping[str, Any]]) -> list[NodeRuntime]:
+def parse_node_config(entries: Sequence[Mapping[str, Any]],
+                      share_mode: str = "auto") -> list[NodeRuntime]:
     """Read ``c.GPUSpawner.nodes``: dicts with ``name``, ``docker_url`` (default: the local
     engine), ``topology`` ("auto" reads this host through sysfs and NVML, else a topology file
     path), ``host`` (default 127.0.0.1) and ``network_pool`` (CIDR blocks of its server
@@ -107,11 +110,15 @@ def parse_node_config(entries: Sequence[Mapping[str, Any]]) -> list[NodeRuntime]
 
     Raises:
         NodeConfigError: unknown keys, duplicate names, or an unreadable topology (the message
-            names the entry, the file and the field).
+            names the entry, the file and the field); a ``gpu_share`` (the node's, else
+            ``share_mode``: ``c.GPUSpawner.gpu_share_mode``) that the node lacks
+            (:func:`~gpuspawner.gpushare.mechanism.detect_mechanism`, which also chooses each
+            runtime's ``gpu_share``).
     """
     entries = list(entries or [{"name": "local"}])
     check_node_entries(entries)
     out: list[NodeRuntime] = []
+    shares: list[Mechanism] = []
     for i, entry in enumerate(entries):
         where = f"nodes[{i}]"
         name = entry.get("name") or "local"
@@ -137,6 +144,7 @@ def parse_node_config(entries: Sequence[Mapping[str, Any]]) -> list[NodeRuntime]
                     node = Node(name, node.numa_nodes, node.gpus, node.disk_bytes, node.labels)
         except ValueError as e:
             raise NodeConfigError(f"{where} ({name}): {e}") from None
+        shares.append(_gpu_share(entry, f"{where} ({name})", node, url, share_mode))
         out.append(NodeRuntime(name=name, host=str(entry.get("host") or "127.0.0.1"),
                                topology=str(topology), node=node,
                                docker_url=str(entry.get("docker_url") or ""),
@@ -145,7 +153,23 @@ def parse_node_config(entries: Sequence[Mapping[str, Any]]) -> list[NodeRuntime]
                                    "category": str(entry.get("category") or name),
                                    "provider": str(entry.get("provider") or "command")}}
                                if elastic else {}))
+    for rt, share in zip(out, shares, strict=True):
+        rt.gpu_share = share
     return out
+
+
+def _gpu_share(entry: Mapping[str, Any], where: str, node: Node, url: str,
+               default: str) -> Mechanism:
+    """The node's share mechanism (:func:`~gpuspawner.gpushare.mechanism.detect_mechanism`;
+    the node is this host when its engine is, a unix socket or the environment's)."""
+    mode = str(entry.get("gpu_share") or default)
+    local = not url or url.startswith("unix://")
+    try:
+        return detect_mechanism(mode, node.gpus, local=local)
+    except ShareModeUnavailable as e:
+        setting = f"{where}.gpu_share" if entry.get("gpu_share") else \
+            "GPUSpawner.gpu_share_mode"
+        raise NodeConfigError(f"{setting}: {e}") from None
 
 
 #: ``DrainRecord.by`` of the automatic health check's drains
@@ -163,11 +187,18 @@ class GPUHealthSettings:
         interval_s: seconds between two health readings of this host's GPUs (nodes with
             ``topology: auto``); 0 = no automatic check.
         thresholds: when a GPU is unhealthy.
+        share_mode: ``c.GPUSpawner.gpu_share_mode`` (:mod:`gpuspawner.gpushare`).
+        share_grace_s: seconds a share may stay over its GPU memory before the watchdog
+            interrupts its kernel. share_interval_s: seconds between two watchdog passes
+            (0: no watchdog).
     """
 
     drains_file: str = ""
     interval_s: float = 60.0
     thresholds: HealthThresholds = field(default_factory=HealthThresholds)
+    share_mode: str = "auto"
+    share_grace_s: float = 60.0
+    share_interval_s: float = 5.0
 
 
 #: how many moves of servers off failed nodes a cluster remembers for the admin page
@@ -239,6 +270,12 @@ class Cluster:
     _isolation_lock: asyncio.Lock | None = field(default=None, repr=False)
     _isolation_logged: set[str] = field(default_factory=set, repr=False)
     _watch_task: asyncio.Task[None] | None = field(default=None, repr=False)
+    #: the GPU share watchdog of this host's nodes (:meth:`check_shares`; made on first use)
+    share_watchdog: Watchdog | None = None
+    share_grace_s: float = 60.0
+    #: seconds between two watchdog passes (0: none)
+    share_interval_s: float = 5.0
+    _shares_read: float = field(default=float("-inf"), repr=False)
     #: the elastic nodes' manager (:class:`gpuspawner.elastic.manager.ElasticManager`), None
     #: without elastic nodes; its nodes that are not running are left out of the backend's
     #: node table and of :meth:`refresh_health`
@@ -505,18 +542,69 @@ class Cluster:
         suspect (stopped answering), ask the nodes' states (:meth:`refresh_health`), so that
         a node that answers again is swept at once, before anything else runs there (the
         containers of servers that moved away, with their old tokens, are removed); and
-        every ``isolation_interval_s`` check the isolation rule (:meth:`check_isolation`).
+        every ``isolation_interval_s`` check the isolation rule (:meth:`check_isolation`);
+        every ``share_interval_s`` watch the GPU shares (:meth:`check_shares`).
         Errors are logged; the loop goes on."""
         while True:
             try:
                 if any(rt.suspect for rt in self.nodes.values()):
                     await self.refresh_health(max_age=0)
                 await self.check_isolation(self.isolation_interval_s)
+                await self.check_shares()
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - the watch must outlive any one error
                 log.warning("node watch: %s", e)
             await asyncio.sleep(self.watch_interval_s)
+
+    def share_nodes(self) -> list[str]:
+        """Nodes whose GPU shares the watchdog here can see: their engine is on this host (a
+        unix socket or the environment's) and they have GPUs."""
+        return [name for name, rt in self.nodes.items()
+                if rt.gpu_share is not None and rt.node.gpus
+                and (not rt.docker_url or rt.docker_url.startswith("unix://"))]
+
+    async def check_shares(self, force: bool = False) -> list[Action]:
+        """One watchdog pass over the shares on this host's nodes (:mod:`gpuspawner.gpushare.
+        watchdog`), at most every ``share_interval_s`` seconds (``force``: now): the running
+        servers from :meth:`Backend.list_managed`, NVML read in a worker thread.
+
+        Returns:
+            what the watchdog did (empty when no pass was due, no share runs, or NVML is not
+            usable here: then, logged once, the watchdog stays off).
+        """
+        if self.share_interval_s <= 0 and not force:
+            return []
+        now = time.monotonic()
+        if not force and now - self._shares_read < self.share_interval_s:
+            return []
+        self._shares_read = now
+        nodes = set(self.share_nodes())
+        if not nodes:
+            return []
+        shares: dict[str, Share] = {}
+        for m in await self.backend.list_managed():
+            if m.node in nodes:
+                rt = self.nodes[m.node]
+                shares.update(shares_from_allocations(
+                    [(m.handle, m.allocation)], {g.uuid: g for g in rt.node.gpus},
+                    rt.gpu_share))
+        if not shares:
+            return []
+        return await asyncio.to_thread(self._share_pass, shares)
+
+    def _share_pass(self, shares: dict[str, Share]) -> list[Action]:
+        if self.share_watchdog is None:
+            try:
+                import pynvml
+
+                pynvml.nvmlInit()
+            except Exception as e:  # noqa: BLE001 - no NVML here: no watchdog
+                log.warning("GPU share watchdog off: NVML unusable here (%s)", e)
+                self.share_interval_s = 0
+                return []
+            self.share_watchdog = Watchdog(pynvml, grace_s=self.share_grace_s)
+        return self.share_watchdog.check(shares)
 
     async def sweep_if_suspect(self, node: str) -> None:
         """If ``node`` stopped answering earlier, remove its servers the ledger no longer
@@ -753,7 +841,8 @@ def get_cluster(nodes: Sequence[Mapping[str, Any]], policy: str,
                             "from the hub's; it uses the hub's one ledger and backend")
             return _CLUSTER
     if _CLUSTER is None:
-        runtimes = parse_node_config(nodes)
+        settings = (health() if callable(health) else health) or GPUHealthSettings()
+        runtimes = parse_node_config(nodes, settings.share_mode)
         quota_table = check_quotas(quotas)
         ledger = Ledger([rt.node for rt in runtimes], policy=policy, quotas=quota_table,
                         prior=_prior(profiles))
@@ -765,7 +854,8 @@ def get_cluster(nodes: Sequence[Mapping[str, Any]], policy: str,
         made.hub_id = hub_id() if callable(hub_id) else hub_id
         made.check_config()
         cluster = Cluster(table, ledger, made)
-        settings = (health() if callable(health) else health) or GPUHealthSettings()
+        cluster.share_grace_s = settings.share_grace_s
+        cluster.share_interval_s = settings.share_interval_s
         if settings.drains_file:
             cluster.drain_store = DrainStore(settings.drains_file)
             cluster.drain_store.check()

@@ -166,6 +166,23 @@ class SpawnerSettings(HasTraits):
         may have and stay healthy.""").tag(config=True)
     gpu_health_max_retired_pages = Int(59, help="""Pages retired for double-bit ECC errors a
         GPU may have and stay healthy.""").tag(config=True)
+    gpu_share_mode = Enum(["auto", "dmem", "mps", "watchdog"], default_value="auto",
+                          help="""What holds a GPU share (a profile's gpus below 1) on the
+        device, for every node whose entry in nodes sets no gpu_share (docs/gpu-sharing.md):
+        "auto" takes the kernel's cgroup dmem controller (each server's share of the GPU's
+        memory as its cgroup's dmem.max) where the node's kernel and driver have it, else
+        the watchdog; "mps" needs the MPS control daemon running (its pipe directory
+        /tmp/nvidia-mps) and gives each server CUDA_MPS_PINNED_DEVICE_MEM_LIMIT and
+        CUDA_MPS_ACTIVE_THREAD_PERCENTAGE from its share; "watchdog": per-process GPU memory
+        watched only. Chosen per node when the hub starts ("dmem" or "mps" on a node without
+        it stops the hub naming the node) and shown on the admin map.""").tag(config=True)
+    gpu_share_grace = Float(60.0, help="""Seconds a GPU share may use more GPU memory than
+        its share before the watchdog interrupts its largest kernel (SIGINT: the running cell
+        stops, the kernel and the server stay); the share is warned when first seen over.
+        """).tag(config=True)
+    gpu_share_interval = Float(5.0, help="""Seconds between two passes of the GPU share
+        watchdog over the shares on this host's nodes (NVML per-process memory). 0 = off.
+        """).tag(config=True)
 
     queue_file = Unicode("", help="""JSON file that keeps the wait queue across hub restarts
         (the order, the waiting spawns' user_options). Empty = gpuspawner-queue.json in
@@ -290,7 +307,8 @@ class SpawnerSettings(HasTraits):
 
 #: the GPUSpawner traits of GPU health and drains
 HEALTH_TRAITS = ("state_dir", "gpu_drains_file", "gpu_health_interval", "gpu_health_xids",
-                 "gpu_health_max_uncorrected_ecc", "gpu_health_max_retired_pages")
+                 "gpu_health_max_uncorrected_ecc", "gpu_health_max_retired_pages",
+                 "gpu_share_mode", "gpu_share_grace", "gpu_share_interval")
 
 
 def spawner_values(app: Any, names: tuple[str, ...]) -> dict[str, Any]:
@@ -357,6 +375,9 @@ def health_settings(values: dict[str, Any], db_url: str | None = None) -> GPUHea
     interval = float(get("gpu_health_interval"))
     if interval < 0:
         raise ValueError(f"gpu_health_interval: must be >= 0 seconds, got {interval}")
+    for name in ("gpu_share_grace", "gpu_share_interval"):
+        if float(get(name)) < 0:
+            raise ValueError(f"{name}: must be >= 0 seconds, got {get(name)}")
     path = str(get("gpu_drains_file") or "") or state_file(
         str(get("state_dir") or ""), db_url or hub_db_url(), DRAINS_FILE_NAME)
     return GPUHealthSettings(
@@ -364,7 +385,9 @@ def health_settings(values: dict[str, Any], db_url: str | None = None) -> GPUHea
         thresholds=HealthThresholds(
             max_uncorrected_ecc=int(get("gpu_health_max_uncorrected_ecc")),
             max_retired_pages_dbe=int(get("gpu_health_max_retired_pages")),
-            xids=frozenset(int(x) for x in get("gpu_health_xids"))))
+            xids=frozenset(int(x) for x in get("gpu_health_xids"))),
+        share_mode=str(get("gpu_share_mode")), share_grace_s=float(get("gpu_share_grace")),
+        share_interval_s=float(get("gpu_share_interval")))
 
 
 #: the GPUSpawner traits of the wait queue

@@ -41,7 +41,9 @@ def node_views(cluster: Cluster, viewer: str | None) -> list[dict[str, Any]]:
             a device only where it is themself; other holders read :data:`OTHER`, without
             allocation id or server name.
 
-    Every viewer sees each node's ``state``/``state_reason`` and each GPU's ``drained``
+    Every viewer sees each node's ``state``/``state_reason``, ``gpu_share`` (what holds GPU
+    shares there: ``{"mechanism": "dmem" | "mps" | "watchdog", "reason"}``, or null;
+    :mod:`gpuspawner.gpushare.mechanism`) and each GPU's ``drained``
     (the reason, or null): a drained GPU takes no new servers, whoever asks. Admins also see
     who drained it and since when (``drained_by``: an admin's name or ``"health"``,
     ``drained_since``: seconds since the epoch).
@@ -58,6 +60,9 @@ def node_views(cluster: Cluster, viewer: str | None) -> list[dict[str, Any]]:
         for nn in node["numa_nodes"]:
             nn["cpu_owners"] = {c: (u if viewer is None or u == viewer else OTHER)
                                 for c, u in nn["cpu_owners"].items()}
+        rt = cluster.nodes.get(node["name"])
+        share = getattr(rt, "gpu_share", None)
+        node["gpu_share"] = share.to_dict() if share is not None else None
         gpus = node["gpus"]
         node["summary"] = {
             "gpus_total": len(gpus),
@@ -305,7 +310,8 @@ def map_view(cluster: Cluster) -> dict[str, Any]:
             })
         rows.append({"name": node["name"], "summary": node["summary"], "gpus": gpu_cells,
                      "numa": numa_cells, "state": node.get("state", "up"),
-                     "state_reason": node.get("state_reason", "")})
+                     "state_reason": node.get("state_reason", ""),
+                     "gpu_share": node.get("gpu_share")})
     allocs = ledger.allocations()
     forget_released(allocs)
     by_user: dict[str, list[Allocation]] = {}
