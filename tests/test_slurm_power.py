@@ -5,13 +5,15 @@ partition "power", ResumeProgram / SuspendProgram = scripts/slurm-power.sh, Susp
 A real hub whose only profile fits node4 alone: while node4 is powered down the spawn waits in
 the queue as *can start* (not refused), the policy makes node4 placeable, the server's Slurm
 job resumes node4 through ResumeProgram (its slurmd started, var/slurm/log/power.log), the
-server answers, and after it is stopped Slurm suspends node4 again (SuspendProgram) and the hub
-sets it off.
+server answers (another user can power node4 down neither through scontrol nor through the
+suspend program), and after it is stopped Slurm suspends node4 again (SuspendProgram) and the
+hub sets it off.
 """
 
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import subprocess
 import time
@@ -23,7 +25,7 @@ import pytest
 from gpuspawner.backends.slurm.commands import SlurmClient, parse_nodes
 from gpuspawner.elastic.slurm import slurm_power_state
 from gpuspawner.hub.identity import object_name
-from gpuspawner.testing.slurm_hub import USER, SlurmHub, chp
+from gpuspawner.testing.slurm_hub import OTHER, USER, SlurmHub, chp
 from tests.test_slurm_backend import slurm_conf  # noqa: F401
 from tests.test_slurm_hub import jobs_of
 from tests.waiting import wait_until
@@ -115,6 +117,25 @@ check_hub_config(c)  # builds the cluster and attaches its elastic nodes
         assert node4_state(slurm_conf) == "running"
         assert "elastic node node4: placeable" in hub.tail(2000)
         print(f"spawn to ready on a powered-down node: {ready_s:.1f} s")
+        # another user can neither power node4 down under the running server through Slurm
+        # (an administrator's command) nor through the suspend program itself
+        other = pwd.getpwnam(OTHER)
+        as_other = ["setpriv", f"--reuid={other.pw_uid}", f"--regid={other.pw_gid}",
+                    "--init-groups"]
+        env = {"PATH": os.environ["PATH"], "SLURM_CONF": slurm_conf}
+        r1 = subprocess.run([*as_other, "scontrol", "update", "NodeName=node4",
+                             "State=POWER_DOWN_FORCE"], capture_output=True, text=True,
+                            timeout=30, env=env)
+        assert r1.returncode != 0, r1
+        # (Slurm 22.05 answers a user who is no operator "Invalid user id")
+        assert any(w in (r1.stderr + r1.stdout).lower()
+                   for w in ("invalid user id", "denied")), r1
+        suspend = Path(slurm_conf).parent / "node-suspend"
+        subprocess.run([*as_other, str(suspend), "node4"], capture_output=True, text=True,
+                       timeout=30, env=env)
+        assert node4_state(slurm_conf) == "running"
+        assert hub.server(USER)["ready"]
+        assert "suspend node4" not in log.read_text()[len(before):]
         mark = len(log.read_text())
 
         assert hub.api("DELETE", f"/users/{USER}/server").status_code in (202, 204)
