@@ -146,7 +146,7 @@ def test_only_the_kernel_over_its_share_is_interrupted(containers):
 
 
 def test_the_interrupt_is_counted_in_the_metrics(tmp_path):
-    from gpuspawner.hub.metrics import GPU_SHARE_ACTIONS, REGISTRY
+    from gpuspawner.hub.metrics import GPU_SHARE_ACTIONS, REGISTRY, gpu_share_action
 
     before = REGISTRY.get_sample_value("gpuspawner_gpu_share_actions_total",
                                        {"action": "warn"}) or 0
@@ -157,8 +157,8 @@ def test_the_interrupt_is_counted_in_the_metrics(tmp_path):
     shares = shares_from_allocations([(CID, allocation("ann", 250))], {UUID: A100},
                                      Mechanism("watchdog", ""))
     sent: list[tuple[int, int]] = []
-    dog = Watchdog(nvml, grace_s=0, proc_root=str(tmp_path),
-                   kill=lambda pid, sig: sent.append((pid, sig)))
+    dog = Watchdog(nvml, grace_s=0, proc_root=str(tmp_path), count=gpu_share_action,
+                   kill=lambda pid, sig: sent.append((pid, sig)))  # as the hub makes it
     kinds = [a.kind for a in dog.check(shares, now=0.0)]
     assert kinds == ["warn", "interrupt"] and sent == [(7, 2)]
     assert REGISTRY.get_sample_value("gpuspawner_gpu_share_actions_total",

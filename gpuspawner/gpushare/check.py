@@ -45,6 +45,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from idle_culler.gpu import GPUHistory, NVMLSampler
+
+from ..backends.docker import GPU_CAPABILITIES
+from ..inventory.health import read_health
+from ..inventory.local import read_gpus
+from ..placement.model import Allocation, GPUShare, Owner
+from ..singleuser.gpuviews.sampler import Sampler
+from .mechanism import (
+    Mechanism,
+    detect_mechanism,
+    prepare_dmem_cgroup,
+    remove_dmem_cgroup,
+    share_limits,
+)
+from .watchdog import Watchdog, shares_from_allocations
+
 __all__ = [
     "CHECKS",
     "Context",
@@ -140,7 +156,6 @@ def _csv(text: str) -> list[list[str]]:
 # --------------------------------------------------------------------------- NVML-only checks
 def check_inventory(ctx: Context) -> list[Row]:
     """NVML's inventory against nvidia-smi's (module docstring)."""
-    from ..inventory.local import read_gpus
 
     gpus = list(read_gpus(ctx.nvml))
     ctx.gpus = gpus
@@ -177,7 +192,6 @@ def check_inventory(ctx: Context) -> list[Row]:
 
 def check_health(ctx: Context) -> list[Row]:
     """ECC and XID readings (module docstring)."""
-    from ..inventory.health import read_health
 
     readings = read_health(ctx.nvml)
     smi = {
@@ -222,7 +236,6 @@ def check_health(ctx: Context) -> list[Row]:
 
 def check_mig(ctx: Context) -> list[Row]:
     """NVML's MIG instances against ``nvidia-smi -L`` (module docstring)."""
-    from ..inventory.local import read_gpus
 
     gpus = ctx.gpus or list(read_gpus(ctx.nvml))
     on = [g for g in gpus if g.mig_mode]
@@ -289,9 +302,9 @@ except KeyboardInterrupt:
 
 
 def _gpu_host_config(ctx: Context, uuid: str, **extra: Any) -> Any:
-    from docker.types import DeviceRequest
 
-    from ..backends.docker import GPU_CAPABILITIES
+
+    from docker.types import DeviceRequest  # docker: only where containers are made
 
     return ctx.engine.create_host_config(
         device_requests=[
@@ -388,9 +401,7 @@ def check_load(ctx: Context) -> list[Row]:
     missing = _need_image(ctx, "load: PyTorch image")
     if missing:
         return missing
-    from idle_culler.gpu import GPUHistory, NVMLSampler
 
-    from ..singleuser.gpuviews.sampler import Sampler
 
     g = ctx.gpus[0]
 
@@ -490,9 +501,6 @@ def _share_script(fraction: float, matmul: bool, hold: float) -> str:
 
 def _shares_with(ctx: Context, mech: Any) -> list[Row]:
     """Two half shares of GPU 0 under one mechanism."""
-    from ..placement.model import Allocation, GPUShare, Owner
-    from .mechanism import prepare_dmem_cgroup, remove_dmem_cgroup, share_limits
-    from .watchdog import Watchdog, shares_from_allocations
 
     g = ctx.gpus[0]
     gpus = {g.uuid: g}
@@ -599,7 +607,6 @@ def check_shares(ctx: Context) -> list[Row]:
     missing = _need_image(ctx, "shares: PyTorch image")
     if missing:
         return missing
-    from .mechanism import Mechanism, detect_mechanism
 
     mechs = [detect_mechanism("auto", ctx.gpus[:1])]
     if os.path.isdir("/tmp/nvidia-mps"):
@@ -694,7 +701,6 @@ def main(
     started = time.monotonic()
     try:
         if "inventory" not in names:  # the GPUs the other checks use
-            from ..inventory.local import read_gpus
 
             ctx.gpus = list(read_gpus(nv))
         rows = run_checks(ctx, names)

@@ -30,6 +30,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from ..inventory.local import sysfs_pci_address
 from ..placement.model import GPU, GPU_MILLI, Allocation
 
 __all__ = [
@@ -110,12 +111,6 @@ def dmem_capacity(cgroup_root: str = "/sys/fs/cgroup") -> dict[str, int] | None:
     return out
 
 
-def _sysfs_address(bus_id: str) -> str:
-    from ..inventory.local import sysfs_pci_address
-
-    return sysfs_pci_address(bus_id)
-
-
 def dmem_region(regions: Iterable[str], gpu: GPU) -> str | None:
     """The device memory region of ``gpu`` among ``regions``: the first whose name holds the
     GPU's PCI address in sysfs form and ends in ``vram<n>`` when any does (a driver may also
@@ -123,7 +118,7 @@ def dmem_region(regions: Iterable[str], gpu: GPU) -> str | None:
     if not gpu.pci_bus_id:
         return None
     try:
-        addr = _sysfs_address(gpu.pci_bus_id)
+        addr = sysfs_pci_address(gpu.pci_bus_id)
     except ValueError:
         return None
     mine = [r for r in regions if addr in r.lower().split("/")]

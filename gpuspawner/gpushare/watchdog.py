@@ -180,8 +180,8 @@ class Watchdog:
         proc_root: where procfs is mounted.
         kill: ``os.kill``'s stand-in (tests may record).
         notify: called with each :class:`Action` (the hub's user notice); errors are logged.
-        count: called with each action's kind (the metrics counter); default
-            :func:`gpuspawner.hub.metrics.gpu_share_action`.
+        count: called with each action's kind (the hub passes the metrics counter,
+            :func:`gpuspawner.hub.metrics.gpu_share_action`); None: not counted.
     """
 
     nvml: Any
@@ -283,15 +283,11 @@ class Watchdog:
 
     def _act(self, action: Action) -> Action:
         log.warning("GPU share %s: %s", action.kind, action.message)
-        try:
-            if self.count is not None:
+        if self.count is not None:
+            try:
                 self.count(action.kind)
-            else:
-                from ..hub.metrics import gpu_share_action
-
-                gpu_share_action(action.kind)
-        except Exception as e:  # noqa: BLE001 - counting must not stop the watchdog
-            log.warning("GPU share: cannot count %s: %s", action.kind, e)
+            except Exception as e:  # noqa: BLE001 - counting must not stop the watchdog
+                log.warning("GPU share: cannot count %s: %s", action.kind, e)
         if self.notify is not None:
             try:
                 self.notify(action)

@@ -37,6 +37,7 @@ from .isolation import (
     read_forward_rules,
     uncovered,
 )
+from .metrics import gpu_share_action
 from .profiles import ProfileConfigError, load_profiles
 from .runtime import hub_runtime
 from .spawn_queue import QueueSettings, SpawnQueue
@@ -603,7 +604,8 @@ class Cluster:
                 log.warning("GPU share watchdog off: NVML unusable here (%s)", e)
                 self.share_interval_s = 0
                 return []
-            self.share_watchdog = Watchdog(pynvml, grace_s=self.share_grace_s)
+            self.share_watchdog = Watchdog(pynvml, grace_s=self.share_grace_s,
+                                           count=gpu_share_action)
         return self.share_watchdog.check(shares)
 
     async def sweep_if_suspect(self, node: str) -> None:
