@@ -47,8 +47,7 @@ def test_make_gpu_check_without_a_gpu_says_so_in_one_line_and_exits_2():
     # -o venv: the venv is taken as it is (never reinstalled from this checkout by a test: the
     # shared venv's editable install would point at whichever checkout ran it)
     made = subprocess.run(
-        ["make", "--no-print-directory", "-s", "-o", "venv", "-o", ".venv/.installed",
-         "gpu-check"],
+        ["make", "--no-print-directory", "-s", "-o", "venv", "-o", ".venv/.installed", "gpu-check"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -27,14 +27,23 @@ from gpuspawner.placement.model import GPU, Allocation, GPUShare, Owner
 
 GiB = 1024**3
 UUID = "GPU-6513270e-269e-0d37-f2a7-4de452e6b438"
-A100 = GPU(uuid=UUID, index=0, model="A100", memory_bytes=80 * GiB,
-           pci_bus_id="00000000:3B:00.0", numa_node=0, shareable=True)
+A100 = GPU(
+    uuid=UUID,
+    index=0,
+    model="A100",
+    memory_bytes=80 * GiB,
+    pci_bus_id="00000000:3B:00.0",
+    numa_node=0,
+    shareable=True,
+)
 REGION = "drm/0000:3b:00.0/vram0"
 
 
-def cgroup_tree(root: Path, controllers: str = "cpu memory dmem",
-                capacity: str = f"{REGION} {80 * GiB}\ndrm/0000:3b:00.0/stolen 8650752\n"
-                ) -> Path:
+def cgroup_tree(
+    root: Path,
+    controllers: str = "cpu memory dmem",
+    capacity: str = f"{REGION} {80 * GiB}\ndrm/0000:3b:00.0/stolen 8650752\n",
+) -> Path:
     """A cgroup v2 root as the kernel shows it (cgroup.controllers, dmem.capacity)."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "cgroup.controllers").write_text(controllers + "\n")
@@ -45,8 +54,16 @@ def cgroup_tree(root: Path, controllers: str = "cpu memory dmem",
 
 
 def alloc(milli: int, uuid: str = UUID) -> Allocation:
-    return Allocation(id="a1", owner=Owner("alice", ""), node="n", gpus=(GPUShare(uuid, milli),),
-                      cpuset=(0,), mems=(0,), memory_bytes=GiB, disk_bytes=0)
+    return Allocation(
+        id="a1",
+        owner=Owner("alice", ""),
+        node="n",
+        gpus=(GPUShare(uuid, milli),),
+        cpuset=(0,),
+        mems=(0,),
+        memory_bytes=GiB,
+        disk_bytes=0,
+    )
 
 
 # ------------------------------------------------------------------ the choice per node
@@ -57,10 +74,13 @@ def test_auto_takes_dmem_where_the_gpu_has_a_region(tmp_path):
     assert m.name == "dmem" and m.regions == {UUID: REGION}  # vram, not stolen memory
 
 
-@pytest.mark.parametrize(("controllers", "capacity", "why"), [
-    ("cpu memory", f"{REGION} 1\n", "no cgroup v2 dmem controller"),
-    ("cpu memory dmem", "drm/0000:af:00.0/vram0 1\n", "has no region"),
-])
+@pytest.mark.parametrize(
+    ("controllers", "capacity", "why"),
+    [
+        ("cpu memory", f"{REGION} 1\n", "no cgroup v2 dmem controller"),
+        ("cpu memory dmem", "drm/0000:af:00.0/vram0 1\n", "has no region"),
+    ],
+)
 def test_auto_falls_back_to_the_watchdog_saying_why(tmp_path, controllers, capacity, why):
     root = cgroup_tree(tmp_path / "cg", controllers, capacity)
     m = detect_mechanism("auto", [A100], cgroup_root=str(root))
@@ -75,15 +95,18 @@ def test_this_host_has_no_dmem_so_auto_is_the_watchdog():
 
 
 def test_mps_only_when_asked_and_the_daemon_folder_exists(tmp_path):
-    assert detect_mechanism("auto", [A100], cgroup_root=str(tmp_path),
-                            mps_pipe_directory=str(tmp_path)).name == "watchdog"
+    assert (
+        detect_mechanism(
+            "auto", [A100], cgroup_root=str(tmp_path), mps_pipe_directory=str(tmp_path)
+        ).name
+        == "watchdog"
+    )
     with pytest.raises(ShareModeUnavailable, match="nvidia-cuda-mps-control"):
         detect_mechanism("mps", [A100], mps_pipe_directory=str(tmp_path / "none"))
     m = detect_mechanism("mps", [A100], mps_pipe_directory=str(tmp_path))
     assert m.name == "mps" and m.mps_pipe_directory == str(tmp_path)
     # a remote node: taken as the admin says, auto cannot look
-    assert detect_mechanism("mps", [A100], local=False,
-                            mps_pipe_directory="/nowhere").name == "mps"
+    assert detect_mechanism("mps", [A100], local=False, mps_pipe_directory="/nowhere").name == "mps"
     assert detect_mechanism("auto", [A100], local=False).name == "watchdog"
 
 
@@ -107,8 +130,7 @@ def test_a_quarter_share_gets_a_quarter_of_the_memory_under_each_mechanism():
     assert lim.env["GPUSPAWNER_GPU_SHARE_MECHANISM"] == "dmem"
     assert lim.cgroup_parent == "/gpuspawner/jupyter-alice"
     assert lim.dmem_max == {REGION: 20 * GiB}
-    mps = share_limits(alloc(250), {UUID: A100}, Mechanism("mps", "", mps_pipe_directory="/p"),
-                       "x")
+    mps = share_limits(alloc(250), {UUID: A100}, Mechanism("mps", "", mps_pipe_directory="/p"), "x")
     assert mps.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"
     assert mps.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
     assert mps.env["CUDA_MPS_PIPE_DIRECTORY"] == "/p" and not mps.cgroup_parent
@@ -125,8 +147,9 @@ def test_a_whole_gpu_has_nothing_to_hold():
 
 def test_the_dmem_parent_is_made_with_its_limit_and_removed(tmp_path):
     root = cgroup_tree(tmp_path / "cg")
-    lim = share_limits(alloc(500), {UUID: A100}, Mechanism("dmem", "", {UUID: REGION}),
-                       "jupyter-bob")
+    lim = share_limits(
+        alloc(500), {UUID: A100}, Mechanism("dmem", "", {UUID: REGION}), "jupyter-bob"
+    )
     (root / "gpuspawner").mkdir()
     (root / "gpuspawner" / "cgroup.subtree_control").write_text("")
     path = prepare_dmem_cgroup(lim, str(root))
@@ -167,8 +190,10 @@ def engine():
 @pytest.fixture
 def spawner(tmp_path, engine, monkeypatch):
     reset_clusters()
-    monkeypatch.setattr("gpuspawner.hub.spawner.hub_db_url",
-                        lambda: f"sqlite:///{tmp_path / 'state' / 'jupyterhub.sqlite'}")
+    monkeypatch.setattr(
+        "gpuspawner.hub.spawner.hub_db_url",
+        lambda: f"sqlite:///{tmp_path / 'state' / 'jupyterhub.sqlite'}",
+    )
     topo = gpu_topology(tmp_path)
     text = topo.read_text().replace("numa_node:", "shareable: true\n  numa_node:")
     topo.write_text(text)
@@ -178,15 +203,19 @@ def spawner(tmp_path, engine, monkeypatch):
         (tmp_path / "state").mkdir(exist_ok=True)
         cfg = Config()
         cfg.GPUSpawner.nodes = [{"name": "gpunode", "topology": str(topo), **(node or {})}]
-        cfg.GPUSpawner.profiles = [{"slug": "quarter", "cpu": 1, "memory": "256M",
-                                    "gpus": 0.25}]
+        cfg.GPUSpawner.profiles = [{"slug": "quarter", "cpu": 1, "memory": "256M", "gpus": 0.25}]
         cfg.GPUSpawner.cmd = FAKE_SERVER
         cfg.GPUSpawner.state_dir = str(tmp_path / "state")
         cfg.GPUSpawner.gpu_share_interval = 0.0
         for k, v in config.items():
             cfg.GPUSpawner[k] = v
-        sp = GPUSpawner(config=cfg, user=FakeUser(user), hub=Hub(), oauth_client_id=f"c-{user}",
-                        api_token="secret-token")
+        sp = GPUSpawner(
+            config=cfg,
+            user=FakeUser(user),
+            hub=Hub(),
+            oauth_client_id=f"c-{user}",
+            api_token="secret-token",
+        )
         sp.user_options = {"profile": "quarter"}
         made.append(sp)
         return sp
@@ -228,10 +257,19 @@ async def test_a_share_starts_with_its_limits_and_the_map_shows_the_mechanism(sp
     assert node["gpu_share"]["mechanism"] == "watchdog"
     assert "no dmem" in node["gpu_share"]["reason"]
     view = map_view(sp.cluster)
-    html = page_templates().get_template("admin.html.j2").render(
-        view=view, user={"name": "admin", "admin": True}, prefix="/services/gpuspawner/",
-        hub_prefix="/hub/", refresh_s=5, links=service_links("/services/", "GPU map"),
-        api_links=[])
+    html = (
+        page_templates()
+        .get_template("admin.html.j2")
+        .render(
+            view=view,
+            user={"name": "admin", "admin": True},
+            prefix="/services/gpuspawner/",
+            hub_prefix="/hub/",
+            refresh_s=5,
+            links=service_links("/services/", "GPU map"),
+            api_links=[],
+        )
+    )
     assert 'data-testid="gpu-share" data-mechanism="watchdog"' in html
     assert "shares held by: watchdog" in html
     await sp.stop()
@@ -261,8 +299,9 @@ async def test_an_mps_node_gives_the_client_limits_folder_and_ipc(spawner, engin
 
 
 @pytest.mark.docker
-async def test_a_dmem_node_runs_the_share_under_its_own_cgroup_parent(spawner, engine,
-                                                                      tmp_path, monkeypatch):
+async def test_a_dmem_node_runs_the_share_under_its_own_cgroup_parent(
+    spawner, engine, tmp_path, monkeypatch
+):
     if engine.info().get("CgroupDriver") != "cgroupfs":
         pytest.skip("the engine uses the systemd cgroup driver")
     root = cgroup_tree(tmp_path / "cg")
@@ -271,15 +310,17 @@ async def test_a_dmem_node_runs_the_share_under_its_own_cgroup_parent(spawner, e
     # this host has no dmem controller: the node's choice as on a host that has, the cgroup
     # files in a tree of this test's (the engine still makes the parent it is given)
     uuid = rt.node.gpus[0].uuid
-    rt.gpu_share = Mechanism("dmem", "test", regions={g.uuid: f"drm/{g.index}/vram0"
-                                                      for g in rt.node.gpus})
+    rt.gpu_share = Mechanism(
+        "dmem", "test", regions={g.uuid: f"drm/{g.index}/vram0" for g in rt.node.gpus}
+    )
     monkeypatch.setattr(DockerBackend, "cgroup_root", str(root))
     (root / "gpuspawner").mkdir()
     (root / "gpuspawner" / "cgroup.subtree_control").write_text("")
     await asyncio.wait_for(sp.start(), 90)
     cid = sp.backend_state["container_id"]
-    assert engine.inspect_container(cid)["HostConfig"]["CgroupParent"] == \
-        "/gpuspawner/jupyter-gscal"
+    assert (
+        engine.inspect_container(cid)["HostConfig"]["CgroupParent"] == "/gpuspawner/jupyter-gscal"
+    )
     granted = sp.allocation.gpus[0]
     index = next(g.index for g in rt.node.gpus if g.uuid == granted.uuid)
     limit = (root / "gpuspawner/jupyter-gscal/dmem.max").read_text()

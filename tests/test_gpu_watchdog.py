@@ -24,16 +24,26 @@ from gpuspawner.testing.nvml_metrics import MetricsNVML
 
 GiB = 1024**3
 UUID = "GPU-6513270e-269e-0d37-f2a7-4de452e6b438"
-A100 = GPU(uuid=UUID, index=0, model="A100", memory_bytes=80 * GiB,
-           pci_bus_id="00000000:3B:00.0", numa_node=0, shareable=True)
+A100 = GPU(
+    uuid=UUID,
+    index=0,
+    model="A100",
+    memory_bytes=80 * GiB,
+    pci_bus_id="00000000:3B:00.0",
+    numa_node=0,
+    shareable=True,
+)
 CID = "0123456789abcdef" * 4
 
 
-@pytest.mark.parametrize("line", [
-    f"12:memory:/docker/{CID}",                                   # v1, cgroupfs
-    f"0::/system.slice/docker-{CID}.scope",                       # v2, systemd driver
-    f"0::/gpuspawner/jupyter-alice/{CID}",                        # a dmem cgroup parent
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        f"12:memory:/docker/{CID}",  # v1, cgroupfs
+        f"0::/system.slice/docker-{CID}.scope",  # v2, systemd driver
+        f"0::/gpuspawner/jupyter-alice/{CID}",  # a dmem cgroup parent
+    ],
+)
 def test_the_container_id_is_read_from_the_cgroup_path(tmp_path, line):
     (tmp_path / "42").mkdir()
     (tmp_path / "42" / "cgroup").write_text(f"1:name=systemd:/init.scope\n{line}\n")
@@ -45,15 +55,28 @@ def test_the_container_id_is_read_from_the_cgroup_path(tmp_path, line):
 
 
 def allocation(user: str, milli: int) -> str:
-    return Allocation(id=f"a-{user}", owner=Owner(user, ""), node="n",
-                      gpus=(GPUShare(UUID, milli),), cpuset=(0,), mems=(0,),
-                      memory_bytes=GiB, disk_bytes=0).to_json()
+    return Allocation(
+        id=f"a-{user}",
+        owner=Owner(user, ""),
+        node="n",
+        gpus=(GPUShare(UUID, milli),),
+        cpuset=(0,),
+        mems=(0,),
+        memory_bytes=GiB,
+        disk_bytes=0,
+    ).to_json()
 
 
 def test_whole_gpus_and_unparsable_labels_are_not_watched():
     shares = shares_from_allocations(
-        [("a" * 64, allocation("ann", 250)), ("b" * 64, allocation("ben", 1000)),
-         ("c" * 64, "{not json")], {UUID: A100}, Mechanism("watchdog", ""))
+        [
+            ("a" * 64, allocation("ann", 250)),
+            ("b" * 64, allocation("ben", 1000)),
+            ("c" * 64, "{not json"),
+        ],
+        {UUID: A100},
+        Mechanism("watchdog", ""),
+    )
     assert list(shares) == ["a" * 64]
     assert shares["a" * 64].limits == {UUID: 20 * GiB} and shares["a" * 64].user == "ann"
 
@@ -62,13 +85,15 @@ def test_whole_gpus_and_unparsable_labels_are_not_watched():
 docker = pytest.importorskip("docker")
 IMAGE = os.environ.get("SINGLEUSER_IMAGE", "gpuspawner/singleuser:latest")
 #: the "kernel": reports SIGINT (KeyboardInterrupt), keeps running like ipykernel does
-KERNEL = ("import sys, time\n"
-          "print('ready', flush=True)\n"
-          "while True:\n"
-          "    try:\n"
-          "        time.sleep(3600)\n"
-          "    except KeyboardInterrupt:\n"
-          "        print('interrupted', flush=True)\n")
+KERNEL = (
+    "import sys, time\n"
+    "print('ready', flush=True)\n"
+    "while True:\n"
+    "    try:\n"
+    "        time.sleep(3600)\n"
+    "    except KeyboardInterrupt:\n"
+    "        print('interrupted', flush=True)\n"
+)
 
 
 @pytest.fixture
@@ -84,9 +109,11 @@ def containers():
         """A container whose pid 1 (the "server", sh) runs the kernel as a child; returns
         (container id, host pid of the server, host pid of the kernel)."""
         cid = cli.create_container(
-            IMAGE, command=["sh", "-c", f"python3 -c \"{KERNEL}\"; echo done"],
+            IMAGE,
+            command=["sh", "-c", f'python3 -c "{KERNEL}"; echo done'],
             labels={"gpuspawner.test": "watchdog", "gpuspawner.user": user},
-            host_config=cli.create_host_config(network_mode="none"))["Id"]
+            host_config=cli.create_host_config(network_mode="none"),
+        )["Id"]
         made.append(cid)
         cli.start(cid)
         deadline = time.monotonic() + 30
@@ -113,17 +140,31 @@ def test_only_the_kernel_over_its_share_is_interrupted(containers):
     assert namespace_pid(over_server) == 1 and namespace_pid(over_kernel) != 1
     # NVML's answer: ann's kernel 30 GiB and her server 1 GiB (over her 20 GiB share), ben's
     # kernel 12 GiB (within his); a process of no container at all with 40 GiB
-    nvml = MetricsNVML([nd.FakeGPU(UUID)], procs={0: [
-        (over_kernel, 30 * GiB), (over_server, 1 * GiB), (ok_kernel, 12 * GiB),
-        (os.getpid(), 40 * GiB)]})
+    nvml = MetricsNVML(
+        [nd.FakeGPU(UUID)],
+        procs={
+            0: [
+                (over_kernel, 30 * GiB),
+                (over_server, 1 * GiB),
+                (ok_kernel, 12 * GiB),
+                (os.getpid(), 40 * GiB),
+            ]
+        },
+    )
     nvml.nvmlInit()
     shares = shares_from_allocations(
         [(over_cid, allocation("ann", 250)), (ok_cid, allocation("ben", 250))],
-        {UUID: A100}, Mechanism("watchdog", ""))
+        {UUID: A100},
+        Mechanism("watchdog", ""),
+    )
     counted: list[str] = []
     notices: list[str] = []
-    dog = Watchdog(nvml, grace_s=10, count=counted.append,
-                   notify=lambda a: notices.append(f"{a.kind} {a.share.user}"))
+    dog = Watchdog(
+        nvml,
+        grace_s=10,
+        count=counted.append,
+        notify=lambda a: notices.append(f"{a.kind} {a.share.user}"),
+    )
     first = dog.check(shares, now=100.0)
     assert [(a.kind, a.share.user, a.used_bytes) for a in first] == [("warn", "ann", 31 * GiB)]
     assert dog.check(shares, now=105.0) == []  # within the grace: nothing more
@@ -148,19 +189,28 @@ def test_only_the_kernel_over_its_share_is_interrupted(containers):
 def test_the_interrupt_is_counted_in_the_metrics(tmp_path):
     from gpuspawner.hub.metrics import GPU_SHARE_ACTIONS, REGISTRY, gpu_share_action
 
-    before = REGISTRY.get_sample_value("gpuspawner_gpu_share_actions_total",
-                                       {"action": "warn"}) or 0
+    before = (
+        REGISTRY.get_sample_value("gpuspawner_gpu_share_actions_total", {"action": "warn"}) or 0
+    )
     (tmp_path / "7").mkdir()
     (tmp_path / "7" / "cgroup").write_text(f"0::/docker/{CID}\n")
     nvml = MetricsNVML([nd.FakeGPU(UUID)], procs={0: [(7, 25 * GiB)]})
     nvml.nvmlInit()
-    shares = shares_from_allocations([(CID, allocation("ann", 250))], {UUID: A100},
-                                     Mechanism("watchdog", ""))
+    shares = shares_from_allocations(
+        [(CID, allocation("ann", 250))], {UUID: A100}, Mechanism("watchdog", "")
+    )
     sent: list[tuple[int, int]] = []
-    dog = Watchdog(nvml, grace_s=0, proc_root=str(tmp_path), count=gpu_share_action,
-                   kill=lambda pid, sig: sent.append((pid, sig)))  # as the hub makes it
+    dog = Watchdog(
+        nvml,
+        grace_s=0,
+        proc_root=str(tmp_path),
+        count=gpu_share_action,
+        kill=lambda pid, sig: sent.append((pid, sig)),
+    )  # as the hub makes it
     kinds = [a.kind for a in dog.check(shares, now=0.0)]
     assert kinds == ["warn", "interrupt"] and sent == [(7, 2)]
-    assert REGISTRY.get_sample_value("gpuspawner_gpu_share_actions_total",
-                                     {"action": "warn"}) == before + 1
+    assert (
+        REGISTRY.get_sample_value("gpuspawner_gpu_share_actions_total", {"action": "warn"})
+        == before + 1
+    )
     assert GPU_SHARE_ACTIONS is not None

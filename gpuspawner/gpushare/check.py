@@ -303,7 +303,6 @@ except KeyboardInterrupt:
 
 def _gpu_host_config(ctx: Context, uuid: str, **extra: Any) -> Any:
 
-
     from docker.types import DeviceRequest  # docker: only where containers are made
 
     return ctx.engine.create_host_config(
@@ -401,7 +400,6 @@ def check_load(ctx: Context) -> list[Row]:
     missing = _need_image(ctx, "load: PyTorch image")
     if missing:
         return missing
-
 
     g = ctx.gpus[0]
 
@@ -701,7 +699,6 @@ def main(
     started = time.monotonic()
     try:
         if "inventory" not in names:  # the GPUs the other checks use
-
             ctx.gpus = list(read_gpus(nv))
         rows = run_checks(ctx, names)
     finally:
