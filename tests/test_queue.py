@@ -407,3 +407,30 @@ def test_free_gpus_and_the_form_count_only_a_profiles_nodes():
          "nodes": ["n1"]}]), ledger, "b", ())
     assert card["availability"] == "0 of 2 GPU free now"
     assert card["waits"] and card["available"]
+
+
+def test_fair_share_over_time_puts_more_decayed_past_usage_behind():
+    """Issue 41 item 5: equal holdings now (none), the user with more decayed past usage
+    waits behind the one with less, though it arrived first; off again, arrival order."""
+    from gpuspawner.placement.queue import decayed
+    ledger = one_node(1)
+    ledger.reserve(gpus(1), Owner("other", "held"))
+    q = WaitQueue(ledger)
+    q.add(Owner("heavy"), gpus(1))
+    q.add(Owner("light"), gpus(1))
+    assert [e.owner.user for e in q.order()] == ["heavy", "light"]  # plain DRF: FIFO tie
+    week = 7 * 86400.0
+    # heavy used 100 GPU-hours two weeks ago (25 after decay), light 10 GPU-hours just now
+    past = {"heavy": decayed(100 * 3600, 2 * week, week), "light": decayed(10 * 3600, 0, week)}
+    assert past["heavy"] == pytest.approx(25 * 3600)
+    q.set_past_usage(past)
+    assert [e.owner.user for e in q.order()] == ["light", "heavy"]
+    f_heavy, f_light = q.fairshare_factor(Owner("heavy")), q.fairshare_factor(Owner("light"))
+    assert 0 < f_heavy < f_light < 1
+    # decayed long enough, heavy's old usage falls below light's: heavy is first again
+    q.set_past_usage({"heavy": decayed(100 * 3600, 6 * week, week), "light": 10 * 3600})
+    assert [e.owner.user for e in q.order()] == ["heavy", "light"]
+    q.set_past_usage({})
+    assert q.fairshare_factor(Owner("heavy")) == 1.0
+    with pytest.raises(ValueError, match="heavy"):
+        q.set_past_usage({"heavy": -1})

@@ -15,6 +15,16 @@ projected shares carry over from the higher priorities). Slurm's multifactor pri
 is the model: a partition's ``PriorityTier`` is compared before any other factor
 (slurm.conf(5), ``PriorityTier``).
 
+Fair share over time (optional): the caller may pass each user's *decayed past usage*
+(:meth:`WaitQueue.set_past_usage`, any unit, e.g. GPU-seconds each weighted by
+``0.5 ** (age / half_life)``: :func:`decayed`, Slurm's ``PriorityDecayHalfLife``). A user's
+fair-share factor is then ``F = 2 ** (-U / S)`` as in Slurm's classic fair-share formula
+(priority_multifactor, "Fair-share Factor"): ``U`` the user's share of all past usage passed
+in (0..1), ``S`` the user's weight divided by the weights of all users passed in or waiting.
+The DRF key becomes ``dominant share / weight + (1 - F)``: at equal current holdings a user
+with more decayed past usage waits behind one with less. With no past usage passed, F = 1
+for everyone and the order is plain DRF on current holdings.
+
 Start (:meth:`WaitQueue.schedule`): the entries are tried in that order. The first one that does
 not fit now becomes the *head*. Entries behind it may still start if they fit now (backfill,
 as Slurm's backfill scheduler lets lower-priority jobs start when they do not delay the first
@@ -52,7 +62,18 @@ from .ledger import Ledger
 from .model import GPU_MILLI, Allocation, Bundle, Owner, now
 from .quota import QuotaTable, Usage
 
-__all__ = ["QueueEntry", "QueueOutcome", "WaitQueue", "bundle_to_dict", "bundle_from_dict"]
+__all__ = ["QueueEntry", "QueueOutcome", "WaitQueue", "bundle_to_dict", "bundle_from_dict",
+           "decayed"]
+
+
+def decayed(amount: float, age_s: float, half_life_s: float) -> float:
+    """``amount`` decayed over ``age_s`` seconds with a half-life of ``half_life_s`` seconds:
+    ``amount * 0.5 ** (age_s / half_life_s)`` (Slurm's ``PriorityDecayHalfLife``).
+    ``half_life_s <= 0`` means no decay (the amount itself).
+    """
+    if half_life_s <= 0:
+        return amount
+    return amount * 0.5 ** (max(age_s, 0.0) / half_life_s)
 
 
 def bundle_to_dict(b: Bundle) -> dict[str, Any]:
@@ -170,6 +191,8 @@ class WaitQueue:
         #: (bundle, nodes tried) -> ``ledger.grown`` when the ledger refused it there: until
         #: something grows, the same try is refused again and is not made (see _try)
         self._refused: dict[tuple[Bundle, frozenset[str]], int] = {}
+        #: user -> decayed past usage (set_past_usage); empty: fair share over time is off
+        self._past: dict[str, float] = {}
 
     # -- admission ----------------------------------------------------------------------------
     def check_admissible(self, bundle: Bundle, owner: Owner,
@@ -246,6 +269,32 @@ class WaitQueue:
                                      (held.memory_bytes, cap.memory_bytes)) if c > 0]
         return max(shares, default=0.0)
 
+    def set_past_usage(self, past: Mapping[str, float]) -> None:
+        """Set each user's decayed past usage (>= 0, one unit for all users; see the module's
+        docstring). An empty mapping turns fair share over time off.
+
+        Raises:
+            ValueError: a negative amount.
+        """
+        for u, v in past.items():
+            if not v >= 0:
+                raise ValueError(f"past usage of {u!r}: must be >= 0, got {v!r}")
+        self._past = dict(past)
+
+    def fairshare_factor(self, owner: Owner) -> float:
+        """Slurm's classic fair-share factor ``2 ** (-U / S)`` in (0, 1] of ``owner`` (1.0 when
+        no past usage is set or nobody has any): ``U`` the owner's share of the past usage
+        set, ``S`` its weight over the weights of the users with past usage or waiting."""
+        total = sum(self._past.values())
+        if total <= 0:
+            return 1.0
+        weights = {e.owner.user: self.weight(e.owner) for e in self._entries.values()}
+        for u in self._past:
+            weights.setdefault(u, 1.0)
+        weights[owner.user] = self.weight(owner)
+        s = weights[owner.user] / sum(weights.values())
+        return 2.0 ** (-(self._past.get(owner.user, 0.0) / total) / s)
+
     def order(self) -> list[QueueEntry]:
         """Entries in the order they get to start: the higher priorities first; within one
         priority, repeatedly the user with the smallest weighted dominant share (holdings now
@@ -274,8 +323,9 @@ class WaitQueue:
         for u in by_user:
             if u not in projected:
                 projected[u] = self.ledger.usage(u)
-        heap = [(self.dominant_share(projected[u], cap) / self.weight(es[0].owner), es[0].seq, u)
-                for u, es in by_user.items()]
+        fs = {u: 1.0 - self.fairshare_factor(es[0].owner) for u, es in by_user.items()}
+        heap = [(self.dominant_share(projected[u], cap) / self.weight(es[0].owner) + fs[u],
+                 es[0].seq, u) for u, es in by_user.items()]
         heapq.heapify(heap)
         pos = dict.fromkeys(by_user, 0)
         out: list[QueueEntry] = []
@@ -290,7 +340,7 @@ class WaitQueue:
             if pos[u] < len(es):
                 nxt = es[pos[u]]
                 heapq.heappush(heap, (self.dominant_share(projected[u], cap) / self.weight(
-                    nxt.owner), nxt.seq, u))
+                    nxt.owner) + fs[u], nxt.seq, u))
         return out
 
     def position(self, entry_id: str) -> tuple[int, int]:
