@@ -637,11 +637,14 @@ def report(results: dict[str, SideResult], args: argparse.Namespace) -> list[str
     for key in ("idle_culler", "jupyterhub-idle-culler"):
         row(f"  {key}", f"{statistics.median(ours.culler[key]):.3f}",
             f"{statistics.median(ref.culler[key]):.3f}")
-    row("hub loop: longest callback ms (callbacks > 20 ms):", "", "")
+    row("hub loop: longest callback ms (callbacks > 20 ms) full GCs:", "", "")
 
     def stall(result: SideResult, phase: str) -> str:
         r = result.loop.get(phase)
-        return "n/a" if r is None else f"{r['max_ms']:.1f} ({r['over_ms']['20']})"
+        if r is None:
+            return "n/a"
+        full = r.get("gc", {}).get("count", [0, 0, 0])[2]
+        return f"{r['max_ms']:.1f} ({r['over_ms']['20']}) {full}"
 
     for phase, label in (("spawn", "  during the spawns"),
                          ("hub users page", "  hub users page GETs"),

@@ -339,8 +339,11 @@ def test_slurm_config_keeps_every_daemon_on_loopback(stand: Stand) -> None:
     assert f"SlurmctldHost={socket.gethostname().split('.')[0]}({addr})" in lines
     assert "SlurmctldPort=17101" in lines
     nodes = [ln for ln in lines if ln.startswith("NodeName=")]
-    assert len(nodes) == 3 and all(f" NodeAddr={addr} " in ln for ln in nodes), nodes
-    assert [ln.split(" Port=")[1].split()[0] for ln in nodes] == ["17102", "17103", "17105"]
+    # node1-3, and node4 under Slurm's power saving (State=CLOUD, docs/howto/elastic-nodes.md)
+    assert len(nodes) == 4 and all(f" NodeAddr={addr} " in ln for ln in nodes), nodes
+    assert [ln.split(" Port=")[1].split()[0] for ln in nodes] == ["17102", "17103", "17105",
+                                                                   "17106"]
+    assert nodes[3].startswith("NodeName=node4 ") and nodes[3].endswith(" State=CLOUD")
     assert str(stand.var / "slurm") in proc.stdout and str(REPO / "var") not in proc.stdout
 
 

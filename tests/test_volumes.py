@@ -236,6 +236,7 @@ async def test_a_notebook_job_gets_the_mounts_a_server_of_its_user_gets() -> Non
         return 1000, 100
 
     runner = SimpleNamespace(spawner=spawner, _user_ids=user_ids)
+    runner.image_of = lambda options, profile: JobRunner.image_of(runner, options, profile)
     nb = nbformat.v4.new_notebook()
     row = SimpleNamespace(user="ann", id="j1", name="n", output_dir="~/jobs/n/x",
                           parameters="{}", time_limit=60, notebook_dict=nb,
