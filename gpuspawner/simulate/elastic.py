@@ -26,15 +26,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..elastic.policy import CategoryView, ElasticView, NodeView, WaitingView, default_policy
-from ..placement import DEFAULT_POLICY, Bundle, Node, Owner, PlacementError
+from ..placement import DEFAULT_POLICY, Bundle, Node
 from ..placement.queue import WaitQueue
 from .engine import (
+    _arrive,
     _replay_metrics,
     _replay_order,
     _Run,
     _wait_metrics,
     simulate_replay_queue,
-    user_of,
 )
 from .traces import Pod
 
@@ -159,23 +159,7 @@ def simulate_replay_elastic(
                 state[name], idle_since[name] = "running", t
                 run.ledger.set_node_state(name, "up")
         elif kind == 2:
-            pod = pods[i]
-            bundle = run.bundle_of(pod)
-            owner = Owner(user_of(pod.name, users), str(i))
-            run.arrived += 1
-            run.requested_milli += bundle.total_gpu_milli
-            if bundle not in admission:
-                try:
-                    queue.check_admissible(bundle, owner)
-                    admission[bundle] = None
-                except PlacementError as e:
-                    admission[bundle] = getattr(e, "reason", "quota")
-            reason = admission[bundle]
-            if reason is not None:
-                run.rejected += 1
-                run.reasons[reason] = run.reasons.get(reason, 0) + 1
-            else:
-                waiting[queue.add(owner, bundle).id] = i
+            _arrive(run, queue, admission, waiting, pods[i], i, users)
         else:
             timers.discard(t)
         for out in queue.schedule():

@@ -398,6 +398,33 @@ def user_of(pod_name: str, users: int) -> str:
     return f"u{zlib.crc32(pod_name.encode()) % users}"
 
 
+def _arrive(run: _Run, queue: WaitQueue, admission: dict[Bundle, str | None],
+            waiting: dict[str, int], pod: Pod, i: int, users: int) -> None:
+    """Pod ``i`` of a queue replay arrives: counted, then refused (its reason counted in
+    ``run.reasons``) or added to ``queue`` (``waiting``: queue entry id -> pod index).
+
+    The simulated cluster has no quotas and its capacity never changes (an elastic node that
+    is off counts as capacity too), so admission depends on the bundle alone and is memoised
+    in ``admission`` (bundle -> refusal reason, None: admissible); ``check_admissible`` plans
+    on every node."""
+    bundle = run.bundle_of(pod)
+    owner = Owner(user_of(pod.name, users), str(i))
+    run.arrived += 1
+    run.requested_milli += bundle.total_gpu_milli
+    if bundle not in admission:
+        try:
+            queue.check_admissible(bundle, owner)
+            admission[bundle] = None
+        except PlacementError as e:
+            admission[bundle] = getattr(e, "reason", "quota")
+    reason = admission[bundle]
+    if reason is not None:
+        run.rejected += 1
+        run.reasons[reason] = run.reasons.get(reason, 0) + 1
+    else:
+        waiting[queue.add(owner, bundle).id] = i
+
+
 def _wait_metrics(waits: Sequence[float]) -> dict[str, Any]:
     """Mean, nearest-rank p95 and max of the started pods' waits (seconds; zeros included)."""
     ordered = sorted(waits)
@@ -485,28 +512,10 @@ def simulate_replay_queue(nodes: Sequence[Node], pods: Sequence[Pod],
         t, kind, _, i = heapq.heappop(events)
         area += run.allocated_milli * (t - t_last)
         t_last = clock[0] = t
-        pod = pods[i]
         if kind == 0:
             run.release(live.pop(i))
         else:
-            bundle = run.bundle_of(pod)
-            owner = Owner(user_of(pod.name, users), str(i))
-            run.arrived += 1
-            run.requested_milli += bundle.total_gpu_milli
-            if bundle not in admission:
-                # the simulated cluster's capacity never changes and it has no quotas, so
-                # admission depends on the bundle alone (check_admissible is O(nodes) plans)
-                try:
-                    queue.check_admissible(bundle, owner)
-                    admission[bundle] = None
-                except PlacementError as e:
-                    admission[bundle] = getattr(e, "reason", "quota")
-            reason = admission[bundle]
-            if reason is not None:
-                run.rejected += 1
-                run.reasons[reason] = run.reasons.get(reason, 0) + 1
-            else:
-                waiting[queue.add(owner, bundle).id] = i
+            _arrive(run, queue, admission, waiting, pods[i], i, users)
         c0 = time.thread_time_ns()
         t0 = time.perf_counter_ns()
         outcomes = queue.schedule()
