@@ -18,21 +18,11 @@ from gpuspawner.gpushare.watchdog import (
     namespace_pid,
     shares_from_allocations,
 )
-from gpuspawner.placement.model import GPU, Allocation, GPUShare, Owner
+from gpuspawner.placement.model import Allocation, GPUShare, Owner
 from gpuspawner.testing import nvml_double as nd
 from gpuspawner.testing.nvml_metrics import MetricsNVML
+from tests.test_gpu_share import A100, UUID, GiB  # the same 80 GiB shareable A100
 
-GiB = 1024**3
-UUID = "GPU-6513270e-269e-0d37-f2a7-4de452e6b438"
-A100 = GPU(
-    uuid=UUID,
-    index=0,
-    model="A100",
-    memory_bytes=80 * GiB,
-    pci_bus_id="00000000:3B:00.0",
-    numa_node=0,
-    shareable=True,
-)
 CID = "0123456789abcdef" * 4
 
 
