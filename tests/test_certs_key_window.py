@@ -12,6 +12,7 @@ import pwd
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -115,7 +116,9 @@ def test_another_account_never_reads_the_hubs_ca_keys_at_first_start(tmp_path: P
     :func:`gpuspawner.hub.certs.private_keys_at_hub_start` (as ``check_hub_config`` does).
     gpsuser2 tries to open the key files of the CAs, ``hub-internal`` and the proxy's without
     pause while the hub makes them: none is ever readable to it (without the call it read
-    ``services-ca.key`` and ``hub-internal.key`` in 4 of 4 starts)."""
+    ``services-ca.key`` and ``hub-internal.key`` in 4 of 4 starts). The same holds for the
+    key of a hub-managed service, which JupyterHub's ``Spawner.create_certs`` makes later,
+    when it starts the service."""
     if os.geteuid() != 0:
         pytest.skip("needs root (the other account runs by runuser)")
     try:
@@ -139,6 +142,7 @@ def test_another_account_never_reads_the_hubs_ca_keys_at_first_start(tmp_path: P
         "hub-internal",
         "proxy-api",
         "proxy-client",
+        "user-service",  # the hub-managed service below: "user-" + (its user or "service")
     ]
     keys = [str(location / n / f"{n}.key") for n in names]
     stop = top / "stop"
@@ -158,6 +162,8 @@ c.JupyterHub.cookie_secret_file = "{tmp_path}/cookie_secret"
 c.JupyterHub.pid_file = "{tmp_path}/jupyterhub.pid"
 c.ConfigurableHTTPProxy.pid_file = "{tmp_path}/proxy.pid"
 c.JupyterHub.authenticator_class = "dummy"
+c.JupyterHub.services = [{{"name": "keeper", "command": [{sys.executable!r}, "-c",
+                          "import time; time.sleep(600)"]}}]
 from gpuspawner.hub.certs import private_keys_at_hub_start
 private_keys_at_hub_start()
 """)

@@ -98,15 +98,49 @@ def private_keys_at_hub_start(app: Any = None) -> bool:
     def init_internal_ssl_with_private_keys() -> Any:
         old = os.umask(0o077)  # at start, in the main thread, before any server or service
         try:
-            return init()
+            result = init()
         finally:
             os.umask(old)
+        if getattr(app, "internal_ssl", False):
+            for key in service_key_files(app.internal_certs_location, app.services):
+                _private_file(key)
+        return result
 
     app.init_internal_ssl = init_internal_ssl_with_private_keys
     return True
 
 
 _KEYS_GUARDED = "_gpuspawner_private_keys"
+
+
+def service_key_files(certs_location: str, services: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The key files JupyterHub's ``Spawner.create_certs`` writes for the hub-managed
+    services of ``services`` (``c.JupyterHub.services`` entries with a ``command``) when it
+    starts them, after ``init_internal_ssl``: certipy's pair ``user-<user>`` (``user-service``
+    for a service without ``user``), ``<certs_location>/<pair>/<pair>.key``, or the path
+    certipy's store already records for it. :func:`private_keys_at_hub_start` makes each
+    one an empty 0600 file first, so that certipy writes the key into a file no other
+    account can open (without it, gpsuser2 read ``user-service.key`` in 2 of 2 first starts:
+    ``tests/test_certs_key_window.py``).
+
+    Returns:
+        absolute paths, one per pair name, in the order of ``services``.
+    """
+    from certipy import Certipy, CertNotFoundError
+
+    store = Certipy(store_dir=certs_location)
+    paths: list[str] = []
+    for spec in services:
+        if not spec.get("command"):
+            continue
+        cn = f"user-{spec.get('user') or 'service'}"
+        try:
+            key = store.store.get_record(cn)["files"]["key"]
+        except CertNotFoundError:
+            key = os.path.join(certs_location, cn, f"{cn}.key")
+        if key not in paths:
+            paths.append(key)
+    return paths
 
 
 def server_folder(certs_location: str, name: str) -> str:
