@@ -37,6 +37,7 @@ sync_api = pytest.importorskip("playwright.sync_api")
 
 from gpuspawner.hub.identity import safe_name  # noqa: E402
 from gpuspawner.jobs.client import JobsClient  # noqa: E402
+from gpuspawner.testing.browser import hub_login  # noqa: E402
 from tests.test_hub_e2e import _engine, containers_of  # noqa: E402
 from tests.test_pages_browser import (  # noqa: E402
     CHROMIUM,
@@ -150,11 +151,7 @@ def test_a_job_made_in_jupyterlab_runs_in_its_own_container(hub):
         errors: list[str] = []
         page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
         try:
-            page.goto(f"{hub.url}/hub/login")
-            page.fill("#username_input", USER)
-            page.fill("#password_input", "gpuspawner")
-            page.click("#login_submit")
-            page.wait_for_url(lambda url: "/hub/login" not in url)
+            hub_login(page, hub.url, USER)
             page.goto(f"{hub.url}/user/{USER}/lab/tree/double.ipynb")
             # jupyter-scheduler's button in the notebook's toolbar
             button = page.locator("[data-command='scheduling:create-from-notebook']").first
@@ -277,14 +274,6 @@ EDIT_NOTEBOOK = {
 }
 
 
-def _login(page: Any, hub: Hub) -> None:
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("#username_input", USER)
-    page.fill("#password_input", "gpuspawner")
-    page.click("#login_submit")
-    page.wait_for_url(lambda url: "/hub/login" not in url)
-
-
 def test_a_definition_edited_in_jupyterlab_runs_with_its_new_parameters(hub):
     """A job definition's parameters are changed in the Lab (jupyter-scheduler's
     update_job_definition API of the user's server, what an edit sends: the hub's PATCH
@@ -313,7 +302,7 @@ def test_a_definition_edited_in_jupyterlab_runs_with_its_new_parameters(hub):
         errors: list[str] = []
         page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
         try:
-            _login(page, hub)
+            hub_login(page, hub.url, USER)
             page.goto(f"{hub.url}/user/{USER}/lab/tree/edited.ipynb")
             page.locator("[data-command='scheduling:create-from-notebook']").first.wait_for(
                 timeout=120_000)

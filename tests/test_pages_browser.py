@@ -34,6 +34,7 @@ from tests.hubrunner import REPO, Hub
 pytest.importorskip("docker")
 sync_api = pytest.importorskip("playwright.sync_api")
 
+from gpuspawner.testing.browser import hub_login  # noqa: E402
 from tests.test_hub_e2e import _engine, containers_of  # noqa: E402
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
@@ -142,11 +143,7 @@ def _page(browser: Any, hub: Hub, user: str, dark: bool = False) -> Any:
     page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
     page.on("console", lambda m: errors.append(f"{m.type}: {m.text}")
             if m.type in ("error", "warning") else None)
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("#username_input", user)
-    page.fill("#password_input", "gpuspawner")
-    page.click("#login_submit")
-    page.wait_for_url(lambda url: "/hub/login" not in url)  # home, spawn or the server
+    hub_login(page, hub.url, user)  # home, spawn or the server
     return page
 
 
