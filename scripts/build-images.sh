@@ -104,23 +104,13 @@ fi
 
 # ---------------------------------------------------------------- wheelhouse
 # The base image's Python decides which wheels to fetch.
-read -r PYVER PYTAG < <(docker run --rm --network none --entrypoint python3 "$BASE_IMAGE" \
-  -c 'import sys; v=sys.version_info; print(f"{v.major}.{v.minor}", f"{v.major}{v.minor}")') \
-  || die "cannot run python3 in $BASE_IMAGE"
+image_python "$BASE_IMAGE"
 WHEELHOUSE="$VAR/wheelhouse/py$PYTAG"
 mkdir -p "$WHEELHOUSE"
 printf '%s\n' "$REQS" >"$VAR/wheelhouse/requirements-py$PYTAG.txt"
 log "pip download for Python $PYVER manylinux x86_64 -> var/wheelhouse/py$PYTAG (jupyterhub==$JUPYTERHUB_VERSION)"
 t=$SECONDS
-# The host's pip (and its CA configuration) does the download. pip does not expand a PEP 600
-# manylinux tag to older ones, so every tag up to bookworm's glibc (2.36) is listed.
-PLATFORMS=(--platform manylinux2014_x86_64 --platform manylinux2010_x86_64 --platform manylinux1_x86_64)
-for minor in $(seq 5 "${GLIBC_MINOR:-36}"); do PLATFORMS+=(--platform "manylinux_2_${minor}_x86_64"); done
-python3 -m pip download -q --disable-pip-version-check --only-binary=:all: \
-  "${PLATFORMS[@]}" --python-version "$PYVER" --implementation cp --abi "cp$PYTAG" \
-  -d "$WHEELHOUSE" -r "$VAR/wheelhouse/requirements-py$PYTAG.txt" \
-  >"$VAR/log/pip-download.log" 2>&1 \
-  || { tail -n 20 "$VAR/log/pip-download.log" >&2; die "pip download failed (log: var/log/pip-download.log)"; }
+pip_download_wheels "$WHEELHOUSE" "$VAR/wheelhouse/requirements-py$PYTAG.txt" pip-download.log
 log "wheelhouse ready: $(find "$WHEELHOUSE" -name '*.whl' | wc -l) wheels, $(du -sh "$WHEELHOUSE" | cut -f1) in $((SECONDS - t))s"
 
 # ---------------------------------------------------------------- the project's wheel

@@ -39,21 +39,14 @@ if [ "$HAVE_HASH" = "$INPUTS_HASH" ] && [ -z "${FORCE:-}" ]; then
 fi
 
 # ---------------------------------------------------------------- wheelhouse
-read -r PYVER PYTAG < <(docker run --rm --network none --entrypoint python3 "$SINGLEUSER_IMAGE" \
-  -c 'import sys; v=sys.version_info; print(f"{v.major}.{v.minor}", f"{v.major}{v.minor}")') \
-  || die "cannot run python3 in $SINGLEUSER_IMAGE"
+image_python "$SINGLEUSER_IMAGE"
 WHEELHOUSE="$VAR/wheelhouse/torch-py$PYTAG"
 mkdir -p "$WHEELHOUSE"
 REQS="$VAR/wheelhouse/requirements-torch-py$PYTAG.txt"
 grep -v '^\s*#' "$CTX/requirements.in" | sed '/^\s*$/d' >"$REQS"
 log "pip download for Python $PYVER manylinux x86_64 -> ${WHEELHOUSE#"$REPO"/} ($(tr '\n' ' ' <"$REQS"))"
 t=$SECONDS
-PLATFORMS=(--platform manylinux2014_x86_64 --platform manylinux2010_x86_64 --platform manylinux1_x86_64)
-for minor in $(seq 5 "${GLIBC_MINOR:-36}"); do PLATFORMS+=(--platform "manylinux_2_${minor}_x86_64"); done
-python3 -m pip download -q --disable-pip-version-check --only-binary=:all: \
-  "${PLATFORMS[@]}" --python-version "$PYVER" --implementation cp --abi "cp$PYTAG" \
-  -d "$WHEELHOUSE" -r "$REQS" >"$VAR/log/pip-download-torch.log" 2>&1 \
-  || { tail -n 20 "$VAR/log/pip-download-torch.log" >&2; die "pip download failed (log: var/log/pip-download-torch.log)"; }
+pip_download_wheels "$WHEELHOUSE" "$REQS" pip-download-torch.log
 log "wheelhouse ready: $(find "$WHEELHOUSE" -name '*.whl' | wc -l) wheels, $(du -sh "$WHEELHOUSE" | cut -f1) in $((SECONDS - t))s"
 
 # ---------------------------------------------------------------- torch layer

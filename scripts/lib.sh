@@ -62,3 +62,26 @@ wait_for_engine() {
 }
 
 SINGLEUSER_IMAGE="${SINGLEUSER_IMAGE:-gpuspawner/singleuser:latest}"
+
+# image_python IMAGE: the version of IMAGE's python3 (run without network) in PYVER ("3.11")
+# and PYTAG ("311").
+image_python() {
+  read -r PYVER PYTAG < <(docker run --rm --network none --entrypoint python3 "$1" \
+    -c 'import sys; v=sys.version_info; print(f"{v.major}.{v.minor}", f"{v.major}{v.minor}")') \
+    || die "cannot run python3 in $1"
+}
+
+# pip_download_wheels DEST REQUIREMENTS LOGNAME: binary wheels of REQUIREMENTS (a file) for
+# CPython $PYVER/$PYTAG (image_python) on manylinux x86_64 into DEST, by the host's pip (and
+# its CA configuration); pip's output in var/log/LOGNAME. pip does not expand a PEP 600
+# manylinux tag to older ones, so every tag up to bookworm's glibc (2.36, GLIBC_MINOR) is listed.
+pip_download_wheels() {
+  local dest=$1 reqs=$2 logfile="$VAR/log/$3" minor
+  local platforms=(--platform manylinux2014_x86_64 --platform manylinux2010_x86_64
+                   --platform manylinux1_x86_64)
+  for minor in $(seq 5 "${GLIBC_MINOR:-36}"); do platforms+=(--platform "manylinux_2_${minor}_x86_64"); done
+  python3 -m pip download -q --disable-pip-version-check --only-binary=:all: \
+    "${platforms[@]}" --python-version "$PYVER" --implementation cp --abi "cp$PYTAG" \
+    -d "$dest" -r "$reqs" >"$logfile" 2>&1 \
+    || { tail -n 20 "$logfile" >&2; die "pip download failed (log: var/log/$3)"; }
+}
