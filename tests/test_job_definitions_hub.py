@@ -9,9 +9,6 @@ tests/test_jobs_hub.py's."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from datetime import datetime
 
@@ -29,6 +26,7 @@ from tests.test_jobs_hub import (  # noqa: E402
     User,
     admin_allocations,
     job_containers,
+    jobs_cli,
     released,
     remove_jobs,
 )
@@ -191,14 +189,7 @@ def test_the_cli_makes_pauses_resumes_and_deletes_a_definition(hub, tmp_path):
     u = User(hub, "jb-defcli")
     path = tmp_path / "nightly.ipynb"
     path.write_text(json.dumps(notebook("print(1)")))
-    env = {**os.environ, "JUPYTERHUB_API_URL": f"{hub.url}/hub/api",
-           "JUPYTERHUB_API_TOKEN": u.token}
-    env.pop("GPUSPAWNER_SERVICE_URL", None)
-
-    def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "gpuspawner.cli", "jobs", *args],
-                              env=env, capture_output=True, text=True, timeout=120)
-
+    cli = jobs_cli(hub, u.token)
     p = cli("submit", str(path), "--profile", "cpu", "--cron", "30 2 * * *", "--timezone",
             "Europe/Rome", "--concurrency-policy", "Replace", "--paused")
     assert p.returncode == 0, p.stderr

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -310,21 +313,25 @@ def test_bad_input_is_400_naming_the_field_and_stores_nothing(hub, engine):
     assert requests.get(f"{hub.url}{SVC}api/jobs", timeout=30).status_code == 401
 
 
-def test_the_cli_submits_shows_and_downloads(hub, tmp_path):
-    import subprocess
-    import sys
-
-    u = User(hub, "jb-cli")
-    path = tmp_path / "my notebook.ipynb"
-    path.write_text(json.dumps(notebook("print(x + 1)")))
+def jobs_cli(hub: Hub, token: str) -> Callable[..., subprocess.CompletedProcess]:
+    """``gpuspawner jobs ARGS...`` as the token's user against ``hub`` (the service URL found
+    through the hub's API, as a user's terminal would), run to its end (120 s at most)."""
     env = {**os.environ, "JUPYTERHUB_API_URL": f"{hub.url}/hub/api",
-           "JUPYTERHUB_API_TOKEN": u.token}
+           "JUPYTERHUB_API_TOKEN": token}
     env.pop("GPUSPAWNER_SERVICE_URL", None)
 
     def cli(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "gpuspawner.cli", "jobs", *args],
                               env=env, capture_output=True, text=True, timeout=120)
 
+    return cli
+
+
+def test_the_cli_submits_shows_and_downloads(hub, tmp_path):
+    u = User(hub, "jb-cli")
+    path = tmp_path / "my notebook.ipynb"
+    path.write_text(json.dumps(notebook("print(x + 1)")))
+    cli = jobs_cli(hub, u.token)
     p = cli("submit", str(path), "--profile", "cpu", "-p", "x=41", "--time-limit", "60")
     assert p.returncode == 0, p.stderr
     job_id = p.stdout.strip()
