@@ -67,7 +67,7 @@ class Lab:
     extension first on the labextensions path (JUPYTER_DATA_DIR/labextensions/
     gpuspawner-labextension links to gpuspawner/labextension_static)."""
 
-    def __init__(self, tmp: Path, server_extension: bool):
+    def __init__(self, tmp: Path, server_extension: bool, env_extra: dict | None = None):
         self.tmp = tmp
         self.port = free_port()
         self.token = secrets.token_hex(16)
@@ -78,7 +78,7 @@ class Lab:
         labext = tmp / "data" / "labextensions"
         labext.mkdir()
         (labext / "gpuspawner-labextension").symlink_to(BUILT, target_is_directory=True)
-        env = dict(os.environ)
+        env = dict(os.environ, **(env_extra or {}))
         env.update(JUPYTER_CONFIG_DIR=str(tmp / "config"), JUPYTER_DATA_DIR=str(tmp / "data"),
                    JUPYTER_RUNTIME_DIR=str(tmp / "runtime"), JUPYTER_PLATFORM_DIRS="1",
                    # jupyter_core puts the venv's dirs before the user's inside a venv
@@ -211,7 +211,12 @@ def test_panel_with_the_server_extension(tmp_path):
     spec = importlib.util.find_spec("gpuspawner.singleuser.gpuviews")
     if spec is None:
         pytest.skip("gpuspawner.singleuser.gpuviews (the server extension) is not there yet")
-    lab = Lab(tmp_path, server_extension=True)
+    # the server started with a quarter of an 80 GB GPU under the watchdog (the environment
+    # gpuspawner.gpushare.mechanism.share_limits gives it): the panel says what that gives
+    share_env = {"GPUSPAWNER_GPU_MEMORY_LIMIT": str(20 * 2**30),
+                 "GPUSPAWNER_GPU_MEMORY_FRACTION": "0.250",
+                 "GPUSPAWNER_GPU_SHARE_MECHANISM": "watchdog"}
+    lab = Lab(tmp_path, server_extension=True, env_extra=share_env)
     try:
         r = requests.get(lab.base + "api/gpuspawner/gpus", params={"token": lab.token},
                          timeout=10)
@@ -223,6 +228,8 @@ def test_panel_with_the_server_extension(tmp_path):
     finally:
         lab.stop()
     assert result["panelState"] == served["state"]
+    assert served["share"]["text"].startswith("1/4 of a GPU: 20 GiB of GPU memory")
+    assert f"Your GPU share: {served['share']['text']}" in result["panelText"]
     expected_status = {
         "no_nvml": "GPU: NVML unavailable", "no_gpu": "GPU: no GPU",
         "permission": "GPU: no permission", "error": "GPU: error",

@@ -4,13 +4,14 @@ rendered with Jinja2 (``templates/profiles.html.j2``, overridable through
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from jinja2 import ChoiceLoader, Environment, FileSystemLoader, PackageLoader, select_autoescape
 from tornado import web
 from traitlets import Bool, HasTraits, List, Unicode, default
 
+from ..gpushare.words import share_text
 from ..placement import GPU, GPU_MILLI, Bundle, Ledger, Node, QuotaTable, format_bytes
 from ..placement.devices import model_allowed
 from ..placement.units import share_words
@@ -72,6 +73,33 @@ def resources_line(bundle: Bundle, nodes: Sequence[Node] = ()) -> str:
 
 
 
+def share_line(profile: Profile, nodes: Sequence[Node],
+               mechanisms: Mapping[str, str] | None = None) -> str:
+    """What a GPU share of ``profile`` gives and what holds it on the nodes it may land on
+    (:func:`gpuspawner.gpushare.words.share_text`), e.g. ``"1/4 of an A100 80GB: 20 GiB of GPU
+    memory, compute time shared; held by the kernel (...)"``; "" for a profile without a share
+    (whole GPUs, MIG, none) or without a shareable GPU of its models.
+
+    ``mechanisms``: node name -> the node's share mechanism (the cluster's
+    ``NodeRuntime.gpu_share.name``); None: the holder is not said.
+    """
+    b = profile.bundle
+    if not b.gpu_milli or b.gpus or b.mig:
+        return ""
+    usable = [n for n in nodes if not profile.nodes or n.name in profile.nodes]
+    on = [(n.name, g) for n in usable for g in n.gpus if g.shareable and model_allowed(g, b)]
+    if not on:
+        return ""
+    sizes = [g.memory_bytes * b.gpu_milli // GPU_MILLI for _, g in on if g.memory_bytes]
+    models = sorted({g.model for _, g in on if g.model})
+    model = "/".join(b.gpu_models) or (models[0] if len(models) == 1 else "")
+    totals = sorted({g.memory_bytes for _, g in on if g.memory_bytes})
+    if model and totals:  # as the card's first line: "A100 80 GB", "A100 40/80 GB"
+        model += " " + "/".join(gpu_memory_text(t).removesuffix(" GB") for t in totals) + " GB"
+    held = {name: mechanisms[name] for name, _ in on if mechanisms and name in mechanisms}
+    return share_text(b.gpu_milli, sizes, model, held)
+
+
 def never_reason(profile: Profile, nodes: Sequence[Node]) -> str:
     """Why the profile can never start on this hub, even with every node empty ("" when it
     can): no GPU of its models, no shareable one for a share, or no node large enough
@@ -110,7 +138,8 @@ def _startable(ledger: Ledger, bundle: Any, nodes: Sequence[str]) -> bool:
 
 
 def profile_cards(profiles: Sequence[Profile], ledger: Ledger, user: str,
-                  groups: Iterable[str], quotas: QuotaTable | None = None
+                  groups: Iterable[str], quotas: QuotaTable | None = None,
+                  share_mechanisms: Mapping[str, str] | None = None
                   ) -> list[dict[str, Any]]:
     """What the form shows per profile: its resources in one line, availability now, quota and
     group permission.
@@ -125,7 +154,9 @@ def profile_cards(profiles: Sequence[Profile], ledger: Ledger, user: str,
         queue (bool: a spawn of it waits in the queue when it cannot start now), waits
         (bool: a spawn now would wait in the queue; the card stays selectable), image_option
         (the profile's :class:`~gpuspawner.hub.images.ImageOption`, or None).
-        ``quotas``: the user's own quota table (``group_overrides``), None = the ledger's.
+        share (what a GPU share gives and what holds it, :func:`share_line`; "" for
+        none). ``quotas``: the user's own quota table (``group_overrides``), None = the
+        ledger's. ``share_mechanisms``: node name -> its share mechanism, for ``share``.
     """
     groups = list(groups)
     left = ledger.quota_remaining(user, groups, quotas)
@@ -139,7 +170,8 @@ def profile_cards(profiles: Sequence[Profile], ledger: Ledger, user: str,
                                 "available": True, "free": False, "reason": "",
                                 "never": False, "availability": "", "queued": 0,
                                 "image_option": p.image_option,
-                                "queue": p.queue, "waits": False}
+                                "queue": p.queue, "waits": False,
+                                "share": share_line(p, nodes, share_mechanisms)}
         never = never_reason(p, nodes)
         if b.total_gpu_milli:
             free, total = ledger.free_gpus(b.gpu_models, p.nodes, b.mig)
@@ -321,9 +353,13 @@ class OptionsFormMixin(HasTraits):
 
     def profile_cards(self) -> list[dict[str, Any]]:
         """The form's cards for this user (:func:`profile_cards`)."""
-        return profile_cards(self.load_profile_list(), self.cluster.ledger,  # type: ignore
+        cluster: Any = self.cluster  # type: ignore[attr-defined]
+        runtimes = getattr(cluster, "nodes", None) or {}
+        mechanisms = {name: rt.gpu_share.name for name, rt in runtimes.items()
+                      if getattr(rt, "gpu_share", None) is not None}
+        return profile_cards(self.load_profile_list(), cluster.ledger,
                              self.user.name, self.group_names,  # type: ignore[attr-defined]
-                             self.request_quotas())
+                             self.request_quotas(), mechanisms)
 
     def preselected_profile(self) -> str:
         """The slug the form checks first: the profile of this server's last ``user_options``

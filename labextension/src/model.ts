@@ -47,6 +47,17 @@ export interface GpusResponse {
   culler: CullerStatus | null;
   /** absent from servers older than this field: read as null */
   moved?: MoveRecord | null;
+  /** what this session's GPU share gives and what holds it; null: a whole GPU or none */
+  share?: ShareInfo | null;
+}
+
+/** `share` of the gpus answer (gpuspawner.singleuser.gpuviews.handlers.share_from_env). */
+export interface ShareInfo {
+  milli: number;
+  memory_limit_bytes: number;
+  mechanism: string;
+  /** "1/4 of an A100: 20 GiB of GPU memory, compute time shared; held by ..." */
+  text: string;
 }
 
 export interface ProcessInfo {
@@ -246,8 +257,23 @@ export function parseGpus(raw: unknown): GpusResponse {
     gpus,
     warnings: arr(raw.warnings).filter((w): w is string => typeof w === 'string'),
     culler: parseCuller(raw.culler),
-    moved: parseMove(raw.moved)
+    moved: parseMove(raw.moved),
+    share: parseShare(raw.share)
   };
+}
+
+/** `share` of the gpus answer; null when absent or malformed. */
+export function parseShare(raw: unknown): ShareInfo | null {
+  if (!isObj(raw)) {
+    return null;
+  }
+  const milli = num(raw.milli);
+  const limit = num(raw.memory_limit_bytes);
+  const text = str(raw.text);
+  if (milli === null || limit === null || !text) {
+    return null;
+  }
+  return { milli, memory_limit_bytes: limit, mechanism: str(raw.mechanism) ?? '', text };
 }
 
 /** `moved` of the gpus answer; null when absent or malformed. */

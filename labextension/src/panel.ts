@@ -139,6 +139,19 @@ export class GpuPanel extends Widget {
           )
         );
       }
+      if (gpus.share) {
+        body.push(
+          h(
+            'p',
+            {
+              class: 'jp-gpuspawner-share',
+              'data-mechanism': gpus.share.mechanism
+            },
+            h('strong', {}, 'Your GPU share: '),
+            gpus.share.text
+          )
+        );
+      }
       if (gpus.warnings.length) {
         body.push(
           h('ul', { class: 'jp-gpuspawner-warnings' }, ...gpus.warnings.map(w => h('li', {}, w)))

@@ -11,6 +11,7 @@ import {
   parseGpus,
   parseCuller,
   parseMetrics,
+  parseShare,
   parseTime,
   processRows,
   sessionGpus,
@@ -116,6 +117,19 @@ describe('parse', () => {
     assert.equal(g.gpus[0].memory_total_bytes, null);
     assert.deepEqual(g.warnings, ['w']);
     assert.equal(g.culler, null);
+  });
+
+  it('reads the GPU share the server started with, and nothing from a bad one', () => {
+    const share = {
+      milli: 250,
+      memory_limit_bytes: 20 * GiB,
+      mechanism: 'dmem',
+      text: '1/4 of an A100: 20 GiB of GPU memory, compute time shared; held by the kernel'
+    };
+    assert.deepEqual(parseGpus(gpusJSON({ share })).share, share);
+    assert.equal(parseGpus(gpusJSON()).share, null);
+    assert.equal(parseShare({ ...share, milli: 'a lot' }), null);
+    assert.equal(parseShare({ ...share, text: '' }), null);
   });
 
   it('rejects a non-object answer', () => {

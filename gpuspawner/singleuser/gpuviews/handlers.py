@@ -15,6 +15,7 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
+from ...gpushare.words import share_text
 from ...server_state import moved_from_env
 from .sampler import Sampler
 
@@ -48,7 +49,33 @@ class GPUsHandler(_Base):
         # set when the hub restarted this server here after its node failed (JupyterLab
         # tells the user once): {"from", "to", "at" (epoch s), "reason"} or null
         doc["moved"] = moved_from_env(os.environ)
+        names = [g.get("name", "") for g in doc.get("gpus", []) if g.get("in_allocation")]
+        doc["share"] = share_from_env(os.environ, names[0] if names else "")
         self.finish(json.dumps(doc))
+
+
+def share_from_env(env: Any, gpu_name: str = "") -> dict[str, Any] | None:
+    """This server's GPU share as the hub started it (``GPUSPAWNER_GPU_MEMORY_LIMIT``, bytes;
+    ``GPUSPAWNER_GPU_MEMORY_FRACTION``, 0..1; ``GPUSPAWNER_GPU_SHARE_MECHANISM``:
+    :func:`gpuspawner.gpushare.mechanism.share_limits`), for the panel's line on what it gives.
+
+    Args:
+        env: the server's environment (a mapping). gpu_name: NVML's name of the shared GPU
+            ("" when not read).
+
+    Returns:
+        {"milli": int, "memory_limit_bytes": int, "mechanism": str, "text":
+        :func:`gpuspawner.gpushare.words.share_text`}, or None for a whole GPU, no GPU, or
+        values that do not parse (never an error: the panel just says nothing).
+    """
+    try:
+        limit = int(env["GPUSPAWNER_GPU_MEMORY_LIMIT"])
+        milli = round(float(env["GPUSPAWNER_GPU_MEMORY_FRACTION"]) * 1000)
+        mechanism = str(env.get("GPUSPAWNER_GPU_SHARE_MECHANISM", ""))
+        text = share_text(milli, [limit], gpu_name, [mechanism] if mechanism else [])
+    except (KeyError, ValueError):
+        return None
+    return {"milli": milli, "memory_limit_bytes": limit, "mechanism": mechanism, "text": text}
 
 
 class MetricsHandler(_Base):
