@@ -157,10 +157,20 @@ def test_only_the_kernel_over_its_share_is_interrupted(containers):
     )
     first = dog.check(shares, now=100.0)
     assert [(a.kind, a.share.user, a.used_bytes) for a in first] == [("warn", "ann", 31 * GiB)]
+    # what ann reads in her Lab GPU panel (the service's gpu_share_notices): over, and when
+    (note,) = dog.notices["ann"]
+    assert (note.server, note.used_bytes, note.limit_bytes, note.interrupted) == \
+        ("", 31 * GiB, 20 * GiB, ())
+    assert 9 <= note.interrupt_at - time.time() <= 10.5 and set(dog.notices) == {"ann"}
+    assert note.message().startswith("Your kernels use 31.0 GiB of GPU memory, over your share "
+                                     "of 20.0 GiB: the kernel using the most is interrupted at ")
     assert dog.check(shares, now=105.0) == []  # within the grace: nothing more
+    assert 4 <= dog.notices["ann"][0].interrupt_at - time.time() <= 5.5
     assert b"interrupted" not in cli.logs(over_cid)
     (act,) = dog.check(shares, now=110.0)
     assert act.kind == "interrupt" and act.share.user == "ann" and act.pids == (over_kernel,)
+    assert dog.notices["ann"][0].interrupted == (over_kernel,)
+    assert "was interrupted" in dog.notices["ann"][0].to_dict()["message"]
     deadline = time.monotonic() + 10
     while b"interrupted" not in cli.logs(over_cid) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -173,7 +183,7 @@ def test_only_the_kernel_over_its_share_is_interrupted(containers):
     assert counted == ["warn", "interrupt"] and notices == ["warn ann", "interrupt ann"]
     # back under its share (the kernel freed memory): forgotten, a later excess warns anew
     nvml.procs = {0: [(over_kernel, 5 * GiB), (ok_kernel, 12 * GiB)]}
-    assert dog.check(shares, now=111.0) == [] and not dog.over_since
+    assert dog.check(shares, now=111.0) == [] and not dog.over_since and dog.notices == {}
 
 
 def test_the_interrupt_is_counted_in_the_metrics(tmp_path):

@@ -197,3 +197,37 @@ def test_real_nvml(get):
     for g in m["gpus"]:
         assert g["memory_total_bytes"] > 0 and g["memory_used_bytes"] >= 0
         assert all(isinstance(p["pid"], int) for p in g["processes"])
+
+
+def test_share_notices_from_the_gpuspawner_service(jp_serverapp, get):  # noqa: F811
+    """The hub's watchdog notices of this server (the gpuspawner service's
+    api/users/<user>/usage, asked with the server's token) join the panel's warnings; another
+    server's notice and a dead URL give none."""
+    from tornado import web
+
+    from gpuspawner.singleuser.gpuviews.handlers import ShareNotices
+
+    seen = {}
+    mine = "Your kernels use 31.0 GiB of GPU memory, over your share of 20.0 GiB: ..."
+
+    class Usage(web.RequestHandler):
+        def get(self, user):
+            seen["auth"], seen["user"] = self.request.headers.get("Authorization"), user
+            self.write({"user": user, "gpu_share_notices": [
+                {"server": "", "message": mine}, {"server": "other", "message": "not mine"}]})
+
+    app = web.Application([(r"/services/gpuspawner/api/users/([^/]+)/usage", Usage)])
+    server = app.listen(0, "127.0.0.1")
+    port = next(iter(server._sockets.values())).getsockname()[1]
+    try:
+        env = {"JUPYTERHUB_API_TOKEN": "tok", "JUPYTERHUB_USER": "alice",
+               "GPUSPAWNER_SERVICE_URL": f"http://127.0.0.1:{port}/services/gpuspawner/"}
+        jp_serverapp.web_app.settings["gpuspawner_share_notices"] = ShareNotices(env=env)
+        warnings = get("gpus")["warnings"]
+        assert mine in warnings and "not mine" not in warnings
+        assert seen == {"auth": "token tok", "user": "alice"}
+        env["GPUSPAWNER_SERVICE_URL"] = "http://127.0.0.1:9/services/gpuspawner/"
+        jp_serverapp.web_app.settings["gpuspawner_share_notices"] = ShareNotices(env=env)
+        assert mine not in get("gpus")["warnings"]
+    finally:
+        server.stop()

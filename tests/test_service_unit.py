@@ -16,6 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuspawner.backends.base import Backend
+from gpuspawner.gpushare.watchdog import Notice, Watchdog
 from gpuspawner.hub import metrics
 from gpuspawner.hub.cluster import Cluster
 from gpuspawner.hub.service.openapi import openapi_document
@@ -116,6 +117,21 @@ def test_allocations_and_usage(cluster):
                                             "servers": None}}]
     # a user without an entry gets default_user
     assert usage_view(cluster, "nobody", [])["quota"]["servers"] == 2
+    assert u["gpu_share_notices"] == []  # no watchdog here
+
+
+def test_usage_view_carries_the_users_own_share_notices_only(cluster):
+    """The watchdog's notices reach their user's usage view (the Lab panel reads it), never
+    another user's."""
+    dog = Watchdog(nvml=None)
+    note = Notice("alice", "big", "GPU-x", 31 * 2**30, 20 * 2**30, 1_900_000_000.0)
+    dog.notices = {"alice": (note,)}
+    cluster.share_watchdog = dog
+    u = usage_view(cluster, "alice", ["lab"])
+    _validate(u, "UserUsage")
+    assert u["gpu_share_notices"] == [note.to_dict()]
+    assert u["gpu_share_notices"][0]["message"].startswith("Your kernels use 31.0 GiB")
+    assert usage_view(cluster, "bob", [])["gpu_share_notices"] == []
 
 
 def test_map_view_cells_match_the_ledger(cluster):

@@ -44,6 +44,7 @@ from .mechanism import Mechanism, share_limits
 __all__ = [
     "Action",
     "GPUProcess",
+    "Notice",
     "Share",
     "Watchdog",
     "container_of",
@@ -95,6 +96,46 @@ class Action:
     limit_bytes: int
     pids: tuple[int, ...] = ()
     message: str = ""
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A share over its GPU memory at the last pass, as its user reads it: the JupyterLab GPU
+    panel shows :meth:`message` among its warnings (the single-user server asks the gpuspawner
+    service's ``GET api/users/{name}/usage``, ``gpu_share_notices``).
+
+    Attributes:
+        user, server: the owner. uuid: the GPU. used_bytes, limit_bytes: the share's use and
+        memory (bytes). interrupt_at: epoch seconds at which the watchdog interrupts the
+        largest kernel unless memory is freed first. interrupted: pids it interrupted at this
+        pass (empty before the grace ran out).
+    """
+
+    user: str
+    server: str
+    uuid: str
+    used_bytes: int
+    limit_bytes: int
+    interrupt_at: float
+    interrupted: tuple[int, ...] = ()
+
+    def message(self) -> str:
+        """One sentence for the user (UTC times)."""
+        at = time.strftime("%H:%M:%S", time.gmtime(self.interrupt_at))
+        head = (f"Your kernels use {_gib(self.used_bytes)} of GPU memory, over your share of "
+                f"{_gib(self.limit_bytes)}")
+        if self.interrupted:
+            return (f"{head}: the kernel using the most was interrupted (the running cell "
+                    f"stopped); free memory (del, or restart the kernel) or it is interrupted "
+                    f"again at {at} UTC.")
+        return (f"{head}: the kernel using the most is interrupted at {at} UTC unless memory "
+                f"is freed first.")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form: the attributes (``interrupted`` a list) and ``message``."""
+        return {"server": self.server, "uuid": self.uuid, "used_bytes": self.used_bytes,
+                "limit_bytes": self.limit_bytes, "interrupt_at": self.interrupt_at,
+                "interrupted": list(self.interrupted), "message": self.message()}
 
 
 def _text(value: Any) -> str:
@@ -193,10 +234,16 @@ class Watchdog:
     #: (container id, GPU UUID) -> monotonic time the share was first seen over
     over_since: dict[tuple[str, str], float] = field(default_factory=dict)
     warned: set[tuple[str, str]] = field(default_factory=set)
+    #: the shares over their memory at the last pass, by user (replaced whole at each pass:
+    #: readers on another thread see one pass or the next, never half of one)
+    notices: dict[str, tuple[Notice, ...]] = field(default_factory=dict)
 
     def check(self, shares: Mapping[str, Share], now: float | None = None) -> list[Action]:
-        """One pass over ``shares`` (by container id); returns what it did."""
+        """One pass over ``shares`` (by container id); returns what it did and sets
+        :attr:`notices`."""
         now = time.monotonic() if now is None else now
+        wall = time.time()
+        notices: dict[str, list[Notice]] = {}
         use: dict[tuple[str, str], list[GPUProcess]] = {}
         for p in read_gpu_processes(self.nvml):
             cid = container_of(p.pid, self.proc_root)
@@ -238,8 +285,9 @@ class Watchdog:
                         )
                     )
                 )
+            interrupted: tuple[int, ...] = ()
             if now - since >= self.grace_s:
-                pids = self._interrupt(procs, used, limit)
+                pids = interrupted = self._interrupt(procs, used, limit)
                 self.over_since[key] = now
                 actions.append(
                     self._act(
@@ -258,6 +306,10 @@ class Watchdog:
                         )
                     )
                 )
+            notices.setdefault(share.user, []).append(Notice(
+                share.user, share.server, uuid, used, limit,
+                wall + (self.over_since[key] + self.grace_s - now), interrupted))
+        self.notices = {u: tuple(ns) for u, ns in notices.items()}
         return actions
 
     def _interrupt(self, procs: list[GPUProcess], used: int, limit: int) -> tuple[int, ...]:

@@ -594,6 +594,13 @@ class Cluster:
             return []
         return await asyncio.to_thread(self._share_pass, shares)
 
+    def share_notices(self, user: str) -> list[dict[str, Any]]:
+        """The user's shares over their GPU memory at the watchdog's last pass
+        (:meth:`gpuspawner.gpushare.watchdog.Notice.to_dict`, with ``message``); empty when
+        none is over or the watchdog is off."""
+        wd = self.share_watchdog
+        return [n.to_dict() for n in (wd.notices.get(user, ()) if wd is not None else ())]
+
     def _share_pass(self, shares: dict[str, Share]) -> list[Action]:
         if self.share_watchdog is None:
             try:

@@ -161,6 +161,20 @@ USER_USAGE = {
             "properties": {"group": _STR, "usage": {"$ref": "#/components/schemas/Usage"},
                            "quota": {"$ref": "#/components/schemas/Limits"}}}},
         "allocations": {"type": "array", "items": _STR},
+        "gpu_share_notices": {
+            "type": "array",
+            "description": "The user's GPU shares over their memory at the watchdog's last "
+                           "pass (docs/gpu-sharing.md); the JupyterLab GPU panel shows "
+                           "each message.",
+            "items": {
+                "type": "object",
+                "required": ["server", "uuid", "used_bytes", "limit_bytes", "interrupt_at",
+                             "interrupted", "message"],
+                "properties": {
+                    "server": _STR, "uuid": _STR, "used_bytes": _INT, "limit_bytes": _INT,
+                    "interrupt_at": {"type": "number", "description": "epoch seconds"},
+                    "interrupted": {"type": "array", "items": _INT},
+                    "message": _STR}}},
     },
 }
 SCHEMA_INFO = {
@@ -217,6 +231,10 @@ QUEUE_ENTRY: dict[str, Any] = {
                      "description": "kept across a hub restart, waiting for its re-spawn"},
         "note": {"type": "string",
                  "description": "e.g. a node is being started for this, about 2 min"},
+        "fairshare_factor": {
+            "type": "number", "minimum": 0, "maximum": 1,
+            "description": "the owner's fair-share factor over decayed past GPU usage "
+                           "(Slurm's 2^(-U/S)); 1 = none, or fair share over time off"},
     },
 }
 

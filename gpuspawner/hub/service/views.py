@@ -186,7 +186,8 @@ def usage_dict(u: Usage) -> dict[str, int]:
 def usage_view(cluster: Cluster, user: str, groups: Iterable[str],
                held: Sequence[Allocation] | None = None) -> dict[str, Any]:
     """``GET api/users/{name}/usage``: what the user holds, their quota, what each of their
-    groups holds against its quota, and what they may still take (the tightest limit).
+    groups holds against its quota, what they may still take (the tightest limit), and their
+    GPU shares over their memory now (``gpu_share_notices``: :meth:`Cluster.share_notices`).
     ``held``: the user's allocations when the caller has them already (the admin map asks for
     every user: one pass over the ledger, not one per user)."""
     ledger = cluster.ledger
@@ -204,6 +205,8 @@ def usage_view(cluster: Cluster, user: str, groups: Iterable[str],
             "quota": quota_dict(table.groups.get(g)),
         } for g in groups],
         "allocations": [a.id for a in (ledger.allocations(user) if held is None else held)],
+        # shares over their GPU memory now (the watchdog's; the Lab GPU panel shows them)
+        "gpu_share_notices": cluster.share_notices(user),
     }
 
 
@@ -376,12 +379,16 @@ def queue_view(cluster: Cluster, viewer: str | None, now: float | None = None
     ``id, user, server, profile, position`` (1-based), ``enqueued`` (ISO 8601 UTC),
     ``waited_s`` (seconds), ``wants`` (words), ``gpus``, ``gpu_milli``, ``gpu_models``,
     ``cores``, ``memory_bytes``, ``nodes`` (the nodes it may use; empty = any), ``bypassed``,
-    ``restored`` (waiting for its re-spawn after a hub restart) and ``note`` (e.g. "a node
-    is being started for this, about 2 min": :mod:`gpuspawner.elastic`; "" = none).
+    ``restored`` (waiting for its re-spawn after a hub restart), ``note`` (e.g. "a node
+    is being started for this, about 2 min": :mod:`gpuspawner.elastic`; "" = none) and
+    ``fairshare_factor`` (the owner's fair-share factor over decayed past GPU usage, 0..1,
+    1 = no past usage or fair share over time off:
+    :meth:`~gpuspawner.placement.queue.WaitQueue.fairshare_factor`).
     """
     t = time.time() if now is None else now
     q = cluster.queue
     order = q.wq.order() if q is not None else []
+    factors = q.wq.fairshare_factors() if q is not None else {}
     waiting_gpus: dict[str, int] = {}
     entries = []
     for i, e in enumerate(order, 1):
@@ -403,6 +410,7 @@ def queue_view(cluster: Cluster, viewer: str | None, now: float | None = None
             "bypassed": e.bypassed,
             "restored": not e.claimed,
             "note": q.note(e) or "",  # type: ignore[union-attr]
+            "fairshare_factor": round(factors.get(e.owner.user, 1.0), 6),
         })
     return {"length": len(order),
             "by_profile": q.wq.count_by_profile() if q is not None else {},

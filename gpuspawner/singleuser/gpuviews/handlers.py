@@ -7,6 +7,7 @@ import json
 import os
 import time
 from typing import Any
+from urllib.parse import quote
 
 import psutil
 from jupyter_server.auth.decorator import authorized
@@ -51,6 +52,9 @@ class GPUsHandler(_Base):
         doc["moved"] = moved_from_env(os.environ)
         names = [g.get("name", "") for g in doc.get("gpus", []) if g.get("in_allocation")]
         doc["share"] = share_from_env(os.environ, names[0] if names else "")
+        # the hub's watchdog: this share is over its GPU memory (shown among the warnings)
+        doc["warnings"] = [*doc.get("warnings", []),
+                           *await self.settings["gpuspawner_share_notices"].messages()]
         self.finish(json.dumps(doc))
 
 
@@ -134,17 +138,9 @@ class CullerStatus:
         now = time.monotonic()
         if self._cached and now - self._cached[0] < self.ttl:
             return self._cached[1]
-        result = None
-        try:
-            req = HTTPRequest(url_path_join(self.url or "", "api/status"),
-                              headers={"Authorization": f"token {self.token}"},
-                              request_timeout=self.timeout, connect_timeout=self.timeout,
-                              follow_redirects=False)
-            resp = await AsyncHTTPClient().fetch(req)
-            doc = json.loads(resp.body)
-            result = self._mine(doc)
-        except Exception:  # noqa: BLE001 - the culler is optional: failures give null
-            result = None
+        doc = await _get_json(url_path_join(self.url or "", "api/status"), self.token or "",
+                              self.timeout)
+        result = self._mine(doc) if doc is not None else None
         self._cached = (now, result)
         return result
 
@@ -160,6 +156,58 @@ class CullerStatus:
         if not mine:
             return None
         return {"server": mine[0], "last_pass": doc.get("last_pass")}
+
+
+async def _get_json(url: str, token: str, timeout: float) -> Any:
+    """GET ``url`` with ``token`` (no redirects); the decoded JSON, or None on any failure
+    (the services the panel asks are optional)."""
+    try:
+        req = HTTPRequest(url, headers={"Authorization": f"token {token}"},
+                          request_timeout=timeout, connect_timeout=timeout,
+                          follow_redirects=False)
+        resp = await AsyncHTTPClient().fetch(req)
+        return json.loads(resp.body)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+class ShareNotices:
+    """This server's GPU share notices from the gpuspawner service (the hub's watchdog: the
+    share is over its GPU memory and its largest kernel is interrupted at a given time),
+    cached ``ttl`` seconds.
+
+    Asked with the server's own ``$JUPYTERHUB_API_TOKEN`` at ``$GPUSPAWNER_SERVICE_URL``
+    ``api/users/<user>/usage`` (``gpu_share_notices``; the hub's wiring sets the URL,
+    :func:`gpuspawner.hub.wiring.wire_hub`). A user's token reads only that user's notices
+    (the service answers 403 for another user's). Any failure gives no notice.
+    """
+
+    def __init__(self, url: str | None = None, ttl: float = 10.0, timeout: float = 2.0,
+                 env: dict[str, str] | None = None) -> None:
+        env = dict(os.environ if env is None else env)
+        self.token = env.get("JUPYTERHUB_API_TOKEN")
+        self.user = env.get("JUPYTERHUB_USER")
+        self.server_name = env.get("JUPYTERHUB_SERVER_NAME", "")
+        self.url = url or env.get("GPUSPAWNER_SERVICE_URL") or None
+        self.ttl = ttl
+        self.timeout = timeout
+        self._cached: tuple[float, list[str]] | None = None
+
+    async def messages(self) -> list[str]:
+        """The messages of this server's notices (none when not configured or on failure)."""
+        if not (self.url and self.token and self.user):
+            return []
+        now = time.monotonic()
+        if self._cached and now - self._cached[0] < self.ttl:
+            return self._cached[1]
+        doc = await _get_json(url_path_join(self.url, "api/users", quote(self.user, safe=""),
+                                            "usage"), self.token, self.timeout)
+        notices = doc.get("gpu_share_notices") if isinstance(doc, dict) else None
+        out = [str(n["message"]) for n in notices or []
+               if isinstance(n, dict) and n.get("message")
+               and (n.get("server") or "") == self.server_name]
+        self._cached = (now, out)
+        return out
 
 
 def kernel_pid_resolver(kernel_manager: Any):
