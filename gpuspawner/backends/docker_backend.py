@@ -27,13 +27,24 @@ import docker
 import requests
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from traitlets import Any as AnyTrait
-from traitlets import CaselessStrEnum, Enum, Int, List, TraitError, Unicode, validate
+from traitlets import CaselessStrEnum, Enum, Float, Int, List, TraitError, Unicode, validate
 
 from ..gpushare.mechanism import (
     ShareLimits,
     prepare_dmem_cgroup,
     remove_dmem_cgroup,
     share_limits,
+)
+from ..gpushare.mps import (
+    CLIENT_LABEL,
+    DAEMON_COMMAND,
+    DAEMON_LABEL,
+    PIPE_MOUNT,
+    QUIT_COMMAND,
+    READY_COMMAND,
+    MpsDaemon,
+    client_host_config,
+    daemon_for,
 )
 from ..placement import Allocation
 from . import home_script
@@ -255,6 +266,27 @@ class DockerBackend(Backend):
         root. Pulled like a server's image (``pull_policy``).""",
     ).tag(config=True)
 
+    mps_daemon_image = Unicode(
+        "", help="""Image of the MPS control daemons gpuspawner runs on nodes whose GPU shares
+        are held by ``mps-daemon`` (``c.GPUSpawner.gpu_share_mode`` or a node's
+        ``gpu_share``; gpuspawner.gpushare.mps): one container per shared GPU, root, no
+        network, that GPU by UUID. The image needs no CUDA: the NVIDIA container toolkit
+        mounts the driver's nvidia-cuda-mps-control and nvidia-cuda-mps-server into it.
+        Empty: the admin's image of the server being started (as ``home_helper_image``).""",
+    ).tag(config=True)
+
+    mps_daemon_command = List(
+        Unicode(), list(DAEMON_COMMAND), minlen=1,
+        help="""The MPS control daemon container's command: NVIDIA's control daemon in the
+        foreground (``nvidia-cuda-mps-control -f``), its pipe and log directories from
+        CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY (set by gpuspawner).""",
+    ).tag(config=True)
+
+    mps_daemon_start_timeout = Float(
+        20.0, help="""Seconds an MPS control daemon (``mps_daemon_image``) has to make its
+        control pipe before the server that needs it fails to start.""",
+    ).tag(config=True)
+
     mount_owners = List(
         Int(), [0],
         help="""Uids that may own the folders above a mounted host path (the homes' folder,
@@ -314,6 +346,9 @@ class DockerBackend(Backend):
         self._disk: dict[str, tuple[bool, str]] = {}
         #: users' images that passed the check, by node then digest (docker_image)
         self._image_checks: dict[str, dict[str, ImageCheck]] = {}
+        #: (node, GPU UUID) -> held while that GPU's MPS daemon is started or stopped and a
+        #: client of it created (a client never starts against a daemon being stopped)
+        self._mps_locks: dict[tuple[str, str], asyncio.Lock] = {}
 
     def check_config(self) -> None:
         """Each node's ``network_pool`` parses and is not private; an engine reached over the
@@ -466,7 +501,9 @@ class DockerBackend(Backend):
         daemon's pipe directory and the host's IPC namespace (MPS clients reach the daemon
         through both); under dmem a cgroup parent of its own, made here with its
         ``dmem.max`` before the container starts (the node's engine on this host, with the
-        cgroupfs cgroup driver).
+        cgroupfs cgroup driver). Under ``mps-daemon`` the GPU's MPS control daemon
+        (:mod:`gpuspawner.gpushare.mps`) is started first if it does not run, and the server
+        mounts its pipe volume and joins its IPC namespace.
 
         Raises:
             LaunchRefused: a disk limit the node cannot enforce in "refuse" mode; a dmem share
@@ -508,6 +545,17 @@ class DockerBackend(Backend):
             host["binds"] = {**(host.get("binds") or {}), share.mps_pipe_directory: {
                 "bind": share.mps_pipe_directory, "mode": "rw"}}
             checked = {*checked, os.path.normpath(share.mps_pipe_directory)}
+        daemon = None
+        if share.mps_daemon_gpu:
+            daemon = daemon_for(node, share.mps_daemon_gpu,
+                                self.mps_daemon_image or spec.helper_image or spec.image,
+                                self.mps_daemon_command, self._hub_labels())
+            try:
+                host = client_host_config(host, daemon)
+            except ValueError as e:
+                raise LaunchFailed(f"node {node}: {e}") from None
+            create["labels"] = {**create.get("labels", {}), CLIENT_LABEL: daemon.gpu}
+            state["mps_gpu"] = daemon.gpu
         if share.cgroup_parent:
             await self._dmem_parent(node, share)
             host["cgroup_parent"] = state["cgroup_parent"] = share.cgroup_parent
@@ -520,17 +568,27 @@ class DockerBackend(Backend):
             cli = self.client(node)
             return cli.create_container(host_config=cli.create_host_config(**host), **create)
 
+        lock = self._mps_lock(node, daemon.gpu) if daemon else None
+        if lock is not None:
+            await lock.acquire()
         try:
-            obj = await self._call(node, create_container)
-        except APIError as e:
-            raise LaunchFailed(f"node {node}: the engine refused the container: "
-                               f"{e.explanation or e}") from None
-        state["container_id"] = obj["Id"]
-        try:
-            await self._call(node, "start", obj["Id"])
-        except APIError as e:
-            raise LaunchFailed(f"node {node}: the engine could not start the container: "
-                               f"{e.explanation or e}") from None
+            if daemon is not None:
+                progress(40, f"MPS control daemon of GPU {daemon.gpu}: {daemon.name}")
+                await self._mps_daemon_up(node, daemon)
+            try:
+                obj = await self._call(node, create_container)
+            except APIError as e:
+                raise LaunchFailed(f"node {node}: the engine refused the container: "
+                                   f"{e.explanation or e}") from None
+            state["container_id"] = obj["Id"]
+            try:
+                await self._call(node, "start", obj["Id"])
+            except APIError as e:
+                raise LaunchFailed(f"node {node}: the engine could not start the container: "
+                                   f"{e.explanation or e}") from None
+        finally:
+            if lock is not None:
+                lock.release()
         if net is not None:
             ip = str(net.server_ip)
         elif self.network_isolation == "host":
@@ -573,6 +631,109 @@ class DockerBackend(Backend):
         except OSError as e:
             raise LaunchRefused(f"node {node}: cannot write the dmem limit of "
                                 f"{share.cgroup_parent}: {e}") from None
+
+    # -- MPS control daemons (gpu_share: mps-daemon) ---------------------------------------------
+    def _hub_labels(self) -> dict[str, str]:
+        return {HUB_LABEL: self.hub_id} if self.hub_id else {}
+
+    def _mps_lock(self, node: str, gpu: str) -> asyncio.Lock:
+        return self._mps_locks.setdefault((node, gpu), asyncio.Lock())
+
+    async def _mps_daemon_up(self, node: str, daemon: MpsDaemon) -> None:
+        """Start ``daemon`` unless it runs (its lock held): its two volumes, then its
+        container (:meth:`~gpuspawner.gpushare.mps.MpsDaemon.host_kwargs`); a stopped one of
+        this hub is removed and made again.
+
+        Raises:
+            LaunchFailed: a container of that name that is not this hub's daemon of this GPU;
+                the engine refuses the daemon, or it exits at once (its last log lines).
+        """
+        try:
+            info = await self._call(node, "inspect_container", daemon.name)
+        except NotFound:
+            info = None
+        if info is not None:
+            labels = (info.get("Config") or {}).get("Labels") or {}
+            if labels.get(DAEMON_LABEL) != daemon.gpu or not made_by(labels, self.hub_id):
+                raise LaunchFailed(f"node {node}: a container named {daemon.name} is not this "
+                                   f"hub's MPS daemon of GPU {daemon.gpu}: not touched")
+            if (info.get("State") or {}).get("Running"):
+                return
+            await self._call(node, "remove_container", info["Id"], force=True)
+        await self._ensure_image(node, daemon.image)
+        for volume in (daemon.pipe_volume, daemon.log_volume):
+            await self._call(node, "create_volume", volume, labels=dict(daemon.labels))
+
+        def create() -> Any:
+            cli = self.client(node)
+            return cli.create_container(
+                host_config=cli.create_host_config(**daemon.host_kwargs()),
+                **daemon.create_kwargs())
+
+        try:
+            cid = (await self._call(node, create))["Id"]
+            await self._call(node, "start", cid)
+        except APIError as e:
+            raise LaunchFailed(f"node {node}: the engine refused the MPS daemon "
+                               f"{daemon.name}: {e.explanation or e}") from None
+        # ready once its control pipe is there: a client's CUDA that finds no daemon runs
+        # without MPS, past its limits (nvidia-cuda-mps-control(1))
+        deadline = asyncio.get_running_loop().time() + self.mps_daemon_start_timeout
+        while True:
+            st = (await self._call(node, "inspect_container", cid)).get("State") or {}
+            if not st.get("Running"):
+                tail = (await self._call(node, "logs", cid, tail=8)).decode("utf-8",
+                                                                             "replace")
+                raise LaunchFailed(f"node {node}: the MPS daemon {daemon.name} exited with "
+                                   f"code {st.get('ExitCode')}: {tail.strip()}")
+            ex = await self._call(node, "exec_create", cid, list(READY_COMMAND))
+            await self._call(node, "exec_start", ex)
+            if (await self._call(node, "exec_inspect", ex)).get("ExitCode") == 0:
+                break
+            if asyncio.get_running_loop().time() >= deadline:
+                raise LaunchFailed(f"node {node}: the MPS daemon {daemon.name} made no "
+                                   f"{PIPE_MOUNT}/control in {self.mps_daemon_start_timeout:g}"
+                                   " s")
+            await asyncio.sleep(0.2)
+        self.log.info("node %s: MPS control daemon %s started for GPU %s", node, daemon.name,
+                      daemon.gpu)
+
+    async def _mps_release(self, node: str, gpu: str) -> None:
+        """After an MPS client of ``gpu`` is gone: stop its daemon when no client of it is
+        left on ``node`` (``quit`` to the control daemon, then the container and the pipe
+        volume removed; the log volume stays for the admin). Never raises."""
+        async with self._mps_lock(node, gpu):
+            try:
+                left = await self._call(node, "containers", all=True, filters={
+                    "label": [f"{CLIENT_LABEL}={gpu}"]})
+                left = [c for c in left if made_by(c.get("Labels"), self.hub_id)]
+                if left:
+                    return
+                found = await self._call(node, "containers", all=True, filters={
+                    "label": [f"{DAEMON_LABEL}={gpu}"]})
+                for c in found:
+                    if not made_by(c.get("Labels"), self.hub_id):
+                        continue
+                    if c.get("State") == "running":
+                        try:
+                            ex = await self._call(node, "exec_create", c["Id"],
+                                                  list(QUIT_COMMAND))
+                            await self._call(node, "exec_start", ex)
+                        except APIError as e:
+                            self.log.info("node %s: MPS daemon %s: quit: %s", node,
+                                          c["Id"][:12], e)
+                        await self._call(node, "stop", c["Id"], timeout=self.stop_timeout)
+                    await self._call(node, "remove_container", c["Id"], force=True)
+                    pipe = f"{(c.get('Names') or ['/'])[0].lstrip('/')}-pipe"
+                    try:
+                        await self._call(node, "remove_volume", pipe, force=True)
+                    except NotFound:
+                        pass
+                    self.log.info("node %s: MPS control daemon of GPU %s stopped (no client "
+                                  "left)", node, gpu)
+            except Exception as e:  # noqa: BLE001 - a stop never fails on the daemon
+                self.log.warning("node %s: stopping the MPS daemon of GPU %s: %s", node,
+                                 gpu, e)
 
     def _engine_is_local(self, node: str) -> bool:
         """Whether ``node``'s engine runs on this machine (a unix socket)."""
@@ -818,6 +979,8 @@ class DockerBackend(Backend):
         if state.get("cgroup_parent"):
             await asyncio.to_thread(remove_dmem_cgroup, str(state["cgroup_parent"]),
                                     self.cgroup_root)
+        if state.get("mps_gpu"):
+            await self._mps_release(node, str(state["mps_gpu"]))
 
     async def cleanup(self, alloc: Allocation | None, state: Mapping[str, Any]) -> None:
         """Remove the container and the server's network as far as ``state`` knows them.
@@ -842,6 +1005,8 @@ class DockerBackend(Backend):
                 await self._call(node, lambda n: self.networks(node).remove(n), net["name"])
             except Exception as e:
                 self.log.warning("node %s: removing network %s failed: %s", node, net["name"], e)
+        if state.get("mps_gpu"):  # after the client: the daemon stops with its last client
+            await self._mps_release(node, str(state["mps_gpu"]))
 
     async def _drop_dmem_parent(self, node: str, state: Mapping[str, Any]) -> None:
         """Remove the dmem cgroup parent once its container is gone (never raises)."""

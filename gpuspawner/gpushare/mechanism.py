@@ -14,7 +14,9 @@ Mechanisms, strongest first (docs/gpu-sharing.md):
   daemon's pipe directory exists; each client gets ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``
   (``"0=<MiB>M"``: device ordinal 0 as the client sees it, its share of the memory) and
   ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (its share in percent of the SMs), the names and forms of
-  NVIDIA's MPS documentation, "Environment Variables".
+  NVIDIA's MPS documentation, "Environment Variables". Asked for as ``mps-daemon``, the
+  daemons are gpuspawner's: one per shared GPU in a container of its own, started before the
+  GPU's first client and stopped after its last (:mod:`gpuspawner.gpushare.mps`).
 * ``watchdog``: everywhere; :mod:`gpuspawner.gpushare.watchdog` reads the per-process memory
   NVML reports and interrupts the kernel of a share over its memory after a grace period.
 
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 
 from ..inventory.local import sysfs_pci_address
 from ..placement.model import GPU, GPU_MILLI, Allocation
+from .mps import PIPE_MOUNT
 
 __all__ = [
     "MECHANISMS",
@@ -48,7 +51,7 @@ __all__ = [
 ]
 
 #: what an admin may set (``c.GPUSpawner.gpu_share_mode``, a node's ``gpu_share``)
-SHARE_MODES = ("auto", "dmem", "mps", "watchdog")
+SHARE_MODES = ("auto", "dmem", "mps", "mps-daemon", "watchdog")
 #: what a node ends up with, strongest first
 MECHANISMS = ("dmem", "mps", "watchdog")
 #: the MPS control daemon's default pipe directory (NVIDIA MPS docs, CUDA_MPS_PIPE_DIRECTORY)
@@ -72,12 +75,16 @@ class Mechanism:
         reason: one sentence, why this one (shown on the admin map).
         regions: GPU UUID -> dmem region name (``dmem`` only).
         mps_pipe_directory: the MPS control daemon's pipe directory (``mps`` only).
+        mps_daemon: the daemons are gpuspawner's, one per shared GPU (``mps-daemon`` asked
+            for; :mod:`gpuspawner.gpushare.mps`); ``mps_pipe_directory`` is then where the
+            GPU's pipe volume is mounted in each client.
     """
 
     name: str
     reason: str
     regions: Mapping[str, str] = field(default_factory=dict)
     mps_pipe_directory: str = ""
+    mps_daemon: bool = False
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready: ``{"mechanism", "reason"}`` (what the admin map and api/nodes show)."""
@@ -140,7 +147,8 @@ def detect_mechanism(
     socket here), the kernel has the controller and every shareable GPU (every GPU when none is
     marked shareable) has a region; else ``watchdog`` (MPS is never chosen by itself: it changes
     how every process on the GPU runs, and its one-uid rule, docs/gpu-sharing.md, is the
-    admin's call). ``dmem`` and ``mps`` asked for explicitly must be present on a local node;
+    admin's call). ``mps-daemon`` is MPS with gpuspawner's own daemons (nothing to look for
+    on the node). ``dmem`` and ``mps`` asked for explicitly must be present on a local node;
     on a remote node they are taken as the admin says (this host cannot look).
 
     Args:
@@ -160,6 +168,14 @@ def detect_mechanism(
     shared = [g for g in gpus if g.shareable] or gpus
     if mode == "watchdog":
         return Mechanism("watchdog", "set by the admin: per-process GPU memory watched")
+    if mode == "mps-daemon":
+        return Mechanism(
+            "mps",
+            "set by the admin: MPS memory and thread limits per client, one MPS control "
+            "daemon per shared GPU run by gpuspawner (a container each)",
+            mps_pipe_directory=PIPE_MOUNT,
+            mps_daemon=True,
+        )
     if mode == "mps":
         if local and not os.path.isdir(mps_pipe_directory):
             raise ShareModeUnavailable(
@@ -214,6 +230,9 @@ class ShareLimits:
             (the Docker cgroupfs driver's form, ``/gpuspawner/<name>``); "" for none.
         dmem_max: dmem region -> bytes, written to ``<parent>/dmem.max`` before the start.
         mps_pipe_directory: to mount into the server (``mps``); "" for none.
+        mps_daemon_gpu: the GPU whose gpuspawner-run MPS daemon the server is a client of
+            (``mps-daemon``; the backend mounts that daemon's pipe volume and joins its IPC
+            namespace); "" for none.
     """
 
     env: Mapping[str, str] = field(default_factory=dict)
@@ -221,6 +240,7 @@ class ShareLimits:
     cgroup_parent: str = ""
     dmem_max: Mapping[str, int] = field(default_factory=dict)
     mps_pipe_directory: str = ""
+    mps_daemon_gpu: str = ""
 
 
 def share_limits(
@@ -260,6 +280,9 @@ def share_limits(
                 "CUDA_MPS_PIPE_DIRECTORY": mechanism.mps_pipe_directory,
             }
         )
+        if mechanism.mps_daemon:
+            return ShareLimits(env=env, memory_bytes={share.uuid: limit},
+                               mps_daemon_gpu=share.uuid)
         return ShareLimits(
             env=env,
             memory_bytes={share.uuid: limit},

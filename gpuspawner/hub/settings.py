@@ -166,14 +166,17 @@ class SpawnerSettings(HasTraits):
         may have and stay healthy.""").tag(config=True)
     gpu_health_max_retired_pages = Int(59, help="""Pages retired for double-bit ECC errors a
         GPU may have and stay healthy.""").tag(config=True)
-    gpu_share_mode = Enum(["auto", "dmem", "mps", "watchdog"], default_value="auto",
-                          help="""What holds a GPU share (a profile's gpus below 1) on the
-        device, for every node whose entry in nodes sets no gpu_share (docs/gpu-sharing.md):
+    gpu_share_mode = Enum(["auto", "dmem", "mps", "mps-daemon", "watchdog"],
+                          default_value="auto", help="""What holds a GPU share (a profile's
+        gpus below 1) on the device, for every node whose entry in nodes sets no gpu_share
+        (docs/gpu-sharing.md):
         "auto" takes the kernel's cgroup dmem controller (each server's share of the GPU's
         memory as its cgroup's dmem.max) where the node's kernel and driver have it, else
         the watchdog; "mps" needs the MPS control daemon running (its pipe directory
         /tmp/nvidia-mps) and gives each server CUDA_MPS_PINNED_DEVICE_MEM_LIMIT and
-        CUDA_MPS_ACTIVE_THREAD_PERCENTAGE from its share; "watchdog": per-process GPU memory
+        CUDA_MPS_ACTIVE_THREAD_PERCENTAGE from its share; "mps-daemon": the same limits, with
+        one MPS control daemon per shared GPU that gpuspawner runs itself, a container each
+        (c.DockerBackend.mps_daemon_image); "watchdog": per-process GPU memory
         watched only. Chosen per node when the hub starts ("dmem" or "mps" on a node without
         it stops the hub naming the node) and shown on the admin map.""").tag(config=True)
     gpu_share_grace = Float(60.0, help="""Seconds a GPU share may use more GPU memory than
