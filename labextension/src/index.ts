@@ -1,9 +1,10 @@
 import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
+import { ITranslator, nullTranslator } from '@jupyterlab/translation';
 import { LabIcon } from '@jupyterlab/ui-components';
 
-import { parseSettings, statusItemVisible } from './model';
+import { parseSettings, statusItemVisible, TRANSLATION_DOMAIN } from './model';
 import { CullNotifier, MoveNotifier } from './notify';
 import { GpuPanel } from './panel';
 import { GpuDataSource } from './source';
@@ -26,14 +27,18 @@ const plugin: JupyterFrontEndPlugin<void> = {
   id: PLUGIN_ID,
   description: 'GPU status bar item and side panel of gpuspawner sessions',
   autoStart: true,
-  optional: [IStatusBar, ILayoutRestorer, ISettingRegistry],
+  // ITranslator optional: without it (a JupyterLab without the translation plugin) the strings
+  // are shown as written, through nullTranslator
+  optional: [IStatusBar, ILayoutRestorer, ISettingRegistry, ITranslator],
   activate: (
     app: JupyterFrontEnd,
     statusBar: IStatusBar | null,
     restorer: ILayoutRestorer | null,
-    settingRegistry: ISettingRegistry | null
+    settingRegistry: ISettingRegistry | null,
+    translator: ITranslator | null
   ) => {
-    const source = new GpuDataSource(app.serviceManager.serverSettings);
+    const trans = (translator ?? nullTranslator).load(TRANSLATION_DOMAIN);
+    const source = new GpuDataSource(app.serviceManager.serverSettings, trans);
     if (settingRegistry) {
       // poll intervals, GPU selection and units; changes apply at once (no reload)
       settingRegistry
@@ -47,7 +52,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
           console.error('gpuspawner-labextension: cannot load the settings', reason);
         });
     }
-    const panel = new GpuPanel(source);
+    const panel = new GpuPanel(source, trans);
     panel.title.icon = gpuIcon;
     app.shell.add(panel, 'right', { rank: 900 });
     if (restorer) {
@@ -69,15 +74,19 @@ const plugin: JupyterFrontEndPlugin<void> = {
     updateKernelNames();
 
     app.commands.addCommand(COMMAND_OPEN, {
-      label: 'Show GPU panel',
+      label: trans.__('Show GPU panel'),
       describedBy: { args: { type: 'object', properties: {} } },
       execute: () => app.shell.activateById(panel.id)
     });
 
     if (statusBar) {
-      const item = new GpuStatusItem(source, () => {
-        void app.commands.execute(COMMAND_OPEN);
-      });
+      const item = new GpuStatusItem(
+        source,
+        () => {
+          void app.commands.execute(COMMAND_OPEN);
+        },
+        trans
+      );
       statusBar.registerStatusItem('gpuspawner-labextension:status', {
         item,
         align: 'left',
@@ -88,8 +97,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
         activeStateChanged: source.changed
       });
     }
-    new CullNotifier(app.commands, source);
-    new MoveNotifier(app.commands, source);
+    new CullNotifier(app.commands, source, trans);
+    new MoveNotifier(app.commands, source, undefined, trans);
     // jupyter-scheduler's Notebook Jobs list follows the hub's jobs (src/jobs_refresh.ts)
     new JobsRefresher(document).start();
     console.log('gpuspawner-labextension is activated');

@@ -8,6 +8,39 @@
  *   GET api/gpuspawner/metrics  -> MetricsResponse
  */
 
+/**
+ * The gettext domain of the extension's strings: the plugin loads its bundle with
+ * `translator.load(TRANSLATION_DOMAIN)` (JupyterLab's "Internationalization and Localization"
+ * guide; domains use `_`, not `-`), and the settings schema names it too.
+ */
+export const TRANSLATION_DOMAIN = 'gpuspawner';
+
+/**
+ * What this module needs of a translation bundle (@jupyterlab/translation's
+ * TranslationBundle has these two): `__(msgid, ...args)` and `_n(singular, plural, n, ...args)`,
+ * `%1`, `%2`... in the message standing for the arguments (for `_n`, `%1` is `n`).
+ */
+export interface Trans {
+  __(msgid: string, ...args: unknown[]): string;
+  _n(msgid: string, msgidPlural: string, n: number, ...args: unknown[]): string;
+}
+
+function fill(msg: string, args: unknown[]): string {
+  return msg.replace(/%(\d+)/g, (m, i: string) =>
+    Number(i) >= 1 && Number(i) <= args.length ? String(args[Number(i) - 1]) : m
+  );
+}
+
+/**
+ * The strings as written, arguments filled in: what JupyterLab's nullTranslator gives, used
+ * where no translator is passed (the plugin without ITranslator, the node unit tests: the
+ * ESM-only @jupyterlab/translation does not load under their commonjs build).
+ */
+export const untranslated: Trans = {
+  __: (msgid, ...args) => fill(msgid, args),
+  _n: (msgid, msgidPlural, n, ...args) => fill(n === 1 ? msgid : msgidPlural, [n, ...args])
+};
+
 /** States reported by the server, plus two of the client's own. */
 export type ServerState = 'ok' | 'no_nvml' | 'no_gpu' | 'permission' | 'error';
 export type ViewState = ServerState | 'loading' | 'unreachable';
@@ -300,16 +333,20 @@ export const NOTIFICATION_MAX = 140;
  * told once.
  */
 export function moveNotice(
-  moved: MoveRecord | null | undefined
+  moved: MoveRecord | null | undefined,
+  trans: Trans = untranslated
 ): { key: string; message: string } | null {
   if (!moved) {
     return null;
   }
   const when = new Date(moved.at * 1000).toISOString().slice(0, 16).replace('T', ' ');
-  const base =
-    `Your server moved from node ${moved.from} to node ${moved.to} at ${when} UTC. ` +
-    'Files in your home are safe; running kernels were lost.';
-  const withWhy = moved.reason ? `${base} Why: ${moved.reason}.` : base;
+  const base = trans.__(
+    'Your server moved from node %1 to node %2 at %3 UTC. Files in your home are safe; running kernels were lost.',
+    moved.from,
+    moved.to,
+    when
+  );
+  const withWhy = moved.reason ? trans.__('%1 Why: %2.', base, moved.reason) : base;
   return {
     key: `${moved.from}|${moved.to}|${moved.at}`,
     message: withWhy.length <= NOTIFICATION_MAX ? withWhy : base
@@ -503,20 +540,20 @@ export function sessionWithoutGpu(g: GpusResponse): boolean {
 }
 
 /** Display text of a non-ok state. */
-export function stateText(s: ViewState): string {
+export function stateText(s: ViewState, trans: Trans = untranslated): string {
   switch (s) {
     case 'loading':
-      return 'loading…';
+      return trans.__('loading…');
     case 'no_nvml':
-      return 'NVML unavailable';
+      return trans.__('NVML unavailable');
     case 'no_gpu':
-      return 'no GPU';
+      return trans.__('no GPU');
     case 'permission':
-      return 'no permission';
+      return trans.__('no permission');
     case 'unreachable':
-      return 'unavailable';
+      return trans.__('unavailable');
     case 'error':
-      return 'error';
+      return trans.__('error');
     default:
       return '';
   }
@@ -561,40 +598,48 @@ export function deriveStatus(
   metrics: MetricsResponse | null,
   error: string | null = null,
   now: number = Date.now(),
-  settings: ViewSettings = DEFAULT_SETTINGS
+  settings: ViewSettings = DEFAULT_SETTINGS,
+  trans: Trans = untranslated
 ): StatusView {
   if (error !== null) {
-    return { text: 'GPU: unavailable', title: error, level: 'error' };
+    return { text: trans.__('GPU: unavailable'), title: error, level: 'error' };
   }
   if (gpus === null) {
-    return { text: 'GPU: …', title: 'Loading GPU data', level: 'idle' };
+    return { text: trans.__('GPU: …'), title: trans.__('Loading GPU data'), level: 'idle' };
   }
-  const cull = cullWarning(gpus.culler, now);
+  const cull = cullWarning(gpus.culler, now, trans);
   if (sessionWithoutGpu(gpus)) {
     return {
-      text: 'GPU: no GPU',
-      title: ['This session has no GPU', cull].filter(Boolean).join('\n'),
+      text: trans.__('GPU: no GPU'),
+      title: [trans.__('This session has no GPU'), cull].filter(Boolean).join('\n'),
       level: cull ? 'warn' : 'idle'
     };
   }
   if (gpus.state !== 'ok') {
     const level: Level = gpus.state === 'no_gpu' ? 'idle' : 'error';
     return {
-      text: `GPU: ${stateText(gpus.state)}`,
-      title: [gpus.message || stateText(gpus.state), cull].filter(Boolean).join('\n'),
+      text: trans.__('GPU: %1', stateText(gpus.state, trans)),
+      title: [gpus.message || stateText(gpus.state, trans), cull].filter(Boolean).join('\n'),
       level: cull ? 'warn' : level
     };
   }
   const rows = gpuRows(gpus, metrics, settings.gpus);
   if (rows.length === 0 && settings.gpus.length > 0 && gpus.gpus.length > 0) {
     return {
-      text: 'GPU: none selected',
-      title: `None of the GPUs in the settings (${settings.gpus.join(', ')}) is in this session`,
+      text: trans.__('GPU: none selected'),
+      title: trans.__(
+        'None of the GPUs in the settings (%1) is in this session',
+        settings.gpus.join(', ')
+      ),
       level: 'idle'
     };
   }
   if (rows.length === 0) {
-    return { text: 'GPU: no GPU', title: gpus.message || 'No GPU in this session', level: 'idle' };
+    return {
+      text: trans.__('GPU: no GPU'),
+      title: gpus.message || trans.__('No GPU in this session'),
+      level: 'idle'
+    };
   }
   const utils = rows
     .map(r => r.sample?.utilization_percent ?? null)
@@ -608,7 +653,7 @@ export function deriveStatus(
   const totalSum = total.every(t => t !== null)
     ? (total as number[]).reduce((a, b) => a + b, 0)
     : null;
-  const label = rows.length === 1 ? 'GPU' : `${rows.length} GPUs`;
+  const label = trans._n('GPU', '%1 GPUs', rows.length);
   const units = settings.units;
   const mem = formatMemory(usedSum, totalSum, units, true);
   const text =
@@ -618,7 +663,7 @@ export function deriveStatus(
   const lines = rows.map(
     r =>
       `#${r.info.index ?? '?'} ${r.info.name}: ${formatPercent(r.sample?.utilization_percent ?? null)}` +
-      `${r.info.mig ? ' (MIG: utilisation not available)' : ''}, ` +
+      `${r.info.mig ? trans.__(' (MIG: utilisation not available)') : ''}, ` +
       formatMemory(r.sample?.memory_used_bytes ?? null, r.memoryTotal, units)
   );
   const warnings = [...gpus.warnings, ...(cull ? [cull] : [])];
@@ -662,9 +707,10 @@ export interface CullNotice {
  */
 export function cullNotice(
   culler: CullerStatus | null,
-  now: number = Date.now()
+  now: number = Date.now(),
+  trans: Trans = untranslated
 ): CullNotice | null {
-  const message = cullWarning(culler, now);
+  const message = cullWarning(culler, now, trans);
   if (message === null || culler === null) {
     return null;
   }
@@ -677,7 +723,11 @@ export function cullNotice(
 }
 
 /** The culler's warning for this server, or null when nothing is scheduled. */
-export function cullWarning(culler: CullerStatus | null, now: number = Date.now()): string | null {
+export function cullWarning(
+  culler: CullerStatus | null,
+  now: number = Date.now(),
+  trans: Trans = untranslated
+): string | null {
   if (culler === null) {
     return null;
   }
@@ -691,16 +741,22 @@ export function cullWarning(culler: CullerStatus | null, now: number = Date.now(
     const minutes = Math.round((at - now) / 60000);
     const clock = new Date(at).toISOString().slice(11, 16);
     when =
-      minutes > 0 ? ` in ${minutes} min (at ${clock} UTC)` : ` now (it was due at ${clock} UTC)`;
+      minutes > 0
+        ? trans.__(' in %1 min (at %2 UTC)', minutes, clock)
+        : trans.__(' now (it was due at %1 UTC)', clock);
   }
   const reason = culler.reason ? `: ${culler.reason}` : '';
   if (status === 'culled') {
-    return `The idle culler has stopped this server${reason}`;
+    return trans.__('The idle culler has stopped this server%1', reason);
   }
   if (status === 'culling') {
-    return `The idle culler is stopping this server now${reason}. Save your work.`;
+    return trans.__('The idle culler is stopping this server now%1. Save your work.', reason);
   }
-  return `This server will be stopped by the idle culler${when}${reason}. Save your work.`;
+  return trans.__(
+    'This server will be stopped by the idle culler%1%2. Save your work.',
+    when,
+    reason
+  );
 }
 
 /** One series of the history for a GPU, oldest first; the current sample is appended. */
@@ -810,18 +866,24 @@ export function processRows(
 }
 
 /** The message the panel shows for a request that failed (HTTP status, network error). */
-export function describeFetchError(path: string, status: number | null, detail = ''): string {
+export function describeFetchError(
+  path: string,
+  status: number | null,
+  detail = '',
+  trans: Trans = untranslated
+): string {
   if (status === 404) {
-    return (
-      `The gpuspawner server extension did not answer (HTTP 404 for ${path}). ` +
-      'It is not installed or not enabled in this Jupyter server.'
+    return trans.__(
+      'The gpuspawner server extension did not answer (HTTP 404 for %1). It is not installed or not enabled in this Jupyter server.',
+      path
     );
   }
   if (status === 403 || status === 401) {
-    return `Not allowed to read GPU data (HTTP ${status} for ${path}).`;
+    return trans.__('Not allowed to read GPU data (HTTP %1 for %2).', status, path);
   }
+  const more = detail ? `: ${detail}` : '';
   if (status !== null) {
-    return `GPU data request failed (HTTP ${status} for ${path})${detail ? `: ${detail}` : ''}.`;
+    return trans.__('GPU data request failed (HTTP %1 for %2)%3.', status, path, more);
   }
-  return `Could not reach the Jupyter server for GPU data${detail ? `: ${detail}` : ''}.`;
+  return trans.__('Could not reach the Jupyter server for GPU data%1.', more);
 }

@@ -9,7 +9,7 @@
  */
 import type { JupyterFrontEnd } from '@jupyterlab/application';
 
-import { cullNotice, GpusResponse, moveNotice, ViewSettings } from './model';
+import { cullNotice, GpusResponse, moveNotice, Trans, untranslated, ViewSettings } from './model';
 
 /** What the notifier reads of the data source (GpuDataSource in src/source.ts). */
 export interface CullSource {
@@ -28,9 +28,15 @@ export const DISMISS = 'apputils:dismiss-notification';
  * previous call is done).
  */
 abstract class SerialNotifier {
-  constructor(commands: JupyterFrontEnd['commands'], source: CullSource) {
+  /** `trans`: the extension's translation bundle, for the notifications' text */
+  constructor(
+    commands: JupyterFrontEnd['commands'],
+    source: CullSource,
+    trans: Trans = untranslated
+  ) {
     this._commands = commands;
     this._source = source;
+    this._trans = trans;
     source.changed.connect(() => void this.update());
   }
 
@@ -48,6 +54,7 @@ abstract class SerialNotifier {
   private _chain: Promise<void> = Promise.resolve();
   protected _commands: JupyterFrontEnd['commands'];
   protected _source: CullSource;
+  protected _trans: Trans;
 }
 
 /**
@@ -65,7 +72,9 @@ export class CullNotifier extends SerialNotifier {
     if (src.gpus === null) {
       return; // no answer yet (or a failed poll): keep what is shown
     }
-    const notice = src.settings.cullNotifications ? cullNotice(src.gpus.culler ?? null) : null;
+    const notice = src.settings.cullNotifications
+      ? cullNotice(src.gpus.culler ?? null, Date.now(), this._trans)
+      : null;
     if (notice === null) {
       if (this._id !== null) {
         const id = this._id;
@@ -114,8 +123,13 @@ export const SEEN_PREFIX = 'gpuspawner:move-told:';
  * not tell it again. Does nothing where the notification commands are missing.
  */
 export class MoveNotifier extends SerialNotifier {
-  constructor(commands: JupyterFrontEnd['commands'], source: CullSource, seen?: SeenStore | null) {
-    super(commands, source);
+  constructor(
+    commands: JupyterFrontEnd['commands'],
+    source: CullSource,
+    seen?: SeenStore | null,
+    trans: Trans = untranslated
+  ) {
+    super(commands, source, trans);
     this._seen = seen === undefined ? defaultStore() : seen;
   }
 
@@ -123,7 +137,7 @@ export class MoveNotifier extends SerialNotifier {
     if (!this._commands.hasCommand(NOTIFY) || this._source.gpus === null) {
       return;
     }
-    const notice = moveNotice(this._source.gpus.moved);
+    const notice = moveNotice(this._source.gpus.moved, this._trans);
     if (notice === null || notice.key === this._told) {
       return;
     }

@@ -11,7 +11,9 @@ import {
   processRows,
   sessionWithoutGpu,
   sparklinePath,
-  stateText
+  stateText,
+  Trans,
+  untranslated
 } from './model';
 import { GpuDataSource } from './source';
 
@@ -25,14 +27,15 @@ function sparkline(
   values: (number | null)[],
   max: number,
   current: string,
-  cls: string
+  cls: string,
+  trans: Trans
 ): HTMLElement {
   const chart = svg('svg', {
     class: `jp-gpuspawner-spark ${cls}`,
     viewBox: `0 0 ${CHART_W} ${CHART_H}`,
     preserveAspectRatio: 'none',
     role: 'img',
-    'aria-label': `${label} history`
+    'aria-label': trans.__('%1 history', label)
   });
   chart.append(
     svg('rect', {
@@ -63,11 +66,13 @@ function sparkline(
 }
 
 export class GpuPanel extends Widget {
-  constructor(source: GpuDataSource) {
+  /** `trans`: the extension's translation bundle (JupyterLab's ITranslator, domain gpuspawner) */
+  constructor(source: GpuDataSource, trans: Trans = untranslated) {
     super();
+    this._trans = trans;
     this.id = 'gpuspawner-gpu-panel';
     this.addClass('jp-gpuspawner-panel');
-    this.title.caption = 'GPUs of this session';
+    this.title.caption = trans.__('GPUs of this session');
     this._source = source;
     this._source.changed.connect(this.render, this);
     this.render();
@@ -93,7 +98,10 @@ export class GpuPanel extends Widget {
 
   render(): void {
     const src = this._source;
-    const body: HTMLElement[] = [h('h2', { class: 'jp-gpuspawner-title' }, 'GPUs of this session')];
+    const trans = this._trans;
+    const body: HTMLElement[] = [
+      h('h2', { class: 'jp-gpuspawner-title' }, trans.__('GPUs of this session'))
+    ];
     const gpus = src.gpus;
     const metrics = src.metrics;
 
@@ -102,18 +110,22 @@ export class GpuPanel extends Widget {
         h(
           'div',
           { class: 'jp-gpuspawner-state jp-gpuspawner-state-error', 'data-state': 'unreachable' },
-          h('strong', {}, 'GPU data unavailable'),
+          h('strong', {}, trans.__('GPU data unavailable')),
           h('p', {}, src.error)
         )
       );
     } else if (gpus === null) {
       body.push(
-        h('div', { class: 'jp-gpuspawner-state', 'data-state': 'loading' }, 'Loading GPU data…')
+        h(
+          'div',
+          { class: 'jp-gpuspawner-state', 'data-state': 'loading' },
+          trans.__('Loading GPU data…')
+        )
       );
     }
 
     if (gpus !== null) {
-      const cull = cullWarning(gpus.culler);
+      const cull = cullWarning(gpus.culler, Date.now(), trans);
       if (cull) {
         body.push(h('div', { class: 'jp-gpuspawner-cull', role: 'alert' }, cull));
       }
@@ -122,8 +134,8 @@ export class GpuPanel extends Widget {
           h(
             'div',
             { class: 'jp-gpuspawner-state jp-gpuspawner-state-no_gpu', 'data-state': 'no_gpu' },
-            h('strong', {}, 'no GPU'),
-            h('p', {}, 'This session was started without a GPU.')
+            h('strong', {}, trans.__('no GPU')),
+            h('p', {}, trans.__('This session was started without a GPU.'))
           )
         );
       } else if (gpus.state !== 'ok' && src.error === null) {
@@ -134,7 +146,7 @@ export class GpuPanel extends Widget {
               class: `jp-gpuspawner-state jp-gpuspawner-state-${gpus.state}`,
               'data-state': gpus.state
             },
-            h('strong', {}, stateText(gpus.state)),
+            h('strong', {}, stateText(gpus.state, trans)),
             gpus.message ? h('p', {}, gpus.message) : null
           )
         );
@@ -147,7 +159,7 @@ export class GpuPanel extends Widget {
               class: 'jp-gpuspawner-share',
               'data-mechanism': gpus.share.mechanism
             },
-            h('strong', {}, 'Your GPU share: '),
+            h('strong', {}, trans.__('Your GPU share: ')),
             gpus.share.text
           )
         );
@@ -165,7 +177,7 @@ export class GpuPanel extends Widget {
           row.info.pci_bus_id ? `PCI ${row.info.pci_bus_id}` : null,
           row.info.numa_node !== null ? `NUMA ${row.info.numa_node}` : null,
           row.info.mig ? 'MIG' : null,
-          row.info.in_allocation ? 'allocated' : null
+          row.info.in_allocation ? trans.__('allocated') : null
         ]
           .filter(Boolean)
           .join(' · ');
@@ -173,7 +185,7 @@ export class GpuPanel extends Widget {
         const mem = historySeries(metrics, row.info.uuid, 'memory_used_bytes');
         const utilText =
           row.info.mig && (s?.utilization_percent ?? null) === null
-            ? 'n/a (MIG)'
+            ? trans.__('n/a (MIG)')
             : formatPercent(s?.utilization_percent ?? null);
         body.push(
           h(
@@ -189,18 +201,30 @@ export class GpuPanel extends Widget {
               { class: 'jp-gpuspawner-gpu-facts', title: row.info.uuid },
               facts || row.info.uuid
             ),
-            sparkline('Utilisation', util, 100, utilText, 'jp-gpuspawner-spark-util'),
             sparkline(
-              'Memory',
+              trans.__('Utilisation'),
+              util,
+              100,
+              utilText,
+              'jp-gpuspawner-spark-util',
+              trans
+            ),
+            sparkline(
+              trans.__('Memory'),
               mem,
               row.memoryTotal ?? 1,
               formatMemory(s?.memory_used_bytes ?? null, row.memoryTotal, settings.units),
-              'jp-gpuspawner-spark-mem'
+              'jp-gpuspawner-spark-mem',
+              trans
             ),
             h(
               'div',
               { class: 'jp-gpuspawner-gpu-facts' },
-              `Temperature ${s?.temperature_c ?? '–'} °C · Power ${s?.power_w !== null && s?.power_w !== undefined ? s.power_w.toFixed(0) : '–'} W`
+              trans.__(
+                'Temperature %1 °C · Power %2 W',
+                s?.temperature_c ?? '–',
+                s?.power_w !== null && s?.power_w !== undefined ? s.power_w.toFixed(0) : '–'
+              )
             )
           )
         );
@@ -211,18 +235,21 @@ export class GpuPanel extends Widget {
             ? h(
                 'div',
                 { class: 'jp-gpuspawner-state', 'data-state': 'none_selected' },
-                `None of the GPUs in the settings (${settings.gpus.join(', ')}) is in this session.`
+                trans.__(
+                  'None of the GPUs in the settings (%1) is in this session.',
+                  settings.gpus.join(', ')
+                )
               )
             : h(
                 'div',
                 { class: 'jp-gpuspawner-state', 'data-state': 'no_gpu' },
-                'No GPU in this session.'
+                trans.__('No GPU in this session.')
               )
         );
       }
       const procs = processRows(gpus, metrics, this.kernelNames, settings);
       if (gpus.state === 'ok') {
-        body.push(h('h3', {}, 'Processes'));
+        body.push(h('h3', {}, trans.__('Processes')));
         body.push(
           procs.length
             ? h(
@@ -234,10 +261,10 @@ export class GpuPanel extends Widget {
                   h(
                     'tr',
                     {},
-                    h('th', {}, 'GPU'),
-                    h('th', {}, 'PID'),
-                    h('th', {}, 'Memory'),
-                    h('th', {}, 'Kernel')
+                    h('th', {}, trans.__('GPU')),
+                    h('th', {}, trans.__('PID')),
+                    h('th', {}, trans.__('Memory')),
+                    h('th', {}, trans.__('Kernel'))
                   )
                 ),
                 h(
@@ -255,7 +282,7 @@ export class GpuPanel extends Widget {
                   )
                 )
               )
-            : h('p', { class: 'jp-gpuspawner-muted' }, 'No process uses these GPUs.')
+            : h('p', { class: 'jp-gpuspawner-muted' }, trans.__('No process uses these GPUs.'))
         );
       }
     }
@@ -264,7 +291,7 @@ export class GpuPanel extends Widget {
         h(
           'p',
           { class: 'jp-gpuspawner-muted' },
-          `Updated ${new Date(src.updatedAt).toLocaleTimeString()}`
+          trans.__('Updated %1', new Date(src.updatedAt).toLocaleTimeString())
         )
       );
     }
@@ -272,4 +299,5 @@ export class GpuPanel extends Widget {
   }
 
   private _source: GpuDataSource;
+  private _trans: Trans;
 }

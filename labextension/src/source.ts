@@ -19,6 +19,8 @@ import {
   parseGpus,
   parseMetrics,
   pollIntervalFor,
+  Trans,
+  untranslated,
   ViewSettings
 } from './model';
 
@@ -34,13 +36,17 @@ class FetchError extends Error {
   }
 }
 
-async function getJSON(settings: ServerConnection.ISettings, path: string): Promise<unknown> {
+async function getJSON(
+  settings: ServerConnection.ISettings,
+  path: string,
+  trans: Trans
+): Promise<unknown> {
   const url = URLExt.join(settings.baseUrl, path);
   let response: Response;
   try {
     response = await ServerConnection.makeRequest(url, { method: 'GET' }, settings);
   } catch (e) {
-    throw new FetchError(describeFetchError(path, null, String((e as Error)?.message ?? e)));
+    throw new FetchError(describeFetchError(path, null, String((e as Error)?.message ?? e), trans));
   }
   if (!response.ok) {
     let detail = '';
@@ -50,18 +56,20 @@ async function getJSON(settings: ServerConnection.ISettings, path: string): Prom
     } catch {
       detail = '';
     }
-    throw new FetchError(describeFetchError(path, response.status, detail));
+    throw new FetchError(describeFetchError(path, response.status, detail, trans));
   }
   try {
     return await response.json();
   } catch {
-    throw new FetchError(`The answer of ${path} is not JSON.`);
+    throw new FetchError(trans.__('The answer of %1 is not JSON.', path));
   }
 }
 
 export class GpuDataSource {
-  constructor(settings?: ServerConnection.ISettings) {
+  /** `trans`: the extension's translation bundle, for the error messages it makes */
+  constructor(settings?: ServerConnection.ISettings, trans: Trans = untranslated) {
     this._settings = settings ?? ServerConnection.makeSettings();
+    this._trans = trans;
     this._poll = new Poll<void, unknown, 'rescheduled'>({
       auto: false,
       factory: () => this.refresh(),
@@ -146,8 +154,8 @@ export class GpuDataSource {
   async refresh(): Promise<void> {
     try {
       const [gpus, metrics] = await Promise.all([
-        getJSON(this._settings, GPUS_PATH),
-        getJSON(this._settings, METRICS_PATH)
+        getJSON(this._settings, GPUS_PATH, this._trans),
+        getJSON(this._settings, METRICS_PATH, this._trans)
       ]);
       this._gpus = parseGpus(gpus);
       this._metrics = parseMetrics(metrics);
@@ -165,6 +173,7 @@ export class GpuDataSource {
   }
 
   private _settings: ServerConnection.ISettings;
+  private _trans: Trans;
   private _poll: Poll<void, unknown, 'rescheduled'>;
   private _users = new Set<string>();
   private _viewSettings: ViewSettings = DEFAULT_SETTINGS;
