@@ -3,7 +3,8 @@ an interval from its booking to its release.
 
 Default: SQLite, ``gpuspawner-usage.sqlite`` in the state folder (``GPUSpawner.state_dir``),
 made empty with mode 0600 before SQLAlchemy opens it, write-ahead log as the jobs database
-(:func:`sqlite_pragmas`); ``c.GPUUsage.db_url`` names another database. The schema is
+(:mod:`gpuspawner.dbutil`, which both stores use); ``c.GPUUsage.db_url`` names another
+database. The schema is
 alembic's: :func:`migrate` runs ``upgrade head`` of :mod:`gpuspawner.usage.migrations` when the
 hub opens the store (version table ``gpuspawner_usage_alembic_version``); a revision this code
 does not know is refused. ``gpuspawner usage`` opens it read-only (``migrate=False``): a
@@ -16,15 +17,11 @@ the event loop (and, in benchmarks, from threads); the pool hands each call a co
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from alembic.util import CommandError as AlembicError
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -34,9 +31,7 @@ from sqlalchemy import (
     Text,
     and_,
     case,
-    create_engine,
     delete,
-    event,
     func,
     insert,
     literal,
@@ -44,10 +39,17 @@ from sqlalchemy import (
     union_all,
     update,
 )
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from ..hub.state import STATE_FILE_MODE, sqlite_file
+from ..dbutil import (
+    alembic_config,
+    current_revision,
+    open_engine,
+    refuse_unknown_revision,
+    shown_url,
+    sqlite_wal,
+)
 
 __all__ = [
     "MIGRATIONS",
@@ -62,8 +64,8 @@ __all__ = [
 #: the alembic revisions (a package resource) and their version table
 MIGRATIONS = "gpuspawner.usage:migrations"
 VERSION_TABLE = "gpuspawner_usage_alembic_version"
-#: bytes SQLite's write-ahead log is cut back to after a checkpoint
-WAL_SIZE_LIMIT = 4 * 2**20
+#: each SQLite connection's pragmas: the jobs database's (write-ahead log)
+sqlite_pragmas = sqlite_wal
 
 
 class UsageStoreError(RuntimeError):
@@ -144,42 +146,6 @@ OPEN_FIELDS = (
 USED_FIELDS = ("gpu_util_percent", "gpu_mem_peak_bytes", "gpu_used", "cpu_seconds")
 
 
-def sqlite_pragmas(dbapi_connection: Any, record: Any) -> None:
-    """Each SQLite connection: write-ahead log, synchronous=NORMAL, the log cut back to
-    :data:`WAL_SIZE_LIMIT` bytes after a checkpoint (as the jobs database:
-    https://www.sqlite.org/wal.html): a booking's record costs one append, not two fsyncs. A
-    power loss may lose the last commits, never the file; an interval lost so is opened again
-    from the running server's labels at the next start (``Allocation.created``)."""
-    cur = dbapi_connection.cursor()
-    try:
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA synchronous=NORMAL")
-        cur.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
-    finally:
-        cur.close()
-
-
-def shown_url(url: str) -> str:
-    """``url`` as logs and messages show it: no password, no query."""
-    try:
-        return make_url(url).render_as_string(hide_password=True).split("?")[0]
-    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy parses: its scheme only
-        return url.split(":", 1)[0] + ":..."
-
-
-def _config(conn: Any) -> Config:
-    cfg = Config()
-    cfg.set_main_option("script_location", MIGRATIONS)
-    cfg.attributes["connection"] = conn
-    return cfg
-
-
-def _current(conn: Any) -> str | None:
-    return MigrationContext.configure(
-        conn, opts={"version_table": VERSION_TABLE}
-    ).get_current_revision()
-
-
 def migrate(engine: Engine, url: str = "", upgrade: bool = True) -> str:
     """Bring the usage database to the newest alembic revision (``upgrade head``, one
     transaction); with ``upgrade`` False only check that it is there. Returns the revision.
@@ -189,17 +155,10 @@ def migrate(engine: Engine, url: str = "", upgrade: bool = True) -> str:
             ``upgrade``, a database not at the head (the hub upgrades it when it starts).
     """
     with engine.begin() as conn:
-        cfg = _config(conn)
+        cfg = alembic_config(conn, MIGRATIONS)
         script = ScriptDirectory.from_config(cfg)
-        current = _current(conn)
-        if current is not None:
-            try:
-                script.get_revision(current)
-            except AlembicError:
-                raise UsageStoreError(
-                    f"{shown_url(url)}: the usage database is at revision {current!r}, "
-                    "which this gpuspawner does not know (a newer one?)"
-                ) from None
+        current = current_revision(conn, VERSION_TABLE)
+        refuse_unknown_revision(script, current, shown_url(url), "usage database", UsageStoreError)
         if not upgrade:
             head = script.get_current_head()
             if current != head:
@@ -210,7 +169,7 @@ def migrate(engine: Engine, url: str = "", upgrade: bool = True) -> str:
                 )
             return str(current)
         command.upgrade(cfg, "head")
-        return str(_current(conn))
+        return str(current_revision(conn, VERSION_TABLE))
 
 
 class UsageStore:
@@ -226,26 +185,14 @@ class UsageStore:
     """
 
     def __init__(self, url: str, upgrade: bool = True) -> None:
-        path = sqlite_file(url)
-        if path is not None and not os.path.exists(path):
-            if not upgrade:
-                raise UsageStoreError(f"{path}: no usage database there")
-            try:
-                os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, STATE_FILE_MODE))
-            except FileExistsError:
-                pass
-            except OSError as e:
-                raise UsageStoreError(f"{path}: cannot make the usage database: {e}") from None
         self.url = url
-        self.engine = create_engine(url, future=True)
-        if path is not None:  # before the first connection, so every one has it
-            event.listen(self.engine, "connect", sqlite_pragmas)
-        try:
-            self.revision = migrate(self.engine, url, upgrade=upgrade)
-        except BaseException:
-            self.engine.dispose()
-            raise
+        self.engine, self.revision = open_engine(
+            url,
+            lambda engine: migrate(engine, url, upgrade=upgrade),
+            "usage database",
+            UsageStoreError,
+            create=upgrade,
+        )
 
     # -- writing -----------------------------------------------------------------------------
     def open(self, fields: Mapping[str, Any]) -> int:

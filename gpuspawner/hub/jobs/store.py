@@ -2,7 +2,8 @@
 version.
 
 Default: SQLite, ``gpuspawner-jobs.sqlite`` in the state folder (``GPUSpawner.state_dir``),
-made empty with mode 0600 before SQLAlchemy opens it; ``c.GPUJobs.db_url`` names another
+made empty with mode 0600 before SQLAlchemy opens it, write-ahead log (both done by
+:mod:`gpuspawner.dbutil`, which the usage database shares); ``c.GPUJobs.db_url`` names another
 database. The schema is alembic's: :func:`migrate` runs ``upgrade head`` of the revisions in
 :mod:`gpuspawner.hub.jobs.migrations` when the store opens (the version in the table
 ``gpuspawner_jobs_alembic_version``). A database of the version table that came before
@@ -17,16 +18,12 @@ JupyterHub's own database calls are.
 from __future__ import annotations
 
 import json
-import os
 import time
 import zlib
 from typing import Any
 
 from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from alembic.util import CommandError as AlembicError
 from sqlalchemy import (
     Boolean,
     Float,
@@ -34,8 +31,6 @@ from sqlalchemy import (
     LargeBinary,
     String,
     Text,
-    create_engine,
-    event,
     func,
     inspect,
     select,
@@ -44,8 +39,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
+from ...dbutil import alembic_config, current_revision, open_engine, refuse_unknown_revision
 from ...jobs.model import ACTIVE_STATES
-from ..state import STATE_FILE_MODE, sqlite_file
 
 __all__ = ["DefinitionRow", "JobRow", "JobRun", "JobStore", "MAX_MESSAGE_CHARS",
            "SCHEMA_VERSION", "StoreError", "clean_text", "migrate"]
@@ -232,12 +227,9 @@ def migrate(engine: Engine, url: str = "") -> str:
             or an alembic revision it does not know).
     """
     with engine.begin() as conn:
-        cfg = Config()
-        cfg.set_main_option("script_location", MIGRATIONS)
-        cfg.attributes["connection"] = conn
+        cfg = alembic_config(conn, MIGRATIONS)
         script = ScriptDirectory.from_config(cfg)
-        current = MigrationContext.configure(conn, opts={
-            "version_table": VERSION_TABLE}).get_current_revision()
+        current = current_revision(conn, VERSION_TABLE)
         legacy = None
         if inspect(conn).has_table("gpuspawner_jobs_schema"):
             legacy = conn.execute(text("SELECT max(version) FROM gpuspawner_jobs_schema")
@@ -245,67 +237,20 @@ def migrate(engine: Engine, url: str = "") -> str:
         if legacy is not None and legacy > SCHEMA_VERSION:
             raise StoreError(f"{url}: the jobs database has schema version {legacy}, newer "
                              f"than this gpuspawner's {SCHEMA_VERSION}")
-        if current is not None:
-            try:
-                script.get_revision(current)
-            except AlembicError:
-                raise StoreError(f"{url}: the jobs database is at revision {current!r}, "
-                                 "which this gpuspawner does not know (a newer one?)"
-                                 ) from None
-        elif legacy is not None:
+        refuse_unknown_revision(script, current, url, "jobs database", StoreError)
+        if current is None and legacy is not None:
             command.stamp(cfg, LEGACY_REVISIONS[int(legacy)])
         command.upgrade(cfg, "head")
-        return str(MigrationContext.configure(conn, opts={
-            "version_table": VERSION_TABLE}).get_current_revision())
-
-
-#: bytes SQLite's write-ahead log is truncated to after a checkpoint
-WAL_SIZE_LIMIT = 4 * 2**20
-
-
-def sqlite_wal(dbapi_connection: Any, record: Any) -> None:
-    """Each SQLite connection of the jobs database: write-ahead log, synchronous=NORMAL
-    (https://www.sqlite.org/wal.html). A commit then appends to the log instead of
-    rewriting a rollback journal with two fsyncs: a job a tick or a submission stores costs
-    about half the CPU (benchmarks/jobs.py, 10,000 definitions: ~70 -> ~40 ms a tick on 2
-    CPUs). A power loss may lose the last commits but never corrupts the file, and a job and
-    its definition's tick are still one commit. The -wal/-shm files get the database file's
-    mode (0600); the log is cut back to :data:`WAL_SIZE_LIMIT` after each checkpoint. Not on
-    a network file system (SQLite's rule): use PostgreSQL there."""
-    cur = dbapi_connection.cursor()
-    try:
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA synchronous=NORMAL")
-        # the log file is cut back to this after a checkpoint (else it stays as large as
-        # the largest burst of writes: 19.5 MB after two jobs of large logs)
-        cur.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
-    finally:
-        cur.close()
+        return str(current_revision(conn, VERSION_TABLE))
 
 
 class JobStore:
     """The jobs of one hub, in one database."""
 
     def __init__(self, url: str) -> None:
-        path = sqlite_file(url)
-        if path is not None and not os.path.exists(path):
-            try:
-                os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
-                                 STATE_FILE_MODE))
-            except FileExistsError:
-                pass
-            except OSError as e:
-                raise StoreError(f"{path}: cannot make the jobs database: {e}") from None
         self.url = url
-        self.engine = create_engine(url, future=True)
-        if path is not None:  # before the first connection, so every one has it
-            event.listen(self.engine, "connect", sqlite_wal)
-        try:
-            self.revision = migrate(self.engine, url)
-        except BaseException:
-            self.engine.dispose()
-            raise
+        self.engine, self.revision = open_engine(
+            url, lambda engine: migrate(engine, url), "jobs database", StoreError)
         self.session = Session(self.engine, expire_on_commit=False)
 
     def _commit(self) -> None:

@@ -1,13 +1,7 @@
 """alembic's environment for the jobs database: runs on the connection the store passes in
 ``config.attributes["connection"]`` (online only), with the version table
-``gpuspawner_jobs_alembic_version``."""
+``gpuspawner_jobs_alembic_version`` (gpuspawner.dbutil.run_migrations)."""
 
-from alembic import context
+from gpuspawner.dbutil import run_migrations
 
-VERSION_TABLE = "gpuspawner_jobs_alembic_version"
-
-connection = context.config.attributes["connection"]
-context.configure(connection=connection, target_metadata=None, version_table=VERSION_TABLE,
-                  render_as_batch=True)
-with context.begin_transaction():
-    context.run_migrations()
+run_migrations("gpuspawner_jobs_alembic_version")
