@@ -25,7 +25,9 @@ from idle_culler.policies import PolicyError, PolicySet
 from ..elastic.attach import attach_elastic
 from ..elastic.config import ElasticConfigError
 from ..placement import POLICIES
+from ..usage.fairshare import attach_fairshare
 from ..usage.hub import UsageConfigError, attach_usage
+from ..usage.settings import GPUUsage
 from .certs import private_keys_at_hub_start
 from .cluster import Cluster, current_clusters, get_cluster
 from .drains import DrainFileError
@@ -36,6 +38,7 @@ from .images import (
     check_deny_patterns,
     refuse_networks,
 )
+from .metrics import usage_counters
 from .profiles import load_profiles
 from .runtime import at_hub_start, loading_hub
 from .settings import (
@@ -292,13 +295,23 @@ def _check_and_build_hub(c: Any) -> Cluster:
 
 def _usage(cluster: Cluster, c: Any, settings: Mapping[str, Any]) -> None:
     """Usage records (``c.GPUUsage``, :func:`gpuspawner.usage.hub.attach_usage`) on the
-    hub's ledger, before anything is booked. Raises HubConfigError naming the setting."""
+    hub's ledger, before anything is booked; each closed record counts in the usage
+    counters (:func:`gpuspawner.hub.metrics.usage_counters`) and, with
+    ``c.GPUSpawner.fairshare_half_life``, feeds the wait queue's fair share
+    (:func:`gpuspawner.usage.fairshare.attach_fairshare`). Raises HubConfigError naming the
+    setting."""
     hub = _section(c, "JupyterHub")
     try:
-        attach_usage(cluster, c, str(settings.get("state_dir") or ""),
-                     str(hub["db_url"]) if "db_url" in hub else hub_db_url())
+        recorder = attach_usage(cluster, c, str(settings.get("state_dir") or ""),
+                                str(hub["db_url"]) if "db_url" in hub else hub_db_url())
     except UsageConfigError as e:
         raise HubConfigError(str(e)) from None
+    if recorder is None:
+        return
+    counters = usage_counters(bool(GPUUsage(config=c).metrics_user_label))
+    if counters.count not in recorder.on_close:
+        recorder.on_close.append(counters.count)
+    attach_fairshare(cluster, recorder)
 
 
 def _elastic(cluster: Cluster, c: Any) -> None:

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 log = logging.getLogger("gpuspawner")
@@ -252,6 +253,111 @@ class ClusterCollector(Collector):
             g_gpus.add_metric([group], milli / 1000)
         yield from (total, allocated, free, drained, cores, memory, n_users, g_allocs, g_gpus,
                     q_len, q_oldest)
+
+
+#: label sets the usage counters keep at most; later ones count under group "_other" (and
+#: user "_other"): every label set is a time series Prometheus keeps
+USAGE_MAX_SERIES = 1000
+
+
+class UsageCounters(Collector):
+    """Counters of reserved and used GPU-seconds and core-seconds of the usage records, by
+    group and profile (docs/usage.md, "Metrics"), fed by the usage recorder's ``on_close``
+    callback (:meth:`count`; :class:`gpuspawner.usage.recorder.ClosedInterval`): a record
+    counts when it closes, in each group its user was in at the booking ("-" for none; the
+    groups' sums may exceed the total), profile "-" when unknown.
+
+    - ``gpuspawner_usage_reserved_gpu_seconds_total``: GPUs held x seconds (milli-GPU / 1000);
+    - ``gpuspawner_usage_reserved_core_seconds_total``: cores held x seconds;
+    - ``gpuspawner_usage_used_gpu_seconds_total``: GPUs x seconds x mean utilisation / 100,
+      of the records with a utilisation figure;
+    - ``gpuspawner_usage_used_core_seconds_total``: CPU seconds the processes used, of the
+      records with a CPU figure;
+    - ``gpuspawner_usage_intervals_total``: records closed.
+
+    Args:
+        user_label: add a ``user`` label (``c.GPUUsage.metrics_user_label``; off by default:
+            user names are an unbounded set).
+        max_series: label sets kept at most (:data:`USAGE_MAX_SERIES`).
+    """
+
+    FIGURES = (("reserved_gpu_seconds", "GPU-seconds reserved (GPUs held x seconds; a share "
+                "counts its fraction)"),
+               ("reserved_core_seconds", "Core-seconds reserved (cores held x seconds)"),
+               ("used_gpu_seconds", "GPU-seconds used (reserved x mean GPU utilisation / 100), "
+                "of the intervals whose GPUs were measured"),
+               ("used_core_seconds", "CPU seconds used by the servers' and jobs' processes, of "
+                "the intervals measured"),
+               ("intervals", "Usage intervals closed"))
+
+    def __init__(self, user_label: bool = False, max_series: int = USAGE_MAX_SERIES) -> None:
+        self.user_label = user_label
+        self.max_series = max_series
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[str, ...], list[float]] = {}
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def _key(self, group: str, profile: str, user: str) -> tuple[str, ...]:
+        key = (group, profile, user) if self.user_label else (group, profile)
+        if key in self._counts or len(self._counts) < self.max_series:
+            return key
+        return ("_other", profile, "_other") if self.user_label else ("_other", profile)
+
+    def count(self, interval: Any) -> None:
+        """Add one closed interval (a :class:`~gpuspawner.usage.recorder.ClosedInterval`:
+        ``user, groups, profile, gpu_milli, cpu_milli, seconds, gpu_util_percent,
+        cpu_seconds``). Never raises (logged)."""
+        try:
+            secs = float(interval.seconds)
+            gpu = interval.gpu_milli / 1000.0 * secs
+            core = interval.cpu_milli / 1000.0 * secs
+            util = interval.gpu_util_percent
+            used_gpu = gpu * float(util) / 100.0 if util is not None and gpu > 0 else 0.0
+            used_core = float(interval.cpu_seconds or 0.0)
+            with self._lock:
+                for group in sorted(set(interval.groups)) or ["-"]:
+                    key = self._key(group or "-", interval.profile or "-", interval.user)
+                    row = self._counts.setdefault(key, [0.0] * len(self.FIGURES))
+                    for i, v in enumerate((gpu, core, used_gpu, used_core, 1.0)):
+                        row[i] += v
+        except Exception as e:  # pragma: no cover - defensive
+            log.warning("metrics: a usage interval was not counted: %s", e)
+
+    def value(self, figure: str, group: str, profile: str, user: str = "") -> float:
+        """One counter's value now (0 when never counted); ``figure`` of :attr:`FIGURES`."""
+        i = [f for f, _ in self.FIGURES].index(figure)
+        with self._lock:
+            row = self._counts.get(self._key(group, profile, user))
+            return row[i] if row else 0.0
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["group", "profile", "user"] if self.user_label else ["group", "profile"]
+        families = [CounterMetricFamily(f"gpuspawner_usage_{name}", doc, labels=labels)
+                    for name, doc in self.FIGURES]
+        with self._lock:
+            items = sorted((k, list(v)) for k, v in self._counts.items())
+        for key, row in items:
+            for fam, v in zip(families, row, strict=True):
+                fam.add_metric(list(key), v)
+        yield from families
+
+
+_USAGE: UsageCounters | None = None
+
+
+def usage_counters(user_label: bool = False) -> UsageCounters:
+    """The usage counters of this process in :data:`REGISTRY` (made and registered on the
+    first call; a later call with another ``user_label`` keeps the first one's labels and
+    logs it)."""
+    global _USAGE
+    if _USAGE is None:
+        _USAGE = UsageCounters(user_label)
+        REGISTRY.register(_USAGE)
+    elif _USAGE.user_label != user_label:
+        log.warning("metrics: the usage counters keep user_label=%s", _USAGE.user_label)
+    return _USAGE
 
 
 _COLLECTOR: ClusterCollector | None = None

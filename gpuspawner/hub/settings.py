@@ -26,6 +26,8 @@ from traitlets import (
     validate,
 )
 
+from idle_culler.policies import PolicyError, parse_duration
+
 from ..inventory.health import DEFAULT_XIDS, HealthThresholds
 from ..placement import DEFAULT_POLICY, POLICIES
 from .cluster import GPUHealthSettings
@@ -209,6 +211,14 @@ class SpawnerSettings(HasTraits):
         one priority. 0 for both by default (one fair order); e.g.
         c.GPUJobs.queue_priority = -1 lets interactive servers go first.""").tag(config=True)
 
+    fairshare_half_life = Union([Float(), Unicode()], default_value=7 * 86400.0,
+                                allow_none=True, help="""Fair share over time in the wait
+        queue's order: each user's past GPU usage (from the usage records, c.GPUUsage) counts
+        with this half-life, as Slurm's PriorityDecayHalfLife: seconds, or a duration such as
+        "7d", "12h", "30m". A user who used more GPU-hours lately waits behind one who used
+        fewer, at equal holdings now. 0 or None = off: the order weighs only what users hold
+        now (DRF).""").tag(config=True)
+
     def queue_settings(self, db_url: str | None = None) -> QueueSettings:
         """The ``queue_*`` traits as :class:`~gpuspawner.hub.spawn_queue.QueueSettings`."""
         return queue_settings({name: getattr(self, name) for name in QUEUE_TRAITS}, db_url)
@@ -220,7 +230,7 @@ class SpawnerSettings(HasTraits):
         return health_settings({name: getattr(self, name) for name in HEALTH_TRAITS}, db_url)
 
     @validate("queue_timeout", "queue_max_bypass", "queue_group_weights",
-              "queue_restore_grace")
+              "queue_restore_grace", "fairshare_half_life")
     def _validate_queue(self, proposal: Any) -> Any:
         try:
             queue_settings({proposal.trait.name: proposal.value})
@@ -395,7 +405,7 @@ def health_settings(values: dict[str, Any], db_url: str | None = None) -> GPUHea
 
 #: the GPUSpawner traits of the wait queue
 QUEUE_TRAITS = ("state_dir", "queue_file", "queue_timeout", "queue_max_bypass",
-                "queue_group_weights", "queue_restore_grace")
+                "queue_group_weights", "queue_restore_grace", "fairshare_half_life")
 
 
 def queue_settings(values: dict[str, Any], db_url: str | None = None) -> QueueSettings:
@@ -405,7 +415,8 @@ def queue_settings(values: dict[str, Any], db_url: str | None = None) -> QueueSe
 
     Raises:
         ValueError: a timeout or grace <= 0, a negative bypass, a weight that is not a
-            number > 0; the message starts with the trait, e.g.
+            number > 0, a ``fairshare_half_life`` that is not a duration >= 0 (seconds or
+            e.g. ``"7d"``); the message starts with the trait, e.g.
             ``queue_group_weights.students: must be a number > 0, got 0``.
     """
     traits = SpawnerSettings.class_traits()
@@ -422,9 +433,16 @@ def queue_settings(values: dict[str, Any], db_url: str | None = None) -> QueueSe
     for group, w in weights.items():
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not w > 0:
             raise ValueError(f"queue_group_weights.{group}: must be a number > 0, got {w!r}")
+    half_life = get("fairshare_half_life")
+    try:
+        half_life_s = 0.0 if half_life is None else parse_duration(half_life,
+                                                                    "fairshare_half_life")
+    except PolicyError as e:
+        raise ValueError(str(e)) from None
     path = str(get("queue_file") or "") or state_file(
         str(get("state_dir") or ""), db_url or hub_db_url(), QUEUE_FILE_NAME)
     return QueueSettings(file=path, timeout_s=float(get("queue_timeout")),
                          max_bypass=int(get("queue_max_bypass")),
                          group_weights={g: float(w) for g, w in weights.items()},
-                         restore_grace_s=float(get("queue_restore_grace")))
+                         restore_grace_s=float(get("queue_restore_grace")),
+                         fairshare_half_life_s=half_life_s)

@@ -78,6 +78,8 @@ class QueueSettings:
         group_weights: group -> DRF weight (> 0).
         restore_grace_s: seconds a restored entry keeps its place without a spawn claiming it.
         tick_s: seconds between two passes of the queue without a release.
+        fairshare_half_life_s: half-life of past usage in the fair order (seconds; 0 = off:
+            DRF on current holdings only); the feed is :mod:`gpuspawner.usage.fairshare`.
     """
 
     file: str = ""
@@ -86,6 +88,7 @@ class QueueSettings:
     group_weights: Mapping[str, float] = field(default_factory=dict)
     restore_grace_s: float = 300.0
     tick_s: float = 5.0
+    fairshare_half_life_s: float = 7 * 86400.0
 
 
 def default_queue_file(db_url: str | None) -> str:
@@ -399,6 +402,20 @@ class SpawnQueue:
     def start(self) -> None:
         """Start the tick on the running loop (the service does this at hub start)."""
         self._ensure_ticking()
+
+    def set_past_usage(self, past: Mapping[str, float]) -> None:
+        """Each user's decayed past usage for the fair order
+        (:meth:`WaitQueue.set_past_usage`; the fair-share feed calls it on the loop); the
+        waiting spawns re-read their positions when it changed.
+
+        Raises:
+            ValueError: a negative amount.
+        """
+        if dict(past) == self.wq.past_usage:
+            return
+        self.wq.set_past_usage(past)
+        if len(self.wq):
+            self._notify()
 
     # -- views ----------------------------------------------------------------------------
     def restored_entries(self) -> list[QueueEntry]:

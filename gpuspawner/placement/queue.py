@@ -281,6 +281,19 @@ class WaitQueue:
                 raise ValueError(f"past usage of {u!r}: must be >= 0, got {v!r}")
         self._past = dict(past)
 
+    @property
+    def past_usage(self) -> dict[str, float]:
+        """A copy of the decayed past usage set (:meth:`set_past_usage`); empty: off."""
+        return dict(self._past)
+
+    def fairshare_factors(self) -> dict[str, float]:
+        """User -> :meth:`fairshare_factor` of every user waiting (their first entry's
+        owner), in one pass."""
+        owners: dict[str, Owner] = {}
+        for e in sorted(self._entries.values(), key=lambda e: e.seq):
+            owners.setdefault(e.owner.user, e.owner)
+        return {u: self.fairshare_factor(o) for u, o in owners.items()}
+
     def fairshare_factor(self, owner: Owner) -> float:
         """Slurm's classic fair-share factor ``2 ** (-U / S)`` in (0, 1] of ``owner`` (1.0 when
         no past usage is set or nobody has any): ``U`` the owner's share of the past usage

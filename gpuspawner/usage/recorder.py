@@ -31,6 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from ..placement import Allocation, Ledger, RestoreReport
@@ -38,7 +39,7 @@ from .store import UsageStore
 
 log = logging.getLogger("gpuspawner")
 
-__all__ = ["JOB_PREFIX", "UsageRecorder", "record_fields"]
+__all__ = ["JOB_PREFIX", "ClosedInterval", "UsageRecorder", "record_fields"]
 
 #: the owner server name of a notebook job's allocation (``job/<id>``,
 #: :func:`gpuspawner.hub.identity.job_server`)
@@ -88,6 +89,39 @@ def gpu_model(alloc: Allocation, ledger: Ledger | None) -> str:
     return "+".join(sorted({models[u] for u in parents if u in models}))
 
 
+@dataclass(frozen=True)
+class ClosedInterval:
+    """A usage record just closed, as :attr:`UsageRecorder.on_close` callbacks get it.
+
+    Attributes:
+        user: the owner.
+        groups: the owner's groups at the booking.
+        profile: the profile's slug ("" when unknown).
+        gpu_milli: milli-GPU held (1000 = one GPU).
+        cpu_milli: cores held x 1000.
+        started, ended: seconds since the epoch (UTC).
+        gpu_util_percent: mean utilisation of its GPUs (0..100), None when not measured.
+        cpu_seconds: CPU seconds its processes used, None when not measured.
+        closed_at_restart: closed when the hub started again (``ended`` an upper bound).
+    """
+
+    user: str
+    groups: tuple[str, ...]
+    profile: str
+    gpu_milli: int
+    cpu_milli: int
+    started: float
+    ended: float
+    gpu_util_percent: float | None = None
+    cpu_seconds: float | None = None
+    closed_at_restart: bool = False
+
+    @property
+    def seconds(self) -> float:
+        """The interval's length in seconds (>= 0)."""
+        return max(0.0, self.ended - self.started)
+
+
 class _Used:
     """What was used by one open interval: per GPU (sum of utilisation samples, their number,
     peak memory bytes), CPU seconds."""
@@ -128,6 +162,12 @@ class _Used:
         }
 
 
+def _meta_of(rec: Any) -> tuple[str, tuple[str, ...], str, int, int, float]:
+    """(user, groups, profile, gpu_milli, cpu_milli, started) of a stored record."""
+    return (rec.user, tuple(rec.group_list), rec.profile or "", int(rec.gpu_milli or 0),
+            int(rec.cpu_milli or 0), float(rec.started))
+
+
 class UsageRecorder:
     """Keeps the usage records of one ledger (see the module's docstring).
 
@@ -165,8 +205,16 @@ class UsageRecorder:
         #: their allocation is not booked again)
         self._inherited: set[str] = set()
         self._pruned_at = float("-inf")
+        #: called with a :class:`ClosedInterval` after each record is closed (the hub's usage
+        #: counters and fair-share feed; given, not imported: this package stays below
+        #: :mod:`gpuspawner.hub.metrics`); an error of one is logged, never raised
+        self.on_close: list[Callable[[ClosedInterval], None]] = []
+        #: allocation id -> (user, groups, profile, gpu_milli, cpu_milli, started) of its open
+        #: record, for :attr:`on_close`
+        self._meta: dict[str, tuple[str, tuple[str, ...], str, int, int, float]] = {}
         for rec in store.open_records():
             self.open_ids[rec.allocation_id] = rec.id
+            self._meta[rec.allocation_id] = _meta_of(rec)
             self._devices[rec.allocation_id] = tuple(rec.uuid_list)
             self._used[rec.allocation_id] = _Used.from_record(rec.gpu_used, rec.cpu_seconds)
             self._inherited.add(rec.allocation_id)
@@ -218,6 +266,7 @@ class UsageRecorder:
                     self._track(
                         alloc, closed.id, _Used.from_record(closed.gpu_used, closed.cpu_seconds)
                     )
+                    self._meta[alloc.id] = _meta_of(closed)
                     return closed.id
             profile = ""
             if self.profile_of is not None:
@@ -225,8 +274,12 @@ class UsageRecorder:
                     profile = self.profile_of(alloc) or ""
                 except Exception:  # noqa: BLE001 - the profile is a label, never a refusal
                     profile = ""
-            rid = self.store.open(record_fields(alloc, self.ledger, profile))
+            fields = record_fields(alloc, self.ledger, profile)
+            rid = self.store.open(fields)
             self._track(alloc, rid, _Used())
+            self._meta[alloc.id] = (
+                fields["user"], tuple(fields["groups"]), profile, fields["gpu_milli"],
+                fields["cpu_milli"], fields["started"])
             self._prune_if_due()
             return rid
 
@@ -253,14 +306,35 @@ class UsageRecorder:
             self._devices.pop(alloc.id, None)
             used = self._used.pop(alloc.id, None)
             self._inherited.discard(alloc.id)
+            meta = self._meta.pop(alloc.id, None)
             if rid is None:
                 return None
-            self.store.close(
-                rid,
-                self.clock() if ended is None else ended,
-                used=used.figures() if used is not None else None,
-            )
-            return rid
+            t = self.clock() if ended is None else ended
+            figures = used.figures() if used is not None else None
+            self.store.close(rid, t, used=figures)
+        self._closed(meta, t, figures, False)
+        return rid
+
+    def _closed(
+        self,
+        meta: tuple[str, tuple[str, ...], str, int, int, float] | None,
+        ended: float,
+        figures: dict[str, Any] | None,
+        at_restart: bool,
+    ) -> None:
+        """Tell :attr:`on_close` about a record just closed (each error logged)."""
+        if meta is None or not self.on_close:
+            return
+        user, groups, profile, gpu_milli, cpu_milli, started = meta
+        interval = ClosedInterval(
+            user, groups, profile, gpu_milli, cpu_milli, started, ended,
+            (figures or {}).get("gpu_util_percent"), (figures or {}).get("cpu_seconds"),
+            at_restart)
+        for callback in list(self.on_close):
+            try:
+                callback(interval)
+            except Exception:
+                log.exception("usage: a callback on the closed record of %s failed", user)
 
     # -- after a hub restart -------------------------------------------------------------------
     def reconcile(self, booked: Iterable[str] | RestoreReport | None = None) -> list[int]:
@@ -279,15 +353,13 @@ class UsageRecorder:
                 rid = self.open_ids.pop(aid, None)
                 self._devices.pop(aid, None)
                 used = self._used.pop(aid, None)
+                meta = self._meta.pop(aid, None)
                 if rid is None:
                     continue
-                self.store.close(
-                    rid,
-                    now,
-                    closed_at_restart=True,
-                    used=used.figures() if used is not None else None,
-                )
+                figures = used.figures() if used is not None else None
+                self.store.close(rid, now, closed_at_restart=True, used=figures)
                 closed.append(rid)
+                self._closed(meta, now, figures, True)
             self._inherited &= ids
             if closed:
                 log.warning(

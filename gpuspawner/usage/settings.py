@@ -44,6 +44,14 @@ class GPUUsage(LoggingConfigurable):
         usage record gets its GPUs' mean utilisation and peak memory. 0 = no readings.""",
     ).tag(config=True)
 
+    metrics_user_label = Bool(
+        False,
+        help="""Add a user label to the Prometheus usage counters
+        (gpuspawner_usage_*_seconds_total, served at /services/gpuspawner/metrics), beside
+        group and profile. Off by default: every user becomes time series Prometheus keeps (at
+        most 1000 label sets; later ones count under "_other").""",
+    ).tag(config=True)
+
     @validate("sample_interval")
     def _interval(self, proposal: Any) -> float:
         value = proposal.value
