@@ -26,6 +26,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from traitlets import TraitError
 
+from gpuspawner.hub.config_check import HubConfigError, check_spawner_settings
 from gpuspawner.hub.metrics import UsageCounters
 from gpuspawner.hub.service.views import queue_view
 from gpuspawner.hub.settings import queue_settings
@@ -268,3 +269,12 @@ def test_a_bad_fairshare_half_life_is_named(bad):
 def test_the_default_is_a_week_as_slurms_example():
     assert math.isclose(GPUSpawner().queue_settings("sqlite:////tmp/x.sqlite")
                         .fairshare_half_life_s, WEEK)
+
+
+def test_a_bad_fairshare_half_life_stops_the_hub_at_start():
+    """The hub's start-up check (check_spawner_settings) names the setting."""
+    with pytest.raises(HubConfigError) as e:
+        check_spawner_settings({"profiles": [{"slug": "cpu", "cpu": 1, "memory": "1G"}],
+                                "fairshare_half_life": "soon"})
+    assert str(e.value).startswith(
+        "GPUSpawner.fairshare_half_life: cannot read duration 'soon'"), str(e.value)
