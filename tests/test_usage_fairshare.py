@@ -277,4 +277,4 @@ def test_a_bad_fairshare_half_life_stops_the_hub_at_start():
         check_spawner_settings({"profiles": [{"slug": "cpu", "cpu": 1, "memory": "1G"}],
                                 "fairshare_half_life": "soon"})
     assert str(e.value).startswith(
-        "GPUSpawner.fairshare_half_life: cannot read duration 'soon'"), str(e.value)
+        "GPUSpawner.fairshare_half_life: not a duration: 'soon'"), str(e.value)

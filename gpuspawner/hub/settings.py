@@ -26,10 +26,9 @@ from traitlets import (
     validate,
 )
 
-from idle_culler.policies import PolicyError, parse_duration
-
 from ..inventory.health import DEFAULT_XIDS, HealthThresholds
 from ..placement import DEFAULT_POLICY, POLICIES
+from ..placement.units import parse_seconds
 from .cluster import GPUHealthSettings
 from .drains import DRAINS_FILE_NAME
 from .identity import home_path, ids_from_auth_state
@@ -435,10 +434,9 @@ def queue_settings(values: dict[str, Any], db_url: str | None = None) -> QueueSe
             raise ValueError(f"queue_group_weights.{group}: must be a number > 0, got {w!r}")
     half_life = get("fairshare_half_life")
     try:
-        half_life_s = 0.0 if half_life is None else parse_duration(half_life,
-                                                                    "fairshare_half_life")
-    except PolicyError as e:
-        raise ValueError(str(e)) from None
+        half_life_s = 0.0 if half_life is None else parse_seconds(half_life)
+    except ValueError as e:
+        raise ValueError(f"fairshare_half_life: {e}") from None
     path = str(get("queue_file") or "") or state_file(
         str(get("state_dir") or ""), db_url or hub_db_url(), QUEUE_FILE_NAME)
     return QueueSettings(file=path, timeout_s=float(get("queue_timeout")),

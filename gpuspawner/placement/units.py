@@ -1,5 +1,5 @@
-"""Units: GPU shares in milli-GPU (:data:`GPU_MILLI`), and size strings (``"4G"``, ``"512M"``,
-``"1.5Ti"``, ``"64 GB"``) to bytes and back.
+"""Units: GPU shares in milli-GPU (:data:`GPU_MILLI`), size strings (``"4G"``, ``"512M"``,
+``"1.5Ti"``, ``"64 GB"``) to bytes and back, and durations (``"7d"``, ``"12h"``) to seconds.
 
 Suffixes follow JupyterHub's ``ByteSpecification`` (K, M, G, T are powers of 1024, as in
 ``c.Spawner.mem_limit = "4G"``); the explicit IEC forms ``Ki``/``KiB`` ... are accepted as well,
@@ -44,6 +44,31 @@ def parse_bytes(value: str | int | float) -> int:
     else:
         factor = _BINARY[prefix]
     return int(float(number) * factor)
+
+
+_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([smhd]?)\s*$")
+
+
+def parse_seconds(value: str | int | float) -> float:
+    """A duration in seconds from a number of seconds or a string ``"90"``, ``"90s"``,
+    ``"10m"``, ``"2h"``, ``"7d"`` (the idle culler's policy durations' form).
+
+    Raises:
+        ValueError: not a duration, or negative.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        m = _DURATION_RE.match(str(value))
+        if not m:
+            raise ValueError(f"not a duration: {value!r} (use e.g. 600, '10m', '12h', '7d')")
+        seconds = float(m.group(1)) * _SECONDS[m.group(2)]
+    if seconds < 0:
+        raise ValueError(f"must be >= 0 seconds, got {value!r}")
+    return seconds
 
 
 def format_bytes(n: int) -> str:
