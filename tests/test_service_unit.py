@@ -195,7 +195,7 @@ def test_openapi_document_is_valid_openapi_3():
                                  "/api/jobs/{id}/log",
                                  "/api/job_definitions", "/api/job_definitions/{id}",
                                  "/api/job_definitions/{id}/jobs",
-                                 "/api/usage"}
+                                 "/api/usage", "/api/usage/budgets"}
     assert doc["servers"] == [{"url": "/services/gpuspawner"}]
     # every schema is a valid JSON Schema and every $ref resolves
     for name in doc["components"]["schemas"]:

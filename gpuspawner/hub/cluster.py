@@ -286,6 +286,8 @@ class Cluster:
     after_restore: list[Callable[[RestoreReport], None]] = field(default_factory=list)
     #: the hub's usage recorder (:class:`gpuspawner.usage.UsageRecorder`), None: no records
     usage: Any = None
+    #: the usage budgets (:class:`gpuspawner.usage.budgets.BudgetPolicy`), None: no records
+    usage_budgets: Any = None
 
     def record_move(self, user: str, server: str, source: str, target: str, at: float,
                     reason: str) -> None:

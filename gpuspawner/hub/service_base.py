@@ -28,7 +28,8 @@ from .settings import (
 )
 from .spawner import GPUSpawner
 
-__all__ = ["ADMIN_SCOPE", "ServiceHandler", "hub_app", "hub_cluster", "hub_user"]
+__all__ = ["ADMIN_SCOPE", "ServiceHandler", "hub_app", "hub_cluster", "hub_user",
+           "hub_user_scopes"]
 
 #: custom scope granting the admin view (all allocations, the map, metrics)
 ADMIN_SCOPE = "custom:gpuspawner:admin"
@@ -84,6 +85,20 @@ def hub_user(name: str) -> tuple[bool, list[str]] | None:
     if u is None:
         return None
     return bool(u.admin), sorted(g.name for g in u.groups)
+
+
+def hub_user_scopes(name: str) -> set[str] | None:
+    """The scopes a hub user holds through their roles and groups (JupyterHub's
+    ``get_scopes_for``, expanded), from the hub's database; None if unknown. Used for
+    exemptions a user holds whatever token they send (``custom:gpuspawner:budget-exempt``)."""
+    from jupyterhub import orm
+    from jupyterhub.scopes import get_scopes_for
+
+    app = hub_app()
+    u = orm.User.find(app.db, name)
+    if u is None:
+        return None
+    return set(get_scopes_for(u))
 
 
 class ServiceHandler(HubOAuthenticated, web.RequestHandler):

@@ -29,6 +29,7 @@ from traitlets import (
 from ..inventory.health import DEFAULT_XIDS, HealthThresholds
 from ..placement import DEFAULT_POLICY, POLICIES
 from ..placement.units import parse_seconds
+from ..usage.budgets import BudgetConfigError, parse_budgets
 from .cluster import GPUHealthSettings
 from .drains import DRAINS_FILE_NAME
 from .identity import home_path, ids_from_auth_state
@@ -75,6 +76,14 @@ class SpawnerSettings(HasTraits):
         CPUs), memory and disk (bytes, or sizes like "64G") and servers (running servers); a
         limit left out is unlimited. A group quota caps what all members hold together.
         Checked in the same atomic step as the reservation.""").tag(config=True)
+    usage_budgets = Dict(help="""Usage budgets (docs/usage.md "Budgets"): {"default": b,
+        "users": {name: b}, "groups": {name: b}} where b is {"period": "week" or "month",
+        "gpu_hours": h, "core_hours": h} (at least one of the two, > 0). Periods start at
+        Monday or the 1st, 00:00 in c.GPUUsage.time_zone. A user's own budget replaces the
+        default; a group's counts all its members together. A spawn or notebook job that
+        would start while one of its owner's budgets is used up is refused, naming the budget,
+        its use and when it renews; holders of the scope custom:gpuspawner:budget-exempt
+        never are. Needs usage records (c.GPUUsage.enabled).""").tag(config=True)
     image = Unicode("gpuspawner/singleuser:latest",
                     help="Image of servers whose profile names none.").tag(config=True)
     restart_on_node_failure = Bool(True, help="""Restart a server on another node when its
@@ -242,6 +251,14 @@ class SpawnerSettings(HasTraits):
         try:
             check_trait(proposal.trait.name, proposal.value)
         except HubConfigError as e:
+            raise TraitError(str(e)) from None
+        return proposal.value
+
+    @validate("usage_budgets")
+    def _validate_usage_budgets(self, proposal: Any) -> Any:
+        try:
+            parse_budgets(proposal.value)
+        except BudgetConfigError as e:
             raise TraitError(str(e)) from None
         return proposal.value
 

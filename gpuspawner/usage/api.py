@@ -23,10 +23,11 @@ from typing import Any
 
 from tornado import web
 
-from ..hub.service_base import ServiceHandler
+from ..hub.service_base import ServiceHandler, hub_user_scopes
+from .budgets import EXEMPT_SCOPE, WARN_PERCENT, budget_status
 from .report import ReportError, parse_query, report_from_store, to_csv
 
-__all__ = ["PARAMETERS", "UsageReportHandler", "usage_routes"]
+__all__ = ["PARAMETERS", "BudgetStatusHandler", "UsageReportHandler", "usage_routes"]
 
 #: the query parameters ``api/usage`` reads
 PARAMETERS = ("from", "to", "group_by", "user", "tz", "format")
@@ -77,7 +78,54 @@ class UsageReportHandler(ServiceHandler):
         self.write_json(report)
 
 
+class BudgetStatusHandler(ServiceHandler):
+    """``GET api/usage/budgets[?user=name]``: where a user stands with their usage budgets
+    (:func:`gpuspawner.usage.budgets.budget_status`)::
+
+        {"user": "ann", "time_zone": "Europe/Berlin", "warn_percent": 80.0,
+         "exempt": false, "budgets": [{"name": "group physics", "kind": "group",
+         "key": "physics", "period": "month", "unit": "gpu_hours", "limit": 1000.0,
+         "used": 812.5, "percent": 81.2, "period_start": "2026-11-01T00:00:00+01:00",
+         "renews_at": "2026-12-01T00:00:00+01:00", "warning": true, "exceeded": false}]}
+
+    ``budgets`` is empty without budgets for the user; ``exempt``: the user holds
+    ``custom:gpuspawner:budget-exempt`` (never refused; the figures still show). Access: the
+    caller's own; ``user`` naming another user needs the service's admin view (else 403);
+    an unknown user is a 404. 503 when usage records are off."""
+
+    async def get(self) -> None:
+        caller = self.require_user()
+        names = self.get_query_arguments("user")
+        if len(names) > 1:
+            raise web.HTTPError(400, f"user: given {len(names)} times; give it once")
+        name = names[0] if names and names[0] else caller["name"]
+        if name != caller["name"] and not self.is_admin(caller):
+            raise web.HTTPError(403, f"{caller['name']} may not read the budgets of another user")
+        cluster = await self.cluster()
+        recorder = getattr(cluster, "usage", None)
+        policy = getattr(cluster, "usage_budgets", None)
+        if recorder is None or policy is None:
+            raise web.HTTPError(503, "usage records are off (c.GPUUsage.enabled)")
+        info = self.service.user_lookup(name)
+        if info is None:
+            raise web.HTTPError(404, f"user: no hub user {name[:80]!r}")
+        groups = info[1]
+        scopes = hub_user_scopes(name) or set()
+        now = time.time()
+        status = await asyncio.to_thread(budget_status, recorder.store, policy, name, groups, now)
+        self.write_json({
+            "user": name,
+            "time_zone": policy.time_zone,
+            "warn_percent": WARN_PERCENT,
+            "exempt": EXEMPT_SCOPE in scopes,
+            "budgets": status,
+        })
+
+
 def usage_routes(prefix: str, kw: dict[str, Any]) -> list[tuple[str, type, dict[str, Any]]]:
-    """The route of ``api/usage`` under ``prefix`` (one of
+    """The routes of ``api/usage`` and ``api/usage/budgets`` under ``prefix`` (one of
     :class:`~gpuspawner.hub.service.app.GPUService`'s ``extra_routes``)."""
-    return [(prefix + "api/usage", UsageReportHandler, kw)]
+    return [
+        (prefix + "api/usage", UsageReportHandler, kw),
+        (prefix + "api/usage/budgets", BudgetStatusHandler, kw),
+    ]

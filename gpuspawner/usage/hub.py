@@ -14,6 +14,7 @@ from traitlets import TraitError
 from ..hub.cluster import Cluster
 from ..hub.state import state_file
 from ..placement import Allocation
+from .budgets import BudgetConfigError, parse_budgets
 from .recorder import UsageRecorder
 from .sampler import GPUSampler, run_readings
 from .settings import USAGE_DB_FILE, GPUUsage
@@ -74,6 +75,9 @@ def attach_usage(
         state_dir: ``GPUSpawner.state_dir`` ("" = the folder of the hub's database).
         hub_db_url: the hub's ``JupyterHub.db_url``.
 
+    The usage budgets (``c.GPUSpawner.usage_budgets`` in ``c.GPUUsage.time_zone``,
+    :func:`gpuspawner.usage.budgets.parse_budgets`) become ``cluster.usage_budgets``.
+
     Returns:
         the recorder, or None when ``c.GPUUsage.enabled`` is False.
 
@@ -87,7 +91,18 @@ def attach_usage(
         settings = GPUUsage(config=config)
     except TraitError as e:
         raise UsageConfigError(str(e)) from None
+    spawner = _section(config, "GPUSpawner")
+    budgets = spawner["usage_budgets"] if "usage_budgets" in spawner else None
+    try:
+        policy = parse_budgets(budgets, settings.time_zone)
+    except BudgetConfigError as e:
+        raise UsageConfigError(str(e)) from None
     if not settings.enabled:
+        if policy:
+            raise UsageConfigError(
+                "GPUSpawner.usage_budgets: budgets count the usage records; they are off "
+                "(c.GPUUsage.enabled = False)"
+            )
         return None
     url = usage_db_url(settings, state_dir, hub_db_url)
     try:
@@ -113,6 +128,7 @@ def attach_usage(
             recorder.on_book(alloc)
         recorder.reconcile()
     cluster.usage = recorder
+    cluster.usage_budgets = policy
     if settings.sample_interval > 0:
         gpu = None
         if cluster.health_nodes():  # GPUs NVML on this host reads

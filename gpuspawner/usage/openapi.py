@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .budgets import PERIODS, UNITS
 from .report import FIGURES, GROUP_KEYS
 
 __all__ = ["SCHEMAS", "paths"]
@@ -64,8 +65,43 @@ USAGE_REPORT: dict[str, Any] = {
     },
 }
 
+#: one entry of ``api/usage/budgets`` (:func:`gpuspawner.usage.budgets.budget_status`)
+BUDGET_ENTRY: dict[str, Any] = {
+    "type": "object",
+    "required": ["name", "kind", "key", "period", "unit", "limit", "used", "percent",
+                 "period_start", "renews_at", "warning", "exceeded"],
+    "properties": {
+        "name": {"type": "string", "description": "'user ann', 'group physics' or 'default'"},
+        "kind": {"type": "string", "enum": ["user", "group", "default"]},
+        "key": {"type": "string", "description": "the user's or the group's name"},
+        "period": {"type": "string", "enum": list(PERIODS)},
+        "unit": {"type": "string", "enum": list(UNITS)},
+        "limit": {**_NUM, "description": "hours per period"},
+        "used": {**_NUM, "description": "hours reserved in this period so far"},
+        "percent": _NUM,
+        "period_start": {**_STR, "format": "date-time"},
+        "renews_at": {**_STR, "format": "date-time"},
+        "warning": {"type": "boolean", "description": "percent >= warn_percent"},
+        "exceeded": {"type": "boolean", "description": "used >= limit: starts are refused"},
+    },
+}
+
+BUDGET_STATUS: dict[str, Any] = {
+    "type": "object",
+    "required": ["user", "time_zone", "warn_percent", "exempt", "budgets"],
+    "properties": {
+        "user": _STR,
+        "time_zone": {**_STR, "description": "c.GPUUsage.time_zone, the periods' zone"},
+        "warn_percent": _NUM,
+        "exempt": {"type": "boolean",
+                   "description": "the user holds custom:gpuspawner:budget-exempt"},
+        "budgets": {"type": "array", "items": {"$ref": "#/components/schemas/BudgetEntry"}},
+    },
+}
+
 #: the component schemas ``api/usage`` adds
-SCHEMAS = {"UsageRow": USAGE_ROW, "UsageReport": USAGE_REPORT}
+SCHEMAS = {"UsageRow": USAGE_ROW, "UsageReport": USAGE_REPORT, "BudgetEntry": BUDGET_ENTRY,
+           "BudgetStatus": BUDGET_STATUS}
 
 
 def _param(name: str, description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -79,8 +115,26 @@ def _param(name: str, description: str, schema: dict[str, Any] | None = None) ->
 
 
 def paths() -> dict[str, Any]:
-    """The ``api/usage`` path."""
+    """The ``api/usage`` and ``api/usage/budgets`` paths."""
     return {
+        "/api/usage/budgets": {
+            "get": {
+                "operationId": "usageBudgets",
+                "summary": "Where a user stands with their usage budgets (your own; admins: "
+                "anyone's)",
+                "description": "docs/usage.md, Budgets. One entry per budget and unit; a "
+                "start is refused while an entry is exceeded, unless exempt.",
+                "parameters": [_param("user", "another user's (admins only); default: yours")],
+                "responses": {
+                    "200": _resp("the budgets", {"$ref": "#/components/schemas/BudgetStatus"}),
+                    "400": _resp("user given twice", _ERR),
+                    "401": _resp("no token or cookie identifies a hub user", _ERR),
+                    "403": _resp("another user's budgets, and not an admin", _ERR),
+                    "404": _resp("no such hub user", _ERR),
+                    "503": _resp("usage records are off (c.GPUUsage.enabled)", _ERR),
+                },
+            }
+        },
         "/api/usage": {
             "get": {
                 "operationId": "usageReport",

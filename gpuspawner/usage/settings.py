@@ -8,6 +8,8 @@ from typing import Any
 from traitlets import Bool, Float, Int, TraitError, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
+from .budgets import BudgetConfigError, check_time_zone
+
 __all__ = ["GPUUsage", "USAGE_DB_FILE"]
 
 #: the usage database's file in the state folder (GPUSpawner.state_dir)
@@ -51,6 +53,19 @@ class GPUUsage(LoggingConfigurable):
         group and profile. Off by default: every user becomes time series Prometheus keeps (at
         most 1000 label sets; later ones count under "_other").""",
     ).tag(config=True)
+
+    time_zone = Unicode(
+        "UTC",
+        help="""The site's IANA time zone (e.g. Europe/Berlin): usage budgets' weeks and months
+        (c.GPUSpawner.usage_budgets) start at its midnights. Records stay in UTC.""",
+    ).tag(config=True)
+
+    @validate("time_zone")
+    def _time_zone(self, proposal: Any) -> str:
+        try:
+            return check_time_zone(proposal.value)
+        except BudgetConfigError as e:
+            raise TraitError(str(e)) from None
 
     @validate("sample_interval")
     def _interval(self, proposal: Any) -> float:
