@@ -108,6 +108,7 @@ async def test_one_daemon_per_gpu_started_before_its_first_client_stopped_after_
     sps = [spawner(u, node={"gpu_share": "mps-daemon"}) for u in ("gsmia", "gsmib")]
     backend = sps[0].cluster.backend
     backend.mps_daemon_command = STAND_IN
+    backend.stop_timeout = 1  # the stand-in server ignores SIGTERM (pid 1)
     await asyncio.wait_for(sps[0].start(), 90)
     gpu = sps[0].backend_state["mps_gpu"]
     (d,) = daemons(engine, gpu)
@@ -154,3 +155,21 @@ async def test_one_daemon_per_gpu_started_before_its_first_client_stopped_after_
         "Volumes") or []]
     assert f"{info['Name'].lstrip('/')}-log" in names  # the logs stay for the admin
     assert f"{info['Name'].lstrip('/')}-pipe" not in names
+
+
+@pytest.mark.docker
+async def test_a_daemon_left_without_clients_is_removed_by_the_sweep(
+        no_daemons, spawner, engine):  # noqa: F811
+    """A hub that stopped between a GPU's last client and its daemon: the next start's sweep
+    stops the daemon; a daemon with a client stays."""
+    sp = spawner("gsmic", node={"gpu_share": "mps-daemon"})
+    backend = sp.cluster.backend
+    backend.mps_daemon_command = STAND_IN
+    backend.stop_timeout = 1  # the stand-in server ignores SIGTERM (pid 1)
+    await asyncio.wait_for(sp.start(), 90)
+    gpu = sp.backend_state["mps_gpu"]
+    await backend.sweep("gpunode", lambda _: True, lambda *_: True)
+    assert len(daemons(engine, gpu)) == 1  # its client runs
+    engine.remove_container(sp.backend_state["container_id"], force=True)  # the client gone
+    await backend.sweep("gpunode", lambda _: True, lambda *_: True)
+    assert not daemons(engine)

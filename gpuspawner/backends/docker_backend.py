@@ -1107,8 +1107,9 @@ class DockerBackend(Backend):
 
     async def sweep(self, node: str, booked: Callable[[str], bool],
                     owner_booked: Callable[[str, str], bool]) -> list[str]:
-        """Remove containers whose allocation is not booked and server networks whose owner
-        holds nothing."""
+        """Remove containers whose allocation is not booked, server networks whose owner
+        holds nothing, and MPS control daemons of this hub with no client left (a hub that
+        stopped between a GPU's last client and its daemon)."""
         removed = []
         for c in await self._call(node, "containers", all=True,
                                   filters={"label": f"{MANAGED_LABEL}=1"}):
@@ -1133,5 +1134,10 @@ class DockerBackend(Backend):
                     await self._call(node, "remove_network", n["Id"])
                 except Exception as e:  # still in use by something else: leave it
                     self.log.info("node %s: network %s kept: %s", node, n.get("Name"), e)
+        for c in await self._call(node, "containers", all=True,
+                                  filters={"label": DAEMON_LABEL}):
+            gpu = (c.get("Labels") or {}).get(DAEMON_LABEL, "")
+            if gpu and made_by(c.get("Labels"), self.hub_id):
+                await self._mps_release(node, gpu)
         return removed
 
