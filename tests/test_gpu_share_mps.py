@@ -79,8 +79,15 @@ def test_the_daemon_spec_and_a_client_joining_it():
 
 # ------------------------------------------------------------------ the real engine
 docker = pytest.importorskip("docker")
+from gpuspawner.gpushare.check import (  # noqa: E402
+    CHECK_LABEL,
+    Context,
+    start_mps_daemon,
+    stop_mps_daemon,
+)
+
 # the real-container fixtures of the GPU share tests (a spawner on a two-A100 topology file)
-from tests.test_gpu_share import container_env, engine, spawner  # noqa: E402, F401
+from tests.test_gpu_share import IMAGE, container_env, engine, spawner  # noqa: E402, F401
 
 
 def daemons(cli, gpu: str | None = None) -> list[dict]:
@@ -172,4 +179,26 @@ async def test_a_daemon_left_without_clients_is_removed_by_the_sweep(
     assert len(daemons(engine, gpu)) == 1  # its client runs
     engine.remove_container(sp.backend_state["container_id"], force=True)  # the client gone
     await backend.sweep("gpunode", lambda _: True, lambda *_: True)
+    assert not daemons(engine)
+
+
+@pytest.mark.docker
+def test_gpu_check_runs_its_mps_shares_under_a_daemon_as_the_backend_makes_it(
+        no_daemons, engine):  # noqa: F811
+    """``make gpu-check``'s MPS shares where the admin runs no daemon: the same daemon
+    container (gpuspawner.gpushare.check.start_mps_daemon), its volumes removed after."""
+    ctx = Context(nvml=None, smi=lambda args: "", engine=engine, image=IMAGE)
+    d, cid = start_mps_daemon(ctx, UUID, STAND_IN)
+    try:
+        info = engine.inspect_container(cid)
+        assert info["HostConfig"]["IpcMode"] == "shareable"
+        assert info["HostConfig"]["DeviceRequests"][0]["DeviceIDs"] == [UUID]
+        assert info["Config"]["Labels"][CHECK_LABEL] == "1"
+    finally:
+        stop_mps_daemon(ctx, d, cid)
+    assert not daemons(engine)
+    assert not engine.volumes(filters={"label": DAEMON_LABEL}).get("Volumes")
+    # a daemon that never makes its control pipe: refused, nothing left
+    with pytest.raises(RuntimeError, match="no control pipe"):
+        start_mps_daemon(ctx, UUID, ["sleep", "30"], timeout=1.0)
     assert not daemons(engine)

@@ -25,7 +25,9 @@ Checks (``--checks``, comma separated; default all), each against an independent
   (>= 5 %, the culler's documented threshold example) then, after the load ends, idle.
 * ``shares``: two half-GPU shares on the first GPU, for each mechanism this node has
   (:func:`~gpuspawner.gpushare.mechanism.detect_mechanism`; the watchdog always): one allocates
-  75 % of the GPU's memory, the other 40 % and runs a matmul. dmem and MPS: the first fails
+  75 % of the GPU's memory, the other 40 % and runs a matmul. MPS under the admin's daemon
+  (``/tmp/nvidia-mps``) where there is one, else under a daemon in a container of its own,
+  as ``mps-daemon`` runs it (:mod:`gpuspawner.gpushare.mps`). dmem and MPS: the first fails
   with CUDA out-of-memory, the second succeeds. Watchdog (grace 5 s): the first kernel gets
   SIGINT (KeyboardInterrupt) within 30 s, the second is untouched and still running.
 
@@ -58,6 +60,14 @@ from .mechanism import (
     prepare_dmem_cgroup,
     remove_dmem_cgroup,
     share_limits,
+)
+from .mps import (
+    DAEMON_COMMAND,
+    QUIT_COMMAND,
+    READY_COMMAND,
+    MpsDaemon,
+    client_host_config,
+    daemon_for,
 )
 from .watchdog import Watchdog, shares_from_allocations
 
@@ -497,10 +507,70 @@ def _share_script(fraction: float, matmul: bool, hold: float) -> str:
     )
 
 
+def start_mps_daemon(ctx: Context, uuid: str, command: Sequence[str] = DAEMON_COMMAND,
+                     timeout: float = 20.0) -> tuple[MpsDaemon, str]:
+    """Start the MPS control daemon of GPU ``uuid`` as the Docker backend does under
+    ``mps-daemon`` (:func:`~gpuspawner.gpushare.mps.daemon_for`, the image ``ctx.image``,
+    labelled :data:`CHECK_LABEL`) and wait for its control pipe.
+
+    Returns:
+        the daemon and its container id (stop it with :func:`stop_mps_daemon`).
+    Raises:
+        RuntimeError: the daemon exited, or made no control pipe in ``timeout`` seconds (the
+            container is removed).
+    """
+    d = daemon_for("gpu-check", uuid, ctx.image, command, labels={CHECK_LABEL: "1"})
+    for v in (d.pipe_volume, d.log_volume):
+        ctx.engine.create_volume(v, labels=dict(d.labels))
+    cid = ctx.engine.create_container(
+        host_config=ctx.engine.create_host_config(**d.host_kwargs()), **d.create_kwargs())["Id"]
+    ctx.engine.start(cid)
+
+    def ready() -> bool:
+        if not ctx.engine.inspect_container(cid)["State"]["Running"]:
+            raise RuntimeError("the MPS daemon exited: " + ctx.engine.logs(cid, tail=5).decode(
+                errors="replace").strip())
+        ex = ctx.engine.exec_create(cid, list(READY_COMMAND))
+        ctx.engine.exec_start(ex)
+        return ctx.engine.exec_inspect(ex).get("ExitCode") == 0
+
+    try:
+        if not _wait_for(ready, timeout, 0.2):
+            raise RuntimeError(f"the MPS daemon made no control pipe in {timeout:g} s")
+    except Exception:
+        stop_mps_daemon(ctx, d, cid)
+        raise
+    return d, cid
+
+
+def stop_mps_daemon(ctx: Context, daemon: MpsDaemon, cid: str) -> None:
+    """``quit`` to the daemon, then its container and both volumes removed (never raises)."""
+    for step in (
+        lambda: ctx.engine.exec_start(ctx.engine.exec_create(cid, list(QUIT_COMMAND))),
+        lambda: ctx.engine.remove_container(cid, force=True),
+        lambda: ctx.engine.remove_volume(daemon.pipe_volume, force=True),
+        lambda: ctx.engine.remove_volume(daemon.log_volume, force=True),
+    ):
+        try:
+            step()
+        except Exception:  # noqa: BLE001 - gone already
+            pass
+
+
 def _shares_with(ctx: Context, mech: Any) -> list[Row]:
-    """Two half shares of GPU 0 under one mechanism."""
+    """Two half shares of GPU 0 under one mechanism (under ``mps-daemon``, with the GPU's
+    daemon started first and stopped after)."""
 
     g = ctx.gpus[0]
+    daemon = start_mps_daemon(ctx, g.uuid) if getattr(mech, "mps_daemon", False) else None
+    try:
+        return _shares_under(ctx, mech, g, daemon[0] if daemon else None)
+    finally:
+        if daemon is not None:
+            stop_mps_daemon(ctx, *daemon)
+
+
+def _shares_under(ctx: Context, mech: Any, g: Any, daemon: MpsDaemon | None) -> list[Row]:
     gpus = {g.uuid: g}
     made: list[tuple[str, str]] = []
     outcome: dict[str, tuple[int | None, str]] = {}
@@ -526,6 +596,8 @@ def _shares_with(ctx: Context, mech: Any) -> list[Row]:
                 ipc_mode="host",
                 binds={lim.mps_pipe_directory: {"bind": lim.mps_pipe_directory, "mode": "rw"}},
             )
+        if lim.mps_daemon_gpu and daemon is not None:
+            host = client_host_config(host, daemon)
         hold = 60 if mech.name == "watchdog" else 5
         script = _share_script(fraction, matmul, hold)
         # sh stays pid 1 (the "server"); python is its child (the kernel)
@@ -578,6 +650,7 @@ def _shares_with(ctx: Context, mech: Any) -> list[Row]:
                 pass
             remove_dmem_cgroup(parent)
     expect_over = "interrupted (SIGINT)" if mech.name == "watchdog" else "CUDA out of memory"
+    name = "mps-daemon" if daemon is not None else mech.name
     last = {
         w: (o[1].strip().splitlines() or ["no output"])[
             -2 if len(o[1].strip().splitlines()) > 1 else -1
@@ -586,13 +659,13 @@ def _shares_with(ctx: Context, mech: Any) -> list[Row]:
     }
     return [
         Row(
-            f"shares ({mech.name}): share allocating 75 % of the GPU",
+            f"shares ({name}): share allocating 75 % of the GPU",
             expect_over,
             last.get("over", "?"),
             over_ok,
         ),
         Row(
-            f"shares ({mech.name}): the other half share, 40 % + matmul",
+            f"shares ({name}): the other half share, 40 % + matmul",
             "unaffected",
             last.get("within", "?"),
             within_ok,
@@ -609,6 +682,8 @@ def check_shares(ctx: Context) -> list[Row]:
     mechs = [detect_mechanism("auto", ctx.gpus[:1])]
     if os.path.isdir("/tmp/nvidia-mps"):
         mechs.append(detect_mechanism("mps", ctx.gpus[:1]))
+    else:  # gpuspawner's own daemon (two on one GPU would contend)
+        mechs.append(detect_mechanism("mps-daemon", ctx.gpus[:1]))
     if mechs[0].name != "watchdog":
         mechs.append(Mechanism("watchdog", "always"))
     rows = []
@@ -616,7 +691,8 @@ def check_shares(ctx: Context) -> list[Row]:
         try:
             rows += _shares_with(ctx, m)
         except Exception as e:  # noqa: BLE001 - a row, not a traceback
-            rows.append(Row(f"shares ({m.name})", "two shares run", f"error: {e}", False))
+            name = "mps-daemon" if m.mps_daemon else m.name
+            rows.append(Row(f"shares ({name})", "two shares run", f"error: {e}", False))
     return rows
 
 
