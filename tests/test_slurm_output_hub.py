@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import shutil
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +27,14 @@ pytest.importorskip("nbformat")
 pytest.importorskip("sqlalchemy")
 
 from gpuspawner.hub.identity import job_object_name  # noqa: E402
-from gpuspawner.testing.slurm_hub import OTHER, USER, SlurmHub, chp, job_python  # noqa: E402
+from gpuspawner.testing.slurm_hub import (  # noqa: E402
+    OTHER,
+    USER,
+    SlurmHub,
+    chp,
+    job_python,
+    real_singleuser,
+)
 from tests.test_jobs_hub import User  # noqa: E402
 from tests.test_jobs_slurm import FINAL, slurm_jobs  # noqa: E402
 from tests.test_jobs_units import notebook  # noqa: E402
@@ -115,12 +121,10 @@ def test_a_fifo_and_a_flood_of_log_reads_do_not_hold_up_another_users_spawn(
     the flood takes about as long as without it (before: 30 s more, waiting for a thread)."""
     if chp() is None or job_python() is None:
         pytest.skip("configurable-http-proxy or the nodes' job Python is missing (make slurm)")
-    site = Path(sys.prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" \
-        / "site-packages"
-    if not (site / "jupyterhub").is_dir() or not Path("/usr/bin/python3").exists():
+    real = real_singleuser()
+    if real is None:
         pytest.skip("no jupyterhub in the hub's site-packages or no /usr/bin/python3")
-    hub = SlurmHub(tmp_path, slurm_conf, cmd=["/usr/bin/python3", "-m", "jupyterhub.singleuser"],
-                   environment={"PYTHONPATH": str(site)}, internal_ssl=True, jobs=True,
+    hub = SlurmHub(tmp_path, slurm_conf, **real, internal_ssl=True, jobs=True,
                    profiles=PROFILES, extra=EXTRA)
     hub.start()
     attacker = User(hub, USER)

@@ -1,15 +1,21 @@
 """A real JupyterHub on loopback whose GPUSpawner runs servers as Slurm jobs on the private
 cluster of ``scripts/slurm.sh`` (``make slurm``): :class:`SlurmHub` (with ``jobs=True`` also
 the gpuspawner service and its notebook jobs, run by the nodes' :func:`job_python`), the job
-users (:data:`USER`, :data:`OTHER`) and a stand-in server program (:data:`SERVER`)."""
+users (:data:`USER`, :data:`OTHER`) and a stand-in server program (:data:`SERVER`);
+:func:`real_singleuser` (the real jupyterhub-singleuser as the job user runs it) and
+:func:`running` (a started hub, its servers, the hub and its home cleaned up after)."""
 
 from __future__ import annotations
 
 import pwd
 import secrets
 import shutil
+import sys
 import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from .hubrunner import HubProcess, free_port
 
@@ -61,6 +67,22 @@ def chp() -> str | None:
         if path.exists():
             return str(path)
     return shutil.which("configurable-http-proxy")
+
+
+#: the real server: jupyterhub-singleuser in the nodes' system Python (3.11, the hub's own)
+SINGLEUSER_CMD = ["/usr/bin/python3", "-m", "jupyterhub.singleuser"]
+
+
+def real_singleuser() -> dict[str, Any] | None:
+    """:class:`SlurmHub`'s ``cmd`` and ``environment`` for the real jupyterhub-singleuser, run
+    by the job user with the system Python and the hub's site-packages on ``PYTHONPATH`` (the
+    hub's own interpreter lives under /root, which the job user cannot enter); None where the
+    hub's site-packages have no jupyterhub or there is no /usr/bin/python3."""
+    site = Path(sys.prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" \
+        / "site-packages"
+    if not (site / "jupyterhub").is_dir() or not Path(SINGLEUSER_CMD[0]).exists():
+        return None
+    return {"cmd": list(SINGLEUSER_CMD), "environment": {"PYTHONPATH": str(site)}}
 
 
 class SlurmHub(HubProcess):
@@ -150,3 +172,30 @@ import logging as _logging
 _logging.getLogger("gpuspawner").addHandler(_logging.StreamHandler())
 _logging.getLogger("gpuspawner").setLevel(_logging.INFO)
 """
+
+
+@contextmanager
+def running(hub: SlurmHub, users: Iterable[str] = (USER, OTHER)) -> Iterator[SlurmHub]:
+    """Start ``hub``; on leaving, stop the servers (named ones too) that ``users`` still have
+    and wait for each to be gone (its Slurm job cancelled before the next test takes the
+    GPUs), then stop the hub and remove its home folder, whatever failed before."""
+    hub.start()
+    try:
+        yield hub
+    finally:
+        try:
+            left = []
+            for user in users:
+                r = hub.api("GET", f"/users/{user}")
+                if r.status_code != 200:
+                    continue  # no such user
+                for name in r.json().get("servers") or {}:
+                    path = f"/users/{user}/servers/{name}" if name else \
+                        f"/users/{user}/server"
+                    hub.api("DELETE", path)
+                    left.append((user, name))
+            for user, name in left:
+                hub.wait_stopped(user, name)
+        finally:
+            hub.stop()
+            shutil.rmtree(hub.home, ignore_errors=True)
