@@ -42,6 +42,7 @@ from ..gpushare.mps import (
     PIPE_MOUNT,
     QUIT_COMMAND,
     READY_COMMAND,
+    UID_LABEL,
     MpsDaemon,
     client_host_config,
     daemon_for,
@@ -554,7 +555,8 @@ class DockerBackend(Backend):
                 host = client_host_config(host, daemon)
             except ValueError as e:
                 raise LaunchFailed(f"node {node}: {e}") from None
-            create["labels"] = {**create.get("labels", {}), CLIENT_LABEL: daemon.gpu}
+            create["labels"] = {**create.get("labels", {}), CLIENT_LABEL: daemon.gpu,
+                                UID_LABEL: str(spec.uid)}
             state["mps_gpu"] = daemon.gpu
         if share.cgroup_parent:
             await self._dmem_parent(node, share)
@@ -575,6 +577,14 @@ class DockerBackend(Backend):
             if daemon is not None:
                 progress(40, f"MPS control daemon of GPU {daemon.gpu}: {daemon.name}")
                 await self._mps_daemon_up(node, daemon)
+                others = await self._mps_other_uids(node, daemon.gpu, spec.uid)
+                if others:  # MPS's one-uid rule (docs/gpu-sharing.md): say it, not a hang
+                    text = (f"GPU {daemon.gpu} runs under MPS for another user's server: your "
+                            "CUDA calls wait until that user's kernels have stopped (MPS "
+                            "serves one user id at a time)")
+                    self.log.warning("node %s: %s (uid %d; uids %s)", node, text, spec.uid,
+                                     ", ".join(others))
+                    progress(45, text)
             try:
                 obj = await self._call(node, create_container)
             except APIError as e:
@@ -697,6 +707,13 @@ class DockerBackend(Backend):
             await asyncio.sleep(0.2)
         self.log.info("node %s: MPS control daemon %s started for GPU %s", node, daemon.name,
                       daemon.gpu)
+
+    async def _mps_other_uids(self, node: str, gpu: str, uid: int) -> list[str]:
+        """The uids of this hub's other MPS clients of ``gpu`` on ``node`` that are not
+        ``uid`` (from their :data:`~gpuspawner.gpushare.mps.UID_LABEL`)."""
+        found = await self._call(node, "containers", filters={"label": [f"{CLIENT_LABEL}={gpu}"]})
+        return sorted({(c.get("Labels") or {}).get(UID_LABEL, "?") for c in found
+                       if made_by(c.get("Labels"), self.hub_id)} - {str(uid)})
 
     async def _mps_release(self, node: str, gpu: str) -> None:
         """After an MPS client of ``gpu`` is gone: stop its daemon when no client of it is

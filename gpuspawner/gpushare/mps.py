@@ -48,6 +48,7 @@ __all__ = [
     "PIPE_MOUNT",
     "QUIT_COMMAND",
     "READY_COMMAND",
+    "UID_LABEL",
     "MpsDaemon",
     "client_host_config",
     "daemon_for",
@@ -70,6 +71,9 @@ DAEMON_LABEL = "gpuspawner.mps_daemon"
 #: label of an MPS client's container (a server with a share under a managed daemon): the
 #: GPU's UUID; the daemon stops when no container with it is left on the node
 CLIENT_LABEL = "gpuspawner.mps_client"
+#: label of an MPS client's container: the uid it runs as (MPS serves one uid at a time: a
+#: server starting beside clients of another uid is told it will wait)
+UID_LABEL = "gpuspawner.mps_uid"
 #: capabilities asked of the NVIDIA container runtime for the daemon (its binaries come with
 #: ``compute``; ``utility`` for nvidia-smi when an admin looks inside)
 DAEMON_CAPABILITIES = [["gpu", "compute", "utility"]]
