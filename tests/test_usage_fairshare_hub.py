@@ -97,6 +97,8 @@ async def test_past_usage_puts_a_later_user_first_and_the_queue_says_each_factor
     # heavy used both GPUs a moment ago
     r = await start(app, "heavy", "old", {"profile": "a100-2"})
     assert r.status_code in (201, 202), r.text
+    # the hub started the feed once it restored what runs (on by default: 7 days' half-life)
+    await wait_for(lambda: feed.refreshes >= 1, 10, message="the feed's first refresh")
     r = await api(app, "delete", "users", "heavy", "servers", "old")
     assert r.status_code in (202, 204), r.text
     await stopped(app, "heavy", "old")
