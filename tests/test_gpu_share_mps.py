@@ -85,6 +85,7 @@ from gpuspawner.gpushare.check import (  # noqa: E402
     start_mps_daemon,
     stop_mps_daemon,
 )
+from gpuspawner.hub.service.views import node_views  # noqa: E402
 
 # the real-container fixtures of the GPU share tests (a spawner on a two-A100 topology file)
 from tests.test_gpu_share import IMAGE, container_env, engine, spawner  # noqa: E402, F401
@@ -133,6 +134,11 @@ async def test_one_daemon_per_gpu_started_before_its_first_client_stopped_after_
     assert mounts[PIPE_MOUNT]["Type"] == "volume" and mounts[LOG_MOUNT]["Type"] == "volume"
     assert cfg["Entrypoint"] + cfg["Cmd"] == STAND_IN and info["State"]["Running"]
     assert cfg["User"] == "0:0"  # the control daemon starts servers as its clients' uids
+
+    # api/nodes and the admin map: MPS, with gpuspawner's daemons as the reason
+    (node,) = node_views(sps[0].cluster, None)
+    assert node["gpu_share"]["mechanism"] == "mps"
+    assert "one MPS control daemon per shared GPU run by gpuspawner" in node["gpu_share"]["reason"]
 
     # the client: the daemon's pipe volume at the same path, its IPC namespace, its limits
     cid = sps[0].backend_state["container_id"]
