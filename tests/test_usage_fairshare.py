@@ -205,14 +205,20 @@ def test_a_closed_interval_grows_the_counters_by_its_seconds(store):
     ledger = Ledger([make_node("n1", gpus=2, numa=1)], policy="first-fit", clock=clock)
     rec = UsageRecorder(store, ledger, profile_of=lambda a: "a100-2", clock=clock)
     rec.attach(ledger)
-    counters = UsageCounters()
+    counters = UsageCounters(clock=clock)
     rec.on_close.append(counters.count)
+    counters.open_intervals = rec.open_intervals
     a = ledger.reserve(Bundle(cores=2, gpus=2, memory_bytes=GiB, numa_policy="none"),
                        Owner("ann", "", ("lab", "ai")))
     rec.add_gpu_sample(a.gpu_uuids[0], 50.0)
     rec.add_gpu_sample(a.gpu_uuids[1], 50.0)
     rec.set_cpu_seconds(a.id, 30.0)
-    clock.t += 100.0
+    seen = []
+    for _ in range(4):  # while it runs, the reserved counters grow with it, never back
+        clock.t += 25.0
+        seen.append(counters.value("reserved_gpu_seconds", "lab", "a100-2"))
+    assert seen == [50.0, 100.0, 150.0, 200.0]
+    assert counters.value("used_gpu_seconds", "lab", "a100-2") == 0.0  # counted at the close
     ledger.release(a.id)
     [row] = store.records()
     seconds = row.ended - row.started
@@ -237,11 +243,18 @@ def test_a_closed_interval_grows_the_counters_by_its_seconds(store):
     assert counters.value("reserved_gpu_seconds", "-", "a100-2") == 0.0
 
 
+def test_an_interval_adopted_after_a_restart_counts_from_the_restart():
+    counters = UsageCounters(clock=Clock(T0))
+    counters.count(ClosedInterval("ann", (), "p", 1000, 2000, T0 - DAY, T0 + 10.0))
+    assert counters.value("reserved_gpu_seconds", "-", "p") == 10.0
+    assert counters.value("reserved_core_seconds", "-", "p") == 20.0
+
+
 def test_user_label_only_when_asked_and_label_sets_bounded():
     def interval(user: str, group: str) -> ClosedInterval:
         return ClosedInterval(user, (group,), "p", 1000, 1000, T0, T0 + 10.0)
 
-    counters = UsageCounters(user_label=True, max_series=3)
+    counters = UsageCounters(user_label=True, max_series=3, clock=Clock(T0 - 1))
     for i in range(5):
         counters.count(interval(f"u{i}", f"g{i}"))
     text = scrape(counters)

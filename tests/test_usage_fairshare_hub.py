@@ -3,7 +3,8 @@ in-process hub (tests/test_usage_hub.py's: the hub's own application, REST API a
 GPUSpawner on the fake engine, the gpuspawner service's application asking that hub who calls):
 
 - a server's interval closes: the service's ``metrics`` say its GPU- and core-seconds grew by
-  the record's seconds (within 2 %), by group and profile, with no user label;
+  the record's seconds (within 2 %), by group and profile, with no user label (and the
+  reserved GPU-seconds grew while it ran);
 - two users wait for two GPUs while a third holds them; the one who came first used GPUs a
   moment ago, the other never did: ``api/queue`` puts the second first and says each factor
   (a user's token sees only the user's own entry), and when the holder stops the second
@@ -72,6 +73,10 @@ async def test_a_closed_server_interval_grows_the_usage_counters(fair_hub):
     assert r.status_code in (201, 202), r.text
     t0 = time.monotonic()
     await wait_for(lambda: time.monotonic() - t0 >= 2.0, 10, message="2 s held")
+    code, running = await fetch(url + "metrics", admin)  # it grows while the server runs
+    name = "gpuspawner_usage_reserved_gpu_seconds_total"
+    assert code == 200 and counter(running, name, "-", "a100-1") - counter(
+        before, name, "-", "a100-1") >= 2.0 * 0.98, running
     r = await api(app, "delete", "users", "ann", "server")
     assert r.status_code in (202, 204), r.text
     await stopped(app, "ann")

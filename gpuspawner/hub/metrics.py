@@ -263,9 +263,14 @@ USAGE_MAX_SERIES = 1000
 class UsageCounters(Collector):
     """Counters of reserved and used GPU-seconds and core-seconds of the usage records, by
     group and profile (docs/usage.md, "Metrics"), fed by the usage recorder's ``on_close``
-    callback (:meth:`count`; :class:`gpuspawner.usage.recorder.ClosedInterval`): a record
-    counts when it closes, in each group its user was in at the booking ("-" for none; the
-    groups' sums may exceed the total), profile "-" when unknown.
+    callback (:meth:`count`; :class:`gpuspawner.usage.recorder.ClosedInterval`), in each
+    group its user was in at the booking ("-" for none; the groups' sums may exceed the
+    total), profile "-" when unknown. The reserved counters also hold the records still open
+    up to the scrape (``open_intervals``, the recorder's), so they grow while a server runs;
+    the used ones count a record when it closes (its mean utilisation is known then). Time
+    before :attr:`since` (this process's start) is not counted: a server adopted after a hub
+    restart counts from the restart, so the counters start near 0 as Prometheus expects of a
+    counter after a restart.
 
     - ``gpuspawner_usage_reserved_gpu_seconds_total``: GPUs held x seconds (milli-GPU / 1000);
     - ``gpuspawner_usage_reserved_core_seconds_total``: cores held x seconds;
@@ -290,18 +295,25 @@ class UsageCounters(Collector):
                 "the intervals measured"),
                ("intervals", "Usage intervals closed"))
 
-    def __init__(self, user_label: bool = False, max_series: int = USAGE_MAX_SERIES) -> None:
+    def __init__(self, user_label: bool = False, max_series: int = USAGE_MAX_SERIES,
+                 clock: Callable[[], float] = time.time) -> None:
         self.user_label = user_label
         self.max_series = max_series
+        #: seconds since the epoch from which time counts
+        self.since = clock()
+        #: the open intervals (ending now) added at each scrape; None: closed ones only
+        self.open_intervals: Callable[[], Iterable[Any]] | None = None
         self._lock = threading.Lock()
         self._counts: dict[tuple[str, ...], list[float]] = {}
 
     def describe(self) -> Iterable[Metric]:
         return []
 
-    def _key(self, group: str, profile: str, user: str) -> tuple[str, ...]:
+    def _key(self, group: str, profile: str, user: str,
+             counts: dict[tuple[str, ...], list[float]] | None = None) -> tuple[str, ...]:
+        counts = self._counts if counts is None else counts
         key = (group, profile, user) if self.user_label else (group, profile)
-        if key in self._counts or len(self._counts) < self.max_series:
+        if key in counts or len(counts) < self.max_series:
             return key
         return ("_other", profile, "_other") if self.user_label else ("_other", profile)
 
@@ -310,34 +322,54 @@ class UsageCounters(Collector):
         ``user, groups, profile, gpu_milli, cpu_milli, seconds, gpu_util_percent,
         cpu_seconds``). Never raises (logged)."""
         try:
-            secs = float(interval.seconds)
-            gpu = interval.gpu_milli / 1000.0 * secs
-            core = interval.cpu_milli / 1000.0 * secs
-            util = interval.gpu_util_percent
-            used_gpu = gpu * float(util) / 100.0 if util is not None and gpu > 0 else 0.0
-            used_core = float(interval.cpu_seconds or 0.0)
             with self._lock:
-                for group in sorted(set(interval.groups)) or ["-"]:
-                    key = self._key(group or "-", interval.profile or "-", interval.user)
-                    row = self._counts.setdefault(key, [0.0] * len(self.FIGURES))
-                    for i, v in enumerate((gpu, core, used_gpu, used_core, 1.0)):
-                        row[i] += v
+                self._add(self._counts, interval, closed=True)
         except Exception as e:  # pragma: no cover - defensive
             log.warning("metrics: a usage interval was not counted: %s", e)
+
+    def _add(self, counts: dict[tuple[str, ...], list[float]], interval: Any,
+             closed: bool) -> None:
+        """Add ``interval``'s figures (from :attr:`since`) to ``counts``; an open one adds its
+        reserved seconds only."""
+        secs = max(0.0, float(interval.ended) - max(float(interval.started), self.since))
+        gpu = interval.gpu_milli / 1000.0 * secs
+        core = interval.cpu_milli / 1000.0 * secs
+        util = interval.gpu_util_percent if closed else None
+        used_gpu = gpu * float(util) / 100.0 if util is not None and gpu > 0 else 0.0
+        used_core = float(interval.cpu_seconds or 0.0) if closed else 0.0
+        for group in sorted(set(interval.groups)) or ["-"]:
+            key = self._key(group or "-", interval.profile or "-", interval.user, counts)
+            row = counts.setdefault(key, [0.0] * len(self.FIGURES))
+            for i, v in enumerate((gpu, core, used_gpu, used_core, 1.0 if closed else 0.0)):
+                row[i] += v
+
+    def _now(self) -> dict[tuple[str, ...], list[float]]:
+        """The counts with the open intervals up to now added."""
+        opened = list(self.open_intervals()) if self.open_intervals is not None else []
+        with self._lock:
+            counts = {k: list(v) for k, v in self._counts.items()}
+            for interval in opened:
+                self._add(counts, interval, closed=False)
+        return counts
 
     def value(self, figure: str, group: str, profile: str, user: str = "") -> float:
         """One counter's value now (0 when never counted); ``figure`` of :attr:`FIGURES`."""
         i = [f for f, _ in self.FIGURES].index(figure)
+        counts = self._now()
         with self._lock:
-            row = self._counts.get(self._key(group, profile, user))
+            row = counts.get(self._key(group, profile, user, counts))
             return row[i] if row else 0.0
 
     def collect(self) -> Iterator[Metric]:
         labels = ["group", "profile", "user"] if self.user_label else ["group", "profile"]
         families = [CounterMetricFamily(f"gpuspawner_usage_{name}", doc, labels=labels)
                     for name, doc in self.FIGURES]
-        with self._lock:
-            items = sorted((k, list(v)) for k, v in self._counts.items())
+        try:
+            items = sorted(self._now().items())
+        except Exception as e:  # pragma: no cover - defensive: a scrape never fails for it
+            log.warning("metrics: the open usage intervals were not read: %s", e)
+            with self._lock:
+                items = sorted((k, list(v)) for k, v in self._counts.items())
         for key, row in items:
             for fam, v in zip(families, row, strict=True):
                 fam.add_metric(list(key), v)

@@ -336,6 +336,14 @@ class UsageRecorder:
             except Exception:
                 log.exception("usage: a callback on the closed record of %s failed", user)
 
+    def open_intervals(self) -> list[ClosedInterval]:
+        """Every open record as a :class:`ClosedInterval` ending now (no used figures): what
+        the usage counters add to the closed ones at a scrape."""
+        now = self.clock()
+        with self._lock:
+            metas = list(self._meta.values())
+        return [ClosedInterval(u, g, p, gm, cm, s, max(s, now)) for u, g, p, gm, cm, s in metas]
+
     # -- after a hub restart -------------------------------------------------------------------
     def reconcile(self, booked: Iterable[str] | RestoreReport | None = None) -> list[int]:
         """Close, now and with ``closed_at_restart``, the records the previous hub process
