@@ -1,13 +1,22 @@
-"""Usage budgets (gpuspawner.usage.budgets): the setting's checks, the periods in the site's
-time zone (DST), what a user's budgets have used, and the refusal message."""
+"""Usage budgets (gpuspawner.usage.budgets): the setting's checks (at hub start, naming the
+field), the periods in the site's time zone (DST), what a user's budgets have used, the
+refusal message, and a notebook job run refused past its budget (the jobs runner on a backend
+double). The real hub: tests/test_usage_budgets_hub.py."""
 
 from __future__ import annotations
 
-from datetime import datetime
+import time
+from datetime import datetime, timezone
+from types import SimpleNamespace
 from zoneinfo import ZoneInfo
 
 import pytest
+from traitlets import TraitError
+from traitlets.config import Config
 
+from gpuspawner.hub.config_check import HubConfigError, check_spawner_settings
+from gpuspawner.hub.jobs.runner import Account
+from gpuspawner.hub.spawner import GPUSpawner
 from gpuspawner.usage.budgets import (
     EXEMPT_SCOPE,
     BudgetConfigError,
@@ -17,7 +26,10 @@ from gpuspawner.usage.budgets import (
     parse_budgets,
     period_bounds,
 )
+from gpuspawner.usage.hub import UsageConfigError, attach_usage
 from gpuspawner.usage.store import UsageStore
+from tests.test_jobs_runner import submit, until
+from tests.test_jobs_runner import world as jobs_world
 
 BERLIN = ZoneInfo("Europe/Berlin")
 
@@ -119,3 +131,59 @@ def test_group_budget_counts_every_member_and_refuses_with_its_figures(store):
     # next Monday the week renews
     assert check_budgets(store, policy, "ann", ["phys"], now=t("2026-11-09T00:00"))[1][
         "used"] == 0.0
+
+
+world = jobs_world  # the jobs runner on a backend double, two nodes of two GPUs
+
+
+def test_a_bad_budget_stops_the_hub_at_start_naming_the_field(tmp_path, world):
+    """The hub's start-up checks name the field: check_spawner_settings, and attach_usage
+    (which reads c.GPUUsage.time_zone beside the budgets)."""
+    with pytest.raises(HubConfigError) as e:
+        check_spawner_settings({"profiles": [{"slug": "cpu", "cpu": 1, "memory": "1G"}],
+                                "usage_budgets": {"users": {"ann": {"period": "year",
+                                                                    "gpu_hours": 1}}}})
+    assert str(e.value).startswith(
+        "GPUSpawner.usage_budgets.users.ann.period: must be week or month"), str(e.value)
+    with pytest.raises(TraitError, match="^GPUSpawner.usage_budgets.default.core_hours"):
+        GPUSpawner(usage_budgets={"default": {"core_hours": 0}})
+    cluster = world[1]
+    config = Config({"GPUUsage": {"time_zone": "Europe/Berlln"},
+                     "GPUSpawner": {"usage_budgets": {"default": {"gpu_hours": 1}}}})
+    with pytest.raises(UsageConfigError, match="^GPUUsage.time_zone: unknown time zone"):
+        attach_usage(cluster, config, str(tmp_path))
+    config = Config({"GPUUsage": {"enabled": False},
+                     "GPUSpawner": {"usage_budgets": {"default": {"gpu_hours": 1}}}})
+    with pytest.raises(UsageConfigError, match="^GPUSpawner.usage_budgets: budgets count"):
+        attach_usage(cluster, config, str(tmp_path))
+    config = Config({"GPUUsage": {"time_zone": "Europe/Berlin"},
+                     "GPUSpawner": {"usage_budgets": {"default": {"gpu_hours": 1}}}})
+    rec = attach_usage(cluster, config, str(tmp_path))
+    assert cluster.usage is rec and cluster.usage_budgets.time_zone == "Europe/Berlin"
+    assert cluster.usage_budgets.default.limits == (("gpu_hours", 1.0),)
+    rec.store.close_store()
+
+
+async def test_a_job_run_past_its_budget_fails_naming_it_an_exempt_users_runs(world, store):
+    """The jobs runner checks the budget at each run (JobRunner._check_usage_budget): ann's
+    job fails with the message as its error and never reaches the engine; eve, exempt by her
+    account's scopes, runs."""
+    runner, cluster, engine = world
+    now = time.time()
+    start, _ = period_bounds("month", now, timezone.utc)
+    for user in ("ann", "eve"):
+        record(store, user, [], max(start, now - 60), now, gpu_milli=round(
+            5 * 3600 * 1000 / (now - max(start, now - 60))))
+    cluster.usage = SimpleNamespace(store=store)
+    cluster.usage_budgets = parse_budgets({"default": {"period": "month", "gpu_hours": 5}})
+    runner._account = lambda user: Account(
+        (), None, frozenset({EXEMPT_SCOPE}) if user == "eve" else frozenset())
+    row = await submit(runner, "ann")
+    await until(lambda: row.state == "failed")
+    assert row.message.startswith("not started: usage budget 'default' is used up: 5 of 5 "
+                                  "GPU-hours this month; it renews at "), row.message
+    assert row.get_json("error")["ename"] == "BudgetExceeded"
+    assert engine.made == 0 and cluster.ledger.allocations() == []
+    row = await submit(runner, "eve")
+    await until(lambda: row.state == "running")
+    assert engine.made == 1

@@ -25,6 +25,7 @@ from idle_culler.policies import PolicyError, PolicySet
 from ..elastic.attach import attach_elastic
 from ..elastic.config import ElasticConfigError
 from ..placement import POLICIES
+from ..usage.budgets import BudgetConfigError, parse_budgets
 from ..usage.fairshare import attach_fairshare
 from ..usage.hub import UsageConfigError, attach_usage
 from ..usage.settings import GPUUsage
@@ -87,6 +88,10 @@ def check_spawner_settings(settings: Mapping[str, Any], config: Any = None) -> C
                              f"choose one of: {', '.join(POLICIES)}")
     for name in ("backend", "profiles", "quotas", "nodes"):
         check_trait(name, get(name))
+    try:
+        parse_budgets(get("usage_budgets"))
+    except BudgetConfigError as e:
+        raise HubConfigError(str(e)) from None
     if not isinstance(get("nodes"), list) or not get("nodes"):
         raise HubConfigError("GPUSpawner.nodes: must be a non-empty list of node entries")
     try:
@@ -311,7 +316,6 @@ def _usage(cluster: Cluster, c: Any, settings: Mapping[str, Any]) -> None:
     counters = usage_counters(bool(GPUUsage(config=c).metrics_user_label))
     if counters.count not in recorder.on_close:
         recorder.on_close.append(counters.count)
-    counters.open_intervals = recorder.open_intervals
     attach_fairshare(cluster, recorder)
 
 

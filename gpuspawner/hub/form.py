@@ -4,6 +4,7 @@ rendered with Jinja2 (``templates/profiles.html.j2``, overridable through
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -15,6 +16,7 @@ from ..gpushare.words import share_text
 from ..placement import GPU, GPU_MILLI, Bundle, Ledger, Node, QuotaTable, format_bytes
 from ..placement.devices import model_allowed
 from ..placement.units import share_words
+from ..usage.budgets import EXEMPT_SCOPE, budget_status, warning_text
 from .images import ImageOptionError, check_allowed_registries, check_deny_patterns
 from .profiles import OptionsError, Profile, ProfileConfigError, load_profiles
 from .request import ServerRequest, checked_request, quota_table
@@ -377,6 +379,22 @@ class OptionsFormMixin(HasTraits):
         queue = self.cluster.queue  # type: ignore[attr-defined]
         return queue.wq.count_by_profile() if queue is not None else {}
 
+    async def budget_texts(self) -> list[str]:
+        """The spawn form's lines about the user's usage budgets at or past 80 % (or used up:
+        :func:`gpuspawner.usage.budgets.warning_text`); none without budgets or for a
+        holder of ``custom:gpuspawner:budget-exempt``."""
+        s: Any = self
+        cluster = s.cluster
+        policy = getattr(cluster, "usage_budgets", None)
+        recorder = getattr(cluster, "usage", None)
+        if not policy or recorder is None:
+            return []
+        if EXEMPT_SCOPE in getattr(s, "user_scopes", set)():
+            return []
+        status = await asyncio.to_thread(budget_status, recorder.store, policy, s.user.name,
+                                         list(s.group_names))
+        return [t for t in map(warning_text, status) if t]
+
     async def get_options_form(self) -> str:
         """The spawn form: profile cards with live availability (Jinja2 template), unless the
         admin configured ``options_form`` themselves. Cards that can never start here are
@@ -393,4 +411,5 @@ class OptionsFormMixin(HasTraits):
         return render_form(self.profile_form_template, self.additional_template_paths,
                            cards=cards, spawner=self, selected=self.preselected_profile(),
                            quota_text=quota_line(s.cluster.ledger, s.user.name,
-                                                 s.group_names, self.request_quotas()))
+                                                 s.group_names, self.request_quotas()),
+                           budget_texts=await self.budget_texts())

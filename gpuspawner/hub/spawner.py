@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 import jupyterhub
+from jupyterhub.scopes import get_scopes_for
 from jupyterhub.spawner import Spawner
 from tornado import web
 from traitlets import default
@@ -34,6 +35,7 @@ from ..backends.spec import HomeMount, Mount, launch_spec
 from ..placement import Allocation, Owner, PlacementError, QuotaExceeded
 from ..placement.queue import QueueEntry
 from ..server_state import ServerState, moved_env
+from ..usage.budgets import BudgetExceeded, check_budgets
 from . import certs, port_report  # noqa: F401 (port_report adds the hub's port-report API)
 from .cluster import HEALTH, Cluster, get_cluster
 from .form import OptionsFormMixin
@@ -172,6 +174,8 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
         owner = Owner(self.user.name, self.name or "", tuple(self.group_names))
         if request.user_image:  # before any booking: a pull or a bad image holds no GPU
             self.image_record = await self._check_user_image(request.image, profile)
+        if self._moving is None:  # a server moved off a failed node is no new start
+            await self._check_usage_budget(profile.slug)
         try:
             alloc = await cluster.queue.acquire(
                 owner, profile.bundle, profile=profile.slug, nodes=profile.nodes,
@@ -201,6 +205,33 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
             raise self._backend_failure(e) from None
         self._prepared = (profile, alloc)
         return self._prepared
+
+    def user_scopes(self) -> set[str]:
+        """The scopes the server's owner holds through roles and groups (JupyterHub's
+        ``get_scopes_for``); empty without a hub user (tests' stand-ins)."""
+        orm_user = getattr(self.user, "orm_user", None)
+        return set(get_scopes_for(orm_user)) if orm_user is not None else set()
+
+    async def _check_usage_budget(self, slug: str) -> None:
+        """Refuse the spawn while one of the owner's usage budgets is used up
+        (:func:`gpuspawner.usage.budgets.check_budgets`, ``c.GPUSpawner.usage_budgets``), on
+        the quota refusal's path (HTTP 400, the spawn page shows it). Holders of
+        ``custom:gpuspawner:budget-exempt`` pass.
+
+        Raises:
+            web.HTTPError(400): ``profile: usage budget 'group physics' is used up: ...``.
+        """
+        cluster = self.cluster
+        policy = getattr(cluster, "usage_budgets", None)
+        recorder = getattr(cluster, "usage", None)
+        if not policy or recorder is None:
+            return
+        try:
+            await asyncio.to_thread(check_budgets, recorder.store, policy, self.user.name,
+                                    list(self.group_names), self.user_scopes())
+        except BudgetExceeded as e:
+            placement_refused(e)
+            raise self.refused(400, f"profile: {e}", slug) from None
 
     async def _check_user_image(self, image: str, profile: Profile) -> dict[str, Any]:
         """Check a user's own image (``image--unlisted-choice``) on every node the profile

@@ -55,6 +55,7 @@ __all__ = [
     "parse_budgets",
     "period_bounds",
     "refusal_message",
+    "warning_text",
 ]
 
 #: the custom scope whose holders no budget refuses (JupyterHub custom scopes: ``custom:``
@@ -132,6 +133,9 @@ class BudgetPolicy:
 class BudgetExceeded(Exception):
     """A start refused: a budget is used up. ``status`` is its :func:`budget_status` entry;
     the message is :func:`refusal_message`'s."""
+
+    #: the ``reason`` label of the placement refusals counter
+    reason = "budget"
 
     def __init__(self, status: Mapping[str, Any]) -> None:
         super().__init__(refusal_message(status))
@@ -308,6 +312,22 @@ def refusal_message(status: Mapping[str, Any]) -> str:
     return (f"usage budget '{status['name']}' is used up: {status['used']:g} of "
             f"{status['limit']:g} {words} this {status['period']}; it renews at "
             f"{status['renews_at']}")
+
+
+def warning_text(status: Mapping[str, Any]) -> str:
+    """A line for the user about one :func:`budget_status` entry at or past
+    :data:`WARN_PERCENT` (the spawn form, the home page, the JupyterLab panel); "" below it:
+    ``usage budget 'default': 85 % used (17 of 20 GPU-hours this month; renews at
+    2026-12-01T00:00:00+01:00)``, or the :func:`refusal_message` with "new servers and
+    jobs cannot start until then" once it is used up."""
+    if status.get("exceeded"):
+        return refusal_message(status) + "; new servers and jobs cannot start until then"
+    if not status.get("warning"):
+        return ""
+    words = UNITS.get(str(status["unit"]), str(status["unit"]))
+    return (f"usage budget '{status['name']}': {status['percent']:g} % used "
+            f"({status['used']:g} of {status['limit']:g} {words} this {status['period']}; "
+            f"renews at {status['renews_at']})")
 
 
 def check_budgets(

@@ -68,6 +68,7 @@ from ...jobs.model import (
     parse_output,
 )
 from ...placement import Allocation, Owner, PlacementError, QuotaExceeded
+from ...usage.budgets import BudgetExceeded, check_budgets
 from ..cluster import HEALTH, Cluster
 from ..identity import (
     home_path,
@@ -170,6 +171,9 @@ class Account:
 
     groups: tuple[str, ...]
     created: float | None = None
+    #: the scopes the user holds through roles and groups (exemptions such as
+    #: ``custom:gpuspawner:budget-exempt``); empty when the hub does not say
+    scopes: frozenset[str] = frozenset()
 
 
 class NoRights(Exception):
@@ -306,6 +310,24 @@ class JobRunner:
         except Exception as e:  # fail closed: no rights that cannot be read
             raise NoRights(f"the hub could not tell the rights of {user}: {e}") from None
         return check_access(account, user, since, slug, self.profiles())
+
+    async def _check_usage_budget(self, user: str, groups: list[str]) -> None:
+        """Refuse a run of ``user``'s while one of their usage budgets is used up
+        (:func:`gpuspawner.usage.budgets.check_budgets`; the store is read off the event
+        loop). Holders of ``custom:gpuspawner:budget-exempt`` (the hub's account, read now)
+        pass.
+
+        Raises:
+            BudgetExceeded: naming the budget, its use and when it renews.
+        """
+        cluster = self.cluster
+        policy = getattr(cluster, "usage_budgets", None)
+        recorder = getattr(cluster, "usage", None)
+        if not policy or recorder is None:
+            return
+        account = self._account(user) if self._account is not None else None
+        scopes = set(account.scopes) if account is not None else set()
+        await asyncio.to_thread(check_budgets, recorder.store, policy, user, groups, scopes)
 
     # -- submission ----------------------------------------------------------------------
     async def submit(self, user: str, groups: list[str], req: JobRequest,
@@ -525,6 +547,12 @@ class JobRunner:
             row.set_json("groups", groups)  # its quota and group mounts: the groups now
             self.store.save()
         owner = Owner(row.user, job_server(row.id), tuple(groups))
+        try:  # each run and retry: a budget used up refuses it, whenever it was submitted
+            await self._check_usage_budget(row.user, groups)
+        except BudgetExceeded as e:
+            row.set_json("error", {"ename": "BudgetExceeded", "evalue": str(e)})
+            await self._end(row, "failed", f"not started: {e}")
+            return
 
         def waiting(entry: Any, position: int, length: int) -> None:
             text = f"waiting: position {position} of {length} for {profile.bundle.describe()}"

@@ -103,8 +103,11 @@ def _account(name: str) -> Account | None:
     u = orm.User.find(app.db, name)
     if u is None:
         return None
+    from jupyterhub.scopes import get_scopes_for
+
     created = u.created.replace(tzinfo=timezone.utc).timestamp() if u.created else None
-    return Account(tuple(sorted(g.name for g in u.groups)), created)
+    return Account(tuple(sorted(g.name for g in u.groups)), created,
+                   frozenset(get_scopes_for(u)))
 
 
 #: the jobs part the hub's user deletions go to (one hub per process)

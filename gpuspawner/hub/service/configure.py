@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ...usage.api import usage_routes
+from ...usage.budgets import EXEMPT_SCOPE
 from .. import metrics
 from ..cluster import current_clusters
 from ..jobs import service as jobs_service  # (the module: see the docstring)
@@ -77,13 +78,17 @@ def configure_service(c: Any, name: str = "gpuspawner", host: str = "127.0.0.1",
     jh.custom_scopes.update({ADMIN_SCOPE: {
         "description": "See every user's GPU allocations and usage, the GPU map and metrics "
                        "of the gpuspawner service"}})
+    # usage budgets (c.GPUSpawner.usage_budgets) never refuse its holders: the service's
+    # admins below, and whom a role of the site's gives it
+    jh.custom_scopes.update({EXEMPT_SCOPE: {
+        "description": "Start servers and notebook jobs past the usage budgets"}})
     access = f"access:services!service={name}"
     # every user may open the service (JupyterHub adds these to the default 'user' role)
     jh.extra_user_scopes.add(access)
     admins = sorted(c.Authenticator.admin_users) if "admin_users" in c.Authenticator else []
     jh.load_roles.append({"name": f"{name}-service-admins",
                           "description": "admin view of the gpuspawner service",
-                          "scopes": [ADMIN_SCOPE, access],
+                          "scopes": [ADMIN_SCOPE, EXEMPT_SCOPE, access],
                           "users": admins, "groups": sorted(admin_groups)})
 
     # spawns queued before a hub restart are spawned again by the service (resume_queue)
