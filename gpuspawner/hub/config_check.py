@@ -316,6 +316,7 @@ def _usage(cluster: Cluster, c: Any, settings: Mapping[str, Any]) -> None:
     counters = usage_counters(bool(GPUUsage(config=c).metrics_user_label))
     if counters.count not in recorder.on_close:
         recorder.on_close.append(counters.count)
+    counters.open_intervals = recorder.open_intervals
     attach_fairshare(cluster, recorder)
 
 
