@@ -48,6 +48,23 @@ def test_three_overlapping_two_gpu_pods_all_run_with_the_queue() -> None:
     assert queued["gpu_hours"] == pytest.approx(2 * 300 / 3600)
 
 
+def test_idle_gpus_while_a_pod_waits_and_by_tenth_of_the_span() -> None:
+    # a holds 1 of 2 GPUs over [0, 100); b asks for both at 10 and waits until 100 with one
+    # GPU idle, then runs its 50 s until 150
+    pods = [pod("a", 1, 0, 100), pod("b", 2, 10, 60)]
+    m = engine.simulate_replay_queue(solo(), pods, "first-fit", numa_policy="none")
+    assert m["pods_waited"] == 1 and m["span_s"] == 150.0
+    assert m["waiting_s"] == pytest.approx(90.0)
+    assert m["unallocated_gpus_waiting"] == pytest.approx(1.0)
+    assert m["unallocated_gpus"] == pytest.approx(100 / 150)
+    assert m["unallocated_gpus_by_tenth"] == pytest.approx([1.0] * 6 + [10 / 15] + [0.0] * 3)
+    # nobody waits: no idle-while-waiting figure
+    m = engine.simulate_replay_queue(solo(), [pod("a", 1, 0, 100)], "first-fit",
+                                     numa_policy="none")
+    assert m["waiting_s"] == 0.0 and m["unallocated_gpus_waiting"] is None
+    assert m["unallocated_gpus_by_tenth"] == pytest.approx([1.0] * 10)
+
+
 def test_replay_fixture_with_one_user_is_first_come_first_served() -> None:
     # solo: 2 T4; a [0,100), b [10,200), c [50,300) refused without the queue, d [100,150),
     # e from 160 on (never leaves)
@@ -113,7 +130,9 @@ def test_cli_prints_both_runs_side_by_side(capsys: pytest.CaptureFixture[str]) -
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("# replay replay_pods.csv on 1 nodes (2 GPUs), policy best-fit")
     assert out[1].split() == ["no", "queue", "queue"]
-    rows = {line[:38].strip(): line[38:].split() for line in out[2:]}
+    rows = {line[:38].strip(): line[38:].split() for line in out[2:-1]}
+    assert out[-1].startswith("# queue: unallocated GPUs by tenth of the span")
+    assert len(out[-1].split(":")[-1].split()) == engine.SPAN_PARTS
     assert rows["pods started"] == ["4", "5"] and rows["pods refused"] == ["1", "0"]
     assert rows["mean wait (s)"] == ["0.0", "48.0"] and rows["p95 wait (s)"] == ["0.0", "100.0"]
     assert set(rows) == {label for label, _ in sim.report.QUEUE_ROWS}

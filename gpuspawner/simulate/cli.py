@@ -221,6 +221,9 @@ def _run_queue(args: argparse.Namespace) -> int:
               f"{args.policy}, numa {args.numa_policy}; queue: {args.queue_users} users, "
               f"max_bypass {args.max_bypass}")
         print(format_queue(results))
+        tenths = results[1].get("unallocated_gpus_by_tenth") or []
+        print("# queue: unallocated GPUs by tenth of the span (time-weighted): "
+              + " ".join(f"{v:.1f}" for v in tenths))
     return 0
 
 

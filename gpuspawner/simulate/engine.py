@@ -387,9 +387,34 @@ def simulate(nodes: Sequence[Node], pods: Sequence[Pod], policy: str = DEFAULT_P
 #: the keys :func:`simulate_replay_queue` adds, and :func:`compare_queue` prints side by side
 QUEUE_KEYS: tuple[str, ...] = (
     "pods_total", "pods_placed", "pods_rejected", "pods_waited", "pods_still_waiting",
-    "wait_mean_s", "wait_p95_s", "wait_max_s", "gpu_allocation_ratio", "gpu_hours",
-    "span_s", "wall_s",
+    "wait_mean_s", "wait_p95_s", "wait_max_s", "gpu_allocation_ratio", "unallocated_gpus",
+    "unallocated_gpus_waiting", "waiting_s", "gpu_hours", "span_s", "wall_s",
 )
+
+#: ``unallocated_gpus_by_tenth``: the span cut into this many equal parts
+SPAN_PARTS = 10
+
+
+def _by_part(steps: Sequence[tuple[float, int]], t_first: float, t_last: float,
+             capacity: int, parts: int = SPAN_PARTS) -> list[float]:
+    """Time-weighted mean unallocated GPUs in each of ``parts`` equal parts of the span
+    ``[t_first, t_last]``. ``steps``: ``(time, allocated milli-GPU from then on)``, by time,
+    the first at ``t_first``; ``capacity`` in milli-GPU. An empty span gives ``parts`` copies
+    of the last state."""
+    span = t_last - t_first
+    if span <= 0 or not steps:
+        last = steps[-1][1] if steps else 0
+        return [(capacity - last) / GPU_MILLI] * parts
+    width = span / parts
+    ends = [t for t, _ in steps[1:]] + [t_last]
+    out = []
+    for k in range(parts):
+        lo = t_first + k * width
+        hi = t_last if k == parts - 1 else lo + width
+        idle = sum((capacity - alloc) * (min(t1, hi) - max(t0, lo))
+                   for (t0, alloc), t1 in zip(steps, ends, strict=True) if t0 < hi and t1 > lo)
+        out.append(idle / (hi - lo) / GPU_MILLI)
+    return out
 
 
 def user_of(pod_name: str, users: int) -> str:
@@ -471,7 +496,12 @@ def simulate_replay_queue(nodes: Sequence[Node], pods: Sequence[Pod],
     stopped: 0 unless ``time_limit_s``), ``wait_mean_s``, ``wait_p95_s`` (nearest rank),
     ``wait_max_s`` over the started pods (zeros included), ``gpu_hours`` (GPU time served,
     the integral of allocated GPUs) and ``span_s`` (first to last event, over which
-    ``gpu_allocation_ratio`` is the time-weighted mean).
+    ``gpu_allocation_ratio`` and ``unallocated_gpus`` are time-weighted means), and the idle
+    GPUs over time: ``waiting_s`` (seconds during which at least one pod waited),
+    ``unallocated_gpus_waiting`` (time-weighted mean of unallocated GPUs over those seconds:
+    GPUs idle while a request waits, what fragmentation costs; None when nobody waited) and
+    ``unallocated_gpus_by_tenth`` (time-weighted mean unallocated GPUs in each tenth of the
+    span, :data:`SPAN_PARTS`).
 
     Args:
         users: how many simulated users the pods are spread over (>= 1).
@@ -502,8 +532,12 @@ def simulate_replay_queue(nodes: Sequence[Node], pods: Sequence[Pod],
     waits: list[float] = []
     admission: dict[Bundle, str | None] = {}  # bundle -> refusal reason, None = may wait
     area = 0.0  # integral of allocated milli-GPU over time
+    capacity = run.ledger.gpu_milli_capacity()
+    idle_waiting = 0.0  # integral of unallocated milli-GPU while a pod waits
+    waiting_s = 0.0
     t_first = events[0][0] if events else 0.0
     t_last = t_first
+    steps: list[tuple[float, int]] = [(t_first, 0)]  # (time, allocated milli-GPU from then)
     stop = "end"
     while events:
         if deadline is not None and time.perf_counter() >= deadline:
@@ -511,6 +545,9 @@ def simulate_replay_queue(nodes: Sequence[Node], pods: Sequence[Pod],
             break
         t, kind, _, i = heapq.heappop(events)
         area += run.allocated_milli * (t - t_last)
+        if len(queue):
+            idle_waiting += (capacity - run.allocated_milli) * (t - t_last)
+            waiting_s += t - t_last
         t_last = clock[0] = t
         if kind == 0:
             run.release(live.pop(i))
@@ -540,9 +577,15 @@ def simulate_replay_queue(nodes: Sequence[Node], pods: Sequence[Pod],
             else:
                 end = t + max(0.0, p.deletion_time - created)
             heapq.heappush(events, (end, 0, next(tie), j))
+        if run.allocated_milli != steps[-1][1]:
+            steps.append((t, run.allocated_milli))
     m = _replay_metrics(run, policy, seed, area, t_first, t_last, start, stop)
     m.update(queue=True, queue_users=users, max_bypass=max_bypass,
-             pods_still_waiting=len(queue), **_wait_metrics(waits))
+             pods_still_waiting=len(queue), waiting_s=waiting_s,
+             unallocated_gpus_waiting=(idle_waiting / waiting_s / GPU_MILLI
+                                       if waiting_s > 0 else None),
+             unallocated_gpus_by_tenth=_by_part(steps, t_first, t_last, capacity),
+             **_wait_metrics(waits))
     return m
 
 
@@ -561,6 +604,7 @@ def compare_queue(nodes: Sequence[Node], pods: Sequence[Pod], policy: str = DEFA
                             max_pods=max_pods, time_limit_s=time_limit_s, explain=explain)
     placed = plain["pods_placed"]
     plain.update(queue=False, queue_users=None, max_bypass=None, pods_still_waiting=0,
+                 waiting_s=0.0, unallocated_gpus_waiting=None, unallocated_gpus_by_tenth=None,
                  **_wait_metrics([0.0] * placed))
     queued = simulate_replay_queue(nodes, pods, policy, numa_policy=numa_policy, seed=seed,
                                    max_pods=max_pods, time_limit_s=time_limit_s,

@@ -100,6 +100,9 @@ QUEUE_ROWS: tuple[tuple[str, str], ...] = (
     ("pods still waiting at the end", "pods_still_waiting"), ("mean wait (s)", "wait_mean_s"),
     ("p95 wait (s)", "wait_p95_s"), ("max wait (s)", "wait_max_s"),
     ("GPU allocation ratio (time-weighted)", "gpu_allocation_ratio"),
+    ("unallocated GPUs (time-weighted)", "unallocated_gpus"),
+    ("unallocated GPUs while pods wait", "unallocated_gpus_waiting"),
+    ("time with pods waiting (s)", "waiting_s"),
     ("GPU hours served", "gpu_hours"), ("span (s)", "span_s"), ("wall (s)", "wall_s"),
 )
 
