@@ -187,3 +187,34 @@ async def test_a_job_run_past_its_budget_fails_naming_it_an_exempt_users_runs(wo
     row = await submit(runner, "eve")
     await until(lambda: row.state == "running")
     assert engine.made == 1
+
+
+def test_a_record_across_the_week_boundary_after_a_dst_change_is_cut_at_local_midnight(store):
+    # Sunday 2026-03-29 (summer time from 02:00) 23:00 to Monday 01:00 Berlin: 2 hours, one
+    # in each week; the week starts at Monday 00:00 Berlin = 2026-03-29T22:00Z, not at 00:00Z
+    record(store, "ann", [], t("2026-03-29T23:00"), t("2026-03-30T01:00"))
+    policy = parse_budgets({"default": {"period": "week", "gpu_hours": 4}}, "Europe/Berlin")
+    [gpu] = budget_status(store, policy, "ann", [], now=t("2026-03-30T02:00"))
+    assert gpu["used"] == pytest.approx(1.0) and gpu["period_start"] == (
+        "2026-03-30T00:00:00+02:00")
+    [gpu] = budget_status(store, policy, "ann", [], now=t("2026-03-29T23:30"))
+    assert gpu["used"] == pytest.approx(0.5) and gpu["renews_at"] == "2026-03-30T00:00:00+02:00"
+    # at 01:30 Berlin (23:30Z Sunday) the site's week holds 1 hour; a UTC week both hours
+    assert budget_status(store, policy, "ann", [], now=t("2026-03-30T01:30"))[0]["used"] == 1.0
+    utc = parse_budgets({"default": {"period": "week", "gpu_hours": 4}})
+    assert budget_status(store, utc, "ann", [], now=t("2026-03-30T01:30"))[0]["used"] == 2.0
+
+
+def test_a_group_budget_counts_its_group_only_whatever_the_name_holds(store):
+    # the SQL pre-filter (LIKE on the groups' JSON) must not read '_' or '%' as wildcards
+    record(store, "ann", ["a_b"], t("2026-11-02T08:00"), t("2026-11-02T09:00"))
+    record(store, "bob", ["axb"], t("2026-11-02T08:00"), t("2026-11-02T10:00"))
+    record(store, "cid", ["50%"], t("2026-11-02T08:00"), t("2026-11-02T11:00"))
+    record(store, "dan", ["50", "5000"], t("2026-11-02T08:00"), t("2026-11-02T12:00"))
+    record(store, "eve", ["Ümlaut\\"], t("2026-11-02T08:00"), t("2026-11-02T13:00"))
+    spec = {"period": "month", "gpu_hours": 100}
+    policy = parse_budgets({"groups": {g: spec for g in ("a_b", "axb", "50%", "Ümlaut\\")}})
+    now = t("2026-11-03T00:00")
+    got = {s["key"]: s["used"] for g in ("a_b", "axb", "50%", "Ümlaut\\")
+           for s in budget_status(store, policy, "zed", [g], now=now)}
+    assert got == {"a_b": 1.0, "axb": 2.0, "50%": 3.0, "Ümlaut\\": 5.0}

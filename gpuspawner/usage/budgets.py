@@ -250,7 +250,7 @@ def _iso(t: float, zone: Any) -> str:
 def _used(store: UsageStore, budget: Budget, start: float, now: float) -> dict[str, float]:
     """Hours of each unit ``budget``'s owner reserved in ``[start, now)`` (one query)."""
     if budget.kind == "group":
-        rows = [r for r in store.aggregate(["groups"], start, now, now)
+        rows = [r for r in store.aggregate(["groups"], start, now, now, in_group=budget.key)
                 if budget.key in (json.loads(r.groups) if r.groups else [])]
     else:
         rows = store.aggregate([], start, now, now, users=[budget.key])

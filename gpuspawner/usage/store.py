@@ -344,9 +344,12 @@ class UsageStore:
         end: float,
         now: float,
         users: Iterable[str] | None = None,
+        in_group: str | None = None,
     ) -> list[Any]:
         """Sums over the records meeting ``[start, end)``, each clipped to it (an open
-        record runs until ``now``), grouped by the columns ``keys`` (of
+        record runs until ``now``; with ``in_group``, only records whose ``groups`` text holds
+        that name as a JSON string: a pre-filter in SQL, the caller checks the list), grouped
+        by the columns ``keys`` (of
         :data:`AGGREGATE_KEYS`; ``groups`` is the JSON text of the record's groups), in the
         database: one row per key combination with ``intervals``, ``gpu_ms`` (milli-GPU x
         seconds), ``cpu_ms`` (milli-CPU x seconds), ``mem_bs`` (bytes x seconds), ``gpu_meas``
@@ -365,6 +368,11 @@ class UsageStore:
             raise ValueError(f"cannot group by {bad[0]!r}")
         t = UsageRecord.__table__
         parts = self._range(select(t), start, end, users)
+        if in_group is not None:  # '"name"' as JSON writes it, LIKE's wildcards escaped
+            text = json.dumps(in_group)
+            for ch in ("\\", "%", "_"):
+                text = text.replace(ch, "\\" + ch)
+            parts = [p.where(t.c.groups.like(f"%{text}%", escape="\\")) for p in parts]
         if now <= start:  # an open record ends now: none of them meets the range
             parts = parts[:1]
         u = union_all(*parts).subquery() if len(parts) > 1 else parts[0].subquery()
