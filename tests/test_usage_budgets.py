@@ -23,6 +23,7 @@ from gpuspawner.usage.budgets import (
     BudgetExceeded,
     budget_status,
     check_budgets,
+    check_start,
     parse_budgets,
     period_bounds,
 )
@@ -218,3 +219,15 @@ def test_a_group_budget_counts_its_group_only_whatever_the_name_holds(store):
     got = {s["key"]: s["used"] for g in ("a_b", "axb", "50%", "Ümlaut\\")
            for s in budget_status(store, policy, "zed", [g], now=now)}
     assert got == {"a_b": 1.0, "axb": 2.0, "50%": 3.0, "Ümlaut\\": 5.0}
+
+
+async def test_a_usage_database_that_cannot_be_read_lets_the_start_pass(store, caplog):
+    policy = parse_budgets({"default": {"period": "month", "gpu_hours": 1}})
+    now = time.time()  # 2 GPU-hours in the last minute (120 GPUs): past 1 GPU-hour
+    record(store, "ann", [], now - 60, now, gpu_milli=120_000)
+    with pytest.raises(BudgetExceeded):
+        await check_start(store, policy, "ann", [])
+    with store.engine.begin() as c:
+        c.exec_driver_sql("DROP TABLE gpuspawner_usage")
+    assert await check_start(store, policy, "ann", []) == []
+    assert "usage budgets of ann not checked" in caplog.text

@@ -35,7 +35,7 @@ from ..backends.spec import HomeMount, Mount, launch_spec
 from ..placement import Allocation, Owner, PlacementError, QuotaExceeded
 from ..placement.queue import QueueEntry
 from ..server_state import ServerState, moved_env
-from ..usage.budgets import BudgetExceeded, check_budgets
+from ..usage.budgets import BudgetExceeded, check_start
 from . import certs, port_report  # noqa: F401 (port_report adds the hub's port-report API)
 from .cluster import HEALTH, Cluster, get_cluster
 from .form import OptionsFormMixin
@@ -227,8 +227,8 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
         if not policy or recorder is None:
             return
         try:
-            await asyncio.to_thread(check_budgets, recorder.store, policy, self.user.name,
-                                    list(self.group_names), self.user_scopes())
+            await check_start(recorder.store, policy, self.user.name, self.group_names,
+                              self.user_scopes())
         except BudgetExceeded as e:
             placement_refused(e)
             raise self.refused(400, f"profile: {e}", slug) from None

@@ -30,7 +30,9 @@ call the same functions.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -38,7 +40,11 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from .store import UsageStore
+
+log = logging.getLogger("gpuspawner")
 
 __all__ = [
     "EXEMPT_SCOPE",
@@ -51,6 +57,7 @@ __all__ = [
     "BudgetPolicy",
     "budget_status",
     "check_budgets",
+    "check_start",
     "check_time_zone",
     "parse_budgets",
     "period_bounds",
@@ -354,3 +361,25 @@ def check_budgets(
         if entry["exceeded"]:
             raise BudgetExceeded(entry)
     return status
+
+
+async def check_start(
+    store: UsageStore,
+    policy: BudgetPolicy,
+    user: str,
+    groups: Iterable[str],
+    scopes: Iterable[str] = (),
+) -> list[dict[str, Any]]:
+    """:func:`check_budgets` for a start (a spawn, a job's run), off the event loop. A usage
+    database that cannot be read lets the start pass, with the error in the hub's log (as a
+    record that cannot be written never refuses a booking, docs/usage.md).
+
+    Raises:
+        BudgetExceeded: a budget of ``user``'s is used up.
+    """
+    try:
+        return await asyncio.to_thread(check_budgets, store, policy, user, list(groups),
+                                       set(scopes))
+    except SQLAlchemyError as e:
+        log.error("usage budgets of %s not checked (the usage database): %s", user, e)
+        return []

@@ -68,7 +68,7 @@ from ...jobs.model import (
     parse_output,
 )
 from ...placement import Allocation, Owner, PlacementError, QuotaExceeded
-from ...usage.budgets import BudgetExceeded, check_budgets
+from ...usage.budgets import BudgetExceeded, check_start
 from ..cluster import HEALTH, Cluster
 from ..identity import (
     home_path,
@@ -327,7 +327,7 @@ class JobRunner:
             return
         account = self._account(user) if self._account is not None else None
         scopes = set(account.scopes) if account is not None else set()
-        await asyncio.to_thread(check_budgets, recorder.store, policy, user, groups, scopes)
+        await check_start(recorder.store, policy, user, groups, scopes)
 
     # -- submission ----------------------------------------------------------------------
     async def submit(self, user: str, groups: list[str], req: JobRequest,
