@@ -180,6 +180,35 @@ def test_heavy_past_usage_waits_behind_light_and_the_api_says_each_factor(store)
     asyncio.run(main())
 
 
+def test_the_feed_reads_nothing_while_nobody_waits():
+    """While the queue is empty the feed never refreshes (no query of the usage database);
+    it refreshes within ``min_gap_s`` of the first wait."""
+    waiting = {"n": 0}
+    refreshed: list[float] = []
+
+    async def main() -> None:
+        feed = FairShareFeed(None, dict, half_life_s=WEEK,  # type: ignore[arg-type]
+                             refresh_s=0.05, min_gap_s=0.05, needed=lambda: waiting["n"] > 0)
+
+        async def refresh() -> dict[str, float]:  # the database read, counted
+            refreshed.append(time.monotonic())
+            return {}
+
+        feed.refresh = refresh  # type: ignore[method-assign]
+        feed.start()
+        await asyncio.sleep(0.4)  # eight turns of the loop with nobody waiting
+        assert refreshed == []
+        waiting["n"] = 1
+        began = time.monotonic()
+        deadline = began + 5
+        while not refreshed:
+            assert time.monotonic() < deadline, "no refresh after someone began to wait"
+            await asyncio.sleep(0.01)
+        assert refreshed[0] - began < 1.0
+        feed.stop()
+    asyncio.run(main())
+
+
 def test_set_past_usage_leaves_the_queue_alone_when_nothing_changed():
     ledger = Ledger([make_node("n1", gpus=1, numa=1)], policy="first-fit")
     q = SpawnQueue(WaitQueue(ledger), QueueSettings())

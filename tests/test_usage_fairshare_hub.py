@@ -102,8 +102,10 @@ async def test_past_usage_puts_a_later_user_first_and_the_queue_says_each_factor
     # heavy used both GPUs a moment ago
     r = await start(app, "heavy", "old", {"profile": "a100-2"})
     assert r.status_code in (201, 202), r.text
-    # the hub started the feed once it restored what runs (on by default: 7 days' half-life)
-    await wait_for(lambda: feed.refreshes >= 1, 10, message="the feed's first refresh")
+    # the hub started the feed once it restored what runs (on by default: 7 days' half-life);
+    # it reads nothing while nobody waits
+    await wait_for(lambda: feed._task is not None, 10, message="the feed's start")
+    assert feed.refreshes == 0
     r = await api(app, "delete", "users", "heavy", "servers", "old")
     assert r.status_code in (202, 204), r.text
     await stopped(app, "heavy", "old")
@@ -114,6 +116,8 @@ async def test_past_usage_puts_a_later_user_first_and_the_queue_says_each_factor
     await wait_for(lambda: len(q.wq) == 1 or waits[0].done(), 20, message="heavy waits")
     assert not waits[0].done(), waits[0].result()
     await wait_for(lambda: len(q.wq) == 1, 20, message="heavy waits")
+    # someone waits: the hub's own feed refreshes within its 5 s gap
+    await wait_for(lambda: feed.refreshes >= 1, 10, message="the feed's first refresh")
     waits.append(asyncio.ensure_future(spawn(app, "light", tokens["light"])))
     await wait_for(lambda: len(q.wq) == 2, 20, message="light waits")
     past = await feed.refresh()  # (the hub does this every minute and when a record closes)

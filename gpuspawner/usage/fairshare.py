@@ -120,6 +120,10 @@ class FairShareFeed:
         refresh_s: seconds between two refreshes when no record closes.
         min_gap_s: least seconds between two refreshes (records closing in a burst cost one).
         clock: seconds since the epoch.
+        needed: whether the figures matter now (the hub: someone waits in the queue); while
+            it says False no refresh reads the database, and it is asked again every
+            ``min_gap_s`` seconds, so figures come within that time of the first wait. None:
+            always refresh.
 
     Raises:
         ValueError: a half-life, refresh or gap that is not > 0.
@@ -127,7 +131,8 @@ class FairShareFeed:
 
     def __init__(self, store: UsageStore, apply: Callable[[dict[str, float]], None], *,
                  half_life_s: float, refresh_s: float = 60.0, min_gap_s: float = 5.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 needed: Callable[[], bool] | None = None) -> None:
         for name, v in (("half_life_s", half_life_s), ("refresh_s", refresh_s),
                         ("min_gap_s", min_gap_s)):
             if not v > 0:
@@ -138,6 +143,7 @@ class FairShareFeed:
         self.refresh_s = refresh_s
         self.min_gap_s = min_gap_s
         self.clock = clock
+        self.needed = needed
         #: refreshes done (figures applied)
         self.refreshes = 0
         #: the figures applied last
@@ -188,6 +194,9 @@ class FairShareFeed:
         loop = asyncio.get_running_loop()
         while True:
             started = loop.time()
+            if self.needed is not None and not self.needed():
+                await asyncio.sleep(self.min_gap_s)  # nobody waits: the figures change nothing
+                continue
             try:
                 await self.refresh()
             except Exception:  # the queue keeps its last figures
@@ -206,8 +215,9 @@ def attach_fairshare(cluster: Cluster, recorder: UsageRecorder) -> FairShareFeed
     """Feed the cluster's wait queue from ``recorder``'s store when its settings turn fair
     share over time on (``QueueSettings.fairshare_half_life_s > 0``,
     ``c.GPUSpawner.fairshare_half_life``): refreshed every minute and after each record
-    closes, started on the hub's loop once the cluster's restore ran. Returns the feed (None
-    when it is off or the cluster has no queue); once per cluster."""
+    closes while someone waits in the queue (within 5 s of the first wait), started on the
+    hub's loop once the cluster's restore ran. Returns the feed (None when it is off or the
+    cluster has no queue); once per cluster."""
     queue = cluster.queue
     if queue is None or not queue.settings.fairshare_half_life_s > 0:
         return None
@@ -215,7 +225,8 @@ def attach_fairshare(cluster: Cluster, recorder: UsageRecorder) -> FairShareFeed
     if existing is not None:
         return existing
     feed = FairShareFeed(recorder.store, queue.set_past_usage,
-                         half_life_s=queue.settings.fairshare_half_life_s)
+                         half_life_s=queue.settings.fairshare_half_life_s,
+                         needed=lambda: len(queue.wq) > 0)
     recorder.on_close.append(feed.poke)
     cluster._fairshare = feed  # type: ignore[attr-defined]
 
