@@ -151,7 +151,7 @@ c.GPUSpawner.state_dir = {state_dir!r}
 c.GPUSpawner.nodes = {nodes!r}
 c.GPUSpawner.profiles = {profiles!r}
 c.GPUSpawner.placement_policy = "fgd"
-from gpuspawner.hub.service import configure_service
+{gc_lines}from gpuspawner.hub.service import configure_service
 configure_service(c)
 from gpuspawner.hub.config_check import check_hub_config
 check_hub_config(c)
@@ -272,6 +272,9 @@ class Hub:
     folder: Path
     servers: int
     responder_port: int
+    #: gpuspawner's hub only: gc.freeze() once started (``--gc-freeze``), and thresholds
+    gc_freeze: bool = False
+    gc_threshold: tuple[int, int, int] | None = None
     port: int = field(default_factory=free_port)
     hub_api_port: int = field(default_factory=free_port)
     admin_token: str = field(default_factory=lambda: secrets.token_hex(24))
@@ -313,10 +316,20 @@ class Hub:
             state.mkdir(mode=0o700)
             text += GPUSPAWNER_CONFIG.format(responder_port=self.responder_port,
                                              state_dir=str(state), nodes=nodes,
-                                             profiles=[PROFILE])
+                                             profiles=[PROFILE], gc_lines=self.gc_lines())
         else:
             text += DOCKERSPAWNER_CONFIG.format(responder_port=self.responder_port)
         return text
+
+    def gc_lines(self) -> str:
+        """The config lines of ``--gc-freeze`` / ``--gc-threshold`` (none without them)."""
+        if not self.gc_freeze and self.gc_threshold is None:
+            return ""
+        return ("from jupyterhub.app import JupyterHub as _JupyterHub\n"
+                "from benchmarks.loop_probe import freeze_after_start as _freeze\n"
+                f"_freeze(_JupyterHub.instance(), {self.gc_threshold!r})\n"
+                if self.gc_freeze else
+                f"import gc as _gc\n_gc.set_threshold(*{self.gc_threshold!r})\n")
 
     async def start(self, session: aiohttp.ClientSession, clock: Clock) -> None:
         """Start the hub and wait until its API answers through the proxy. Raises
@@ -552,7 +565,9 @@ class SideResult:
 async def run_side(side: str, folder: Path, responder_port: int, args: argparse.Namespace,
                    clock: Clock) -> SideResult:
     folder.mkdir()
-    hub = Hub(side, folder, args.servers, responder_port)
+    hub = Hub(side, folder, args.servers, responder_port,
+              gc_freeze=args.gc_freeze and side == "gpuspawner",
+              gc_threshold=args.gc_threshold if side == "gpuspawner" else None)
     names = [f"u{i:05d}" for i in range(args.servers)]
     body = {"profile": PROFILE["slug"]} if side == "gpuspawner" else {}
     conn = aiohttp.TCPConnector(limit=args.concurrency + 4)
@@ -671,9 +686,11 @@ def report(results: dict[str, SideResult], args: argparse.Namespace) -> list[str
                 f"{max(w['max_ms'][2] for w in windows):.0f} ms")
 
     row("hub full garbage collections after start, longest", full_gc(ours), full_gc(ref))
-    objects = [(r.loop.get("culler") or {}).get("gc", {}).get("objects") for r in (ours, ref)]
+    ends = [(r.loop.get("culler") or {}).get("gc", {}) for r in (ours, ref)]
     row("hub objects tracked by the collector, at the end",
-        *(f"{n / 1e6:.2f} M" if n else "n/a" for n in objects))
+        *(f"{e['objects'] / 1e6:.2f} M"
+          + (f" +{e['frozen'] / 1e6:.2f} M frozen" if e.get("frozen") else "")
+          if e.get("objects") else "n/a" for e in ends))
     lines.append("(*) gpuspawner: service api/allocations (every allocation with its devices);"
                  " dockerspawner: hub /hub/api/users?state=ready&limit=N (no resources)")
     for side, result in (("gpuspawner", ours), ("dockerspawner", ref)):
@@ -700,9 +717,23 @@ async def run(args: argparse.Namespace) -> int:
           f"JupyterHub {jupyterhub.__version__}, Python {platform.python_version()}, "
           f"{os.cpu_count()} CPUs, load average {load_before:.1f} before / "
           f"{os.getloadavg()[0]:.1f} after")
+    if args.gc_freeze or args.gc_threshold:
+        print(f"gpuspawner's hub: gc.freeze() after start {'on' if args.gc_freeze else 'off'}, "
+              f"gc thresholds {args.gc_threshold or 'default'}")
     for line in report(results, args):
         print(line)
     return 0
+
+
+def threshold_arg(text: str) -> tuple[int, int, int]:
+    """``--gc-threshold``'s value: three non-negative integers, comma-separated."""
+    try:
+        g0, g1, g2 = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError("three integers, e.g. 50000,20,100") from None
+    if min(g0, g1, g2) < 0:
+        raise argparse.ArgumentTypeError("thresholds must be >= 0")
+    return (g0, g1, g2)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -715,6 +746,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds for the whole run (exit 2 when exceeded)")
     ap.add_argument("--show-callbacks", type=int, default=2,
                     help="the longest hub loop callbacks shown per side and phase")
+    ap.add_argument("--gc-freeze", action="store_true",
+                    help="gpuspawner's hub: gc.collect() and gc.freeze() once it has started")
+    ap.add_argument("--gc-threshold", type=threshold_arg, default=None, metavar="G0,G1,G2",
+                    help="gpuspawner's hub: gc.set_threshold(G0, G1, G2) (after the freeze)")
     ap.add_argument("--log-dir", type=Path, default=None,
                     help="copy each side's hub log here (the temporary folder goes)")
     args = ap.parse_args(argv)

@@ -19,6 +19,7 @@ application with the hub's login replaced by a fixed admin model.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import threading
@@ -29,6 +30,7 @@ import pytest
 
 from benchmarks.fake_backend import FakeBackend
 from benchmarks.hub_scale import fake_node
+from benchmarks.loop_probe import freeze_after_start
 from gpuspawner.backends.base import NodeRuntime
 from gpuspawner.hub import trait_check
 from gpuspawner.hub.cluster import Cluster
@@ -286,3 +288,27 @@ def test_the_nodes_setting_is_checked_once_for_every_spawner(monkeypatch):
     with pytest.raises(trait_check.HubConfigError):  # every time
         trait_check.check_trait("nodes", [*nodes, {"name": "x", "gpus": 1}])
     assert len(calls) == 3
+
+
+def test_gc_freeze_after_start_freezes_once_the_hub_has_started() -> None:
+    """hub_scale.py --gc-freeze: nothing is frozen while the hub starts, everything it held
+    once started is, and the thresholds are set after."""
+    seen: list[int] = []
+
+    class App:
+        async def start(self) -> None:
+            seen.append(gc.get_freeze_count())
+
+    before = gc.get_threshold()
+    gc.unfreeze()
+    app = App()
+    try:
+        freeze_after_start(app, (50_000, 20, 100))
+        assert gc.get_freeze_count() == 0  # not before the start
+        asyncio.run(app.start())
+        assert seen == [0]
+        assert gc.get_freeze_count() > 1000  # the modules, classes, ... of this process
+        assert gc.get_threshold() == (50_000, 20, 100)
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
