@@ -25,6 +25,7 @@ from tornado import web
 
 from ..hub.service_base import ServiceHandler, hub_user_scopes
 from .budgets import EXEMPT_SCOPE, WARN_PERCENT, budget_status
+from .pages import usage_page_routes
 from .report import ReportError, parse_query, report_from_store, to_csv
 
 __all__ = ["PARAMETERS", "BudgetStatusHandler", "UsageReportHandler", "usage_routes"]
@@ -123,9 +124,11 @@ class BudgetStatusHandler(ServiceHandler):
 
 
 def usage_routes(prefix: str, kw: dict[str, Any]) -> list[tuple[str, type, dict[str, Any]]]:
-    """The routes of ``api/usage`` and ``api/usage/budgets`` under ``prefix`` (one of
+    """The routes of ``api/usage``, ``api/usage/budgets`` and the admins' ``usage`` page
+    (:mod:`gpuspawner.usage.pages`) under ``prefix`` (one of
     :class:`~gpuspawner.hub.service.app.GPUService`'s ``extra_routes``)."""
     return [
         (prefix + "api/usage", UsageReportHandler, kw),
         (prefix + "api/usage/budgets", BudgetStatusHandler, kw),
+        *usage_page_routes(prefix, kw),
     ]

@@ -33,9 +33,11 @@ class PageLink:
 
 
 def service_links(services_prefix: str, current: str) -> list[PageLink]:
-    """The service pages' links: the GPU map (admins only) and the idle culler page under
-    ``services_prefix`` (``/services/``); ``current`` is the label of the page shown."""
+    """The service pages' links: the GPU map and the usage page (admins only) and the idle
+    culler page under ``services_prefix`` (``/services/``); ``current`` is the label of the
+    page shown."""
     pages = [("GPU map", f"{services_prefix}gpuspawner/admin", True),
+             ("Usage", f"{services_prefix}gpuspawner/usage", True),
              ("Idle culler", f"{services_prefix}idle-culler/", False)]
     return [PageLink(label, href, label == current, admin_only)
             for label, href, admin_only in pages]
