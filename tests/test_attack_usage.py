@@ -16,14 +16,30 @@ be made a plain test) once the hole is closed.
 from __future__ import annotations
 
 import asyncio
+import json
+import secrets
+import time
+from datetime import timezone
+from types import SimpleNamespace
+from zoneinfo import ZoneInfo
 
 import pytest
+from jupyterhub import orm
+from tornado.httpclient import AsyncHTTPClient
 
-docker = pytest.importorskip("docker")
-
-from gpuspawner.gpushare.mps import PIPE_MOUNT  # noqa: E402
-from tests.test_gpu_share import engine, spawner  # noqa: E402, F401 (fixtures)
-from tests.test_gpu_share_mps import STAND_IN, daemons, no_daemons  # noqa: E402, F401
+import tests.test_usage_budgets_hub as budgets_hub_module
+from gpuspawner.gpushare.mps import PIPE_MOUNT
+from gpuspawner.testing.inprocess import wait_for
+from gpuspawner.usage.budgets import parse_budgets, period_bounds
+from gpuspawner.usage.store import UsageStore
+from tests.test_gpu_share import engine, spawner  # noqa: F401 (fixtures)
+from tests.test_gpu_share_mps import STAND_IN, daemons, no_daemons  # noqa: F401
+from tests.test_jobs_runner import submit, until
+from tests.test_jobs_runner import world as jobs_world
+from tests.test_spawner_inprocess import PROFILES, api, start, stopped
+from tests.test_usage_budgets_hub import ZONE, budget_hub, responder  # noqa: F401
+from tests.test_usage_fairshare_hub import QUEUED, spawn
+from tests.test_usage_hub import recorder, runtime, token_of
 
 
 def run_in(engine, cid: str, *cmd: str) -> tuple[int, str]:  # noqa: F811
@@ -93,3 +109,168 @@ async def test_mps_client_cannot_read_another_users_shared_memory(
               "System V segment": any(line.split()[3:4] == ["4096"]
                                       for line in sysv.splitlines()[1:])}
     assert not any(leaked.values()), leaked
+
+
+# ------------------------------------------------------------------ the in-process hub
+@pytest.fixture
+def attack_hub(monkeypatch, request):
+    """tests/test_usage_budgets_hub.py's hub (10 GPU-hours a month each, the service's
+    ``api/usage`` routes) with a queueing 2-GPU profile beside its profiles."""
+    monkeypatch.setattr(budgets_hub_module, "PROFILES", [*PROFILES, QUEUED])
+    return request.getfixturevalue("budget_hub")
+
+
+def booked(app, user: str, gpu_hours: float, groups: list[str], name: str) -> None:
+    """A closed record of ``gpu_hours`` of ``user``'s in ``groups``, the last minute."""
+    now = time.time()
+    start_, _ = period_bounds("month", now, ZoneInfo(ZONE))
+    begin = max(start_, now - 60.0)
+    store = recorder(app).store
+    rid = store.open({"allocation_id": secrets.token_hex(8), "user": user, "groups": groups,
+                      "kind": "server", "name": name, "node": budgets_hub_module.NODE,
+                      "profile": "a100-1", "gpu_milli": round(
+                          gpu_hours * 3600 * 1000 / (now - begin)),
+                      "cpu_milli": 1000, "started": begin})
+    store.close(rid, now)
+
+
+async def get(url: str, token: str) -> tuple[int, str]:
+    r = await AsyncHTTPClient().fetch(url, headers={"Authorization": f"token {token}"},
+                                      raise_error=False)
+    return r.code, r.body.decode(errors="replace")
+
+
+async def test_another_users_token_reads_none_of_anns_usage(attack_hub):
+    """bob (same group as ann) asks api/usage, api/usage/budgets and api/users/ann/usage for
+    ann's figures every way the handlers read a name: refused, or his own rows only."""
+    app, url = attack_hub
+    ann, bob = [await token_of(app, u) for u in ("ann", "bob")]
+    for u in ("ann", "bob"):
+        orm_user = orm.User.find(app.db, u)
+        group = orm.Group.find(app.db, "physics") or orm.Group(name="physics")
+        app.db.add(group)
+        group.users.append(orm_user)
+    app.db.commit()
+    booked(app, "ann", 3.25, ["physics"], "ann-private-server")
+    booked(app, "bob", 1.0, ["physics"], "bobs")
+    refused = ["api/usage?user=ann", "api/usage?user=ANN", "api/usage?user=bob&user=ann",
+               "api/usage?user=ann&user=bob", "api/usage?user=%61nn",
+               "api/usage/budgets?user=ann", "api/usage/budgets?user=bob&user=ann",
+               "api/users/ann/usage", "api/users/%61nn/usage", "api/users/ANN/usage"]
+    for path in refused:
+        code, body = await get(url + path, bob)
+        assert code in (400, 403), (path, code, body)
+        assert "3.25" not in body and "ann-private" not in body, (path, body)
+    own = ["api/usage", "api/usage?user=", "api/usage?group_by=user",
+           "api/usage?group_by=group", "api/usage?group_by=group,profile,node",
+           "api/usage?group_by=day", "api/usage?format=csv", "api/usage?format=csv&"
+           "group_by=user,group", "api/usage?user=bob&group_by=group",
+           "api/usage/budgets", "api/usage/budgets?user=", "api/users/bob/usage"]
+    for path in own:
+        code, body = await get(url + path, bob)
+        assert code == 200, (path, code, body)
+        assert "ann" not in body and "3.25" not in body and "4.25" not in body, (path, body)
+    code, body = await get(url + "api/usage?group_by=group", bob)
+    [row] = json.loads(body)["rows"]
+    assert row["group"] == "physics" and row["gpu_hours"] == pytest.approx(1.0, abs=0.01)
+    # ann reads her own; the service's admin reads both
+    code, body = await get(url + "api/usage?group_by=user", ann)
+    assert code == 200 and "bob" not in body, body
+    root = await token_of(app, "admin")
+    code, body = await get(url + "api/usage?group_by=user", root)
+    assert code == 200 and {r["user"] for r in json.loads(body)["rows"]} == {"ann", "bob"}
+
+
+async def queue_behind_holder(app, user: str, token: str) -> asyncio.Future:
+    """holder takes both GPUs; ``user`` asks for the queueing 2-GPU profile with their own
+    token and waits. Returns the spawn request (its HTTP status once answered)."""
+    r = await start(app, "holder", "", {"profile": "a100-2"})
+    assert r.status_code in (201, 202), r.text
+    q = runtime(app).queue
+    wait = asyncio.ensure_future(spawn(app, user, token))
+    await wait_for(lambda: len(q.wq) == 1 or wait.done(), 20, message=f"{user} waits")
+    assert not wait.done(), wait.result()
+    return wait
+
+
+async def test_the_queue_shows_another_user_no_entry_of_anns(attack_hub):
+    app, url = attack_hub
+    ann, bob = [await token_of(app, u) for u in ("ann", "bob")]
+    await token_of(app, "holder")
+    booked(app, "ann", 5.0, [], "earlier")
+    wait = await queue_behind_holder(app, "ann", ann)
+    await runtime(app)._fairshare.refresh()  # type: ignore[attr-defined]
+    for token, mine in ((bob, []), (ann, ["ann"])):
+        code, body = await get(url + "api/queue", token)
+        doc = json.loads(body)
+        assert code == 200 and doc["length"] == 1, body
+        assert [e["user"] for e in doc["entries"]] == mine, body
+    assert "ann" not in (await get(url + "api/queue", bob))[1]
+    r = await api(app, "delete", "users", "ann", "server")  # cancel her wait
+    assert r.status_code in (202, 204), r.text
+    await asyncio.wait_for(wait, 30)
+    r = await api(app, "delete", "users", "holder", "server")
+    assert r.status_code in (202, 204), r.text
+    await stopped(app, "holder")
+
+
+async def test_a_spawn_waiting_in_the_queue_is_refused_once_the_budget_is_used_up(attack_hub):
+    """ann asks while under her budget (9 of 10 GPU-hours) and waits in the queue; meanwhile
+    her budget is used up (her other servers' records close). When the GPUs come free the
+    waiting spawn is a start past a used-up budget: refused, nothing booked for her."""
+    app, _ = attack_hub
+    ann = await token_of(app, "ann")
+    await token_of(app, "holder")
+    booked(app, "ann", 9.0, [], "earlier")
+    wait = await queue_behind_holder(app, "ann", ann)
+    booked(app, "ann", 2.0, [], "meanwhile")  # 11 of 10 now
+    r = await api(app, "delete", "users", "holder", "server")
+    assert r.status_code in (202, 204), r.text
+    await stopped(app, "holder")
+    sp = app.users["ann"].spawners[""]
+    await wait_for(lambda: not sp.pending, 30, message="ann's spawn decided")
+    await asyncio.wait_for(wait, 30)
+    assert not sp.ready
+    assert [a.owner.user for a in runtime(app).ledger.allocations()] == []
+
+
+world = jobs_world  # the jobs runner on a backend double, two nodes of two GPUs
+
+
+async def test_a_job_waiting_in_the_queue_does_not_start_once_the_budget_is_used_up(
+        world, tmp_path):
+    """The jobs runner's form of the queue dodge: ann's job is checked when it is submitted
+    (4 of 5 GPU-hours: passes) and waits for a GPU; her budget runs out meanwhile; when a GPU
+    comes free her job fails naming the budget instead of starting."""
+    runner, cluster, jobs = world
+    store = UsageStore(f"sqlite:///{tmp_path}/u.sqlite")
+    try:
+        cluster.usage = SimpleNamespace(store=store)
+        cluster.usage_budgets = parse_budgets({"default": {"period": "month", "gpu_hours": 5}})
+        holders = [await submit(runner, u) for u in ("h1", "h1", "h1", "h2")]  # all 4 GPUs
+        await until(lambda: len(jobs.running()) == 4)
+        now = time.time()
+        start_, _ = period_bounds("month", now, timezone.utc)
+        begin = max(start_, now - 60)
+
+        def used(name: str, hours: float) -> None:
+            rid = store.open({"allocation_id": name, "user": "ann", "groups": [],
+                              "kind": "server", "name": name, "node": "n1",
+                              "gpu_milli": round(hours * 3600 * 1000 / (now - begin)),
+                              "cpu_milli": 1000, "started": begin})
+            store.close(rid, now)
+
+        used("before", 4.0)
+        row = await submit(runner, "ann")  # 4 of 5: passes, waits for a GPU
+        await until(lambda: row.state == "waiting")
+        used("meanwhile", 2.0)  # 6 of 5 now
+        jobs.finish(jobs.running()[0])  # a GPU comes free
+        await until(lambda: row.state in ("failed", "starting", "running"))
+        assert row.state == "failed", (row.state, row.message)
+        assert row.message.startswith("not started: usage budget 'default' is used up: 6 of "
+                                      "5 GPU-hours"), row.message
+        assert jobs.made == 4 and all(a.owner.user != "ann"
+                                        for a in cluster.ledger.allocations())
+        assert holders[0].user == "h1"
+    finally:
+        store.close_store()

@@ -176,11 +176,17 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
             self.image_record = await self._check_user_image(request.image, profile)
         if self._moving is None:  # a server moved off a failed node is no new start
             await self._check_usage_budget(profile.slug)
+        waited: list[bool] = []
+
+        def on_wait(entry: QueueEntry, position: int, length: int) -> None:
+            waited[:] = [True]
+            self._queue_progress(entry, position, length)
+
         try:
             alloc = await cluster.queue.acquire(
                 owner, profile.bundle, profile=profile.slug, nodes=profile.nodes,
                 options=dict(request.options), wait=request.queue,
-                on_wait=self._queue_progress, quotas=self.request_quotas(),
+                on_wait=on_wait, quotas=self.request_quotas(),
                 priority=self.queue_priority)
         except QueueTimeout as e:
             placement_refused(e)
@@ -193,6 +199,13 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
                 cluster.ledger.node_state(n)[0] != "up" for n in profile.nodes or cluster.nodes
             ) else 503
             raise self.refused(code, f"{where}: {e}", profile.slug) from None
+        if waited and self._moving is None:  # the budget may have run out while it waited
+            try:
+                await self._check_usage_budget(profile.slug)
+            except BaseException:  # refused (or the spawn cancelled meanwhile): not kept
+                cluster.ledger.release(alloc.id, missing_ok=True)
+                cluster.queue.kick()  # the GPUs it got go to the next in line
+                raise
         self.allocation = alloc
         self.log.info("%s: placed on %s", self._log_name, alloc.summary())  # for admins
         self._emit(20, "Placed: " + placement_message(

@@ -579,6 +579,13 @@ class JobRunner:
             self.store.save()
             await self._end(row, "cancelled", f"not run: {e}")  # releases its place
             return
+        try:  # and its budget: used up meanwhile (the owner's other servers), it does not start
+            await self._check_usage_budget(row.user, groups)
+        except BudgetExceeded as e:
+            row.set_json("error", {"ename": "BudgetExceeded", "evalue": str(e)})
+            self.store.save()
+            await self._end(row, "failed", f"not started: {e}")  # releases its place
+            return
         row.set_json("groups", groups)
         row.set_state("starting", f"placed on {alloc.summary()}")
         self.store.save()
