@@ -274,3 +274,17 @@ async def test_a_job_waiting_in_the_queue_does_not_start_once_the_budget_is_used
         assert holders[0].user == "h1"
     finally:
         store.close_store()
+
+
+@pytest.mark.docker
+@pytest.mark.xfail(strict=True, reason=(
+    "open: the MPS clients of one GPU share the daemon's one /dev/shm (the engine's default "
+    "64 MiB, no shm_size set): one user fills it and another's shared memory (DataLoader "
+    "workers, NCCL) fails with ENOSPC"))
+async def test_mps_client_cannot_fill_another_users_shared_memory(
+        two_mps_clients, engine):  # noqa: F811
+    ann, bob = two_mps_clients
+    run_in(engine, ann, "sh", "-c", "dd if=/dev/zero of=/dev/shm/fill bs=1M count=1024")
+    code, out = run_in(engine, bob, "sh", "-c",
+                       "dd if=/dev/zero of=/dev/shm/bob bs=1M count=8 && echo wrote")
+    assert code == 0 and "wrote" in out, out
