@@ -170,6 +170,9 @@ async def test_another_users_token_reads_none_of_anns_usage(attack_hub):
         code, body = await get(url + path, bob)
         assert code == 200, (path, code, body)
         assert "ann" not in body and "3.25" not in body and "4.25" not in body, (path, body)
+    # a time zone name longer than a file name may be: a 400 naming tz (was an HTTP 500)
+    code, body = await get(url + "api/usage?tz=" + "a" * 300, bob)
+    assert code == 400 and json.loads(body)["message"].startswith("tz: unknown time zone"), body
     code, body = await get(url + "api/usage?group_by=group", bob)
     [row] = json.loads(body)["rows"]
     assert row["group"] == "physics" and row["gpu_hours"] == pytest.approx(1.0, abs=0.01)

@@ -122,9 +122,9 @@ def _zone(name: str) -> Any:
         return timezone.utc
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
+    except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a name too long for a path
         raise ReportError(
-            "tz", f"unknown time zone {name!r} (an IANA name, e.g. Europe/Berlin)"
+            "tz", f"unknown time zone {name[:60]!r} (an IANA name, e.g. Europe/Berlin)"
         ) from None
 
 
