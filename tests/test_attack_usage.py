@@ -30,7 +30,9 @@ from tornado.httpclient import AsyncHTTPClient
 import tests.test_usage_budgets_hub as budgets_hub_module
 from gpuspawner.gpushare.mps import PIPE_MOUNT
 from gpuspawner.testing.inprocess import wait_for
+from gpuspawner.usage.api import usage_routes
 from gpuspawner.usage.budgets import parse_budgets, period_bounds
+from gpuspawner.usage.pages import usage_page_routes
 from gpuspawner.usage.store import UsageStore
 from tests.test_gpu_share import engine, spawner  # noqa: F401 (fixtures)
 from tests.test_gpu_share_mps import STAND_IN, daemons, no_daemons  # noqa: F401
@@ -291,3 +293,34 @@ async def test_mps_client_cannot_fill_another_users_shared_memory(
     code, out = run_in(engine, bob, "sh", "-c",
                        "dd if=/dev/zero of=/dev/shm/bob bs=1M count=8 && echo wrote")
     assert code == 0 and "wrote" in out, out
+
+
+def with_page(prefix: str, kw: dict) -> list:
+    return [*usage_routes(prefix, kw), *usage_page_routes(prefix, kw)]
+
+
+@pytest.fixture
+def page_hub(monkeypatch, request):
+    """tests/test_usage_budgets_hub.py's hub whose service also serves the usage page."""
+    monkeypatch.setattr(budgets_hub_module, "usage_routes", with_page)
+    return request.getfixturevalue("budget_hub")
+
+
+async def test_the_usage_page_escapes_names_and_refuses_users(page_hub):
+    """The admins' usage page (services/gpuspawner/usage) renders user and group names from
+    the records (an authenticator's name, an LDAP group) in HTML, SVG titles and data
+    attributes: markup in them stays text. A user's own token is refused it."""
+    app, url = page_hub
+    bob, root = [await token_of(app, u) for u in ("bob", "admin")]
+    user = '"><svg onload=alert(1)>'
+    group = "</title><script>alert(2)</script>"
+    booked(app, user, 2.0, [group], "x")
+    code, body = await get(url + "usage", bob)
+    assert code == 403 and user not in body, body
+    code, body = await get(url + "usage?tz=" + "%3Cscript%3E", root)
+    assert code == 400 and "<script>" not in body, body
+    code, body = await get(url + "usage", root)
+    assert code == 200, body
+    for raw in (user, group, "<svg onload", "<script>alert"):
+        assert raw not in body, raw
+    assert "&lt;svg onload=alert(1)&gt;" in body and "&lt;script&gt;alert(2)" in body
