@@ -231,3 +231,51 @@ def test_share_notices_from_the_gpuspawner_service(jp_serverapp, get):  # noqa: 
         assert mine not in get("gpus")["warnings"]
     finally:
         server.stop()
+
+
+def test_own_usage_and_budgets_from_the_gpuspawner_service(jp_serverapp, get):  # noqa: F811
+    """The user's GPU-hours and core-hours this month (api/usage?group_by=user, own rows) and
+    budgets (api/usage/budgets), asked with the server's token, reach the panel's document;
+    no service gives null."""
+    from tornado import web
+
+    from gpuspawner.singleuser.gpuviews.handlers import OwnUsage
+
+    seen: list[tuple[str, str | None]] = []
+
+    class Report(web.RequestHandler):
+        def get(self):
+            seen.append((self.request.uri, self.request.headers.get("Authorization")))
+            self.write({"from": "2026-11-01T00:00:00+00:00", "group_by": ["user"],
+                        "rows": [], "totals": {"gpu_hours": 12.5, "core_hours": 40.0}})
+
+    class Budgets(web.RequestHandler):
+        def get(self):
+            seen.append((self.request.uri, self.request.headers.get("Authorization")))
+            self.write({"user": "alice", "budgets": [
+                {"name": "default", "unit": "gpu_hours", "used": 12.5, "limit": 15.0,
+                 "percent": 83.3, "renews_at": "2026-12-01T00:00:00+00:00",
+                 "warning": True, "exceeded": False, "kind": "default"}]})
+
+    app = web.Application([(r"/services/gpuspawner/api/usage", Report),
+                           (r"/services/gpuspawner/api/usage/budgets", Budgets)])
+    server = app.listen(0, "127.0.0.1")
+    port = next(iter(server._sockets.values())).getsockname()[1]
+    try:
+        env = {"JUPYTERHUB_API_TOKEN": "tok",
+               "GPUSPAWNER_SERVICE_URL": f"http://127.0.0.1:{port}/services/gpuspawner/"}
+        jp_serverapp.web_app.settings["gpuspawner_own_usage"] = OwnUsage(env=env)
+        usage = get("gpus")["usage"]
+        assert usage == {"from": "2026-11-01T00:00:00+00:00", "gpu_hours": 12.5,
+                         "core_hours": 40.0, "budgets": [
+                             {"name": "default", "unit": "gpu_hours", "used": 12.5,
+                              "limit": 15.0, "percent": 83.3,
+                              "renews_at": "2026-12-01T00:00:00+00:00", "warning": True,
+                              "exceeded": False}]}
+        assert seen == [("/services/gpuspawner/api/usage?group_by=user", "token tok"),
+                        ("/services/gpuspawner/api/usage/budgets", "token tok")]
+        env["GPUSPAWNER_SERVICE_URL"] = "http://127.0.0.1:9/services/gpuspawner/"
+        jp_serverapp.web_app.settings["gpuspawner_own_usage"] = OwnUsage(env=env)
+        assert get("gpus")["usage"] is None
+    finally:
+        server.stop()

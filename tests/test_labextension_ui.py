@@ -207,6 +207,45 @@ def test_panel_with_sample_data(lab_plain):
     assert gaps(after)[-1] >= 4500, times
 
 
+class _FakeUsageService:
+    """The gpuspawner service's two usage answers (api/usage, api/usage/budgets) on a
+    loopback port, in a thread; records the Authorization headers it was sent."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        tokens = self.tokens = []
+        report = {"from": "2026-11-01T00:00:00+00:00", "rows": [],
+                  "totals": {"gpu_hours": 12.5, "core_hours": 40.0}}
+        budgets = {"user": "me", "budgets": [
+            {"name": "default", "unit": "gpu_hours", "used": 12.5, "limit": 15.0,
+             "percent": 83.3, "renews_at": "2026-12-01T00:00:00+00:00", "warning": True,
+             "exceeded": False}]}
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                tokens.append(self.headers.get("Authorization"))
+                path = self.path.split("?")[0]
+                doc = {"/svc/api/usage": report, "/svc/api/usage/budgets": budgets}.get(path)
+                body = json.dumps(doc if doc is not None else {"gpu_share_notices": []})
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(body.encode())
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/svc/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 def test_panel_with_the_server_extension(tmp_path):
     spec = importlib.util.find_spec("gpuspawner.singleuser.gpuviews")
     if spec is None:
@@ -216,6 +255,9 @@ def test_panel_with_the_server_extension(tmp_path):
     share_env = {"GPUSPAWNER_GPU_MEMORY_LIMIT": str(20 * 2**30),
                  "GPUSPAWNER_GPU_MEMORY_FRACTION": "0.250",
                  "GPUSPAWNER_GPU_SHARE_MECHANISM": "watchdog"}
+    # and a gpuspawner service (a stand-in on loopback) that reports the user's own usage
+    service = _FakeUsageService()
+    share_env.update(GPUSPAWNER_SERVICE_URL=service.url, JUPYTERHUB_API_TOKEN="tok")
     lab = Lab(tmp_path, server_extension=True, env_extra=share_env)
     try:
         r = requests.get(lab.base + "api/gpuspawner/gpus", params={"token": lab.token},
@@ -227,7 +269,12 @@ def test_panel_with_the_server_extension(tmp_path):
         result, shot = shoot(lab, "labextension-panel.png")
     finally:
         lab.stop()
+        service.stop()
     assert result["panelState"] == served["state"]
+    assert "This month: 12.5 GPU-hours, 40.0 core-hours" in result["panelText"]
+    assert "Budget default: 12.5 of 15.0 GPU-hours (83 %), renews 2026-12-01" in \
+        result["panelText"]
+    assert service.tokens and set(service.tokens) == {"token tok"}
     assert served["share"]["text"].startswith("1/4 of a GPU: 20 GiB of GPU memory")
     assert f"Your GPU share: {served['share']['text']}" in result["panelText"]
     expected_status = {

@@ -82,6 +82,28 @@ export interface GpusResponse {
   moved?: MoveRecord | null;
   /** what this session's GPU share gives and what holds it; null: a whole GPU or none */
   share?: ShareInfo | null;
+  /** the user's own GPU-hours and core-hours this month and budgets; null: not known */
+  usage?: OwnUsage | null;
+}
+
+/** One usage budget as `api/usage/budgets` gives it (gpuspawner.usage.budgets). */
+export interface BudgetInfo {
+  name: string;
+  unit: string;
+  used: number;
+  limit: number;
+  percent: number;
+  renews_at: string;
+  warning: boolean;
+  exceeded: boolean;
+}
+
+/** `usage` of the gpus answer (gpuspawner.singleuser.gpuviews.handlers.OwnUsage). */
+export interface OwnUsage {
+  from: string;
+  gpu_hours: number;
+  core_hours: number;
+  budgets: BudgetInfo[];
 }
 
 /** `share` of the gpus answer (gpuspawner.singleuser.gpuviews.handlers.share_from_env). */
@@ -291,8 +313,74 @@ export function parseGpus(raw: unknown): GpusResponse {
     warnings: arr(raw.warnings).filter((w): w is string => typeof w === 'string'),
     culler: parseCuller(raw.culler),
     moved: parseMove(raw.moved),
-    share: parseShare(raw.share)
+    share: parseShare(raw.share),
+    usage: parseOwnUsage(raw.usage)
   };
+}
+
+/** `usage` of the gpus answer; null when absent or malformed (bad budgets are left out). */
+export function parseOwnUsage(raw: unknown): OwnUsage | null {
+  if (!isObj(raw)) {
+    return null;
+  }
+  const gpu = num(raw.gpu_hours);
+  const core = num(raw.core_hours);
+  if (gpu === null || core === null) {
+    return null;
+  }
+  const budgets: BudgetInfo[] = [];
+  for (const b of arr(raw.budgets)) {
+    if (!isObj(b)) {
+      continue;
+    }
+    const used = num(b.used);
+    const limit = num(b.limit);
+    const percent = num(b.percent);
+    const name = str(b.name);
+    if (used === null || limit === null || percent === null || !name) {
+      continue;
+    }
+    budgets.push({
+      name,
+      unit: str(b.unit) ?? '',
+      used,
+      limit,
+      percent,
+      renews_at: str(b.renews_at) ?? '',
+      warning: b.warning === true,
+      exceeded: b.exceeded === true
+    });
+  }
+  return { from: str(raw.from) ?? '', gpu_hours: gpu, core_hours: core, budgets };
+}
+
+/** One line per budget: "Budget default: 12.5 of 15 GPU-hours (83 %), renews 2026-12-01". */
+export function budgetLine(b: BudgetInfo, trans: Trans = untranslated): string {
+  const unit = b.unit === 'core_hours' ? trans.__('core-hours') : trans.__('GPU-hours');
+  const renews = b.renews_at.slice(0, 10);
+  if (b.exceeded) {
+    return trans.__(
+      'Budget %1 is used up: %2 of %3 %4; new spawns are refused until %5',
+      b.name,
+      fmtHours(b.used),
+      fmtHours(b.limit),
+      unit,
+      renews
+    );
+  }
+  return trans.__(
+    'Budget %1: %2 of %3 %4 (%5 %), renews %6',
+    b.name,
+    fmtHours(b.used),
+    fmtHours(b.limit),
+    unit,
+    String(Math.round(b.percent)),
+    renews
+  );
+}
+
+function fmtHours(h: number): string {
+  return h >= 100 ? h.toFixed(0) : h.toFixed(1);
 }
 
 /** `share` of the gpus answer; null when absent or malformed. */

@@ -3,6 +3,7 @@ import { Widget } from '@lumino/widgets';
 
 import { h, svg } from './dom';
 import {
+  budgetLine,
   cullWarning,
   formatMemory,
   formatPercent,
@@ -161,6 +162,36 @@ export class GpuPanel extends Widget {
             },
             h('strong', {}, trans.__('Your GPU share: ')),
             gpus.share.text
+          )
+        );
+      }
+      if (gpus.usage) {
+        const u = gpus.usage;
+        body.push(
+          h(
+            'div',
+            { class: 'jp-gpuspawner-usage', 'data-testid': 'own-usage' },
+            h(
+              'p',
+              {},
+              trans.__(
+                'This month: %1 GPU-hours, %2 core-hours',
+                u.gpu_hours.toFixed(1),
+                u.core_hours.toFixed(1)
+              )
+            ),
+            ...u.budgets.map(b =>
+              h(
+                'p',
+                {
+                  class:
+                    b.warning || b.exceeded
+                      ? 'jp-gpuspawner-budget jp-gpuspawner-budget-warn'
+                      : 'jp-gpuspawner-budget'
+                },
+                budgetLine(b, trans)
+              )
+            )
           )
         );
       }

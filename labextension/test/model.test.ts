@@ -2,6 +2,7 @@ import { strict as assert } from 'node:assert';
 import { describe, it } from 'node:test';
 
 import {
+  budgetLine,
   cullWarning,
   deriveStatus,
   describeFetchError,
@@ -11,6 +12,7 @@ import {
   parseGpus,
   parseCuller,
   parseMetrics,
+  parseOwnUsage,
   parseShare,
   parseTime,
   processRows,
@@ -130,6 +132,37 @@ describe('parse', () => {
     assert.equal(parseGpus(gpusJSON()).share, null);
     assert.equal(parseShare({ ...share, milli: 'a lot' }), null);
     assert.equal(parseShare({ ...share, text: '' }), null);
+  });
+
+  it("reads the user's own usage and budgets and words each budget", () => {
+    const budget = {
+      name: 'default',
+      unit: 'gpu_hours',
+      used: 12.5,
+      limit: 15,
+      percent: 83.3,
+      renews_at: '2026-12-01T00:00:00+01:00',
+      warning: true,
+      exceeded: false
+    };
+    const usage = {
+      from: '2026-11-01T00:00:00+01:00',
+      gpu_hours: 12.5,
+      core_hours: 40,
+      budgets: [budget, { name: 'bad', used: 'x' }, 7]
+    };
+    const got = parseGpus(gpusJSON({ usage })).usage;
+    assert.deepEqual(got, { ...usage, budgets: [budget] });
+    assert.equal(parseGpus(gpusJSON()).usage, null);
+    assert.equal(parseOwnUsage({ gpu_hours: 'lots', core_hours: 1 }), null);
+    assert.equal(
+      budgetLine(budget),
+      'Budget default: 12.5 of 15.0 GPU-hours (83 %), renews 2026-12-01'
+    );
+    assert.equal(
+      budgetLine({ ...budget, unit: 'core_hours', used: 15, exceeded: true }),
+      'Budget default is used up: 15.0 of 15.0 core-hours; new spawns are refused until 2026-12-01'
+    );
   });
 
   it('rejects a non-object answer', () => {

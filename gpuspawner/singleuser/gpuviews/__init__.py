@@ -37,7 +37,13 @@ def _settings(server_app: Any) -> dict[str, Any]:
 
 
 def _load_jupyter_server_extension(server_app: Any) -> None:
-    from .handlers import CullerStatus, ShareNotices, kernel_pid_resolver, setup_handlers
+    from .handlers import (
+        CullerStatus,
+        OwnUsage,
+        ShareNotices,
+        kernel_pid_resolver,
+        setup_handlers,
+    )
 
     s = _settings(server_app)
     nvml = None
@@ -50,6 +56,7 @@ def _load_jupyter_server_extension(server_app: Any) -> None:
     web_app.settings["gpuspawner_sampler"] = sampler
     web_app.settings["gpuspawner_culler"] = CullerStatus(s["culler_url"])
     web_app.settings["gpuspawner_share_notices"] = ShareNotices()
+    web_app.settings["gpuspawner_own_usage"] = OwnUsage()
     setup_handlers(web_app, web_app.settings["base_url"])
     server_app.log.info("gpuspawner.singleuser.gpuviews: /api/gpuspawner/{gpus,metrics} "
                         "(sampler every "

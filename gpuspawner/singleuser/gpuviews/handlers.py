@@ -55,6 +55,9 @@ class GPUsHandler(_Base):
         # the hub's watchdog: this share is over its GPU memory (shown among the warnings)
         doc["warnings"] = [*doc.get("warnings", []),
                            *await self.settings["gpuspawner_share_notices"].messages()]
+        # the user's own GPU-hours this month and budgets (null without usage accounting)
+        own = self.settings.get("gpuspawner_own_usage")
+        doc["usage"] = await own.figures() if own is not None else None
         self.finish(json.dumps(doc))
 
 
@@ -208,6 +211,53 @@ class ShareNotices:
                and (n.get("server") or "") == self.server_name]
         self._cached = (now, out)
         return out
+
+
+class OwnUsage:
+    """The user's own GPU-hours and core-hours this month and their usage budgets, from the
+    gpuspawner service (``GET api/usage?group_by=user``: the caller's own rows, this month in
+    the site's time zone; ``GET api/usage/budgets``), asked with the server's own
+    ``$JUPYTERHUB_API_TOKEN`` at ``$GPUSPAWNER_SERVICE_URL``, cached ``ttl`` seconds (the
+    figures move by the hour). docs/usage.md.
+    """
+
+    def __init__(self, url: str | None = None, ttl: float = 60.0, timeout: float = 2.0,
+                 env: dict[str, str] | None = None) -> None:
+        env = dict(os.environ if env is None else env)
+        self.token = env.get("JUPYTERHUB_API_TOKEN")
+        self.url = url or env.get("GPUSPAWNER_SERVICE_URL") or None
+        self.ttl = ttl
+        self.timeout = timeout
+        self._cached: tuple[float, dict[str, Any] | None] | None = None
+
+    async def figures(self) -> dict[str, Any] | None:
+        """``{"from", "gpu_hours", "core_hours", "budgets": [{"name", "unit", "used",
+        "limit", "percent", "renews_at", "warning", "exceeded"}]}``, or None when not
+        configured, usage accounting is off, or the service does not answer."""
+        if not (self.url and self.token):
+            return None
+        now = time.monotonic()
+        if self._cached and now - self._cached[0] < self.ttl:
+            return self._cached[1]
+        report = await _get_json(url_path_join(self.url, "api/usage?group_by=user"),
+                                 self.token, self.timeout)
+        result = None
+        totals = report.get("totals") if isinstance(report, dict) else None
+        if isinstance(totals, dict):
+            budgets = await _get_json(url_path_join(self.url, "api/usage/budgets"),
+                                      self.token, self.timeout)
+            entries = budgets.get("budgets") if isinstance(budgets, dict) else None
+            keep = ("name", "unit", "used", "limit", "percent", "renews_at", "warning",
+                    "exceeded")
+            result = {
+                "from": report.get("from"),
+                "gpu_hours": float(totals.get("gpu_hours") or 0.0),
+                "core_hours": float(totals.get("core_hours") or 0.0),
+                "budgets": [{k: b.get(k) for k in keep} for b in entries or []
+                            if isinstance(b, dict)],
+            }
+        self._cached = (now, result)
+        return result
 
 
 def kernel_pid_resolver(kernel_manager: Any):
