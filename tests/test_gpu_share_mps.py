@@ -114,7 +114,8 @@ def no_daemons(engine):  # noqa: F811
 async def test_one_daemon_per_gpu_started_before_its_first_client_stopped_after_its_last(
         no_daemons, spawner, engine):  # noqa: F811 (no_daemons first: torn down last)
     uids = {"gsmib": {"uid": 1001, "gid": 100}}  # gsmia: the default, 1000
-    sps = [spawner(u, node={"gpu_share": "mps-daemon"}, uid_map=uids) for u in ("gsmia", "gsmib")]
+    sps = [spawner("gsmia", node={"gpu_share": "mps-daemon"}, uid_map=uids) for _ in (1, 2)]
+    other = spawner("gsmib", node={"gpu_share": "mps-daemon"}, uid_map=uids)
     backend = sps[0].cluster.backend
     backend.mps_daemon_command = STAND_IN
     backend.stop_timeout = 1  # the stand-in server ignores SIGTERM (pid 1)
@@ -156,15 +157,18 @@ async def test_one_daemon_per_gpu_started_before_its_first_client_stopped_after_
     ex = engine.exec_create(cid, ["ls", PIPE_MOUNT])
     assert "control" in engine.exec_start(ex).decode().split()
 
-    # a second share: on the same GPU (the ledger packs shares) it joins the same daemon
+    # another user's share on that GPU is refused: MPS clients share the daemon's IPC
+    # namespace (/dev/shm, System V segments: tests/test_attack_usage.py), and MPS serves one
+    # uid at a time; nothing of theirs is left, and the ledger has their GPU back
+    with pytest.raises(Exception, match="runs under MPS .* for another user's server"):
+        await asyncio.wait_for(other.start(), 90)
+    assert not other.backend_state.get("container_id")
+    assert [c for c in engine.containers(all=True, filters={"label": [f"{CLIENT_LABEL}={gpu}"]})
+            if c["Labels"].get("gpuspawner.user") == "gsmib"] == []
+    assert sps[0].cluster.ledger.find("gsmib", "") is None
+    # the same user's second share: on the same GPU (the ledger packs shares), same daemon
     await asyncio.wait_for(sps[1].start(), 90)
     assert sps[1].backend_state["mps_gpu"] == gpu
-    # another uid on the same GPU: the second user is told MPS makes them wait, the first not
-    assert [engine.inspect_container(sp.backend_state["container_id"])["Config"]["User"]
-            for sp in sps] == ["1000:100", "1001:100"]
-    said = [[e["message"] for e in sp._events if "another user's server" in e["message"]]
-            for sp in sps]
-    assert not said[0] and "MPS serves one user id at a time" in said[1][0]
     assert [c["Id"] for c in daemons(engine)] == [d["Id"]]
     await sps[0].stop()
     assert [c["Id"] for c in daemons(engine)] == [d["Id"]]  # one client left: it stays

@@ -577,14 +577,15 @@ class DockerBackend(Backend):
             if daemon is not None:
                 progress(40, f"MPS control daemon of GPU {daemon.gpu}: {daemon.name}")
                 await self._mps_daemon_up(node, daemon)
-                others = await self._mps_other_uids(node, daemon.gpu, spec.uid)
-                if others:  # MPS's one-uid rule (docs/gpu-sharing.md): say it, not a hang
-                    text = (f"GPU {daemon.gpu} runs under MPS for another user's server: your "
-                            "CUDA calls wait until that user's kernels have stopped (MPS "
-                            "serves one user id at a time)")
-                    self.log.warning("node %s: %s (uid %d; uids %s)", node, text, spec.uid,
-                                     ", ".join(others))
-                    progress(45, text)
+                me = str((create.get("labels") or {}).get("gpuspawner.user", ""))
+                if await self._mps_other_users(node, daemon.gpu, me):
+                    # MPS clients of one GPU share the daemon's IPC namespace: /dev/shm and
+                    # System V segments (tests/test_attack_usage.py): one user per GPU
+                    raise LaunchRefused(
+                        f"node {node}: GPU {daemon.gpu} runs under MPS (mps-daemon) for "
+                        "another user's server; its MPS clients share one IPC namespace "
+                        "(/dev/shm), so a GPU's shares serve one user at a time under "
+                        "mps-daemon: try again when it is free, or pick another profile")
             try:
                 obj = await self._call(node, create_container)
             except APIError as e:
@@ -708,12 +709,12 @@ class DockerBackend(Backend):
         self.log.info("node %s: MPS control daemon %s started for GPU %s", node, daemon.name,
                       daemon.gpu)
 
-    async def _mps_other_uids(self, node: str, gpu: str, uid: int) -> list[str]:
-        """The uids of this hub's other MPS clients of ``gpu`` on ``node`` that are not
-        ``uid`` (from their :data:`~gpuspawner.gpushare.mps.UID_LABEL`)."""
+    async def _mps_other_users(self, node: str, gpu: str, user: str) -> list[str]:
+        """The hub users (``gpuspawner.user`` labels) of this hub's other MPS clients of
+        ``gpu`` on ``node`` that are not ``user``."""
         found = await self._call(node, "containers", filters={"label": [f"{CLIENT_LABEL}={gpu}"]})
-        return sorted({(c.get("Labels") or {}).get(UID_LABEL, "?") for c in found
-                       if made_by(c.get("Labels"), self.hub_id)} - {str(uid)})
+        return sorted({(c.get("Labels") or {}).get("gpuspawner.user", "?") for c in found
+                       if made_by(c.get("Labels"), self.hub_id)} - {user})
 
     async def _mps_release(self, node: str, gpu: str) -> None:
         """After an MPS client of ``gpu`` is gone: stop its daemon when no client of it is
