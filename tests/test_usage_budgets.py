@@ -73,6 +73,9 @@ def test_bad_settings_name_the_field(value, field):
 def test_bad_time_zone_is_named():
     with pytest.raises(BudgetConfigError, match="^GPUUsage.time_zone: unknown time zone"):
         parse_budgets({}, "Mars/Olympus")
+    # a name too long for a file name (zoneinfo raises OSError): named too, not a traceback
+    with pytest.raises(BudgetConfigError, match="^GPUUsage.time_zone: unknown time zone"):
+        parse_budgets({}, "a" * 300)
 
 
 def test_periods_in_the_site_zone_across_dst():

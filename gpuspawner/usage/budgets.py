@@ -159,7 +159,7 @@ def check_time_zone(name: str, setting: str = "GPUUsage.time_zone") -> str:
         raise BudgetConfigError(f"{setting}: must be an IANA time zone name, got {name!r}")
     try:
         ZoneInfo(name.strip())
-    except (ZoneInfoNotFoundError, ValueError):
+    except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: too long for a file name
         raise BudgetConfigError(
             f"{setting}: unknown time zone {name[:60]!r} (an IANA name such as UTC or "
             "Europe/Berlin)"
