@@ -144,6 +144,26 @@ class ServiceHandler(HubOAuthenticated, web.RequestHandler):
                                 "log in to the hub or send a JupyterHub API token")
         return user
 
+    def admin_page_user(self, page: str, own_url: str) -> dict[str, Any] | None:
+        """The caller of an admins' HTML page, or None after redirecting a browser without a
+        login to the hub's login page. ``page``: what the page is ("the GPU map");
+        ``own_url``: where a user who is not an admin finds their own figures (the 403's
+        message says so).
+
+        Raises:
+            web.HTTPError(403): a login without access to the service, or not an admin.
+        """
+        if not self.current_user:
+            if self._denied:
+                raise web.HTTPError(403, "this page needs access to the gpuspawner service")
+            self.redirect(self.get_login_url())
+            return None
+        user = self.current_user
+        if not self.is_admin(user):
+            raise web.HTTPError(403, f"{page} is for hub admins; your own figures are at "
+                                     f"{own_url}")
+        return user
+
     def is_admin(self, model: dict[str, Any]) -> bool:
         """The service's admin rule (``GPUService.is_admin``) for this request: by scope
         alone when the hub authenticated it by a token (``_token_authenticated``)."""

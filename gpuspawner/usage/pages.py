@@ -123,15 +123,9 @@ class UsagePageHandler(ServiceHandler):
     api = False
 
     async def get(self) -> None:
-        if not self.current_user:
-            if self._denied:
-                raise web.HTTPError(403, "this page needs access to the gpuspawner service")
-            self.redirect(self.get_login_url())
+        user = self.admin_page_user("the usage page", f"{self.service.prefix}api/usage")
+        if user is None:
             return
-        user = self.current_user
-        if not self.is_admin(user):
-            raise web.HTTPError(403, "the usage page is for hub admins; your own usage is at "
-                                     f"{self.service.prefix}api/usage")
         args = {}
         for name in ("from", "to", "tz"):
             values = self.get_query_arguments(name)

@@ -229,15 +229,9 @@ class AdminPageHandler(_Base):
     api = False
 
     async def get(self) -> None:
-        if not self.current_user:
-            if self._denied:
-                raise web.HTTPError(403, "this page needs access to the gpuspawner service")
-            self.redirect(self.get_login_url())
+        user = self.admin_page_user("the GPU map", f"{self.service.prefix}api/allocations")
+        if user is None:
             return
-        user = self.current_user
-        if not self.is_admin(user):
-            raise web.HTTPError(403, "the GPU map is for hub admins; your own allocations are "
-                                     f"at {self.service.prefix}api/allocations")
         cluster = await self.cluster()
         # the cluster copied on the loop (frozen.py); the view and its HTML (about 1 MiB at
         # 1,000 servers, 100-200 ms) made from the copy in a worker thread
