@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from jupyterhub.app import JupyterHub
 from traitlets.config import Config
 from traitlets.config.loader import LazyConfigValue
 
-from gpuspawner.hub.wiring import culler_docker_urls, wire_hub
+from gpuspawner.hub.wiring import HUB_TEMPLATES, culler_docker_urls, wire_hub
+from gpuspawner.usage.home import HomeFigures
 
 
 def _list(value, initial=None):
@@ -56,12 +58,28 @@ def test_what_the_site_set_before_is_kept(tmp_path: Path) -> None:
     c.JupyterHub.services = [{"name": "site-service", "api_token": "x" * 32}]
     c.GPUSpawner.environment = {"SITE": "1"}
     c.Spawner.server_token_scopes = ["users:activity!user", "read:users:name!user"]
+    c.JupyterHub.template_paths = ["/srv/site-templates"]
+    c.JupyterHub.template_vars = {"site": "x"}
     wire_hub(c, listen_ip="127.0.0.1", state_dir=tmp_path, culler_port=8124)
+    # the home page's own usage: after the site's templates (its home.html wins)
+    assert c.JupyterHub.template_paths == ["/srv/site-templates", str(HUB_TEMPLATES)]
+    assert c.JupyterHub.template_vars["site"] == "x"
+    assert isinstance(c.JupyterHub.template_vars["gpuspawner_usage"], HomeFigures)
     assert [s["name"] for s in _list(c.JupyterHub.services)] == ["site-service", "idle-culler"]
     assert c.GPUSpawner.environment["SITE"] == "1"
     assert "GPUSPAWNER_CULLER_URL" in c.GPUSpawner.environment
     assert c.Spawner.server_token_scopes == ["users:activity!user", "read:users:name!user",
                                              "access:services!service=idle-culler"]
+
+
+def test_the_home_template_comes_before_jupyterhubs_own(tmp_path: Path) -> None:
+    """Without a site's list, gpuspawner's folder goes before JupyterHub's default one (which
+    JupyterHub's loader would otherwise find home.html in first)."""
+    c = Config()
+    wire_hub(c, listen_ip="127.0.0.1", state_dir=tmp_path, culler=False)
+    hub = JupyterHub(config=c)
+    assert hub.template_paths[0] == str(HUB_TEMPLATES)
+    assert hub.template_paths[1:] == JupyterHub().template_paths
 
 
 def test_without_the_culler_and_on_slurm(tmp_path: Path) -> None:

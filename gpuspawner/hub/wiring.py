@@ -27,11 +27,17 @@ from pathlib import Path
 from typing import Any
 
 from gpuspawner.hub.service import configure_service
+from gpuspawner.hub.service_base import hub_cluster
+from gpuspawner.usage.home import HomeFigures
 
 log = logging.getLogger(__name__)
 
 #: JupyterHub's default ``Spawner.server_token_scopes``
 DEFAULT_SERVER_TOKEN_SCOPES = ("users:activity!user", "access:servers!server")
+
+
+#: the hub page templates gpuspawner adds (home.html: the user's own usage)
+HUB_TEMPLATES = Path(__file__).resolve().parent / "templates" / "hub"
 
 
 @dataclass
@@ -129,11 +135,20 @@ def wire_hub(c: Any, *, listen_ip: str, state_dir: str | Path,
     ``load_roles``, ``extra_user_scopes``, ``custom_scopes`` (through
     :func:`gpuspawner.hub.service.configure_service`), ``c.Spawner.server_token_scopes``
     (the culler's status and the service, beside JupyterHub's defaults or the site's),
-    ``c.GPUSpawner.environment`` (``GPUSPAWNER_CULLER_URL``, ``GPUSPAWNER_SERVICE_URL``).
+    ``c.GPUSpawner.environment`` (``GPUSPAWNER_CULLER_URL``, ``GPUSPAWNER_SERVICE_URL``),
+    ``c.JupyterHub.template_paths`` and ``template_vars`` (the home page's own usage figures,
+    :mod:`gpuspawner.usage.home`).
     """
     connect_ip = connect_ip or listen_ip
     state_dir = Path(state_dir)
     service = configure_service(c, port=service_port)
+    # the user's own GPU-hours this month and budgets on the hub's home page: after the
+    # site's own template folders (a site's home.html wins), before JupyterHub's own
+    if isinstance(c.JupyterHub.template_paths, list):  # the site's list
+        c.JupyterHub.template_paths.append(str(HUB_TEMPLATES))
+    else:  # JupyterHub's default list (its own folder) follows
+        c.JupyterHub.template_paths.prepend([str(HUB_TEMPLATES)])
+    c.JupyterHub.template_vars.update({"gpuspawner_usage": HomeFigures(hub_cluster)})
     environment: dict[str, str] = {}
     scopes = _server_token_scopes(c)
     culler_url = None
