@@ -15,6 +15,7 @@ redirects and OAuth callbacks on the way and their errors.
 from __future__ import annotations
 
 import asyncio
+import time
 from urllib.parse import urlparse
 
 import pytest
@@ -138,3 +139,12 @@ def test_service_pages_cannot_be_framed(hub):
     # JupyterHub's own pages keep their own policy (not this module's business)
     r = admin.get(f"{hub.url}/hub/home", timeout=30)
     assert "frame-ancestors" in r.headers.get("Content-Security-Policy", "")
+    # the shipped configuration's home page (wire_hub): JupyterHub's, then the admin's own
+    # usage this month once read (gpuspawner.usage.home, in a worker thread)
+    assert r.status_code == 200 and "Start" in r.text and "My Server" in r.text
+    deadline = time.monotonic() + 30
+    while "Your GPU usage this month" not in r.text:
+        assert time.monotonic() < deadline, "the home page never showed the usage figures"
+        time.sleep(0.2)
+        r = admin.get(f"{hub.url}/hub/home", timeout=30)
+    assert "0.0 GPU-hours" in r.text
