@@ -702,6 +702,11 @@ def report(results: dict[str, SideResult], args: argparse.Namespace) -> list[str
 
 
 async def run(args: argparse.Namespace) -> int:
+    # SIGTERM cancels the run as Ctrl-C does (asyncio.run's own SIGINT handling): every
+    # finally below runs on the loop (hubs, proxies, responder, temporary folder)
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     clock = Clock(time.monotonic() + args.time_limit)
     load_before = os.getloadavg()[0]
     results: dict[str, SideResult] = {}
@@ -759,13 +764,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"configurable-http-proxy not found at {CHP} (make chp)", file=sys.stderr)
         return 1
     logging.basicConfig(level=logging.WARNING)
-    # SIGTERM cleans up like Ctrl-C (hubs, proxies, responder, temporary folder)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         return asyncio.run(run(args))
     except TimeLimit as e:
         print(f"hub_scale: {e} (--time-limit {args.time_limit:g} s)", file=sys.stderr)
         return 2
+    except asyncio.CancelledError:  # SIGTERM, after the clean-up
+        print("hub_scale: stopped by SIGTERM", file=sys.stderr)
+        return 128 + signal.SIGTERM
 
 
 if __name__ == "__main__":

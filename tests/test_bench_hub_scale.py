@@ -8,10 +8,15 @@ quotas, which the benchmark's hub is (the page answered 500 there before)."""
 from __future__ import annotations
 
 import asyncio
+import glob
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 from docker.errors import NotFound
 
@@ -121,3 +126,44 @@ def test_hub_scale_tiny_run_prints_both_columns() -> None:
     assert float(row[4]) > 0 and row[-1] == "n/a", row
     assert any(line.startswith("  gpuspawner loop, service map: ") and "AdminPageHandler" in line
                for line in lines), r.stdout[-3000:]
+
+
+def _leftovers() -> list[str]:
+    """Command lines of processes that run from a hub_scale temporary folder."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        line = " ".join(p.info.get("cmdline") or [])
+        if "hub-scale-" in line and "hub_scale.py" not in line:
+            found.append(line[:200])
+    return found
+
+
+def test_hub_scale_stopped_by_sigterm_leaves_no_hub_or_proxy() -> None:
+    """SIGTERM to a running hub_scale stops its hubs, proxies and responder and removes its
+    temporary folder (before: the parent exited and left the gpuspawner hub, the responder and
+    the proxy running)."""
+    before = set(glob.glob("/tmp/hub-scale-*"))
+    assert not _leftovers(), _leftovers()
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "benchmarks" / "hub_scale.py"), "--servers", "400",
+         "--requests", "3", "--culler-repeat", "1", "--time-limit", "300"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not any("jupyterhub" in line for line in _leftovers()):
+            assert time.monotonic() < deadline, "no hub started"
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+        deadline = time.monotonic() + 20
+        while _leftovers():
+            assert time.monotonic() < deadline, _leftovers()
+            time.sleep(0.2)
+        assert set(glob.glob("/tmp/hub-scale-*")) <= before
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
