@@ -8,8 +8,8 @@ quotas, which the benchmark's hub is (the page answered 500 there before)."""
 from __future__ import annotations
 
 import asyncio
-import glob
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -128,13 +128,16 @@ def test_hub_scale_tiny_run_prints_both_columns() -> None:
                for line in lines), r.stdout[-3000:]
 
 
-def _leftovers() -> list[str]:
-    """Command lines of processes that run from a hub_scale temporary folder."""
+def _leftovers(mark: str) -> list[str]:
+    """Command lines of the processes whose environment carries ``mark`` (the run's own:
+    hub_scale, its hubs, proxies and responder inherit it; other tests' hubs do not)."""
     found = []
     for p in psutil.process_iter(["cmdline"]):
-        line = " ".join(p.info.get("cmdline") or [])
-        if "hub-scale-" in line and "hub_scale.py" not in line:
-            found.append(line[:200])
+        try:
+            if p.environ().get("GPUSPAWNER_TEST_MARK") == mark:
+                found.append(" ".join(p.info.get("cmdline") or [])[:200])
+        except (psutil.Error, OSError):
+            continue
     return found
 
 
@@ -142,27 +145,29 @@ def test_hub_scale_stopped_by_sigterm_leaves_no_hub_or_proxy() -> None:
     """SIGTERM to a running hub_scale stops its hubs, proxies and responder and removes its
     temporary folder (before: the parent exited and left the gpuspawner hub, the responder and
     the proxy running)."""
-    before = set(glob.glob("/tmp/hub-scale-*"))
-    assert not _leftovers(), _leftovers()
+    mark = secrets.token_hex(8)
     proc = subprocess.Popen(
         [sys.executable, str(REPO / "benchmarks" / "hub_scale.py"), "--servers", "400",
          "--requests", "3", "--culler-repeat", "1", "--time-limit", "300"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True)
+        start_new_session=True, env={**os.environ, "GPUSPAWNER_TEST_MARK": mark})
     try:
         deadline = time.monotonic() + 120
-        while not any("jupyterhub" in line for line in _leftovers()):
+        while not any("jupyterhub" in line for line in _leftovers(mark)):
             assert time.monotonic() < deadline, "no hub started"
             assert proc.poll() is None, proc.stdout.read()[-3000:]
             time.sleep(0.2)
+        folders = {arg for line in _leftovers(mark) for arg in line.split()
+                   if "/hub-scale-" in arg}
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
         deadline = time.monotonic() + 20
-        while _leftovers():
-            assert time.monotonic() < deadline, _leftovers()
+        while _leftovers(mark):
+            assert time.monotonic() < deadline, _leftovers(mark)
             time.sleep(0.2)
-        assert set(glob.glob("/tmp/hub-scale-*")) <= before
+        top = {"/tmp/" + f.split("/tmp/", 1)[1].split("/")[0] for f in folders if "/tmp/" in f}
+        assert not any(os.path.exists(t) for t in top), top
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
