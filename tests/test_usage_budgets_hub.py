@@ -25,7 +25,6 @@ from tornado.httpclient import AsyncHTTPClient
 from gpuspawner.hub.cluster import reset_clusters
 from gpuspawner.hub.service.app import GPUService
 from gpuspawner.hub.service_base import ADMIN_SCOPE
-from gpuspawner.testing.fake_backend import start_responder
 from gpuspawner.testing.inprocess import (
     fake_node,
     gpu_hub_config,
@@ -36,7 +35,7 @@ from gpuspawner.usage.api import usage_routes
 from gpuspawner.usage.budgets import EXEMPT_SCOPE, period_bounds
 from tests.test_service_unit import _validate
 from tests.test_spawner_inprocess import PROFILES, api, start, stopped
-from tests.test_usage_hub import recorder, runtime, token_of
+from tests.test_usage_hub import recorder, responder, runtime, token_of  # noqa: F401
 
 NODE = "budget-n1"
 ACCESS = "access:services!service=gpuspawner"
@@ -45,14 +44,7 @@ BUDGETS = {"default": {"period": "month", "gpu_hours": 10}}
 
 
 @pytest.fixture
-async def responder():
-    server, port = start_responder()
-    yield port
-    server.stop()
-
-
-@pytest.fixture
-async def budget_hub(hub_app, responder, tmp_path, monkeypatch):
+async def budget_hub(hub_app, responder, tmp_path, monkeypatch):  # noqa: F811
     """The started in-process hub with the budgets, eve exempt by a role, and the service's
     application on loopback; returns ``(app, service URL)``."""
     monkeypatch.setattr(MockHub, "load_config_file", load_config_file)

@@ -28,7 +28,12 @@ from gpuspawner.hub.service.views import page_templates
 from gpuspawner.usage.pages import chart_view, user_rows
 from gpuspawner.webui import service_links
 from tests.hubrunner import REPO
-from tests.test_pages_browser import AXE, CHROMIUM, CHROMIUM_ARGS, serious_violations
+from tests.test_pages_browser import (  # noqa: F401 (browser: the fixture)
+    AXE,
+    CHROMIUM,
+    browser,
+    serious_violations,
+)
 
 sync_api = pytest.importorskip("playwright.sync_api")
 
@@ -73,23 +78,14 @@ def _html(tmp_path: Path) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
 def _order(page: Any) -> list[str]:
     return page.eval_on_selector_all("[data-testid=usage-users] tbody tr",
                                      "rows => rows.map(r => r.dataset.user)")
 
 
 @pytest.mark.parametrize("theme", ["light", "dark"])
-def test_usage_page_is_accessible_and_sorts_with_the_keyboard(browser, tmp_path, theme):
+def test_usage_page_is_accessible_and_sorts_with_the_keyboard(
+        browser, tmp_path, theme):  # noqa: F811 (tests.test_pages_browser's fixture)
     page = browser.new_page(viewport={"width": 1100, "height": 900}, color_scheme=theme)
     page.add_init_script(f"localStorage.setItem('jupyterhub-bs-theme', '{theme}')")
     page.goto(_html(tmp_path).as_uri())

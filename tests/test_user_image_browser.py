@@ -31,13 +31,12 @@ from gpuspawner.testing.registry import (  # noqa: E402
 )
 from tests.test_hub_e2e import _engine, containers_of  # noqa: E402
 from tests.test_pages_browser import (  # noqa: E402
-    CHROMIUM,
-    CHROMIUM_ARGS,
     IMAGE,
     PENDING_PAGE,
     _page,
     _shot,
     _skip_reasons,
+    browser,  # noqa: F401 (the fixture)
     serious_violations,
     wait_js,
 )
@@ -91,23 +90,13 @@ def setup(tmp_path_factory):
         drop_pushed_image(engine, image)
 
 
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
 def _choose_other_image(page, reference: str) -> None:
     page.wait_for_selector(".gpus-form")
     page.select_option("[data-testid=image-choice-own]", "--unlisted-choice")
     page.fill("[data-testid=image-unlisted-own]", reference)
 
 
-def test_a_user_pulls_their_image_and_gets_jupyterlab_in_it(setup, browser):
+def test_a_user_pulls_their_image_and_gets_jupyterlab_in_it(setup, browser):  # noqa: F811
     hub, engine, image = setup
     ref = image.reference
     with pytest.raises(Exception, match="No such image"):
@@ -150,7 +139,7 @@ def test_a_user_pulls_their_image_and_gets_jupyterlab_in_it(setup, browser):
         page.context.close()
 
 
-def test_an_image_outside_the_allow_pattern_is_refused_with_the_reason(setup, browser):
+def test_an_image_outside_the_allow_pattern_is_refused_with_the_reason(setup, browser):  # noqa: F811
     hub, engine, image = setup
     address = image.reference.split("/", 1)[0]
     hub.ensure_user("ivan")
