@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -95,7 +96,38 @@ class MetricsHandler(_Base):
         self.finish(json.dumps(self.sampler.metrics_view()))
 
 
-class CullerStatus:
+class _ServiceClient:
+    """What the three hub-service clients below share: the server's own token, user and
+    server name from its environment (``JUPYTERHUB_API_TOKEN``, ``JUPYTERHUB_USER``,
+    ``JUPYTERHUB_SERVER_NAME``), the service's URL, and one answer cached ``ttl`` seconds
+    (a failed read is cached too: the services are optional)."""
+
+    def __init__(self, url: str | None, ttl: float, timeout: float,
+                 env: dict[str, str] | None) -> None:
+        env = dict(os.environ if env is None else env)
+        self.token = env.get("JUPYTERHUB_API_TOKEN")
+        self.user = env.get("JUPYTERHUB_USER")
+        self.server_name = env.get("JUPYTERHUB_SERVER_NAME", "")
+        self.url = url or self._default_url(env)
+        self.ttl = ttl
+        self.timeout = timeout
+        self._cached: tuple[float, Any] | None = None
+
+    @staticmethod
+    def _default_url(env: dict[str, str]) -> str | None:
+        return env.get("GPUSPAWNER_SERVICE_URL") or None
+
+    async def _cached_read(self, read: Callable[[], Awaitable[Any]]) -> Any:
+        """``read()``'s answer, or the cached one while it is younger than ``ttl``."""
+        now = time.monotonic()
+        if self._cached and now - self._cached[0] < self.ttl:
+            return self._cached[1]
+        result = await read()
+        self._cached = (now, result)
+        return result
+
+
+class CullerStatus(_ServiceClient):
     """This server's entry in the idle culler service's ``api/status``, cached.
 
     Asked with the server's own ``$JUPYTERHUB_API_TOKEN`` at ``culler_url`` (default
@@ -105,17 +137,12 @@ class CullerStatus:
 
     def __init__(self, url: str | None = None, ttl: float = 30.0, timeout: float = 2.0,
                  env: dict[str, str] | None = None) -> None:
-        env = dict(os.environ if env is None else env)
-        self.token = env.get("JUPYTERHUB_API_TOKEN")
-        self.user = env.get("JUPYTERHUB_USER")
-        self.server_name = env.get("JUPYTERHUB_SERVER_NAME", "")
-        self.url = url or env.get("GPUSPAWNER_CULLER_URL") or self._default_url(env)
-        self.ttl = ttl
-        self.timeout = timeout
-        self._cached: tuple[float, dict | None] | None = None
+        super().__init__(url, ttl, timeout, env)
 
     @staticmethod
     def _default_url(env: dict[str, str]) -> str | None:
+        if env.get("GPUSPAWNER_CULLER_URL"):
+            return env["GPUSPAWNER_CULLER_URL"]
         if not env.get("JUPYTERHUB_SERVICE_PREFIX") or not env.get("JUPYTERHUB_API_TOKEN"):
             return None
         base = env.get("JUPYTERHUB_PUBLIC_HUB_URL") or env.get("JUPYTERHUB_PUBLIC_URL")
@@ -138,14 +165,13 @@ class CullerStatus:
     async def status(self) -> dict | None:
         if not self.configured:
             return None
-        now = time.monotonic()
-        if self._cached and now - self._cached[0] < self.ttl:
-            return self._cached[1]
-        doc = await _get_json(url_path_join(self.url or "", "api/status"), self.token or "",
-                              self.timeout)
-        result = self._mine(doc) if doc is not None else None
-        self._cached = (now, result)
-        return result
+
+        async def read() -> dict | None:
+            doc = await _get_json(url_path_join(self.url or "", "api/status"),
+                                  self.token or "", self.timeout)
+            return self._mine(doc) if doc is not None else None
+
+        return await self._cached_read(read)
 
     def _mine(self, doc: Any) -> dict | None:
         if not isinstance(doc, dict):
@@ -174,7 +200,7 @@ async def _get_json(url: str, token: str, timeout: float) -> Any:
         return None
 
 
-class ShareNotices:
+class ShareNotices(_ServiceClient):
     """This server's GPU share notices from the gpuspawner service (the hub's watchdog: the
     share is over its GPU memory and its largest kernel is interrupted at a given time),
     cached ``ttl`` seconds.
@@ -187,33 +213,26 @@ class ShareNotices:
 
     def __init__(self, url: str | None = None, ttl: float = 10.0, timeout: float = 2.0,
                  env: dict[str, str] | None = None) -> None:
-        env = dict(os.environ if env is None else env)
-        self.token = env.get("JUPYTERHUB_API_TOKEN")
-        self.user = env.get("JUPYTERHUB_USER")
-        self.server_name = env.get("JUPYTERHUB_SERVER_NAME", "")
-        self.url = url or env.get("GPUSPAWNER_SERVICE_URL") or None
-        self.ttl = ttl
-        self.timeout = timeout
-        self._cached: tuple[float, list[str]] | None = None
+        super().__init__(url, ttl, timeout, env)
 
     async def messages(self) -> list[str]:
         """The messages of this server's notices (none when not configured or on failure)."""
         if not (self.url and self.token and self.user):
             return []
-        now = time.monotonic()
-        if self._cached and now - self._cached[0] < self.ttl:
-            return self._cached[1]
-        doc = await _get_json(url_path_join(self.url, "api/users", quote(self.user, safe=""),
-                                            "usage"), self.token, self.timeout)
-        notices = doc.get("gpu_share_notices") if isinstance(doc, dict) else None
-        out = [str(n["message"]) for n in notices or []
-               if isinstance(n, dict) and n.get("message")
-               and (n.get("server") or "") == self.server_name]
-        self._cached = (now, out)
-        return out
+        url, user, token = self.url, self.user, self.token
+
+        async def read() -> list[str]:
+            doc = await _get_json(url_path_join(url, "api/users", quote(user, safe=""),
+                                                "usage"), token, self.timeout)
+            notices = doc.get("gpu_share_notices") if isinstance(doc, dict) else None
+            return [str(n["message"]) for n in notices or []
+                    if isinstance(n, dict) and n.get("message")
+                    and (n.get("server") or "") == self.server_name]
+
+        return await self._cached_read(read)
 
 
-class OwnUsage:
+class OwnUsage(_ServiceClient):
     """The user's own GPU-hours and core-hours this month and their usage budgets, from the
     gpuspawner service (``GET api/usage?group_by=user``: the caller's own rows, this month in
     the site's time zone; ``GET api/usage/budgets``), asked with the server's own
@@ -223,12 +242,7 @@ class OwnUsage:
 
     def __init__(self, url: str | None = None, ttl: float = 60.0, timeout: float = 2.0,
                  env: dict[str, str] | None = None) -> None:
-        env = dict(os.environ if env is None else env)
-        self.token = env.get("JUPYTERHUB_API_TOKEN")
-        self.url = url or env.get("GPUSPAWNER_SERVICE_URL") or None
-        self.ttl = ttl
-        self.timeout = timeout
-        self._cached: tuple[float, dict[str, Any] | None] | None = None
+        super().__init__(url, ttl, timeout, env)
 
     async def figures(self) -> dict[str, Any] | None:
         """``{"from", "gpu_hours", "core_hours", "budgets": [{"name", "unit", "used",
@@ -236,28 +250,28 @@ class OwnUsage:
         configured, usage accounting is off, or the service does not answer."""
         if not (self.url and self.token):
             return None
-        now = time.monotonic()
-        if self._cached and now - self._cached[0] < self.ttl:
-            return self._cached[1]
-        report = await _get_json(url_path_join(self.url, "api/usage?group_by=user"),
-                                 self.token, self.timeout)
-        result = None
-        totals = report.get("totals") if isinstance(report, dict) else None
-        if isinstance(totals, dict):
-            budgets = await _get_json(url_path_join(self.url, "api/usage/budgets"),
-                                      self.token, self.timeout)
+        url, token = self.url, self.token
+
+        async def read() -> dict[str, Any] | None:
+            report = await _get_json(url_path_join(url, "api/usage?group_by=user"), token,
+                                     self.timeout)
+            totals = report.get("totals") if isinstance(report, dict) else None
+            if not isinstance(totals, dict):
+                return None
+            budgets = await _get_json(url_path_join(url, "api/usage/budgets"), token,
+                                      self.timeout)
             entries = budgets.get("budgets") if isinstance(budgets, dict) else None
             keep = ("name", "unit", "used", "limit", "percent", "renews_at", "warning",
                     "exceeded")
-            result = {
+            return {
                 "from": report.get("from"),
                 "gpu_hours": float(totals.get("gpu_hours") or 0.0),
                 "core_hours": float(totals.get("core_hours") or 0.0),
                 "budgets": [{k: b.get(k) for k in keep} for b in entries or []
                             if isinstance(b, dict)],
             }
-        self._cached = (now, result)
-        return result
+
+        return await self._cached_read(read)
 
 
 def kernel_pid_resolver(kernel_manager: Any):
