@@ -46,7 +46,6 @@ then, so its own edits are kept for every entry no admin changed).
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 import threading
 from collections.abc import Callable, Iterable
@@ -56,6 +55,7 @@ from typing import Any
 
 import yaml
 
+from gpuspawner.placement.units import parse_seconds
 from gpuspawner.schemas import ConfigSchemaError, validate
 
 #: built-in defaults, used where neither the file's global entry nor any other sets a field
@@ -78,7 +78,6 @@ _LARGER_IS_LENIENT = {"idle_timeout", "pressure_idle_timeout", "max_age", "gpu_w
                       "grace_period", "warning"}
 _DURATIONS = {"idle_timeout", "pressure_idle_timeout", "max_age", "gpu_window", "grace_period",
               "warning"}
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 #: the sections of a policy document holding named entries
 _SECTIONS = ("groups", "users")
 #: the overrides file's name when none is configured (in the service's working directory)
@@ -90,21 +89,24 @@ class PolicyError(ValueError):
 
 
 def parse_duration(value: Any, where: str = "") -> float:
-    """Seconds from a number or a string like ``"90"``, ``"90s"``, ``"10m"``, ``"2h"``, ``"1d"``."""
-    if isinstance(value, bool):
-        raise PolicyError(f"{where}: expected a duration, got {value!r}")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    elif isinstance(value, str):
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smhd]?)\s*", value)
-        if not m:
-            raise PolicyError(f"{where}: cannot read duration {value!r} (e.g. 600, '10m', '2h')")
-        seconds = float(m.group(1)) * _UNITS[m.group(2) or "s"]
-    else:
-        raise PolicyError(f"{where}: expected a duration, got {value!r}")
-    if seconds < 0:
-        raise PolicyError(f"{where}: must be >= 0, got {value!r}")
-    return seconds
+    """Seconds from a number or a string like ``"90"``, ``"90s"``, ``"10m"``, ``"2h"``, ``"1d"``.
+
+    The reading is :func:`gpuspawner.placement.units.parse_seconds` (one grammar for the hub's
+    and the culler's durations); this adds the policy field to the message.
+
+    Args:
+        value: a number of seconds (int or float, not bool) or a duration string.
+        where: the field's path (e.g. ``users.bob.idle_timeout``), the message's prefix.
+
+    Raises:
+        PolicyError: ``<where>: not a duration: ...`` or ``<where>: must be >= 0 seconds, ...``.
+    """
+    try:
+        if not isinstance(value, int | float | str):
+            raise ValueError(f"not a duration: {value!r}")
+        return parse_seconds(value)
+    except ValueError as e:
+        raise PolicyError(f"{where}: {e}" if where else str(e)) from None
 
 
 def normalize_entry(entry: Any, where: str) -> dict[str, Any]:
