@@ -20,6 +20,13 @@ Rules (in order):
    wholly free MIG GPUs stay free. GPUs with MIG mode on are never candidates for whole GPUs or
    shares (:class:`~.state.NodeState` counts them fully used). NUMA alignment as in rule 3,
    with an instance on its parent GPU's NUMA node.
+6. One user's shares per GPU (``NodeState.one_user_shares``: nodes whose shares run under
+   gpuspawner's MPS control daemons, ``gpu_share: mps-daemon``): a GPU holding shares of one
+   user is no candidate for another user's share (:func:`share_blocked`), because the MPS
+   clients of one GPU share its daemon's IPC namespace (docs/gpu-sharing.md, MPS). Applied
+   when the caller names the share's ``user``; whole GPUs (taken only when untouched) and
+   MIG instances are not MPS clients and are unaffected, and the same user's next share
+   joins their GPU as rule 1 says.
 
 Everything here is pure: it reads a :class:`~.state.NodeState` and returns a
 :class:`~.state.Plan` or None.
@@ -41,9 +48,21 @@ def model_allowed(gpu: GPU, bundle: Bundle) -> bool:
     return any(m.lower() == model for m in bundle.gpu_models)
 
 
-def gpu_candidates(state: NodeState, bundle: Bundle, numa_ids: tuple[int, ...]) -> list[GPU]:
+def share_blocked(state: NodeState, uuid: str, user: str | None) -> bool:
+    """True when GPU ``uuid`` of this node may not take a share of ``user`` (rule 6): the node
+    keeps one user's shares per GPU and the GPU holds shares of someone else. Always False
+    when ``user`` is None (no owner named: the rule is not applied)."""
+    if user is None or not state.one_user_shares:
+        return False
+    users = state.share_users.get(uuid)
+    return bool(users) and (len(users) > 1 or user not in users)
+
+
+def gpu_candidates(state: NodeState, bundle: Bundle, numa_ids: tuple[int, ...],
+                   user: str | None = None) -> list[GPU]:
     """GPUs on the given NUMA nodes that can serve the bundle now (free whole GPUs, or shareable
-    GPUs with enough free milli-GPU for a share)."""
+    GPUs with enough free milli-GPU for a share, none of them another user's under rule 6
+    when ``user`` is named)."""
     out = []
     for nid in numa_ids:
         for g in state.gpus_by_numa[nid]:
@@ -53,7 +72,8 @@ def gpu_candidates(state: NodeState, bundle: Bundle, numa_ids: tuple[int, ...]) 
             if bundle.gpus:
                 if used == 0:
                     out.append(g)
-            elif g.shareable and used + bundle.gpu_milli <= GPU_MILLI:
+            elif (g.shareable and used + bundle.gpu_milli <= GPU_MILLI
+                  and (user is None or not share_blocked(state, g.uuid, user))):
                 out.append(g)
     return out
 
@@ -265,8 +285,9 @@ def _plan_mig(state: NodeState, bundle: Bundle, allow_spill: bool) -> Plan | Non
                 mig=[i.uuid for i in insts])
 
 
-def plan_aligned(state: NodeState, bundle: Bundle) -> Plan | None:
-    """Place the bundle on the fewest NUMA nodes that can hold it (rule 3), or None."""
+def plan_aligned(state: NodeState, bundle: Bundle, user: str | None = None) -> Plan | None:
+    """Place the bundle on the fewest NUMA nodes that can hold it (rule 3), or None; ``user``:
+    the share's owner (rule 6)."""
     m = min_numa_count(state, bundle)
     if m is None:
         return None
@@ -278,7 +299,7 @@ def plan_aligned(state: NodeState, bundle: Bundle) -> Plan | None:
             continue
         if sum(state.free_mem[n] for n in numa_set) < bundle.memory_bytes:
             continue
-        cands = gpu_candidates(state, bundle, numa_set) if wants_gpu else []
+        cands = gpu_candidates(state, bundle, numa_set, user) if wants_gpu else []
         chosen = _choose_gpus(state, bundle, cands)
         if chosen is None:
             continue
@@ -305,13 +326,14 @@ def plan_aligned(state: NodeState, bundle: Bundle) -> Plan | None:
     return Plan(gpus=gpus, cpus=cpus, memory_by_numa=mem, aligned=True)
 
 
-def plan_spill(state: NodeState, bundle: Bundle) -> Plan | None:
+def plan_spill(state: NodeState, bundle: Bundle, user: str | None = None) -> Plan | None:
     """Place the bundle anywhere on the node, as close as the free devices allow, or None.
-    The plan's ``aligned`` and ``note`` say whether it spilled across NUMA nodes."""
+    The plan's ``aligned`` and ``note`` say whether it spilled across NUMA nodes; ``user``:
+    the share's owner (rule 6)."""
     if state.free_cpu_count() < bundle.cores or state.free_memory() < bundle.memory_bytes:
         return None
     wants_gpu = bool(bundle.gpus or bundle.gpu_milli)
-    cands = gpu_candidates(state, bundle, state.numa_ids) if wants_gpu else []
+    cands = gpu_candidates(state, bundle, state.numa_ids, user) if wants_gpu else []
     chosen = _choose_gpus(state, bundle, cands)
     if chosen is None:
         return None
@@ -342,26 +364,30 @@ def plan_spill(state: NodeState, bundle: Bundle) -> Plan | None:
     return Plan(gpus=gpus, cpus=cpus, memory_by_numa=mem, aligned=aligned, note=note)
 
 
-def plan(state: NodeState, bundle: Bundle, allow_spill: bool) -> Plan | None:
+def plan(state: NodeState, bundle: Bundle, allow_spill: bool,
+         user: str | None = None) -> Plan | None:
     """Devices for ``bundle`` on this node, or None when they are not free.
 
     With ``allow_spill`` False only an aligned plan (rule 3) is returned; with True an aligned
     plan is still preferred and a spilled one is the fallback. ``numa_policy="none"`` bundles
-    are planned with spill allowed by the ledger.
+    are planned with spill allowed by the ledger. ``user``: the owner of a share, for rule 6
+    (None: not applied; the ledger names it, the node-selection policies do not).
     """
     if state.free_disk < bundle.disk_bytes:
         return None
     if bundle.mig:
         return _plan_mig(state, bundle, allow_spill)
-    p = plan_aligned(state, bundle)
+    p = plan_aligned(state, bundle, user)
     if p is not None or not allow_spill:
         return p
-    return plan_spill(state, bundle)
+    return plan_spill(state, bundle, user)
 
 
-def quick_fit(state: NodeState, bundle: Bundle, aligned: bool = False) -> bool:
+def quick_fit(state: NodeState, bundle: Bundle, aligned: bool = False,
+              user: str | None = None) -> bool:
     """Cheap necessary condition for :func:`plan` (node totals, and with ``aligned`` the
-    per-NUMA-node condition when one NUMA node must hold the bundle); False = surely no fit."""
+    per-NUMA-node condition when one NUMA node must hold the bundle); False = surely no fit.
+    ``user``: as :func:`plan`'s."""
     if state.free_disk < bundle.disk_bytes:
         return False
     if state.free_cpu_count() < bundle.cores or state.free_memory() < bundle.memory_bytes:
@@ -370,13 +396,14 @@ def quick_fit(state: NodeState, bundle: Bundle, aligned: bool = False) -> bool:
         for nid in state.numa_ids:
             if (len(state.free_cpus[nid]) >= bundle.cores
                     and state.free_mem[nid] >= bundle.memory_bytes
-                    and _gpus_fit(state, bundle, state.gpus_by_numa[nid])):
+                    and _gpus_fit(state, bundle, state.gpus_by_numa[nid], user)):
                 return True
         return False
-    return _gpus_fit(state, bundle, state.node.gpus)
+    return _gpus_fit(state, bundle, state.node.gpus, user)
 
 
-def _gpus_fit(state: NodeState, bundle: Bundle, gpus: tuple[GPU, ...]) -> bool:
+def _gpus_fit(state: NodeState, bundle: Bundle, gpus: tuple[GPU, ...],
+              user: str | None = None) -> bool:
     if bundle.mig:
         n = 0
         for g in gpus:
@@ -392,7 +419,8 @@ def _gpus_fit(state: NodeState, bundle: Bundle, gpus: tuple[GPU, ...]) -> bool:
     if bundle.gpu_milli:
         for g in gpus:
             if (g.shareable and state.gpu_used[g.uuid] + bundle.gpu_milli <= GPU_MILLI
-                    and model_allowed(g, bundle)):
+                    and model_allowed(g, bundle)
+                    and (user is None or not share_blocked(state, g.uuid, user))):
                 return True
         return False
     return True

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .devices import plan, quick_fit
 from .errors import (
     PlacementError,
     PlacementRefused,
@@ -27,7 +28,15 @@ from .ledger_health import NODE_STATES, LedgerHealth
 from .ledger_index import IndexMaintenance, LedgerIndex, affinity_tag, node_profile
 from .ledger_restore import LedgerRestore
 from .model import GPU_MILLI, Allocation, Bundle, GPUShare, MigShare, Node, Owner, now
-from .policies import DEFAULT_POLICY, MEMORY_POLICIES, POLICIES, get_policy, pod_type_of
+from .policies import (
+    DEFAULT_POLICY,
+    MEMORY_POLICIES,
+    POLICIES,
+    Choice,
+    NodeFilter,
+    get_policy,
+    pod_type_of,
+)
 from .prior import LivePrior
 from .quota import QuotaTable, Usage
 from .state import NodeState, Plan
@@ -100,6 +109,9 @@ class Ledger(LedgerCapacity, LedgerRestore, LedgerHealth, IndexMaintenance):
         self._capacity_cache: tuple[tuple[int, frozenset[str], frozenset[str]], Usage] | None
         self._capacity_cache = None
         self._grown = 0
+        #: the nodes whose GPU shares serve one user per GPU (:meth:`set_one_user_shares`)
+        self._one_user: list[NodeState] = []
+        self._one_user_names: frozenset[str] = frozenset()
         #: called ``(event, allocation)`` after each change of what is booked, under the
         #: ledger's lock: ``"book"`` (reserve, restore), ``"adopt"`` (the same allocation
         #: now names other devices), ``"release"``; an observer's exception is logged, never
@@ -141,6 +153,77 @@ class Ledger(LedgerCapacity, LedgerRestore, LedgerHealth, IndexMaintenance):
     def nodes(self) -> list[Node]:
         """All nodes, in configuration order."""
         return [st.node for st in self._c.states]
+
+    def set_one_user_shares(self, names: Iterable[str]) -> None:
+        """Mark the nodes whose GPU shares serve one hub user per GPU (all others unmarked):
+        nodes whose shares run under gpuspawner's MPS control daemons (``gpu_share:
+        mps-daemon``), where the MPS clients of one GPU share its daemon's IPC namespace
+        (docs/gpu-sharing.md, MPS). On them a GPU holding shares of one user is no candidate
+        for another user's share (:func:`~.devices.share_blocked`), in the choice of the node
+        and of the GPU: :meth:`reserve` goes to another GPU or node, or refuses (the wait
+        queue keeps the request). Whole GPUs and MIG instances are unaffected. Allocations
+        already booked stay as they are.
+
+        Raises:
+            KeyError: a name that is not a node of the ledger.
+        """
+        names = set(names)
+        with self._lock:
+            unknown = names - set(self._by_name)
+            if unknown:
+                raise KeyError(f"no node {sorted(unknown)[0]!r}")
+            loosened = any(st.one_user_shares and st.name not in names
+                           for st in self._c.states)
+            for st in self._c.states:
+                st.one_user_shares = st.name in names
+            self._one_user = [st for st in self._c.states if st.one_user_shares]
+            self._one_user_names = frozenset(names)
+            if loosened:  # a share refused there may fit now
+                self._grown += 1
+
+    @property
+    def one_user_share_nodes(self) -> frozenset[str]:
+        """Names of the nodes marked by :meth:`set_one_user_shares`."""
+        return self._one_user_names
+
+    def share_user(self, bundle: Bundle, user: str) -> str | None:
+        """``user`` when the one-user-per-GPU rule can change where ``bundle`` goes for them
+        (a share, and a marked node has a GPU with another user's shares), else None: the
+        owner need not be known to place it. O(marked nodes' GPUs with shares)."""
+        if not bundle.gpu_milli or not self._one_user:
+            return None
+        with self._lock:
+            for st in self._one_user:
+                for users in st.share_users.values():
+                    if len(users) > 1 or user not in users:
+                        return user
+        return None
+
+    def _choose(self, bundle: Bundle, spill: bool, ok: NodeFilter | None,
+                user: str | None) -> Choice | None:
+        """The policy's choice; with ``user`` (:meth:`share_user`) only among the nodes where
+        that user's share has a GPU under the one-user rule, and on a marked node the devices
+        planned for that user (the policy's own plan may name another user's GPU)."""
+        if user is None:
+            return self._policy(self._c, bundle, spill, ok)
+        plans: dict[str, Plan | None] = {}
+
+        def mine(st: NodeState) -> bool:
+            if ok is not None and not ok(st):
+                return False
+            if not st.one_user_shares:
+                return True
+            if st.name not in plans:
+                plans[st.name] = (plan(st, bundle, spill, user)
+                                  if quick_fit(st, bundle, not spill, user) else None)
+            return plans[st.name] is not None
+
+        got = self._policy(self._c, bundle, spill, mine)
+        if got is not None and got[0].one_user_shares:
+            st = got[0]
+            p = plans.get(st.name) or plan(st, bundle, spill, user)
+            got = (st, p) if p is not None else None
+        return got
 
     def set_workload(self, workload: list[tuple[PodType, float]] | None) -> None:
         """Set the target workload of ``fgd`` (``[(PodType, frequency)]``, frequencies summing
@@ -265,10 +348,11 @@ class Ledger(LedgerCapacity, LedgerRestore, LedgerHealth, IndexMaintenance):
                     self._prior_read = t
                     self._c.frag.set_workload(self.prior.workload(t))
             choice = None
+            user = self.share_user(bundle, owner.user)  # one user's shares per GPU
             if bundle.numa_policy != "none":
-                choice = self._policy(self._c, bundle, False, ok)
+                choice = self._choose(bundle, False, ok, user)
             if choice is None and bundle.numa_policy != "strict":
-                choice = self._policy(self._c, bundle, True, ok)
+                choice = self._choose(bundle, True, ok, user)
             if choice is None:
                 if not explain:
                     raise PlacementRefused("unplaced", f"no node can take {bundle.describe()} "
@@ -373,7 +457,8 @@ class Ledger(LedgerCapacity, LedgerRestore, LedgerHealth, IndexMaintenance):
     def _refusal(self, bundle: Bundle, owner: Owner,
                  allowed: set[str] | None) -> PlacementRefused:
         states = [st for st in self._c.states if allowed is None or st.name in allowed]
-        detail, reason, best = explain_refusal(states, bundle)
+        detail, reason, best = explain_refusal(states, bundle,
+                                               self.share_user(bundle, owner.user))
         if self._node_state:
             detail += "; " + "; ".join(f"node {n} is {s}" + (f" ({r})" if r else "")
                                        for n, (s, r) in sorted(self._node_state.items()))

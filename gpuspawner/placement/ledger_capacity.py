@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from .devices import min_numa_count, model_allowed, plan
+from .devices import min_numa_count, model_allowed, plan, share_blocked
 from .errors import (
     PlacementRefused,
 )
@@ -91,12 +91,15 @@ class LedgerCapacity:
             return plan(self._empty_state(name), bundle,
                         bundle.numa_policy != "strict") is not None
 
-    def fits_now(self, bundle: Bundle, nodes: Iterable[str] | None = None) -> str | None:
+    def fits_now(self, bundle: Bundle, nodes: Iterable[str] | None = None,
+                 user: str | None = None) -> str | None:
         """The first usable node (within ``nodes``, when given; configuration order) on which
         ``bundle`` could be placed now, under its NUMA policy and the devices' rules
         (:func:`~.devices.plan` on the live state: booked and drained devices are taken), or
         None. The question the form, the queue and the REST service ask instead of counting
         free capacity beside the ledger; quotas are not judged here (:meth:`check_quota`).
+        ``user``: the share's owner, for the one-user-per-GPU rule of marked nodes
+        (:meth:`~.ledger.Ledger.set_one_user_shares`); None: not applied.
         O(nodes) plans at most, stopping at the first that fits."""
         with self._lock:
             names = self.usable_nodes()
@@ -104,18 +107,20 @@ class LedgerCapacity:
                 names &= set(nodes)
             for n in sorted(names, key=lambda n: self._by_name[n].order):
                 st = self._by_name[n]
-                if bundle.numa_policy != "none" and plan(st, bundle, False) is not None:
+                if bundle.numa_policy != "none" and plan(st, bundle, False, user) is not None:
                     return n
-                if bundle.numa_policy != "strict" and plan(st, bundle, True) is not None:
+                if bundle.numa_policy != "strict" and plan(st, bundle, True, user) is not None:
                     return n
             return None
 
-    def closest_node(self, bundle: Bundle, nodes: Iterable[str]) -> str | None:
+    def closest_node(self, bundle: Bundle, nodes: Iterable[str],
+                     user: str | None = None) -> str | None:
         """Of ``nodes``, the one that lacks the least to hold ``bundle`` now, for the wait
         queue's reservation (:class:`~.queue.WaitQueue`): the smallest (GPUs missing, cores
         missing, memory bytes missing, configuration order). GPUs missing: for whole GPUs,
         ``bundle.gpus`` minus the node's fully free GPUs of an allowed model (0 at least);
-        for a share, 0 when one shareable GPU of an allowed model has ``gpu_milli`` free,
+        for a share, 0 when one shareable GPU of an allowed model has ``gpu_milli`` free
+        (and, with ``user``, takes that user's share: :func:`~.devices.share_blocked`),
         else 1. A proxy: NUMA placement is not planned. None when ``nodes`` is empty."""
         with self._lock:
             best: tuple[int, int, int, int] | None = None
@@ -132,6 +137,7 @@ class LedgerCapacity:
                     gpus = max(0, bundle.gpus - free)
                 elif bundle.gpu_milli:
                     gpus = 0 if any(g.shareable and st.gpu_free_milli(g.uuid) >= bundle.gpu_milli
+                                    and not share_blocked(st, g.uuid, user)
                                     for g in ok) else 1
                 else:
                     gpus = 0
@@ -260,9 +266,10 @@ class LedgerCapacity:
             return out
 
 
-def gpu_free(st: NodeState, bundle: Bundle, strict: bool) -> int:
+def gpu_free(st: NodeState, bundle: Bundle, strict: bool, user: str | None = None) -> int:
     """Free whole GPUs of the allowed models (on the fewest NUMA nodes that could hold the
-    bundle when ``strict``), or for a share the most free milli-GPU of one shareable GPU."""
+    bundle when ``strict``), or for a share the most free milli-GPU of one shareable GPU
+    (with ``user``: one that may take that user's share, :func:`~.devices.share_blocked`)."""
     if bundle.mig:
         per = [sum(1 for m in st.mig_by_numa[n] if m.profile == bundle.mig
                    and st.mig_free(m) and model_allowed(st.gpu_by_uuid[m.gpu], bundle))
@@ -279,11 +286,16 @@ def gpu_free(st: NodeState, bundle: Bundle, strict: bool) -> int:
         m = min_numa_count(st, bundle) or len(per)
         return sum(sorted(per, reverse=True)[:m])
     return max((GPU_MILLI - st.gpu_used[g.uuid] for g in st.node.gpus
-                if g.shareable and model_allowed(g, bundle)), default=0)
+                if g.shareable and model_allowed(g, bundle)
+                and not share_blocked(st, g.uuid, user)), default=0)
 
 
-def explain_refusal(states: list[NodeState], bundle: Bundle) -> tuple[str, str, str | None]:
-    """(sentence, reason key, closest node) for a bundle no node can take. O(nodes)."""
+def explain_refusal(states: list[NodeState], bundle: Bundle,
+                    user: str | None = None) -> tuple[str, str, str | None]:
+    """(sentence, reason key, closest node) for a bundle no node can take. O(nodes).
+    ``user``: the share's owner; GPUs that keep their shares for another user (the
+    one-user-per-GPU rule, :func:`~.devices.share_blocked`) do not count as free, and the
+    sentence names them."""
     if not states:
         return "no node is available for this profile", "no_nodes", None
     models = "|".join(bundle.gpu_models) if bundle.gpu_models else "GPU"
@@ -307,7 +319,7 @@ def explain_refusal(states: list[NodeState], bundle: Bundle) -> tuple[str, str, 
         return (f"no node is large enough for {bundle.describe()}", "too_large", None)
     if wants_gpu:
         need = bundle.gpus or bundle.gpu_milli or bundle.mig_units
-        free = {st.name: gpu_free(st, bundle, strict) for st in big}
+        free = {st.name: gpu_free(st, bundle, strict, user) for st in big}
         best = max(big, key=lambda st: (free[st.name], -st.order))
         n = free[best.name]
         if n < need:
@@ -321,8 +333,14 @@ def explain_refusal(states: list[NodeState], bundle: Bundle) -> tuple[str, str, 
                          else f" on {m} NUMA nodes")
                 return (f"no node has {bundle.gpus} free {models}{where}; best: {best.name} "
                         f"with {n} free", "gpus", best.name)
-            return (f"no shareable {models} has {bundle.gpu_milli} milli-GPU free; best: "
-                    f"{best.name} with {n} milli-GPU free", "gpu_share", best.name)
+            kept = [f"{g.uuid} on {st.name}" for st in big for g in st.node.gpus
+                    if g.shareable and model_allowed(g, bundle)
+                    and st.gpu_free_milli(g.uuid) >= need and share_blocked(st, g.uuid, user)]
+            why = (f" (with room, but their shares serve another user under MPS, one user "
+                   f"per GPU: {', '.join(kept)})" if kept else "")
+            return (f"no shareable {models} has {bundle.gpu_milli} milli-GPU free"
+                    f"{' for you' if kept else ''}{why}; best: {best.name} with {n} "
+                    "milli-GPU free", "gpu_share", best.name)
         big = [st for st in big if free[st.name] >= need]
     with_gpus = f" beside {bundle.gpus or 1} free {models}" if wants_gpu else ""
     if bundle.mig:

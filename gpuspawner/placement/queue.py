@@ -190,7 +190,7 @@ class WaitQueue:
         self._ids = itertools.count(1)
         #: (bundle, nodes tried) -> ``ledger.grown`` when the ledger refused it there: until
         #: something grows, the same try is refused again and is not made (see _try)
-        self._refused: dict[tuple[Bundle, frozenset[str]], int] = {}
+        self._refused: dict[tuple[Bundle, frozenset[str], str], int] = {}
         #: user -> decayed past usage (set_past_usage); empty: fair share over time is off
         self._past: dict[str, float] = {}
 
@@ -414,7 +414,9 @@ class WaitQueue:
                 allowed = own
             elif head.claimed:  # past its bound: one node is kept for it
                 if reserved is None:
-                    reserved = self.ledger.closest_node(head.bundle, protected)
+                    reserved = self.ledger.closest_node(
+                        head.bundle, protected,
+                        self.ledger.share_user(head.bundle, head.owner.user))
                 allowed = own - {reserved}
             else:
                 allowed = own - protected
@@ -433,7 +435,10 @@ class WaitQueue:
         """Reserve ``e`` on ``allowed``; the outcome if it left the queue, None if it waits."""
         if not allowed:
             return None
-        key = (e.bundle, frozenset(allowed))
+        # the user too where a GPU's shares serve one user (Ledger.set_one_user_shares): a
+        # share refused to bob may fit ann's GPU
+        key = (e.bundle, frozenset(allowed),
+               e.owner.user if e.bundle.gpu_milli and self.ledger.one_user_share_nodes else "")
         grown = self.ledger.grown
         try:
             if self._refused.get(key) == grown:

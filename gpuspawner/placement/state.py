@@ -53,11 +53,17 @@ class NodeState:
     whole-GPU or share placement, fragmentation signature or free-GPU count sees it as free);
     its instances are booked by UUID in ``mig_used``, each whole; a drained MIG-enabled GPU
     (``mig_drained``) offers none of its instances.
+
+    Shares of one user per GPU (``one_user_shares``, set by the ledger for nodes whose shares
+    run under gpuspawner's MPS daemons, ``gpu_share: mps-daemon``): ``share_users`` counts,
+    per GPU, the share allocations of each user on it, and :func:`~.devices.share_blocked`
+    keeps another user's share off such a GPU (docs/gpu-sharing.md, MPS).
     """
 
     __slots__ = ("node", "numa_ids", "free_cpus", "free_mem", "gpu_used", "free_disk",
                  "gpus_by_numa", "gpu_numa", "gpu_by_uuid", "sig", "allocation_ids", "order",
-                 "cpu_numa", "cache", "mig_by_uuid", "mig_used", "mig_by_numa", "mig_drained")
+                 "cpu_numa", "cache", "mig_by_uuid", "mig_used", "mig_by_numa", "mig_drained",
+                 "share_users", "one_user_shares")
 
     def __init__(self, node: Node, order: int = 0) -> None:
         self.node = node
@@ -89,6 +95,11 @@ class NodeState:
             for nid in self.numa_ids
         }
         self.allocation_ids: set[str] = set()
+        #: GPU UUID -> user -> share allocations (under 1000 milli-GPU) of that user on it;
+        #: a GPU without shares has no key
+        self.share_users: dict[str, dict[str, int]] = {}
+        #: a GPU's shares serve one user at a time (``gpu_share: mps-daemon``)
+        self.one_user_shares: bool = False
         #: results that depend only on the node's hardware (see devices.min_numa_count)
         self.cache: dict = {}
         self.sig: tuple = ()
@@ -197,6 +208,9 @@ class NodeState:
         """Take the allocation's devices. The caller checked :meth:`conflict` first."""
         for g in alloc.gpus:
             self.gpu_used[g.uuid] += g.milli
+            if g.milli < GPU_MILLI:
+                users = self.share_users.setdefault(g.uuid, {})
+                users[alloc.owner.user] = users.get(alloc.owner.user, 0) + 1
         for m in alloc.mig:
             self.mig_used.add(m.uuid)
         for c in alloc.cpuset:
@@ -212,6 +226,13 @@ class NodeState:
         """Give the allocation's devices back (the inverse of :meth:`book`)."""
         for g in alloc.gpus:
             self.gpu_used[g.uuid] -= g.milli
+            users = self.share_users.get(g.uuid) if g.milli < GPU_MILLI else None
+            if users is not None and alloc.owner.user in users:
+                users[alloc.owner.user] -= 1
+                if not users[alloc.owner.user]:
+                    del users[alloc.owner.user]
+                if not users:
+                    del self.share_users[g.uuid]
         for m in alloc.mig:
             self.mig_used.discard(m.uuid)
         for c in alloc.cpuset:
