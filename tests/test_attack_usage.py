@@ -91,12 +91,16 @@ async def test_another_users_server_never_joins_a_gpus_mps_clients(
     listed and read a 0600 POSIX shared memory segment of ann's (a DataLoader's tensors), saw
     her System V segment, and could fill the 64 MiB /dev/shm so that her shared memory failed
     with ENOSPC. Now another user's share on a GPU whose MPS daemon serves ann's server is
-    refused (docs/gpu-sharing.md, MPS) and none of bob's containers joins her namespace."""
+    refused (docs/gpu-sharing.md, MPS) and none of bob's containers joins her namespace.
+    The placement keeps his share off her GPU (it starts on the other one:
+    tests/test_gpu_share_mps.py); here its rule is off, as a placement that put him there,
+    so that the start-time check, kept as defence in depth, is what refuses."""
     ann = spawner("gsatka", node={"gpu_share": "mps-daemon"})
     bob = spawner("gsatkb", node={"gpu_share": "mps-daemon"})
     backend = ann.cluster.backend
     backend.mps_daemon_command = STAND_IN
     backend.stop_timeout = 1
+    ann.cluster.ledger.set_one_user_shares([])
     await asyncio.wait_for(ann.start(), 90)
     try:
         (daemon,) = daemons(engine)

@@ -159,9 +159,15 @@ async def test_one_daemon_per_gpu_started_before_its_first_client_stopped_after_
 
     # another user's share on that GPU is refused: MPS clients share the daemon's IPC
     # namespace (/dev/shm, System V segments: tests/test_attack_usage.py), and MPS serves one
-    # uid at a time; nothing of theirs is left, and the ledger has their GPU back
+    # uid at a time; nothing of theirs is left, and the ledger has their GPU back. The
+    # placement keeps it off that GPU (test_another_users_share_starts_on_another_gpu...);
+    # with its rule off, as a placement that did not steer, the start-time check refuses
+    ledger = sps[0].cluster.ledger
+    assert ledger.one_user_share_nodes == {"gpunode"}
+    ledger.set_one_user_shares([])
     with pytest.raises(Exception, match="runs under MPS .* for another user's server"):
         await asyncio.wait_for(other.start(), 90)
+    ledger.set_one_user_shares(["gpunode"])
     assert not other.backend_state.get("container_id")
     assert [c for c in engine.containers(all=True, filters={"label": [f"{CLIENT_LABEL}={gpu}"]})
             if c["Labels"].get("gpuspawner.user") == "gsmib"] == []
@@ -179,6 +185,37 @@ async def test_one_daemon_per_gpu_started_before_its_first_client_stopped_after_
         "Volumes") or []]
     assert f"{info['Name'].lstrip('/')}-log" in names  # the logs stay for the admin
     assert f"{info['Name'].lstrip('/')}-pipe" not in names
+
+
+@pytest.mark.docker
+async def test_another_users_share_starts_on_another_gpu_with_a_daemon_of_its_own(
+        no_daemons, spawner, engine):  # noqa: F811
+    """The refusal of tests/test_attack_usage.py's replay, with room elsewhere: the placement
+    used to put bob's share on ann's GPU (best fit packs shares) and his server was refused
+    at start (her daemon's clients share its IPC namespace). Now the ledger keeps it off her
+    GPU: it starts on the node's other GPU under a daemon of its own, and neither server
+    joins the other's daemon."""
+    ann = spawner("gsmoa", node={"gpu_share": "mps-daemon"})
+    bob = spawner("gsmob", node={"gpu_share": "mps-daemon"})
+    backend = ann.cluster.backend
+    backend.mps_daemon_command = STAND_IN
+    backend.stop_timeout = 1  # the stand-in server ignores SIGTERM (pid 1)
+    await asyncio.wait_for(ann.start(), 90)
+    try:
+        await asyncio.wait_for(bob.start(), 90)
+        try:
+            a_gpu, b_gpu = ann.backend_state["mps_gpu"], bob.backend_state["mps_gpu"]
+            assert a_gpu != b_gpu
+            assert ann.cluster.ledger.find("gsmob", "").gpu_uuids == [b_gpu]
+            (da,), (db,) = daemons(engine, a_gpu), daemons(engine, b_gpu)
+            for sp, d in ((ann, da), (bob, db)):
+                info = engine.inspect_container(sp.backend_state["container_id"])
+                assert info["HostConfig"]["IpcMode"] == f"container:{d['Id']}"
+        finally:
+            await bob.stop()
+    finally:
+        await ann.stop()
+    assert not daemons(engine)
 
 
 @pytest.mark.docker

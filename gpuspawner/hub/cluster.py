@@ -857,6 +857,10 @@ def get_cluster(nodes: Sequence[Mapping[str, Any]], policy: str,
         quota_table = check_quotas(quotas)
         ledger = Ledger([rt.node for rt in runtimes], policy=policy, quotas=quota_table,
                         prior=_prior(profiles))
+        # gpuspawner's MPS daemons serve one user per GPU (their clients share its IPC
+        # namespace): placement keeps other users' shares off such a GPU
+        ledger.set_one_user_shares(rt.name for rt in runtimes
+                                   if getattr(rt.gpu_share, "mps_daemon", False))
         table = {rt.name: rt for rt in runtimes}
         made = backend_class(backend)(config=config) if config is not None else \
             backend_class(backend)()

@@ -192,7 +192,8 @@ def profile_cards(profiles: Sequence[Profile], ledger: Ledger, user: str,
                     card.update(available=False, reason=f"over your quota ({_QUOTA_WORDS[key]})")
                     break
             else:
-                if ledger.fits_now(b, p.nodes) is not None:  # the ledger's answer
+                # the ledger's answer, for this user (one user's shares per GPU under MPS)
+                if ledger.fits_now(b, p.nodes, ledger.share_user(b, user)) is not None:
                     card["free"] = True
                 elif p.queue:  # fits the capacity (not "never"): it waits for its turn
                     busy = f"all {models} busy now" if b.total_gpu_milli else "no room now"
