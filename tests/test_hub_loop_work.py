@@ -19,6 +19,7 @@ application with the hub's login replaced by a fixed admin model.
 from __future__ import annotations
 
 import asyncio
+import copy
 import gc
 import json
 import os
@@ -101,6 +102,48 @@ def test_the_admin_map_formats_nothing_again_and_matches_a_fresh_one(to_dict_cal
     views._VIEWS.clear()
     assert again == view == map_view(cluster)  # cached or made anew: the same page data
     assert len(view["quota_rows"]) == 120 and view["totals"]["allocations"] == 120
+
+
+def test_a_snapshot_rebuilds_only_the_nodes_that_changed(monkeypatch):
+    """``Ledger.snapshot`` (the admin map's, the metrics' and ``api/nodes``' read on the loop)
+    makes a node's dict again only for the nodes that changed: none after nothing changed, one
+    after one booking; its readers never change the dicts it shares between snapshots."""
+    from gpuspawner.hub.metrics import latest_from
+    from gpuspawner.hub.service.frozen import FrozenCluster, freeze_all
+
+    cluster = cluster_with(240)
+    ledger = cluster.ledger
+    built: list[str] = []
+    original = Ledger._snapshot_node
+
+    def counted(self: Ledger, st: Any) -> dict[str, Any]:
+        built.append(st.name)
+        return original(self, st)
+
+    monkeypatch.setattr(Ledger, "_snapshot_node", counted)
+    first = ledger.snapshot()
+    assert len(built) == len(ledger.nodes) == 10 and first == ledger._snapshot_full()
+    built.clear()
+    assert ledger.snapshot() == first and built == []  # nothing changed: nothing made
+    a = ledger.reserve(SMALL, Owner("newcomer"))
+    after = ledger.snapshot()
+    assert built == [a.node] and after == ledger._snapshot_full() != first
+    assert sum(x is not y for x, y in zip(first, after, strict=True)) == 1
+    built.clear()
+    gone = ledger.release(ledger.allocations()[0].id)
+    cluster.drain_gpu(ledger.nodes[3].gpus[0].uuid, "fan", by="admin")
+    ledger.set_node_state(ledger.nodes[5].name, "drain", "maintenance")
+    kept = copy.deepcopy(ledger.snapshot())
+    assert sorted(built) == sorted({gone.node, ledger.nodes[3].name, ledger.nodes[5].name})
+    assert kept == ledger._snapshot_full()
+    built.clear()
+    # its readers copy what they change: the ledger's dicts are as they were
+    views.node_views(cluster, None)
+    views.node_views(cluster, "u00007")
+    map_view(cluster)
+    map_view(FrozenCluster(cluster))
+    latest_from(freeze_all([cluster]))
+    assert ledger.snapshot() == kept == ledger._snapshot_full() and built == []
 
 
 def test_a_frozen_copy_gives_the_same_map_and_metrics(monkeypatch):

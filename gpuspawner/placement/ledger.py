@@ -112,6 +112,15 @@ class Ledger(LedgerCapacity, LedgerRestore, LedgerHealth, IndexMaintenance):
         #: the nodes whose GPU shares serve one user per GPU (:meth:`set_one_user_shares`)
         self._one_user: list[NodeState] = []
         self._one_user_names: frozenset[str] = frozenset()
+        #: node name -> its allocations (id -> allocation, in booking order), what
+        #: :meth:`snapshot` reads to rebuild one node without walking every allocation
+        self._node_allocs: dict[str, dict[str, Allocation]] = {}
+        #: :meth:`snapshot`'s node dicts in configuration order; one is never changed once
+        #: made: a node that changed gets a new dict (copy-on-write)
+        self._snap: list[dict[str, Any]] = []
+        #: names of the nodes whose dict in ``_snap`` is stale (set under the lock by every
+        #: change a snapshot shows: bookings, releases, node states, drains, new nodes)
+        self._snap_dirty: set[str] = set()
         #: called ``(event, allocation)`` after each change of what is booked, under the
         #: ledger's lock: ``"book"`` (reserve, restore), ``"adopt"`` (the same allocation
         #: now names other devices), ``"release"``; an observer's exception is logged, never
@@ -135,6 +144,7 @@ class Ledger(LedgerCapacity, LedgerRestore, LedgerHealth, IndexMaintenance):
             self._c.profiles.setdefault(node_profile(st), st)
             self._by_name[node.name] = st
             self._rebucket(st)
+            self._snap_dirty.add(node.name)
 
     @property
     def grown(self) -> int:
@@ -391,6 +401,8 @@ class Ledger(LedgerCapacity, LedgerRestore, LedgerHealth, IndexMaintenance):
         st.book(alloc)
         self._rebucket(st, old, grew=False)
         self._allocs[alloc.id] = alloc
+        self._node_allocs.setdefault(alloc.node, {})[alloc.id] = alloc
+        self._snap_dirty.add(alloc.node)
         self._by_owner[(alloc.owner.user, alloc.owner.server)] = alloc.id
         tag = affinity_tag(alloc)
         if tag:
@@ -427,6 +439,8 @@ class Ledger(LedgerCapacity, LedgerRestore, LedgerHealth, IndexMaintenance):
                     return None
                 raise UnknownAllocation(f"no allocation {allocation_id}")
             st = self._by_name[alloc.node]
+            self._node_allocs[alloc.node].pop(allocation_id, None)
+            self._snap_dirty.add(alloc.node)
             old = self._bucket_key(st)
             st.unbook(alloc)
             for g in alloc.gpus:  # a drained GPU keeps what is given back

@@ -221,49 +221,96 @@ class LedgerCapacity:
         return free, total
 
     def snapshot(self) -> list[dict[str, Any]]:
-        """Per node: free/used GPUs (by UUID, with milli used), cores and memory per NUMA node,
-        disk; JSON-ready. This is what the admin map and ``GET api/nodes`` show."""
+        """Per node, in configuration order: state, free/used GPUs (by UUID, with milli used
+        and holders), cores and memory per NUMA node, disk; JSON-ready. This is what the admin
+        map, the metrics and ``GET api/nodes`` read, on the hub's event loop.
+
+        Incremental: each node's dict is kept and made anew only when something the snapshot
+        shows changed on that node since the last call (a booking, release, restore or
+        adoption there, its state, a GPU of it drained or undrained, the node added), so a
+        call costs one node's dict per changed node plus a list of the nodes (O(changed
+        allocations' nodes + nodes), not O(allocations)). The list is new each call; its node
+        dicts are shared with earlier and later snapshots and are never changed by the ledger
+        (a changed node gets a new dict): a caller must not change them either (copy what it
+        changes, as :func:`gpuspawner.hub.service.views.node_views` does). Equal to
+        :meth:`_snapshot_full`, the whole walk it replaces."""
+        with self._lock:
+            dirty = self._snap_dirty
+            if dirty:
+                snap = self._snap
+                states = self._c.states
+                if len(snap) < len(states):
+                    snap.extend([{}] * (len(states) - len(snap)))
+                for name in dirty:
+                    st = self._by_name.get(name)
+                    if st is not None:
+                        snap[st.order] = self._snapshot_node(st)
+                dirty.clear()
+            return list(self._snap)
+
+    def _snapshot_node(self, st: NodeState) -> dict[str, Any]:
+        """One node's dict of :meth:`snapshot`, made anew from its allocations only."""
+        n = st.node
+        holders: dict[str, list[dict[str, Any]]] = {}
+        owners: dict[int, str] = {}
+        for a in self._node_allocs.get(n.name, {}).values():
+            for g in a.gpus:
+                holders.setdefault(g.uuid, []).append(
+                    {"allocation": a.id, "user": a.owner.user, "server": a.owner.server,
+                     "milli": g.milli})
+            for c in a.cpuset:
+                owners[c] = a.owner.user
+        return self._node_dict(st, holders, owners)
+
+    def _snapshot_full(self) -> list[dict[str, Any]]:
+        """:meth:`snapshot` made whole: one walk over every allocation and every node, every
+        dict new (what :meth:`snapshot` did before it was incremental; kept as the reference
+        the tests and ``benchmarks/ledger_snapshot.py`` compare it with)."""
         with self._lock:
             holders: dict[str, list[dict[str, Any]]] = {}
-            cpu_holder: dict[tuple[str, int], str] = {}
+            cpu_holder: dict[str, dict[int, str]] = {}
             for a in self._allocs.values():
                 for g in a.gpus:
                     holders.setdefault(g.uuid, []).append(
                         {"allocation": a.id, "user": a.owner.user, "server": a.owner.server,
                          "milli": g.milli})
+                owners = cpu_holder.setdefault(a.node, {})
                 for c in a.cpuset:
-                    cpu_holder[(a.node, c)] = a.owner.user
-            out = []
-            for st in self._c.states:
-                n = st.node
-                state, reason = self._node_state.get(n.name, ("up", ""))
-                out.append({
-                    "name": n.name,
-                    "state": state,
-                    "state_reason": reason,
-                    "labels": dict(n.labels),
-                    "disk_bytes": n.disk_bytes,
-                    "disk_free_bytes": st.free_disk,
-                    "numa_nodes": [{
-                        "id": nn.id,
-                        "cpus": list(nn.cpus),
-                        "cpus_free": sorted(st.free_cpus[nn.id]),
-                        "cpu_owners": {str(c): cpu_holder[(n.name, c)] for c in nn.cpus
-                                       if (n.name, c) in cpu_holder},
-                        "memory_bytes": nn.memory_bytes,
-                        "memory_free_bytes": st.free_mem[nn.id],
-                    } for nn in n.numa_nodes],
-                    "gpus": [{
-                        "uuid": g.uuid, "index": g.index, "model": g.model,
-                        "memory_bytes": g.memory_bytes, "pci_bus_id": g.pci_bus_id,
-                        "numa_node": g.numa_node, "shareable": g.shareable,
-                        "milli_used": st.gpu_used[g.uuid] - self._held(g.uuid),
-                        "holders": holders.get(g.uuid, []),
-                        "drained": self._drained[g.uuid][1] if g.uuid in self._drained
-                        else None,
-                    } for g in n.gpus],
-                })
-            return out
+                    owners[c] = a.owner.user
+            return [self._node_dict(st, holders, cpu_holder.get(st.name, {}))
+                    for st in self._c.states]
+
+    def _node_dict(self, st: NodeState, holders: dict[str, list[dict[str, Any]]],
+                   owners: dict[int, str]) -> dict[str, Any]:
+        """The snapshot's dict of node ``st``, given its GPUs' holders (GPU UUID -> holder
+        dicts, in booking order) and the user holding each of its booked cores."""
+        n = st.node
+        state, reason = self._node_state.get(n.name, ("up", ""))
+        return {
+            "name": n.name,
+            "state": state,
+            "state_reason": reason,
+            "labels": dict(n.labels),
+            "disk_bytes": n.disk_bytes,
+            "disk_free_bytes": st.free_disk,
+            "numa_nodes": [{
+                "id": nn.id,
+                "cpus": list(nn.cpus),
+                "cpus_free": sorted(st.free_cpus[nn.id]),
+                "cpu_owners": {str(c): owners[c] for c in nn.cpus if c in owners},
+                "memory_bytes": nn.memory_bytes,
+                "memory_free_bytes": st.free_mem[nn.id],
+            } for nn in n.numa_nodes],
+            "gpus": [{
+                "uuid": g.uuid, "index": g.index, "model": g.model,
+                "memory_bytes": g.memory_bytes, "pci_bus_id": g.pci_bus_id,
+                "numa_node": g.numa_node, "shareable": g.shareable,
+                "milli_used": st.gpu_used[g.uuid] - self._held(g.uuid),
+                "holders": holders.get(g.uuid, []),
+                "drained": self._drained[g.uuid][1] if g.uuid in self._drained
+                else None,
+            } for g in n.gpus],
+        }
 
 
 def gpu_free(st: NodeState, bundle: Bundle, strict: bool, user: str | None = None) -> int:

@@ -35,6 +35,7 @@ class LedgerHealth:
                              f"{state!r}")
         with self._lock:
             st = self._by_name[name]
+            self._snap_dirty.add(name)
             if state == "up":
                 if self._node_state.pop(name, None) is not None:
                     self._rebucket(st, self._bucket_key(st), grew=True)
@@ -65,6 +66,7 @@ class LedgerHealth:
                 if parent is not None:
                     raise KeyError(f"{uuid} is a MIG instance; drain its GPU {parent}")
                 raise KeyError(f"no node has GPU {uuid}")
+            self._snap_dirty.add(st.name)
             if uuid in self._drained:
                 self._drained[uuid][1] = reason
                 return st.name
@@ -85,6 +87,7 @@ class LedgerHealth:
             if entry is None:
                 return
             st = self._by_name[entry[0]]
+            self._snap_dirty.add(st.name)
             old = self._bucket_key(st)
             st.mig_drained.discard(uuid)
             st.gpu_used[uuid] -= entry[2]
@@ -114,10 +117,13 @@ class LedgerHealth:
                 d[2] -= n
                 st.gpu_used[g.uuid] -= n
                 taken[g.uuid] = n
+                self._snap_dirty.add(alloc.node)
         return taken
 
     def _rehold(self, node: str, taken: Mapping[str, int]) -> None:
         st = self._by_name[node] if taken else None
+        if taken:
+            self._snap_dirty.add(node)
         for uuid, n in taken.items():
             self._drained[uuid][2] += n
             st.gpu_used[uuid] += n  # type: ignore[union-attr]

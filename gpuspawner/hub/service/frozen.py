@@ -5,7 +5,8 @@ reading the ledger while spawns change it.
 
 The copy is consistent: it is taken by one synchronous call on the loop, where every change of
 the ledger happens, so no booking or release falls between two of its reads. It holds the
-ledger's own snapshot (:meth:`~gpuspawner.placement.Ledger.snapshot`: new dicts), the list of
+ledger's own snapshot (:meth:`~gpuspawner.placement.Ledger.snapshot`: a new list of node dicts
+that the ledger never changes, a changed node getting a new one), the list of
 allocations (frozen objects), each holder's :class:`~gpuspawner.placement.Usage` (frozen), and
 copies of the drains, health readings, moves and queue order. What it costs on the loop is the
 ledger's snapshot plus a dict lookup per user and group.
@@ -49,8 +50,9 @@ class FrozenLedger:
             self._group_usage = {g: ledger.group_usage(g) for g in groups}
 
     def snapshot(self) -> list[dict[str, Any]]:
-        """The ledger's snapshot as it was (the same list each call: its reader may change
-        it, as it may change a snapshot of the ledger)."""
+        """The ledger's snapshot as it was (the same list each call). Its node dicts are the
+        ledger's own, shared with its later snapshots: readers must not change them (copy
+        what they change, as :func:`~gpuspawner.hub.service.views.node_views` does)."""
         return self._nodes
 
     def allocations(self, user: str | None = None) -> list[Allocation]:

@@ -47,10 +47,15 @@ def node_views(cluster: Cluster, viewer: str | None) -> list[dict[str, Any]]:
     (the reason, or null): a drained GPU takes no new servers, whoever asks. Admins also see
     who drained it and since when (``drained_by``: an admin's name or ``"health"``,
     ``drained_since``: seconds since the epoch).
+
+    The answer's dicts are new (the caller may change them); the snapshot's are the ledger's,
+    shared by every snapshot until their node changes, and are copied, never changed here.
     """
     out = []
     records = cluster.drain_records() if viewer is None else {}
-    for node in cluster.ledger.snapshot():
+    for shared in cluster.ledger.snapshot():
+        node = {**shared, "gpus": [{**g} for g in shared["gpus"]],
+                "numa_nodes": [{**nn} for nn in shared["numa_nodes"]]}
         for g in node["gpus"]:
             g["holders"] = [_holder(h, viewer) for h in g["holders"]]
             if viewer is None:
