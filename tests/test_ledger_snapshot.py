@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from benchmarks.ledger_snapshot import measure
 from gpuspawner.placement import (
     GPU_MILLI,
     NODE_STATES,
@@ -161,3 +162,9 @@ def test_a_node_dict_is_replaced_not_changed_and_only_where_something_changed():
     assert after[0] is before[0] and after[2] is before[2]  # untouched nodes: the same dicts
     assert after[1] is not before[1] and before[1] == Ledger(NODES).snapshot()[1]
     assert [g["holders"] for g in after[1]["gpus"]][0][0]["user"] == "ann"
+
+
+def test_the_benchmark_runs_and_checks_both_snapshots_equal():
+    r = measure(48, 3)
+    assert r["nodes"] == 3 and r["repeat"] == 3
+    assert r["full"]["p50_us"] > 0 and r["incremental"]["p50_us"] > 0
