@@ -8,7 +8,10 @@ one node per 24 servers, every server the profile ``small`` (1 core, 2 GiB, a qu
 booked by ``fgd``. For each size, ``--repeat`` times: one more server is booked (not timed),
 then both snapshots are timed, once each, in alternating order, and checked equal; the probe
 is released and the release's snapshot taken (not timed). A third column times the
-incremental snapshot when nothing changed since the last one. Figures are wall-clock
+incremental snapshot when nothing changed since the last one, and two rows what ``GET
+api/nodes`` does on the loop before (the whole walk plus ``node_views``, the admin's view) and
+now (the copy of the nodes, ``FrozenCluster(usage=False, allocations=False)``: the view and
+its JSON are made in a worker thread). Figures are wall-clock
 microseconds per call, p50 and p99, and this thread's CPU time p50 (run it pinned:
 ``taskset -c 1``).
 
@@ -30,7 +33,12 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: the repository root on the path
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.fake_backend import FakeBackend  # noqa: E402
 from benchmarks.hub_scale import fake_node  # noqa: E402
+from gpuspawner.backends.base import NodeRuntime  # noqa: E402
+from gpuspawner.hub.cluster import Cluster  # noqa: E402
+from gpuspawner.hub.service.frozen import FrozenCluster  # noqa: E402
+from gpuspawner.hub.service.views import node_views  # noqa: E402
 from gpuspawner.inventory.topology import node_from_dict  # noqa: E402
 from gpuspawner.placement import Bundle, Ledger, Owner  # noqa: E402
 
@@ -72,8 +80,11 @@ def measure(servers: int, repeat: int) -> dict[str, Any]:
     """Per-call microseconds of both snapshots after one booking, and of the incremental
     one after nothing changed."""
     ledger = ledger_with(servers)
+    cluster = Cluster({n.name: NodeRuntime(n.name, "127.0.0.1", "x.yaml", n)
+                       for n in ledger.nodes}, ledger, FakeBackend(responder_port=4242))
     ledger.snapshot()
     full, incr, idle = Timer(), Timer(), Timer()
+    view, copy = Timer(), Timer()
     gc.collect()
     for i in range(repeat):
         probe = ledger.reserve(SMALL, Owner(f"probe{i}"))
@@ -88,10 +99,22 @@ def measure(servers: int, repeat: int) -> dict[str, Any]:
             raise AssertionError("incremental snapshot differs from the whole walk")
         with idle:
             ledger.snapshot()
+        with view:  # api/nodes before: the view made on the loop (after the whole walk)
+            node_views(cluster, None)
+        with copy:  # api/nodes now: only this copy on the loop, the view in a thread
+            FrozenCluster(cluster, usage=False, allocations=False)
         ledger.release(probe.id)
         ledger.snapshot()
     return {"servers": servers, "nodes": len(ledger.nodes), "repeat": repeat,
-            "full": full.stats(), "incremental": incr.stats(), "unchanged": idle.stats()}
+            "full": full.stats(), "incremental": incr.stats(), "unchanged": idle.stats(),
+            "api_nodes_before": _sum(full, view).stats(), "api_nodes_now": copy.stats()}
+
+
+def _sum(a: Timer, b: Timer) -> Timer:
+    out = Timer()
+    out.wall = [x + y for x, y in zip(a.wall, b.wall, strict=True)]
+    out.cpu = [x + y for x, y in zip(a.cpu, b.cpu, strict=True)]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         rows = (("whole walk (before: _snapshot_full)", r["full"]),
                 ("incremental (now: snapshot)", r["incremental"]),
-                ("incremental, nothing changed", r["unchanged"]))
+                ("incremental, nothing changed", r["unchanged"]),
+                ("api/nodes on the loop, before (*)", r["api_nodes_before"]),
+                ("api/nodes on the loop, now (*)", r["api_nodes_now"]))
         for k, (label, x) in enumerate(rows):
             head = f"{r['servers']:>7} {r['nodes']:>5}" if k == 0 else " " * 13
             print(f"{head}  {label:<40} {x['p50_us']:>9.1f} {x['p99_us']:>9.1f} "
@@ -119,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{f['cpu_p50_us'] / i['cpu_p50_us']:.0f}x CPU p50")
     print(f"({args.repeat} bookings per size, each followed by both snapshots in alternating "
           "order, checked equal)")
+    print("(*) before: the whole walk plus node_views (the admin's view; today's, which copies "
+          "the dicts it changes) on the loop, as "
+          "api/nodes did; now: FrozenCluster(usage=False, allocations=False) on the loop, "
+          "node_views and the JSON in a worker thread")
     return 0
 
 

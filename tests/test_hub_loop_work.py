@@ -175,7 +175,8 @@ def test_a_frozen_copy_gives_the_same_map_and_metrics(monkeypatch):
 
 async def test_the_admin_page_is_rendered_off_the_event_loop(monkeypatch):
     """The service's real handler, with the hub's login replaced by an admin model: the map's
-    view, its HTML and the metrics' gauges are made in a worker thread."""
+    view, its HTML, the metrics' gauges and ``api/nodes``' view are made in a worker thread
+    (``api/nodes`` the same answer as the live cluster's view)."""
     from prometheus_client import CollectorRegistry
     from tornado.httpclient import AsyncHTTPClient
     from tornado.httpserver import HTTPServer
@@ -224,6 +225,13 @@ async def test_the_admin_page_is_rendered_off_the_event_loop(monkeypatch):
         return map_view(c)
 
     monkeypatch.setattr(app, "map_view", map_spy)
+    nodes_threads: list[int] = []
+
+    def nodes_spy(c: Any, viewer: str | None) -> list[dict[str, Any]]:
+        nodes_threads.append(threading.get_ident())
+        return views.node_views(c, viewer)
+
+    monkeypatch.setattr(app, "node_views", nodes_spy)
     gauge_threads: list[int] = []
     collect = metrics.ClusterCollector.collect
 
@@ -256,6 +264,7 @@ async def test_the_admin_page_is_rendered_off_the_event_loop(monkeypatch):
         url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}{service.prefix}"
         r = await AsyncHTTPClient().fetch(url + "admin", raise_error=False)
         scrape = await AsyncHTTPClient().fetch(url + "metrics", raise_error=False)
+        nodes = await AsyncHTTPClient().fetch(url + "api/nodes", raise_error=False)
     finally:
         server.stop()
         await server.close_all_connections()
@@ -268,6 +277,8 @@ async def test_the_admin_page_is_rendered_off_the_event_loop(monkeypatch):
     assert scrape.code == 200 and b"gpuspawner_users_holding 100.0" in scrape.body
     assert gauge_threads and loop_thread not in gauge_threads
     assert b"loop_owned 1.0" in scrape.body and other_threads == [loop_thread]
+    assert nodes.code == 200 and nodes_threads and loop_thread not in nodes_threads
+    assert json.loads(nodes.body) == json.loads(json.dumps(views.node_views(cluster, None)))
 
 
 def test_spawner_state_formats_its_allocation_once(to_dict_calls):

@@ -12,8 +12,9 @@ copies of the drains, health readings, moves and queue order. What it costs on t
 ledger's snapshot plus a dict lookup per user and group.
 
 :class:`FrozenCluster` answers the parts of :class:`~gpuspawner.hub.cluster.Cluster` that
-:func:`~gpuspawner.hub.service.views.map_view` and
-:class:`~gpuspawner.hub.metrics.ClusterCollector` read, so both run unchanged on it.
+:func:`~gpuspawner.hub.service.views.map_view`, :func:`~gpuspawner.hub.service.views.node_views`
+(``api/nodes``) and :class:`~gpuspawner.hub.metrics.ClusterCollector` read, so they run
+unchanged on it.
 """
 
 from __future__ import annotations
@@ -33,11 +34,15 @@ class FrozenLedger:
         ledger: the hub's ledger (read now, on the event loop).
         usage: also copy each holder's and group's usage (the admin map needs it, the
             metrics do not).
+        allocations: also copy the list of allocations (sorted: O(n log n) in the
+            allocations; ``api/nodes`` reads none, so it passes False and gets an empty list;
+            :class:`FrozenCluster` then copies no usage either).
     """
 
-    def __init__(self, ledger: Any, usage: bool = True) -> None:
+    def __init__(self, ledger: Any, usage: bool = True, allocations: bool = True) -> None:
         self._nodes = ledger.snapshot()
-        self._allocations: list[Allocation] = list(ledger.allocations())
+        self._allocations: list[Allocation] = (list(ledger.allocations()) if allocations
+                                               else [])
         self.quotas = ledger.quotas
         self.policy_name = ledger.policy_name
         self._usage: dict[str, Usage] = {}
@@ -92,11 +97,12 @@ class FrozenCluster:
 
     Args:
         cluster: the hub's cluster (read now, on the event loop).
-        usage: see :class:`FrozenLedger`.
+        usage, allocations: see :class:`FrozenLedger`.
     """
 
-    def __init__(self, cluster: Any, usage: bool = True) -> None:
-        self.ledger = FrozenLedger(cluster.ledger, usage=usage)
+    def __init__(self, cluster: Any, usage: bool = True, allocations: bool = True) -> None:
+        self.ledger = FrozenLedger(cluster.ledger, usage=usage and allocations,
+                                   allocations=allocations)
         self.nodes = dict(cluster.nodes)
         self.last_health = dict(getattr(cluster, "last_health", {}) or {})
         self.moves = list(getattr(cluster, "moves", ()))
