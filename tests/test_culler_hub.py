@@ -68,6 +68,12 @@ c.JupyterHub.services.append({{
 c.JupyterHub.load_roles.append({{"name": "idle-culler", "services": ["idle-culler"],
                                  "scopes": {SCOPES!r}}})
 c.JupyterHub.extra_user_scopes = {{"access:services!service=idle-culler"}}
+# the single-user servers load JupyterHub's extension only: Lab (which runs `yarn config` at
+# start), LSP, the scheduler and the shim cost about 2.5 CPU-seconds a start and no test here
+# uses them (about 16 servers start on a shared 2-core machine)
+c.Spawner.args.append("--ServerApp.jpserver_extensions=" + repr({{
+    "jupyterhub": True, "jupyterlab": False, "jupyter_lsp": False,
+    "jupyter_scheduler": False, "notebook_shim": False}}))
 """
     h = CullerHub(d, extra_config=extra)
     h.policies_file = policies  # type: ignore[attr-defined]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -134,12 +133,12 @@ def hub(engine, tmp_path_factory):
                                                "{'quotauser': {'servers': 1}}}\n")
     h.start()
     yield h
-    for user in h.api("GET", "/users").json():
-        for server in (user.get("servers") or {}):
-            path = f"/users/{user['name']}/servers/{server}" if server else \
-                f"/users/{user['name']}/server"
-            h.api("DELETE", path)
-    time.sleep(1)
+    left = [(user["name"], server) for user in h.api("GET", "/users").json()
+            for server in (user.get("servers") or {})]
+    for name, server in left:
+        h.api("DELETE", f"/users/{name}/servers/{server}" if server else f"/users/{name}/server")
+    for name, server in left:  # a deadline, not a fixed sleep (none are left when tests pass)
+        h.wait_stopped(name, server)
     h.stop()
     remove_managed(engine)
 
