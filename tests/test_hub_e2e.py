@@ -137,10 +137,12 @@ def hub(engine, tmp_path_factory):
             for server in (user.get("servers") or {})]
     for name, server in left:
         h.api("DELETE", f"/users/{name}/servers/{server}" if server else f"/users/{name}/server")
-    for name, server in left:  # a deadline, not a fixed sleep (none are left when tests pass)
-        h.wait_stopped(name, server)
-    h.stop()
-    remove_managed(engine)
+    try:  # a deadline, not a fixed sleep (none are left when the tests pass)
+        for name, server in left:
+            h.wait_stopped(name, server)
+    finally:
+        h.stop()
+        remove_managed(engine)
 
 
 def containers_of(engine, user: str) -> list[dict]:
