@@ -10,7 +10,10 @@ found it): each must stay proportional to what changed, not to what exists.
   real handlers); the copy gives what the live cluster gave when it was taken;
 - a spawner's state formats its allocation once however often JupyterHub asks for it;
 - a spawn that books at once writes no queue file (a count of writes over 50 spawns);
-- the nodes' setting is checked against its schema once, not once per spawner.
+- the nodes' setting is checked against its schema once, not once per spawner;
+- a new spawner (one per server and spawn) costs the same work at 10 and 100 nodes: the
+  hub's start leaves ``nodes`` in its configuration as a shared, checked, read-only value
+  that traitlets neither deep-copies nor validates again (a count of calls).
 
 No hub, no engine: a real Ledger on benchmark-sized fake nodes, the service's real Tornado
 application with the hub's login replaced by a fixed admin model.
@@ -23,11 +26,15 @@ import copy
 import gc
 import json
 import os
+import pickle
+import sys
 import threading
 from typing import Any
 
 import jinja2
 import pytest
+from traitlets import TraitError
+from traitlets.config import Config
 
 from benchmarks.fake_backend import FakeBackend
 from benchmarks.hub_scale import fake_node
@@ -366,3 +373,83 @@ def test_gc_freeze_after_start_freezes_once_the_hub_has_started() -> None:
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+def _python_calls(fn: Any) -> int:
+    """How many Python function calls ``fn()`` makes (a count of the work, not a time)."""
+    calls = [0]
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            calls[0] += 1
+
+    sys.setprofile(count)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return calls[0]
+
+
+def _spawner_config(nodes: int) -> Config:
+    c = Config()
+    c.GPUSpawner.nodes = [{"name": f"fake-{i:03d}", "topology": f"/x/{i}.yaml"}
+                          for i in range(nodes)]
+    c.GPUSpawner.quotas = {"users": {"ann": {"gpus": 1}}}
+    return c
+
+
+def test_a_new_spawner_costs_the_same_whatever_the_number_of_nodes():
+    """JupyterHub makes a spawner per server and spawn; traitlets deep-copies and validates
+    every configured value into it. With the hub's shared, checked ``nodes`` (what the hub's
+    start leaves in its configuration) that is O(1), not O(nodes): before, each GPUSpawner()
+    made about 17 more calls per node (copy, per-entry validation, the check's JSON key)."""
+    from gpuspawner.hub.config_check import share_checked_settings
+    from gpuspawner.hub.spawner import GPUSpawner
+
+    work, configs = {}, {}
+    for nodes in (10, 100):
+        c = configs[nodes] = _spawner_config(nodes)
+        share_checked_settings(c)
+        GPUSpawner(config=c)  # (first: imports, the once-per-process guard)
+        work[nodes] = _python_calls(lambda c=c: [GPUSpawner(config=c) for _ in range(10)])
+    assert work[100] - work[10] < 100, work  # not per node
+    for nodes, c in configs.items():
+        s = GPUSpawner(config=c)
+        assert s.nodes is c.GPUSpawner.nodes
+        assert s.nodes == _spawner_config(nodes).GPUSpawner.nodes  # the same value
+
+
+def test_shared_settings_are_read_only_and_checked():
+    from gpuspawner.hub.config_check import share_checked_settings
+    from gpuspawner.hub.spawner import GPUSpawner
+    from gpuspawner.hub.trait_check import SharedDict, SharedList
+
+    c = _spawner_config(3)
+    share_checked_settings(c)
+    nodes = c.GPUSpawner.nodes
+    assert isinstance(nodes, SharedList) and isinstance(nodes[0], SharedDict)
+    with pytest.raises(TypeError, match="read-only"):
+        nodes.append({"name": "x"})
+    with pytest.raises(TypeError, match="read-only"):
+        nodes[0]["name"] = "renamed"
+    # quotas stay each spawner's own: JupyterHub's group_overrides merge into them in place
+    spawner = GPUSpawner(config=c)
+    spawner._apply_overrides({"quotas": {"users": {"bob": {"gpus": 2}}}})
+    assert spawner.quotas["users"] == {"ann": {"gpus": 1}, "bob": {"gpus": 2}}
+    assert c.GPUSpawner.quotas == {"users": {"ann": {"gpus": 1}}}
+    assert GPUSpawner(config=c).quotas == c.GPUSpawner.quotas
+    assert copy.deepcopy(nodes) is nodes and copy.copy(nodes) is nodes
+    again = pickle.loads(pickle.dumps(nodes))
+    assert type(again) is list and type(again[0]) is dict and again == nodes
+    assert json.loads(json.dumps(nodes)) == nodes
+    # a spawner given its own plain value still has it checked (and copied) as before
+    with pytest.raises(TraitError, match="nodes"):
+        GPUSpawner(nodes=[{"name": "x", "gpus": 1}])
+    own = [{"name": "own", "topology": "/x/own.yaml"}]
+    s = GPUSpawner(nodes=own)
+    assert s.nodes == own and not isinstance(s.nodes, SharedList)
+    bad = Config()
+    bad.GPUSpawner.nodes = [{"name": "x", "gpus": 1}]
+    with pytest.raises(SystemExit, match="GPUSpawner.nodes"):
+        share_checked_settings(bad)

@@ -53,14 +53,15 @@ from .settings import (
 )
 from .spawn_queue import QueueFileError
 from .state import prepare_state_dir, resolve_state_dir
-from .trait_check import HubConfigError, check_trait, named
+from .trait_check import HubConfigError, check_trait, named, shared_value
 from .volumes import VolumeConfigError, check_volume_settings
 
 #: (HubConfigError and check_trait live in :mod:`gpuspawner.hub.trait_check`, below the
 #: settings whose validators use them; importable from here as before)
 __all__ = ["IGNORED_SPAWNER_OPTIONS", "HubConfigError", "check_culler_policies",
            "check_hub_config", "check_ignored_spawner_options", "check_internal_ssl",
-           "check_spawner_settings", "check_trait", "culler_policies_path"]
+           "check_spawner_settings", "check_trait", "culler_policies_path",
+           "share_checked_settings"]
 
 
 def _section(c: Any, name: str) -> Mapping[str, Any]:
@@ -294,8 +295,30 @@ def check_hub_config(c: Any) -> None:
 
 def _check_and_build_hub(c: Any) -> Cluster:
     """:func:`_check_and_build` at a hub's start: also the usage records (a check called by
-    hand opens no database)."""
-    return _check_and_build(c, usage=True)
+    hand opens no database), and the checked ``nodes`` shared by every spawner
+    (:func:`share_checked_settings`)."""
+    cluster = _check_and_build(c, usage=True)
+    share_checked_settings(c)
+    return cluster
+
+
+def share_checked_settings(c: Any) -> None:
+    """Put ``c.GPUSpawner.nodes`` back into ``c`` as a read-only value every spawner shares
+    (:func:`~gpuspawner.hub.trait_check.shared_value`): JupyterHub makes a spawner per server
+    and spawn, and traitlets deep-copies and validates each of its configured values into it,
+    O(nodes) per spawn for this one (the wiring's and a second file's lines are loaded before
+    this runs: it sees the final value). ``quotas`` is left as it is: JupyterHub's
+    ``group_overrides`` merge into each spawner's own copy.
+
+    Raises:
+        SystemExit: a value that does not pass its check (as :func:`check_hub_config`).
+    """
+    section = _section(c, "GPUSpawner")
+    try:
+        if "nodes" in section:
+            section["nodes"] = shared_value("nodes", section["nodes"])
+    except HubConfigError as e:
+        raise SystemExit(f"gpuspawner configuration error: {e}") from None
 
 
 def _usage(cluster: Cluster, c: Any, settings: Mapping[str, Any]) -> None:

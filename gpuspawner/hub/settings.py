@@ -36,9 +36,20 @@ from .identity import home_path, ids_from_auth_state
 from .profiles import PROFILES_HELP, ProfileConfigError, resolve_profile_list
 from .spawn_queue import QUEUE_FILE_NAME, QueueSettings
 from .state import state_file
-from .trait_check import HubConfigError, check_trait
+from .trait_check import HubConfigError, SharedList, check_trait
 from .user_options import check_user_options
 from .volumes import VolumeConfigError, fold_read_only_volumes
+
+
+class SharedNodes(List):  # type: ignore[type-arg]
+    """``List(Dict())`` that takes the hub's shared, already checked value
+    (:class:`~gpuspawner.hub.trait_check.SharedList`, made at the hub's start) as it is,
+    without validating each entry again for every new spawner (O(nodes) per spawn)."""
+
+    def validate(self, obj: Any, value: Any) -> Any:
+        if isinstance(value, SharedList):
+            return value
+        return super().validate(obj, value)
 
 
 class SpawnerSettings(HasTraits):
@@ -63,8 +74,9 @@ class SpawnerSettings(HasTraits):
                          allow_none=True, help="""KubeSpawner's name of ``profiles`` (an alias:
         set one of them). KubeSpawner's entry shape is accepted in both
         (docs/howto/user-images.md); a callable is refused at hub start.""").tag(config=True)
-    nodes = List(Dict(), default_value=[{"name": "local", "docker_url": "", "topology": "auto"}],
-                 help="""Nodes servers may run on: dicts with name, topology ("auto" = read this
+    nodes = SharedNodes(Dict(), default_value=[
+        {"name": "local", "docker_url": "", "topology": "auto"}],
+        help="""Nodes servers may run on: dicts with name, topology ("auto" = read this
         host with sysfs and NVML, or a topology YAML file), host (where its servers are reached
         with host networking; default 127.0.0.1), docker_url and network_pool (Docker backend).
         """).tag(config=True)
