@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.inprocess_hub import inprocess_hub, responder  # noqa: F401  (the in-process hub)
 from tests.ldap_server import slapd  # noqa: F401  (a private slapd for the LDAP tests)
 
 SECONDS_FILE = Path(__file__).parent / "data" / "module_seconds.json"

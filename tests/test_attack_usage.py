@@ -39,7 +39,7 @@ from tests.test_gpu_share_mps import STAND_IN, daemons, no_daemons  # noqa: F401
 from tests.test_jobs_runner import submit, until
 from tests.test_jobs_runner import world as jobs_world
 from tests.test_spawner_inprocess import PROFILES, api, start, stopped
-from tests.test_usage_budgets_hub import ZONE, budget_hub, responder  # noqa: F401
+from tests.test_usage_budgets_hub import ZONE, budget_hub  # noqa: F401
 from tests.test_usage_fairshare_hub import QUEUED, spawn
 from tests.test_usage_hub import recorder, runtime, token_of
 

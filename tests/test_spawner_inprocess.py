@@ -24,17 +24,9 @@ import pytest
 from jupyterhub.tests.mocking import MockHub
 from jupyterhub.tests.utils import api_request
 
-from gpuspawner.hub.cluster import Cluster, reset_clusters
-from gpuspawner.hub.runtime import hub_runtime
-from gpuspawner.testing.fake_backend import FakeBackend, start_responder
-from gpuspawner.testing.inprocess import (
-    MemoryProxy,
-    fake_node,
-    gpu_hub_config,
-    load_config_file,
-    reset_user_options_guard,
-    wait_for,
-)
+from gpuspawner.testing.fake_backend import FakeBackend
+from gpuspawner.testing.inprocess import MemoryProxy, wait_for
+from tests.inprocess_hub import runtime
 
 GiB = 1 << 30
 NODE = "inproc-n1"
@@ -50,36 +42,17 @@ PROFILES = [
 
 
 @pytest.fixture
-async def responder():
-    """Every fake server: the loopback responder, served in this test's event loop."""
-    server, port = start_responder()
-    yield port
-    server.stop()
-
-
-@pytest.fixture
-async def gpu_hub(hub_app, responder, tmp_path, monkeypatch):
+def gpu_hub(inprocess_hub):
     """``await gpu_hub(**gpuspawner_settings)``: the started in-process hub (one node of two
-    A100s, :data:`PROFILES`), its runtime built at start as ``jupyterhub`` builds it."""
-    monkeypatch.setattr(MockHub, "load_config_file", load_config_file)
-    reset_clusters()  # the process's one cluster: this hub's, made at its start
-    reset_user_options_guard()  # registered anew with this hub's profiles
+    A100s, :data:`PROFILES`, the hub's poll every second), its runtime built at start as
+    ``jupyterhub`` builds it (tests/inprocess_hub.py)."""
 
     async def make(**gpuspawner: Any) -> MockHub:
-        nodes = [fake_node(tmp_path, NODE)]
-        config = gpu_hub_config(tmp_path / "state", responder, nodes, PROFILES, **gpuspawner)
-        config["Spawner"]["poll_interval"] = 1  # the hub's own poll, seconds
-        return await hub_app(config=config)
+        app, _ = await inprocess_hub(NODE, PROFILES, config={"Spawner": {"poll_interval": 1}},
+                                     **gpuspawner)
+        return app
 
-    yield make
-    reset_clusters()
-    reset_user_options_guard()
-
-
-def runtime(app: MockHub) -> Cluster:
-    found = hub_runtime(app)
-    assert found is not None, "the hub built no runtime at start"
-    return found
+    return make
 
 
 def engine(app: MockHub) -> FakeBackend:

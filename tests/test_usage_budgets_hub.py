@@ -22,67 +22,26 @@ from jupyterhub import orm
 from jupyterhub.tests.mocking import MockHub
 from tornado.httpclient import AsyncHTTPClient
 
-from gpuspawner.hub.cluster import reset_clusters
-from gpuspawner.hub.service.app import GPUService
-from gpuspawner.hub.service_base import ADMIN_SCOPE
-from gpuspawner.testing.inprocess import (
-    fake_node,
-    gpu_hub_config,
-    load_config_file,
-    reset_user_options_guard,
-)
-from gpuspawner.usage.api import usage_routes
 from gpuspawner.usage.budgets import EXEMPT_SCOPE, period_bounds
 from tests.test_service_unit import _validate
 from tests.test_spawner_inprocess import PROFILES, api, start, stopped
-from tests.test_usage_hub import recorder, responder, runtime, token_of  # noqa: F401
+from tests.test_usage_hub import recorder, runtime, token_of
 
 NODE = "budget-n1"
-ACCESS = "access:services!service=gpuspawner"
 ZONE = "Europe/Berlin"
 BUDGETS = {"default": {"period": "month", "gpu_hours": 10}}
 
 
 @pytest.fixture
-async def budget_hub(hub_app, responder, tmp_path, monkeypatch):  # noqa: F811
-    """The started in-process hub with the budgets, eve exempt by a role, and the service's
-    application on loopback; returns ``(app, service URL)``."""
-    monkeypatch.setattr(MockHub, "load_config_file", load_config_file)
-    reset_clusters()
-    reset_user_options_guard()
-    holder: list[MockHub] = []
-
-    def lookup(name: str) -> tuple[bool, list[str]] | None:
-        u = orm.User.find(holder[0].db, name)
-        return (bool(u.admin), sorted(g.name for g in u.groups)) if u is not None else None
-
-    service = GPUService("gpuspawner", secrets.token_hex(32),
-                         cluster_provider=lambda: runtime(holder[0]), user_lookup=lookup,
-                         extra_routes=[usage_routes])
-    service.listen()
-    config = gpu_hub_config(tmp_path / "state", responder, [fake_node(tmp_path, NODE)], PROFILES)
-    config["GPUSpawner"]["usage_budgets"] = BUDGETS
-    config["GPUUsage"] = {"time_zone": ZONE}
-    config["JupyterHub"].update({
-        "services": [{"name": "gpuspawner", "url": service.url,
-                      "api_token": service.api_token, "oauth_no_confirm": True}],
-        "custom_scopes": {ADMIN_SCOPE: {"description": "the service's admin view"},
-                          EXEMPT_SCOPE: {"description": "past the usage budgets"}},
-        "load_roles": [
-            {"name": "user", "scopes": ["self", ACCESS]},
-            {"name": "gpuspawner-service-admins", "scopes": [ADMIN_SCOPE, ACCESS],
-             "users": ["admin"]},
-            {"name": "budget-exempt", "scopes": [EXEMPT_SCOPE], "users": ["eve"]},
-        ],
-    })
-    config["Authenticator"] = {"admin_users": {"admin"}, "allowed_users": {"eve"}}
-    app = await hub_app(config=config)
-    holder.append(app)
-    service._hub_api_url = app.hub.api_url
-    yield app, f"{service.url}{service.prefix}"
-    service.server.stop()
-    reset_clusters()
-    reset_user_options_guard()
+async def budget_hub(inprocess_hub):
+    """The started in-process hub (:data:`PROFILES` as this module holds it when the fixture
+    runs) with :data:`BUDGETS` in :data:`ZONE`, eve exempt by a role, and the service's
+    application on loopback (tests/inprocess_hub.py); ``(app, service URL)``."""
+    return await inprocess_hub(
+        NODE, PROFILES, service=True, usage_budgets=BUDGETS,
+        scopes={EXEMPT_SCOPE: "past the usage budgets"},
+        roles=[{"name": "budget-exempt", "scopes": [EXEMPT_SCOPE], "users": ["eve"]}],
+        config={"GPUUsage": {"time_zone": ZONE}, "Authenticator": {"allowed_users": {"eve"}}})
 
 
 def used(app: MockHub, user: str, gpu_hours: float) -> None:

@@ -25,7 +25,7 @@ from tornado.httpclient import AsyncHTTPClient
 import tests.test_usage_hub as usage_hub_module
 from gpuspawner.testing.inprocess import wait_for
 from tests.test_spawner_inprocess import PROFILES, api, start, stopped
-from tests.test_usage_hub import recorder, responder, runtime, token_of, usage_hub  # noqa: F401
+from tests.test_usage_hub import recorder, runtime, token_of, usage_hub  # noqa: F401
 
 #: a 2-GPU profile that waits in the queue when the GPUs are taken
 QUEUED = {"slug": "a100-2q", "display_name": "2 x A100, waits", "cpu": 1, "memory": "1G",

@@ -18,7 +18,7 @@ from gpuspawner.hub.wiring import HUB_TEMPLATES
 from gpuspawner.usage.budgets import parse_budgets
 from gpuspawner.usage.home import HomeFigures, own_figures
 from tests.test_usage_budgets import record, store  # noqa: F401
-from tests.test_usage_budgets_hub import budget_hub, responder, used  # noqa: F401
+from tests.test_usage_budgets_hub import budget_hub, used  # noqa: F401
 from tests.test_usage_hub import runtime
 
 HOUR = 3600.0

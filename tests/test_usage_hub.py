@@ -16,98 +16,27 @@ from __future__ import annotations
 import csv
 import io
 import json
-import secrets
 
 import pytest
 from jupyterhub import orm
 from jupyterhub.tests.mocking import MockHub
 from tornado.httpclient import AsyncHTTPClient
 
-from gpuspawner.hub.cluster import Cluster, reset_clusters
-from gpuspawner.hub.runtime import hub_runtime
-from gpuspawner.hub.service.app import GPUService
-from gpuspawner.hub.service_base import ADMIN_SCOPE
-from gpuspawner.testing.fake_backend import start_responder
-from gpuspawner.testing.inprocess import (
-    fake_node,
-    gpu_hub_config,
-    load_config_file,
-    reset_user_options_guard,
-)
-from gpuspawner.usage.api import usage_routes
 from gpuspawner.usage.recorder import UsageRecorder
+from tests.inprocess_hub import runtime
 from tests.test_service_unit import _validate
 from tests.test_spawner_inprocess import PROFILES, api, start, stopped
 
 GiB = 1 << 30
 NODE = "usage-n1"
-ACCESS = "access:services!service=gpuspawner"
 
 
 @pytest.fixture
-async def responder():
-    server, port = start_responder()
-    yield port
-    server.stop()
-
-
-@pytest.fixture
-async def usage_hub(hub_app, responder, tmp_path, monkeypatch):
-    """The started in-process hub (one node of two A100s) with the gpuspawner service's
-    application serving ``api/usage`` on loopback; returns ``(app, service URL)``."""
-    monkeypatch.setattr(MockHub, "load_config_file", load_config_file)
-    reset_clusters()
-    reset_user_options_guard()
-    holder: list[MockHub] = []
-
-    def lookup(name: str) -> tuple[bool, list[str]] | None:
-        u = orm.User.find(holder[0].db, name)
-        return (bool(u.admin), sorted(g.name for g in u.groups)) if u is not None else None
-
-    service = GPUService(
-        "gpuspawner",
-        secrets.token_hex(32),
-        cluster_provider=lambda: runtime(holder[0]),
-        user_lookup=lookup,
-        extra_routes=[usage_routes],
-    )
-    service.listen()
-    config = gpu_hub_config(tmp_path / "state", responder, [fake_node(tmp_path, NODE)], PROFILES)
-    config["JupyterHub"].update(
-        {
-            "services": [
-                {
-                    "name": "gpuspawner",
-                    "url": service.url,
-                    "api_token": service.api_token,
-                    "oauth_no_confirm": True,
-                }
-            ],
-            "custom_scopes": {ADMIN_SCOPE: {"description": "the service's admin view"}},
-            "load_roles": [
-                {"name": "user", "scopes": ["self", ACCESS]},
-                {
-                    "name": "gpuspawner-service-admins",
-                    "scopes": [ADMIN_SCOPE, ACCESS],
-                    "users": ["admin"],
-                },
-            ],
-        }
-    )
-    config["Authenticator"] = {"admin_users": {"admin"}}
-    app = await hub_app(config=config)
-    holder.append(app)
-    service._hub_api_url = app.hub.api_url
-    yield app, f"{service.url}{service.prefix}"
-    service.server.stop()
-    reset_clusters()
-    reset_user_options_guard()
-
-
-def runtime(app: MockHub) -> Cluster:
-    found = hub_runtime(app)
-    assert found is not None, "the hub built no runtime at start"
-    return found
+async def usage_hub(inprocess_hub):
+    """The started in-process hub (one node of two A100s, :data:`PROFILES` as this module
+    holds it when the fixture runs) with the gpuspawner service's application serving
+    ``api/usage`` on loopback (tests/inprocess_hub.py); ``(app, service URL)``."""
+    return await inprocess_hub(NODE, PROFILES, service=True)
 
 
 def recorder(app: MockHub) -> UsageRecorder:

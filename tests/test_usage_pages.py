@@ -15,7 +15,6 @@ from tornado.httpclient import AsyncHTTPClient
 
 from gpuspawner.usage.pages import CHART_COLOURS, chart_view, user_rows
 from tests.test_usage_hub import (  # noqa: F401 (fixtures)
-    responder,
     spawn_and_stop,
     token_of,
     usage_hub,
