@@ -49,6 +49,19 @@ TYPES = 5
 #: weight of the bundle's own exact growth on the candidate
 OWN = 0.5
 
+#: the look-ahead policies' settings: policy name -> (next-request types, candidate
+#: buckets). The cheaper variants look at fewer next types and/or fewer candidates
+#: (docs/placement.md "A cheaper look-ahead"); each is its name's policy with the memory term
+#: and ``fgd`` otherwise
+SETTINGS: dict[str, tuple[int, int]] = {
+    "fgd-lookahead": (TYPES, CANDIDATES),
+    "fgd-mem-lookahead": (TYPES, CANDIDATES),
+    "fgd-mem-lookahead-t3": (3, CANDIDATES),
+    "fgd-mem-lookahead-t2": (2, CANDIDATES),
+    "fgd-mem-lookahead-t2c4": (2, 4),
+    "fgd-mem-lookahead-c4": (TYPES, 4),
+}
+
 Key = tuple[int, int, int]  # (signature id, free cores, memory class): a ledger bucket
 
 
@@ -63,11 +76,13 @@ def type_demand(t: PodType) -> tuple[Demand, int]:
     return Demand(t.gpu_number, 0, models, False), t.milli_cpu
 
 
-def next_types(frag: FragmentationModel) -> list[tuple[Demand, int, float, int, int]]:
-    """The :data:`TYPES` most likely types of ``frag``'s workload as ``(demand, milli-CPU,
-    probability renormalised over them, total milli-GPU, memory MiB)`` (memory 0 without the
-    memory term); empty without a workload."""
-    top = sorted(frag.workload, key=lambda tp: -tp[1])[:TYPES]
+def next_types(frag: FragmentationModel, types: int = TYPES
+               ) -> list[tuple[Demand, int, float, int, int]]:
+    """The ``types`` (:data:`TYPES`) most likely types of ``frag``'s workload as ``(demand,
+    milli-CPU, probability renormalised over them, total milli-GPU, memory MiB)`` (memory 0
+    without the memory term); empty without a workload. Ties in probability keep the
+    workload's order (a stable sort), so the first ``k`` of ``k + 1`` types are the ``k``."""
+    top = sorted(frag.workload, key=lambda tp: -tp[1])[:types]
     total = sum(p for _, p in top)
     if not total:
         return []
@@ -196,13 +211,14 @@ def _terms(frag: FragmentationModel, key: Key, d: Demand, cores: int, mib: int,
 
 def order(frag: FragmentationModel, buckets: dict[Key, dict], created: list[Key],
           state: dict, near: list[tuple[str, Key]], d: Demand, cores: int,
-          mib: int = 0) -> list[Key]:
+          mib: int = 0, types: int = TYPES, candidates: int = CANDIDATES) -> list[Key]:
     """The candidate buckets ``near`` (``(smallest node name, key)``, already within
     :data:`SLACK` of the best FGD rank and able to take ``cores``) in look-ahead order (module
     docstring) for a bundle of GPU demand ``d``, ``cores`` cores and ``mib`` MiB (read only
-    when memory-aware): at most :data:`CANDIDATES`, the first by smallest node name, sorted by
-    value then name. ``buckets``: key -> {node name: state}; ``created`` and ``state``: see
-    :func:`_best_two`.
+    when memory-aware): at most ``candidates`` (:data:`CANDIDATES`), the first by smallest node
+    name, sorted by value then name; the next-request types are the ``types`` (:data:`TYPES`)
+    most likely (:func:`next_types`). ``buckets``: key -> {node name: state}; ``created``
+    and ``state``: see :func:`_best_two`.
 
     A candidate's terms that depend only on its bucket key and the bundle (:func:`_terms`)
     are kept in ``state`` per bundle until the workload or the types' memory changes
@@ -210,9 +226,12 @@ def order(frag: FragmentationModel, buckets: dict[Key, dict], created: list[Key]
     and memory class, which is all the terms read. Only the best growths elsewhere
     (:func:`_best_two`) are read anew at each decision. Same values, to the bit, as computing
     every term at every decision (tests/test_placement_decisions.py)."""
-    near = nsmallest(CANDIDATES, near)
-    if state.get("types_for") != frag.epoch:
-        state["types_for"], state["types"] = frag.epoch, next_types(frag)
+    near = nsmallest(candidates, near)
+    if state.get("types_for") != (frag.epoch, types):
+        # the per-type heaps (_best_two) and growers follow the types: start them afresh
+        state.pop("epoch", None)
+        state.pop("grow_for", None)
+        state["types_for"], state["types"] = (frag.epoch, types), next_types(frag, types)
         state["terms"] = {}
         state["terms_n"] = 0
     nxt = state["types"]
@@ -247,5 +266,5 @@ def order(frag: FragmentationModel, buckets: dict[Key, dict], created: list[Key]
     return [key for _v, _name, key in scored]
 
 
-__all__ = ["CANDIDATES", "MAX_TERMS", "OWN", "SLACK", "TYPES", "next_types", "order",
-           "type_demand"]
+__all__ = ["CANDIDATES", "MAX_TERMS", "OWN", "SETTINGS", "SLACK", "TYPES", "next_types",
+           "order", "type_demand"]

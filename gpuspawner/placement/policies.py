@@ -16,6 +16,10 @@ Policies, selectable by name (``POLICIES``):
     ``fgd`` and ``fgd-lookahead`` with memory-aware fragmentation (:mod:`.fragmentation`: a
     task type whose memory does not fit the node counts all its free GPU; ours, measured in
     docs/placement.md "Memory-aware fragmentation" and "The default policy").
+``fgd-mem-lookahead-t3``, ``-t2``, ``-t2c4``, ``-c4``
+    ``fgd-mem-lookahead`` looking at fewer next-request types (3 or 2 instead of 5) and/or
+    fewer candidate buckets (4 instead of 8) (:data:`.lookahead.SETTINGS`; docs/placement.md
+    "A cheaper look-ahead").
 ``best-fit``, ``dot-product``, ``gpu-packing``, ``gpu-clustering``, ``random``
     The paper's baselines, scored as in :mod:`.baselines` (highest score, ties by node name;
     ``random`` uniform among nodes that fit, seeded).
@@ -47,7 +51,7 @@ from .baselines import (
 )
 from .devices import min_numa_count, plan, quick_fit
 from .fragmentation import Demand, FragmentationModel
-from .lookahead import CANDIDATES, SLACK
+from .lookahead import CANDIDATES, SETTINGS, SLACK, TYPES
 from .lookahead import order as lookahead_order
 from .model import GPU_MILLI, Bundle, mig_slices
 from .rank_index import ShapeRanks, first_name
@@ -199,11 +203,13 @@ def fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None) -> C
 
 
 def fgd_lookahead(c: ClusterView, bundle: Bundle, spill: bool,
-                  ok: NodeFilter | None) -> Choice | None:
+                  ok: NodeFilter | None, look: tuple[int, int] = (TYPES, CANDIDATES)
+                  ) -> Choice | None:
     """``fgd`` with a one-step look-ahead among the near-best nodes (:mod:`.lookahead`): the
     same NUMA pass first for aligned multi-GPU bundles, the same MIG rule; where the
     look-ahead's candidates have no room, ``fgd``'s own order. Equal to ``fgd`` when the
-    fragmentation model has no workload yet."""
+    fragmentation model has no workload yet. ``look``: (next-request types, candidate
+    buckets) of the look-ahead (:data:`.lookahead.SETTINGS`)."""
     if bundle.mig:
         return _fgd_mig(c, bundle, spill, ok)
     if not spill and bundle.gpus >= 2 and _one_numa_possible(c, bundle):
@@ -212,10 +218,24 @@ def fgd_lookahead(c: ClusterView, bundle: Bundle, spill: bool,
 
         # not static: shared no-fit results would leave buckets out of the look-ahead's
         # candidates that this pass used to offer it, and change its decisions
-        got = _fgd(c, bundle, spill, one_numa, look=True)
+        got = _fgd(c, bundle, spill, one_numa, look=look)
         if got is not None:
             return got
-    return _fgd(c, bundle, spill, ok, look=True)
+    return _fgd(c, bundle, spill, ok, look=look)
+
+
+def _lookahead_policy(name: str) -> PolicyFn:
+    """:func:`fgd_lookahead` with the settings of ``name`` in :data:`.lookahead.SETTINGS`."""
+    look = SETTINGS[name]
+
+    def policy(c: ClusterView, bundle: Bundle, spill: bool,
+               ok: NodeFilter | None) -> Choice | None:
+        return fgd_lookahead(c, bundle, spill, ok, look)
+
+    policy.__name__ = policy.__qualname__ = name.replace("-", "_")
+    policy.__doc__ = (f"{fgd_lookahead.__doc__.splitlines()[0]} ({name}: "
+                      f"{look[0]} next types, {look[1]} candidates)")
+    return policy
 
 
 def _fgd_mig(c: ClusterView, bundle: Bundle, spill: bool,
@@ -259,7 +279,7 @@ def _one_numa_possible(c: ClusterView, bundle: Bundle) -> bool:
 
 
 def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None,
-         look: bool = False, static: bool = False) -> Choice | None:
+         look: tuple[int, int] | None = None, static: bool = False) -> Choice | None:
     """``fgd``'s choice among the nodes ``ok`` accepts (all when None). ``static``: ``ok``
     depends only on the nodes' hardware (``fgd``'s one-NUMA-node pass), so what it rejects
     stays rejected and the shape's caches (no-fit, spent, :mod:`.rank_index`) may be kept
@@ -267,7 +287,8 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None,
     d = demand_of(bundle, aligned=not spill)
     frag = c.frag
     # the look-ahead acts only on a workload with a whole-GPU type (workload.asks_whole_gpus)
-    look = look and frag.asks_whole_gpus()
+    if look is not None and not frag.asks_whole_gpus():
+        look = None
     cores = bundle.cores
     cpu = cores * 1000
     mib = bundle.memory_bytes >> 20
@@ -323,14 +344,14 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None,
                     best = rank
     if best is None:
         return None
-    if look and quantize:
+    if look is not None and quantize:
         # (smallest node name, key) of the buckets within SLACK of the best: tuples, so the
         # look-ahead picks its candidates by name in C (names are unique across buckets)
         lim = best + SLACK
         near = [(first_name(c, key), key) for rank, key in cands if rank <= lim]
         if len(near) > 1:
             for key in lookahead_order(frag, c.buckets, c.created, c.lookahead, near, d,
-                                       cores, mib):
+                                       cores, mib, *look):
                 got = _try_keys(c, [key], bundle, spill, ok, spent)
                 if got is not None:
                     return got
@@ -356,7 +377,7 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None,
 
 def _fgd_ranked(c: ClusterView, sr: ShapeRanks, d: Demand, bundle: Bundle, spill: bool,
                 ok: NodeFilter | None, spent: dict[tuple[int, int, int], int],
-                look: bool) -> Choice | None:
+                look: tuple[int, int] | None) -> Choice | None:
     """:func:`_fgd` for an unfiltered (or statically filtered) decision from the shape's
     candidate buckets kept across decisions (:mod:`.rank_index`) instead of a pass over every
     bucket: the same best rank, the same look-ahead candidates (the smallest names within one
@@ -365,12 +386,12 @@ def _fgd_ranked(c: ClusterView, sr: ShapeRanks, d: Demand, bundle: Bundle, spill
     best = sr.best()
     if best is None:
         return None
-    if look:
+    if look is not None:
         near = [e for r in range(best, best + SLACK + 1)
-                for e in sr.smallest(r, CANDIDATES)]
+                for e in sr.smallest(r, look[1])]
         if len(near) > 1:
             for key in lookahead_order(c.frag, c.buckets, c.created, c.lookahead, near, d,
-                                       bundle.cores, bundle.memory_bytes >> 20):
+                                       bundle.cores, bundle.memory_bytes >> 20, *look):
                 got = _try_keys(c, [key], bundle, spill, ok, spent)
                 if got is not None:
                     return got
@@ -572,6 +593,8 @@ POLICIES: dict[str, PolicyFn] = {
     "fgd-lookahead": fgd_lookahead,
     "fgd-mem": fgd,
     "fgd-mem-lookahead": fgd_lookahead,
+    **{name: _lookahead_policy(name) for name in SETTINGS
+       if name not in ("fgd-lookahead", "fgd-mem-lookahead")},
     "first-fit": first_fit,
     "best-fit": best_fit_paper,
     "dot-product": dot_product,
@@ -584,7 +607,7 @@ POLICIES: dict[str, PolicyFn] = {
 
 #: policies whose fragmentation also counts a task type whose memory does not fit (ours; the
 #: ledger turns :attr:`~.fragmentation.FragmentationModel.memory_aware` on for them)
-MEMORY_POLICIES = frozenset({"fgd-mem", "fgd-mem-lookahead"})
+MEMORY_POLICIES = frozenset({"fgd-mem", *(n for n in SETTINGS if n.startswith("fgd-mem-"))})
 
 #: old names kept working
 ALIASES: dict[str, str] = {}

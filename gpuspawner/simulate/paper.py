@@ -50,6 +50,7 @@ from gpuspawner.placement.baselines import (
     score_gpu_packing,
     sub_pack,
 )
+from gpuspawner.placement.lookahead import SETTINGS as LOOKAHEAD_SETTINGS
 from gpuspawner.placement.workload import (
     MAX_NODE_SCORE,
     MILLI,
@@ -402,6 +403,7 @@ PAPER_POLICIES: dict[str, ScoreFn] = {
     "fgd-lookahead": score_fgd,
     "fgd-mem": score_fgd,
     "fgd-mem-lookahead": score_fgd,
+    **{name: score_fgd for name in LOOKAHEAD_SETTINGS},
     "best-fit": score_best_fit,
     "dot-product": score_dot_product,
     "gpu-packing": score_gpu_packing,
@@ -420,11 +422,14 @@ PAPER_NAMES: dict[str, str] = {
 #: scores that do not change with the node's state between calls are cached per node state
 _CACHEABLE = frozenset({"fgd", "fgd-whole", "fgd-lookahead", "fgd-mem", "fgd-mem-lookahead",
                         "best-fit", "dot-product", "gpu-packing", "gpu-clustering",
-                        "first-fit", "spread"})
-#: policies that add the look-ahead (:meth:`PaperCluster._lookahead`) to ``fgd``'s score
-LOOKAHEAD_POLICIES = frozenset({"fgd-lookahead", "fgd-mem-lookahead"})
+                        "first-fit", "spread", *LOOKAHEAD_SETTINGS})
+#: policies that add the look-ahead (:meth:`PaperCluster._lookahead`) to ``fgd``'s score,
+#: with their (next-request types, candidates): the ledger's look-ahead settings
+#: (``gpuspawner.placement.lookahead.SETTINGS``; the cheaper variants look at fewer)
+LOOKAHEAD_POLICIES = frozenset(LOOKAHEAD_SETTINGS)
 #: policies whose fragmentation also counts a type whose memory does not fit (ours)
-MEMORY_POLICIES = frozenset({"fgd-mem", "fgd-mem-lookahead"})
+MEMORY_POLICIES = frozenset({"fgd-mem", *(n for n in LOOKAHEAD_SETTINGS
+                                          if n.startswith("fgd-mem-"))})
 
 
 class PaperCluster:
@@ -494,6 +499,9 @@ class PaperCluster:
         self.last_gpus: list[int] = []  #: GPU indices the last :meth:`place` booked
         self._type_ids: dict[PodType | tuple[str, PodType], int] = {}
         self._la_types: list[tuple[PodType, float]] | None = None
+        #: the look-ahead's (next-request types, candidates)
+        self.la_settings = LOOKAHEAD_SETTINGS.get(policy, (LOOKAHEAD_TYPES,
+                                                           LOOKAHEAD_CANDIDATES))
 
     def quantize(self, delta: float) -> int | float:
         """The score of a fragmentation growth: Go's integer score, or ``-delta`` when
@@ -588,7 +596,7 @@ class PaperCluster:
         """The look-ahead's next-request types: the most likely of the target workload."""
         got = self._la_types
         if got is None:
-            top = sorted(self.frag.typical, key=lambda tp: -tp[1])[:LOOKAHEAD_TYPES]
+            top = sorted(self.frag.typical, key=lambda tp: -tp[1])[:self.la_settings[0]]
             total = sum(p for _, p in top) or 1.0
             got = self._la_types = [(t, p / total) for t, p in top]
         return got
@@ -617,22 +625,24 @@ class PaperCluster:
     def _lookahead(self, t: PodType, memory_mib: int, key: int, best_score: int,
                    best: PaperNode, best_gpu: int) -> tuple[PaperNode, int]:
         """``fgd-lookahead`` (ours; docs/placement.md "Beyond FGD"): the candidates are the
-        first :data:`LOOKAHEAD_CANDIDATES` nodes in tie order whose FGD score (cached by
-        :meth:`choose`) is within :data:`LOOKAHEAD_SLACK` of the best. For each, with ``t``
-        placed there as ``fgd`` would (same GPUs), and for each of the
-        :data:`LOOKAHEAD_TYPES` most likely types *u* of the target workload (probabilities
-        renormalised), the best exact FGD growth *u* can then get anywhere: on this node's
-        new state, or the best elsewhere (the cluster's best for *u* now, or its second best
-        when the best is this node); *u*'s total milli-GPU when it fits nowhere (a refusal
-        leaves that much demand unserved). The candidate with the smallest expectation wins,
-        ties to the first in tie order, so when the look-ahead sees no difference the pick
-        is ``fgd``'s. :data:`LOOKAHEAD_OWN` times the pod's own exact growth on the candidate
-        is added to the expectation (0.5: measured against 0 and 1 in docs/placement.md).
-        Under strict NUMA the candidate's GPUs, the next types' GPUs and every F are the
-        NUMA-aware ones (:meth:`numa_fits`, :meth:`Fragmentation.score_numa`), as ``fgd``'s.
-        Not applied on a target workload without a whole-GPU type
-        (:func:`~gpuspawner.placement.workload.asks_whole_gpus`; there it is ``fgd``)."""
+        first :data:`LOOKAHEAD_CANDIDATES` (the policy's ``la_settings``) nodes in tie order
+        whose FGD score (cached by :meth:`choose`) is within :data:`LOOKAHEAD_SLACK` of the
+        best. For each, with ``t`` placed there as ``fgd`` would (same GPUs), and for each
+        of the :data:`LOOKAHEAD_TYPES` (``la_settings``) most likely types *u* of the target
+        workload (probabilities renormalised), the best exact FGD growth *u* can then get
+        anywhere: on this node's new state, or the best elsewhere (the cluster's best for
+        *u* now, or its second best when the best is this node); *u*'s total milli-GPU when
+        it fits nowhere (a refusal leaves that much demand unserved). The candidate with the
+        smallest expectation wins, ties to the first in tie order, so when the look-ahead
+        sees no difference the pick is ``fgd``'s. :data:`LOOKAHEAD_OWN` times the pod's own
+        exact growth on the candidate is added to the expectation (0.5: measured against 0
+        and 1 in docs/placement.md). Under strict NUMA the candidate's GPUs, the next types'
+        GPUs and every F are the NUMA-aware ones (:meth:`numa_fits`,
+        :meth:`Fragmentation.score_numa`), as ``fgd``'s. Not applied on a target workload
+        without a whole-GPU type (:func:`~gpuspawner.placement.workload.asks_whole_gpus`;
+        there it is ``fgd``)."""
         cands = []
+        most = self.la_settings[1]
         for n in self.ranked:
             got = n.cache.get(key)
             if got is None or got[0] is None:
@@ -640,7 +650,7 @@ class PaperCluster:
             if got[0] >= best_score - LOOKAHEAD_SLACK and n.cpu_left >= t.milli_cpu \
                     and n.memory_left >= memory_mib:
                 cands.append((n, got[1]))
-                if len(cands) >= LOOKAHEAD_CANDIDATES:
+                if len(cands) >= most:
                     break
         if len(cands) <= 1:
             return best, best_gpu
