@@ -94,20 +94,37 @@ async def _ask_over_tls(ip: str, port: int, path: str, tls: ServerTLS) -> str | 
     return f"{ip}:{port}{path} answered without a Jupyter server version"
 
 
+async def _refused(ip: str, port: int) -> str | None:
+    """Why a TCP connection to ``ip:port`` fails now (refused, unreachable, 2 s timeout);
+    None when something listens. A refused connection costs a system call, where a refused
+    HTTP request costs about five times the hub's CPU."""
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(ip, port), 2)
+    except (OSError, asyncio.TimeoutError) as e:
+        return f"{ip}:{port}: {e or type(e).__name__}"
+    writer.close()
+    return None
+
+
 async def wait_for_own_server(ip: str, port: int, base_url: str, *, exited: ExitCheck,
                               timeout: float, tls: bool | ServerTLS = False,
-                              name: str = "server") -> None:
+                              name: str = "server", exit_check_s: float = 1.0) -> None:
     """Wait until the server at ``ip:port`` answers, at most ``timeout`` seconds.
 
-    Every round asks ``exited()`` first: a server that is gone fails at once with the
-    backend's report. Then ``{base_url}api`` must answer as a Jupyter server (JSON with
-    ``version``; jupyter_server's unauthenticated ``GET /api``). With ``tls`` a
-    :class:`ServerTLS` (internal_ssl), that answer must come over TLS from a certificate of
-    the hub's CA that names ``tls.hostname``, which this server's certificate alone carries:
-    a listener with any other certificate (another user's server's, on a port it bound
-    first) is never ready. ``tls=True`` without a :class:`ServerTLS` checks only the TCP
-    connection (kept for callers without the hub's settings). Polls every 50 ms, backing
-    off to 0.5 s.
+    ``{base_url}api`` must answer as a Jupyter server (JSON with ``version``;
+    jupyter_server's unauthenticated ``GET /api``), and ``exited()`` must say the server still
+    runs right after that answer: an answer at the address of a server that is gone never
+    counts. While nothing answers, ``exited()`` is asked at most every ``exit_check_s``
+    seconds (the first round, and once more before the timeout): a server that is gone fails
+    within about that long with the backend's report. (Asking it every round cost an engine
+    call per round: with 8 servers starting at once that was the largest part of the
+    hub's CPU spent waiting, on a machine whose CPUs the starting servers needed.) With
+    ``tls`` a :class:`ServerTLS` (internal_ssl), the answer must come over TLS from a
+    certificate of the hub's CA that names ``tls.hostname``, which this server's certificate
+    alone carries: a listener with any other certificate (another user's server's, on a port
+    it bound first) is never ready. ``tls=True`` without a :class:`ServerTLS` checks only the
+    TCP connection (kept for callers without the hub's settings). Polls every 50 ms, backing
+    off to 0.5 s; without TLS a round whose TCP connection is refused sends no HTTP request.
 
     Raises:
         web.HTTPError(500): the server exited (the backend's report) or did not answer in
@@ -119,34 +136,48 @@ async def wait_for_own_server(ip: str, port: int, base_url: str, *, exited: Exit
     client = AsyncHTTPClient()
     delay = 0.05
     last = "no answer yet"
-    while True:
+    asked = float("-inf")
+
+    async def still_running() -> None:
+        nonlocal asked
+        asked = loop.time()
         report = await exited()
         if report is not None:
             raise web.HTTPError(500, report)
+
+    while True:
+        if loop.time() - asked >= exit_check_s:
+            await still_running()
+        answered = False
         if isinstance(tls, ServerTLS):
             problem = await _ask_over_tls(ip, port, f"{base_url}api", tls)
-            if problem is None:
-                return
-            last = problem
+            answered = problem is None
+            last = problem or last
         elif tls:
-            try:
-                _, writer = await asyncio.wait_for(asyncio.open_connection(ip, port), 2)
-                writer.close()
-                return
-            except (OSError, asyncio.TimeoutError) as e:
-                last = str(e) or type(e).__name__
+            problem = await _refused(ip, port)
+            answered = problem is None
+            last = problem or last
         else:
-            try:
-                r = await client.fetch(HTTPRequest(url, request_timeout=2, connect_timeout=2,
-                                                   follow_redirects=False))
-                if "version" in json.loads(r.body or b"{}"):
-                    return
-                last = f"{url} answered without a Jupyter server version"
-            except HTTPClientError as e:
-                last = f"{url}: HTTP {e.code}"
-            except (OSError, ValueError) as e:
-                last = f"{url}: {e}"
+            problem = await _refused(ip, port)
+            if problem is not None:
+                last = problem
+            else:
+                try:
+                    r = await client.fetch(HTTPRequest(url, request_timeout=2,
+                                                       connect_timeout=2,
+                                                       follow_redirects=False))
+                    answered = "version" in json.loads(r.body or b"{}")
+                    if not answered:
+                        last = f"{url} answered without a Jupyter server version"
+                except HTTPClientError as e:
+                    last = f"{url}: HTTP {e.code}"
+                except (OSError, ValueError) as e:
+                    last = f"{url}: {e}"
+        if answered:
+            await still_running()  # the answer is this server's only while it runs
+            return
         if loop.time() >= deadline:
+            await still_running()  # gone: the backend's report says more than the timeout
             raise web.HTTPError(500, f"{name} did not answer within {timeout:g} s ({last})")
         await asyncio.sleep(delay)
         delay = min(delay * 1.5, 0.5)
