@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.analyse is not None:
         for path in args.analyse:
             lo, hi = (int(x) for x in path.stem.split("_")[-2:])
-            print(f"{path.name}: spawns {lo + 1}-{hi}")
+            print(f"{path}: spawns {lo + 1}-{hi}")
             for line in analyse(path, hi - lo):
                 print(line)
         return 0

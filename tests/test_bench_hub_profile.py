@@ -36,4 +36,4 @@ def test_the_table_counts_the_main_thread_by_cause(tmp_path: Path, capsys) -> No
     assert table["JupyterHub's poll of every server"][0] == "0.0"
     assert main(["--analyse", str(path)]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("pyspy_0_10.txt: spawns 1-10\n") and "60.0 %" in out
+    assert out.startswith(f"{path}: spawns 1-10\n") and "60.0 %" in out
