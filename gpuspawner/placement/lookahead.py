@@ -35,6 +35,7 @@ Units: milli-GPU (growths), milli-CPU. Pure: standard library only.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from heapq import heapify, heappop, heappush, nsmallest
 
 from .fragmentation import Demand, FragmentationModel, allowed_models
@@ -211,7 +212,9 @@ def _terms(frag: FragmentationModel, key: Key, d: Demand, cores: int, mib: int,
 
 def order(frag: FragmentationModel, buckets: dict[Key, dict], created: list[Key],
           state: dict, near: list[tuple[str, Key]], d: Demand, cores: int,
-          mib: int = 0, types: int = TYPES, candidates: int = CANDIDATES) -> list[Key]:
+          mib: int = 0, types: int = TYPES, candidates: int = CANDIDATES,
+          local: Callable[..., Callable[[Key], tuple[float, tuple[float, ...]] | None]]
+          | None = None) -> list[Key]:
     """The candidate buckets ``near`` (``(smallest node name, key)``, already within
     :data:`SLACK` of the best FGD rank and able to take ``cores``) in look-ahead order (module
     docstring) for a bundle of GPU demand ``d``, ``cores`` cores and ``mib`` MiB (read only
@@ -225,7 +228,12 @@ def order(frag: FragmentationModel, buckets: dict[Key, dict], created: list[Key]
     (``FragmentationModel.epoch``): a bucket key fixes its nodes' GPU signature, free cores
     and memory class, which is all the terms read. Only the best growths elsewhere
     (:func:`_best_two`) are read anew at each decision. Same values, to the bit, as computing
-    every term at every decision (tests/test_placement_decisions.py)."""
+    every term at every decision (tests/test_placement_decisions.py).
+
+    ``local`` (strict bundles under a memory-aware policy, :mod:`.numa_local`): called as
+    ``local(state, next types)``, it gives ``terms(key)``, the candidate's terms read per
+    NUMA node on the bucket's first node (None: that node has no room; the candidate is
+    left out), used instead of the bucket-level :func:`_terms`."""
     near = nsmallest(candidates, near)
     if state.get("types_for") != (frag.epoch, types):
         # the per-type heaps (_best_two) and growers follow the types: start them afresh
@@ -247,11 +255,17 @@ def order(frag: FragmentationModel, buckets: dict[Key, dict], created: list[Key]
         kept = state["terms"][shape] = {}
     inf = math.inf
     scored = []
+    local_of = None if local is None else local(state, nxt)
     for name, key in near:
-        got = kept.get(key)
-        if got is None:
-            got = kept[key] = _terms(frag, key, d, cores, mib, _growers(state, frag, nxt))
-            state["terms_n"] += 1
+        if local_of is not None:
+            got = local_of(key)
+            if got is None:
+                continue
+        else:
+            got = kept.get(key)
+            if got is None:
+                got = kept[key] = _terms(frag, key, d, cores, mib, _growers(state, frag, nxt))
+                state["terms_n"] += 1
         v, heres = got
         if v != v:  # pragma: no cover - nan: the candidate's GPUs do not fit
             continue
@@ -266,5 +280,5 @@ def order(frag: FragmentationModel, buckets: dict[Key, dict], created: list[Key]
     return [key for _v, _name, key in scored]
 
 
-__all__ = ["CANDIDATES", "MAX_TERMS", "OWN", "SETTINGS", "SLACK", "TYPES", "next_types",
-           "order", "type_demand"]
+__all__ = ["CANDIDATES", "MAX_TERMS", "OWN", "SETTINGS", "SLACK", "TYPES", "next_types", "order",
+           "type_demand"]
