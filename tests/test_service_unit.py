@@ -8,6 +8,7 @@ document's schema, so the document and the code cannot disagree silently.
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from gpuspawner.backends.base import Backend
 from gpuspawner.gpushare.watchdog import Notice, Watchdog
 from gpuspawner.hub import metrics
 from gpuspawner.hub.cluster import Cluster
+from gpuspawner.hub.service.frozen import FrozenCluster
 from gpuspawner.hub.service.openapi import openapi_document
 from gpuspawner.hub.service.views import (
     OTHER,
@@ -98,6 +100,34 @@ def test_user_node_view_hides_other_users(cluster):
                                     for h in others)
     owners = {u for n in nodes for nn in n["numa_nodes"] for u in nn["cpu_owners"].values()}
     assert owners == {"bob", OTHER}
+
+
+def test_user_node_view_from_the_frozen_copy_names_no_one_else(cluster):
+    """What api/nodes encodes for bob (node_views on the FrozenCluster the handler makes):
+    alice's name, her allocation's id and her groups appear nowhere in the JSON text."""
+    alice = cluster.ledger.allocations("alice")[0]
+    text = json.dumps(node_views(FrozenCluster(cluster, usage=False, allocations=False), "bob"))
+    assert "bob" in text
+    for secret in ("alice", alice.id, '"lab"'):
+        assert secret not in text, secret
+
+
+def test_changing_a_node_view_leaves_later_views_alone(cluster):
+    """The answer is the caller's to change (its docstring); the ledger's incremental
+    snapshot shares its node dicts between calls, so every nested list or dict of the answer
+    must be a copy, or a change would show in every later api/nodes, map and metrics answer
+    until the node next changes."""
+    before = node_views(cluster, "bob")
+    for node in before:
+        node["labels"]["changed"] = "yes"
+        for nn in node["numa_nodes"]:
+            nn["cpus"].append(10_000)
+            nn["cpus_free"].clear()
+        for g in node["gpus"]:
+            g["holders"].clear()
+    assert cluster.ledger.snapshot() == cluster.ledger._snapshot_full()
+    assert node_views(cluster, "bob") == node_views(cluster, "bob")
+    assert node_views(cluster, "bob") != before
 
 
 def test_allocations_and_usage(cluster):

@@ -48,14 +48,19 @@ def node_views(cluster: Cluster, viewer: str | None) -> list[dict[str, Any]]:
     who drained it and since when (``drained_by``: an admin's name or ``"health"``,
     ``drained_since``: seconds since the epoch).
 
-    The answer's dicts are new (the caller may change them); the snapshot's are the ledger's,
-    shared by every snapshot until their node changes, and are copied, never changed here.
+    The answer's dicts and lists are new at every level (the caller may change them); the
+    snapshot's are the ledger's, shared by every snapshot until their node changes, and are
+    copied, never changed here.
     """
     out = []
     records = cluster.drain_records() if viewer is None else {}
     for shared in cluster.ledger.snapshot():
-        node = {**shared, "gpus": [{**g} for g in shared["gpus"]],
-                "numa_nodes": [{**nn} for nn in shared["numa_nodes"]]}
+        # (every nested list and dict copied too: labels, cpus, cpus_free are the ledger's)
+        node = {**shared, "labels": dict(shared["labels"]),
+                "gpus": [{**g} for g in shared["gpus"]],
+                "numa_nodes": [{**nn, "cpus": list(nn["cpus"]),
+                                "cpus_free": list(nn["cpus_free"])}
+                               for nn in shared["numa_nodes"]]}
         for g in node["gpus"]:
             g["holders"] = [_holder(h, viewer) for h in g["holders"]]
             if viewer is None:
