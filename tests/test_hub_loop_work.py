@@ -39,7 +39,9 @@ from traitlets.config import Config
 from benchmarks.fake_backend import FakeBackend
 from benchmarks.hub_scale import fake_node
 from benchmarks.loop_probe import freeze_after_start
-from gpuspawner.backends.base import NodeRuntime
+from gpuspawner.backends.base import Managed, NodeRuntime
+from gpuspawner.gpushare.mechanism import Mechanism
+from gpuspawner.hub import cluster as cluster_module
 from gpuspawner.hub import trait_check
 from gpuspawner.hub.cluster import Cluster
 from gpuspawner.hub.service import views
@@ -453,3 +455,43 @@ def test_shared_settings_are_read_only_and_checked():
     bad.GPUSpawner.nodes = [{"name": "x", "gpus": 1}]
     with pytest.raises(SystemExit, match="GPUSpawner.nodes"):
         share_checked_settings(bad)
+
+
+async def test_the_share_watchdog_parses_allocations_off_the_event_loop(monkeypatch):
+    """A watchdog pass parses every running server's allocation (``Allocation.from_json``,
+    every ``share_interval_s``): that is done in the pass's worker thread, and the shares it
+    hands the watchdog are those of the servers on share nodes."""
+    cluster = cluster_with(48)
+    for rt in cluster.nodes.values():
+        rt.gpu_share = Mechanism("watchdog", "")
+    allocs = cluster.ledger.allocations()
+    found = [Managed(a.node, a.to_json(), f"c{i:04d}") for i, a in enumerate(allocs)]
+
+    async def list_managed() -> list[Managed]:
+        return found
+
+    monkeypatch.setattr(cluster.backend, "list_managed", list_managed)
+    loop_thread = threading.get_ident()
+    parsed_on: set[int] = set()
+    original = cluster_module.shares_from_allocations
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        parsed_on.add(threading.get_ident())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(cluster_module, "shares_from_allocations", recorded)
+    seen: list[dict] = []
+
+    class Dog:
+        notices: dict = {}
+
+        def check(self, shares: dict) -> list:
+            seen.append(shares)
+            return []
+
+    cluster.share_watchdog = Dog()  # type: ignore[assignment]
+    assert await cluster.check_shares(force=True) == []
+    assert parsed_on and loop_thread not in parsed_on
+    (shares,) = seen
+    assert sorted(shares) == sorted(m.handle for m in found)
+    assert {s.user for s in shares.values()} == {a.owner.user for a in allocs}

@@ -585,16 +585,27 @@ class Cluster:
         nodes = set(self.share_nodes())
         if not nodes:
             return []
-        shares: dict[str, Share] = {}
-        for m in await self.backend.list_managed():
-            if m.node in nodes:
-                rt = self.nodes[m.node]
-                shares.update(shares_from_allocations(
-                    [(m.handle, m.allocation)], {g.uuid: g for g in rt.node.gpus},
-                    rt.gpu_share))
-        if not shares:
+        # on the loop only the engine's list; the allocations are parsed in the worker thread
+        # (one Allocation.from_json per running server at every pass)
+        found = [(m.node, m.handle, m.allocation) for m in await self.backend.list_managed()
+                 if m.node in nodes]
+        if not found:
             return []
-        return await asyncio.to_thread(self._share_pass, shares)
+        return await asyncio.to_thread(self._share_pass, found)
+
+    def _shares(self, found: list[tuple[str, str, str]]) -> dict[str, Share]:
+        """The shares among ``(node, container id, allocation JSON)`` of running servers
+        (:func:`~gpuspawner.gpushare.watchdog.shares_from_allocations` per node)."""
+        by_node: dict[str, list[tuple[str, str]]] = {}
+        for node, handle, text in found:
+            by_node.setdefault(node, []).append((handle, text))
+        shares: dict[str, Share] = {}
+        for node, pairs in by_node.items():
+            rt = self.nodes.get(node)
+            if rt is not None and rt.gpu_share is not None:
+                shares.update(shares_from_allocations(
+                    pairs, {g.uuid: g for g in rt.node.gpus}, rt.gpu_share))
+        return shares
 
     def share_notices(self, user: str) -> list[dict[str, Any]]:
         """The user's shares over their GPU memory at the watchdog's last pass
@@ -603,7 +614,10 @@ class Cluster:
         wd = self.share_watchdog
         return [n.to_dict() for n in (wd.notices.get(user, ()) if wd is not None else ())]
 
-    def _share_pass(self, shares: dict[str, Share]) -> list[Action]:
+    def _share_pass(self, found: list[tuple[str, str, str]]) -> list[Action]:
+        shares = self._shares(found)
+        if not shares:
+            return []
         if self.share_watchdog is None:
             try:
                 import pynvml
