@@ -27,6 +27,7 @@ import pytest
 from jupyterhub import orm
 from tornado.httpclient import AsyncHTTPClient
 
+import tests.inprocess_hub as inprocess_hub_module
 import tests.test_usage_budgets_hub as budgets_hub_module
 from gpuspawner.gpushare.mps import PIPE_MOUNT
 from gpuspawner.testing.inprocess import wait_for
@@ -290,7 +291,7 @@ def with_page(prefix: str, kw: dict) -> list:
 @pytest.fixture
 def page_hub(monkeypatch, request):
     """tests/test_usage_budgets_hub.py's hub whose service also serves the usage page."""
-    monkeypatch.setattr(budgets_hub_module, "usage_routes", with_page)
+    monkeypatch.setattr(inprocess_hub_module, "usage_routes", with_page)
     return request.getfixturevalue("budget_hub")
 
 
