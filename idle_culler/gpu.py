@@ -29,6 +29,8 @@ from typing import Any
 
 log = logging.getLogger("idle_culler.gpu")
 
+_NEG_INF = float("-inf")
+
 
 @dataclass
 class GPUWindow:
@@ -75,28 +77,45 @@ class GPUHistory:
         """Mean utilisation (percent) of ``uuids`` over ``[now - window, now]``, counting no
         sample before ``since`` (the server's start: a GPU's samples from before the server
         had it, idle or another tenant's, are not the server's); the window is covered only
-        when the samples, and the server, go back all of it."""
+        when the samples, and the server, go back all of it. ``busy_at``: the latest sample
+        time in ``[since, now]`` whose percent is at least ``threshold`` (None without
+        ``threshold``).
+
+        One pass over each GPU's samples with the bounds worked out before it: a sample
+        counts in the window when ``start <= t <= now`` (``start`` the later of ``now -
+        window`` and ``since``); the samples need not be in time order."""
         now = time.time() if now is None else now
         total, n, covered, busy_at = 0.0, 0, True, None
         uuids = list(uuids)
-        if since is not None and since > now - window:
+        lo = now - window
+        if since is not None and since > lo:
             covered = False
+            start = since
+        else:
+            start = lo
+        # (``since`` NaN or None: no sample is left out for it, as ``t < since`` never holds)
+        floor = since if since is not None and since > _NEG_INF else _NEG_INF
         with self._lock:
             for u in uuids:
                 q = self._samples.get(u)
                 if not q:
                     covered = False
                     continue
-                if self._first_seen.get(u, now) > now - window:
+                if self._first_seen.get(u, now) > lo:
                     covered = False
+                if threshold is None:
+                    for t, v in q:
+                        if start <= t <= now:
+                            total += v
+                            n += 1
+                    continue
                 for t, v in q:
-                    if since is not None and t < since:
-                        continue
-                    if threshold is not None and v >= threshold and t <= now:
-                        busy_at = t if busy_at is None else max(busy_at, t)
-                    if now - window <= t <= now:
-                        total += v
-                        n += 1
+                    if t <= now:
+                        if t >= start:
+                            total += v
+                            n += 1
+                        if v >= threshold and t >= floor and (busy_at is None or t > busy_at):
+                            busy_at = t
         return GPUWindow(total / n if n else None, n, covered and n > 0 and bool(uuids), busy_at)
 
 

@@ -255,6 +255,62 @@ def test_history_window_mean_and_coverage() -> None:
     assert h.mean([], 25, now).mean is None
 
 
+
+def _plain_window(samples: dict[str, list[tuple[float, float]]], uuids: list[str],
+                  window: float, now: float, threshold: float | None,
+                  since: float | None) -> tuple[float | None, int, float | None]:
+    """The window's mean, count and latest busy time counted plainly from the rules: a sample
+    is the server's when ``since`` is None or ``t >= since``; it is in the window when
+    ``now - window <= t <= now``; busy when ``t <= now`` and ``percent >= threshold``."""
+    total, n, busy = 0.0, 0, None
+    for u in uuids:
+        for t, v in samples.get(u, []):
+            if since is not None and t < since:
+                continue
+            if now - window <= t and t <= now:
+                total += v
+                n += 1
+            if threshold is not None and v >= threshold and t <= now:
+                if busy is None or t > busy:
+                    busy = t
+    return (total / n if n else None), n, busy
+
+
+def test_history_mean_equals_a_plain_count_on_random_histories() -> None:
+    """GPUHistory.mean (one pass, bounds worked out before it) gives exactly what the plain
+    rules give on random histories: samples out of time order, equal times, percents on the
+    threshold, samples after ``now``, ``since`` inside and outside the window, no threshold,
+    GPUs without samples."""
+    import random
+
+    rnd = random.Random(20261128)
+    for case in range(600):
+        h = GPUHistory(max_age=1e9)
+        kept: dict[str, list[tuple[float, float]]] = {}
+        gpus = [f"GPU-{i}" for i in range(rnd.randint(1, 4))]
+        t0 = 1_790_000_000.0
+        times: list[float] = []
+        for u in gpus:
+            for _ in range(rnd.choice((0, 1, 5, 60, 300))):
+                # whole seconds mostly: equal times, and bounds that fall on a sample
+                t = t0 + rnd.choice((rnd.uniform(0, 3600), float(rnd.randint(0, 3600))))
+                v = rnd.choice((0.0, 5.0, 100.0, rnd.uniform(0, 100)))
+                h.add(u, v, t)
+                kept.setdefault(u, []).append((t, v))
+                times.append(t)
+        at = rnd.choice(times) if times else t0
+        now = rnd.choice((t0 + rnd.uniform(0, 4000), at, t0 + 3600))
+        window = rnd.choice((60.0, 600.0, now - rnd.choice(times) if times else 1.0,
+                             rnd.uniform(1, 5000)))
+        threshold = rnd.choice((None, 5.0, 100.0, rnd.uniform(0, 100)))
+        since = rnd.choice((None, t0 - 10, now - window, now - window / 2, rnd.choice(times)
+                            if times else None, t0 + rnd.uniform(0, 3600)))
+        asked = gpus + (["GPU-none"] if case % 7 == 0 else [])
+        w = h.mean(asked, window, now, threshold, since)
+        mean, n, busy = _plain_window(kept, asked, window, now, threshold, since)
+        assert (w.mean, w.samples, w.busy_at) == (mean, n, busy), case
+
+
 class _Exporter(web.RequestHandler):
     text = ""
 
