@@ -116,6 +116,12 @@ class Lab:
     def url(self) -> str:
         return f"{self.base}lab?token={self.token}"
 
+    def fresh_workspace_url(self) -> str:
+        """The lab URL of a workspace no page has used yet: JupyterLab keeps each workspace's
+        layout on the server and restores it, so a panel an earlier test opened in the same lab
+        would be open from the start (its polling then runs on the open panel's schedule)."""
+        return f"{self.base}lab/workspaces/t{secrets.token_hex(4)}?token={self.token}"
+
     def logtext(self) -> str:
         self.log.flush()
         return (self.tmp / "lab.log").read_text(errors="replace")
@@ -141,7 +147,7 @@ def shoot(lab: Lab, name: str, *flags: str) -> tuple[dict, Path]:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     out = SCREENSHOTS / name
     out.unlink(missing_ok=True)
-    p = subprocess.run(["node", str(SCRIPT), lab.url, str(out), *flags], cwd=EXT,
+    p = subprocess.run(["node", str(SCRIPT), lab.fresh_workspace_url(), str(out), *flags], cwd=EXT,
                        capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, (f"screenshot.mjs failed:\n{p.stderr[-4000:]}\n"
                                f"lab log:\n{lab.logtext()[-3000:]}")
