@@ -158,6 +158,12 @@ async def test_a_second_hub_never_removes_joins_or_adopts_the_first_hubs_objects
         assert engine.inspect_container(cid)["Id"] == cid
         assert engine.inspect_network(net.name)["Labels"][HUB_LABEL] == hub_a
     finally:
+        # hub_a is no hub this process started, so remove_objects_of (which removes only
+        # those) leaves its objects: remove them by its label
+        for c in engine.containers(all=True, filters={"label": f"{HUB_LABEL}={hub_a}"}):
+            engine.remove_container(c["Id"], force=True)
+        for n in engine.networks(filters={"label": f"{HUB_LABEL}={hub_a}"}):
+            engine.remove_network(n["Id"])
         remove_objects_of(engine, [user])
 
 
