@@ -20,10 +20,6 @@ all users by the default ``user`` role, see
 :func:`~gpuspawner.hub.service.configure.configure_service`). Admins (the hub's admin flag,
 unfiltered ``admin:users``, or the custom scope ``custom:gpuspawner:admin``) see every
 allocation and the admin page; others see their own. ``metrics`` also accepts ``read:metrics``.
-The OAuth client keeps the hub's answer about a token 60 s; a kept answer that grants more than
-the caller's own figures is checked with the hub again before the request is answered, and the
-admin page's and the GPU drain's callers always are
-(:attr:`~gpuspawner.hub.service_base.ServiceHandler.fresh`, docs/security.md).
 """
 
 from __future__ import annotations
@@ -35,7 +31,7 @@ import secrets
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from jupyterhub.services.auth import HubOAuthCallbackHandler
+from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
 from jupyterhub.utils import url_path_join
 from prometheus_client import CONTENT_TYPE_LATEST
 from tornado import web
@@ -47,16 +43,10 @@ from ...webui.headers import add_frame_headers
 from .. import metrics
 from ..cluster import Cluster
 from ..identity import is_job_server
-from ..service_base import (
-    ADMIN_SCOPE,
-    FreshHubOAuth,
-    ServiceHandler,
-    hub_app,
-    hub_cluster,
-    hub_user,
-)
+from ..service_base import ADMIN_SCOPE, ServiceHandler, hub_app, hub_cluster, hub_user
 from .frozen import FrozenCluster, freeze_all
 from .openapi import openapi_document
+from .page_cache import KeptPage, PageCache, page_key, xsrf_placeholder
 from .views import (
     allocations_json,
     gpu_drain_view,
@@ -105,10 +95,7 @@ class GPUDrainHandler(_Base):
     object with a non-empty string ``reason`` (read by
     :meth:`~gpuspawner.hub.service_base.ServiceHandler.read_json_body`, as the jobs API's
     bodies: 413 past :data:`DRAIN_BODY_MAX_BYTES`). Answers the GPU's drain view
-    (:func:`~gpuspawner.hub.service.views.gpu_drain_view`). Every request's caller is checked
-    with the hub afresh (``fresh = "always"``)."""
-
-    fresh = "always"
+    (:func:`~gpuspawner.hub.service.views.gpu_drain_view`)."""
 
     def _admin(self) -> dict[str, Any]:
         user = self.require_user()
@@ -242,34 +229,48 @@ class MetricsHandler(_Base):
         self.finish(body)
 
 
+#: the scopes that decide the admin map page's viewer (part of its kept page's key)
+MAP_PAGE_SCOPES = frozenset({ADMIN_SCOPE, "admin:users"})
+
+
 class AdminPageHandler(_Base):
-    """``GET admin``: the cluster map, allocations and quota use (admins; every request's
-    caller checked with the hub afresh: ``fresh = "always"``)."""
+    """``GET admin``: the cluster map, allocations and quota use (admins)."""
     api = False
-    fresh = "always"
 
     async def get(self) -> None:
         user = self.admin_page_user("the GPU map", f"{self.service.prefix}api/allocations")
         if user is None:
             return
         cluster = await self.cluster()
-        # the cluster copied on the loop (frozen.py); the view and its HTML (about 1 MiB at
-        # 1,000 servers, 100-200 ms) made from the copy in a worker thread
-        frozen = FrozenCluster(cluster)
-        template = self.service.templates.get_template("admin.html.j2")
-        html = await asyncio.to_thread(
-            lambda **kw: template.render(view=map_view(frozen), **kw),
-            user={"name": user["name"], "admin": True}, prefix=self.service.prefix,
-            hub_prefix=self.service.hub_prefix, refresh_s=REFRESH_S,
-            xsrf=self.xsrf_token.decode(),
-            links=service_links(self.service.services_prefix, "GPU map"),
-            api_links=[("REST API (OpenAPI)", f"{self.service.prefix}api/openapi.json"),
-                       ("nodes", f"{self.service.prefix}api/nodes"),
-                       ("allocations", f"{self.service.prefix}api/allocations"),
-                       ("metrics", f"{self.service.prefix}metrics")])
+        # the page kept for this viewer while nothing it shows changed (page_cache.py); the
+        # stamp and the copy read in one stretch of the loop, so the page kept is the copy's
+        pages = self.service.map_pages
+        token = getattr(self, "_token_authenticated", False)
+        rights = (frozenset(MAP_PAGE_SCOPES & set(user.get("scopes") or [])),
+                  bool(user.get("admin")), bool(token))
+        key = page_key(str(user.get("kind", "user")), user["name"], rights, self.request.query)
+        stamp = pages.stamp(cluster)
+        kept = pages.get(key, stamp)
+        if kept is None:
+            # the cluster copied on the loop (frozen.py); the view and its HTML (about 1 MiB
+            # at 1,000 servers, 100-200 ms) made from the copy in a worker thread, with a
+            # placeholder where each request's own xsrf token goes
+            frozen = FrozenCluster(cluster)
+            template = self.service.templates.get_template("admin.html.j2")
+            placeholder = xsrf_placeholder()
+            html = await asyncio.to_thread(
+                lambda **kw: template.render(view=map_view(frozen), **kw),
+                user={"name": user["name"], "admin": True}, prefix=self.service.prefix,
+                hub_prefix=self.service.hub_prefix, refresh_s=REFRESH_S, xsrf=placeholder,
+                links=service_links(self.service.services_prefix, "GPU map"),
+                api_links=[("REST API (OpenAPI)", f"{self.service.prefix}api/openapi.json"),
+                           ("nodes", f"{self.service.prefix}api/nodes"),
+                           ("allocations", f"{self.service.prefix}api/allocations"),
+                           ("metrics", f"{self.service.prefix}metrics")])
+            kept = pages.put(key, KeptPage.from_html(html, placeholder, stamp))
         self.set_header("Content-Type", "text/html; charset=UTF-8")
         self.set_header("Cache-Control", "no-store")
-        self.finish(html)
+        self.finish(kept.page(self.xsrf_token.decode()))
 
 
 class RootHandler(_Base):
@@ -335,8 +336,10 @@ class GPUService:
         self.cluster_provider = cluster_provider
         self.user_lookup = user_lookup
         self.extra_routes = list(extra_routes)
-        self._hub_auth: FreshHubOAuth | None = None
+        self._hub_auth: HubOAuth | None = None
         self.templates = page_templates()
+        #: the admin map's rendered pages, kept per viewer (:mod:`.page_cache`)
+        self.map_pages = PageCache()
         self.server: HTTPServer | None = None
         #: the listener of :meth:`listen_for_servers`, when there is one
         self.servers_server: HTTPServer | None = None
@@ -348,14 +351,11 @@ class GPUService:
         self.jobs: Any = None
 
     @property
-    def hub_auth(self) -> FreshHubOAuth:
-        """The OAuth client, made on first use (the hub's API URL is known by then). It keeps
-        the hub's answer about a token 60 s; the handlers ask afresh where that answer grants
-        more than the caller's own figures
-        (:attr:`~gpuspawner.hub.service_base.ServiceHandler.fresh`)."""
+    def hub_auth(self) -> HubOAuth:
+        """The OAuth client, made on first use (the hub's API URL is known by then)."""
         if self._hub_auth is None:
             api_url = self._hub_api_url or _hub_app().hub.api_url
-            self._hub_auth = FreshHubOAuth(
+            self._hub_auth = HubOAuth(
                 api_token=self.api_token,
                 api_url=api_url,
                 base_url=self.prefix,
