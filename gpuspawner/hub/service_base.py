@@ -10,11 +10,13 @@ starts those very jobs. :mod:`gpuspawner.hub.service.app` re-exports these names
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Callable
 from html import escape
-from typing import Any
+from typing import Any, Literal
 
-from jupyterhub.services.auth import HubOAuthenticated, UserNotAllowed
+from jupyterhub.services.auth import HubOAuth, HubOAuthenticated, UserNotAllowed
 from tornado import web
 
 from .cluster import Cluster, get_cluster
@@ -28,11 +30,15 @@ from .settings import (
 )
 from .spawner import GPUSpawner
 
-__all__ = ["ADMIN_SCOPE", "ServiceHandler", "hub_app", "hub_cluster", "hub_user",
-           "hub_user_scopes"]
+__all__ = ["ADMIN_SCOPE", "OTHERS_SCOPES", "FreshHubOAuth", "ServiceHandler", "hub_app",
+           "hub_cluster", "hub_user", "hub_user_scopes"]
 
 #: custom scope granting the admin view (all allocations, the map, metrics)
 ADMIN_SCOPE = "custom:gpuspawner:admin"
+#: unfiltered token scopes that read other users' figures through the service besides the
+#: admin view (``api/queue``'s every entry: read:servers, admin:servers; ``metrics``:
+#: read:metrics); a kept hub answer holding one is checked afresh (:class:`ServiceHandler`)
+OTHERS_SCOPES = frozenset({"read:servers", "admin:servers", "read:metrics"})
 
 
 # -- the hub process's state ---------------------------------------------------------------
@@ -101,6 +107,63 @@ def hub_user_scopes(name: str) -> set[str] | None:
     return set(get_scopes_for(u))
 
 
+class FreshHubOAuth(HubOAuth):
+    """JupyterHub's OAuth client (it keeps the hub's answer about a token for
+    ``cache_max_age`` seconds, so a token revoked, a user deleted or a scope taken away
+    still counts meanwhile) that can ask the hub afresh for one request
+    (:meth:`get_user_fresh`), when a kept answer grants more than the caller's own figures.
+    """
+
+    def token_cache_key(self, token: str, session_id: str) -> str:
+        """The key under which ``HubAuth.user_for_token`` keeps the hub's answer about
+        ``token`` (jupyterhub.services.auth; tests/test_attack_admin_map.py checks that a
+        lookup stores it there)."""
+        digest = hashlib.sha256(token.encode("utf8", "replace")).hexdigest()
+        return f"token:{session_id}:{digest}"
+
+    def _keys(self, handler: web.RequestHandler) -> tuple[str | None, str | None]:
+        """(key of the header's token, key of the OAuth cookie's token) of a request; None
+        where it sends none."""
+        session_id = self.get_session_id(handler)
+        header = self.get_token(handler, in_cookie=False)
+        cookie = self._get_token_cookie(handler)
+        return (self.token_cache_key(header, session_id) if header else None,
+                self.token_cache_key(cookie, session_id) if cookie else None)
+
+    async def get_user_fresh(self, handler: web.RequestHandler,
+                             afresh: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+        """The hub's model of the request's caller (as ``get_user(handler, sync=False)``),
+        asked afresh when the answer was a kept one and ``afresh(model)`` is true: the kept
+        answer about the request's token is dropped and the hub asked again (its new answer,
+        None for a revoked token or a deleted user, is kept in its place). A kept answer for
+        which ``afresh`` is false, and an answer the hub just gave, cost no second request.
+
+        Args:
+            handler: the request's handler.
+            afresh: kept model -> whether it must be checked with the hub now (it may read
+                ``handler._token_authenticated``, set by then).
+
+        Returns:
+            the model, or None when the hub identifies nobody.
+
+        Raises:
+            web.HTTPError: 500/502 when the hub cannot be asked (as ``get_user``).
+        """
+        header, cookie = self._keys(handler)
+        kept = {key for key in (header, cookie) if key is not None and key in self.cache}
+        model = await self.get_user(handler, sync=False)
+        if not model:
+            return model
+        key = header if getattr(handler, "_token_authenticated", False) else cookie
+        if key not in kept or not afresh(model):
+            return model
+        self.cache.pop(key, None)
+        # HubAuth._get_user answers once per handler; forget that answer and how it came
+        for name in ("_cached_hub_user", "_token_authenticated"):
+            handler.__dict__.pop(name, None)
+        return await self.get_user(handler, sync=False)
+
+
 class ServiceHandler(HubOAuthenticated, web.RequestHandler):
     """The base of the service's request handlers: identify the caller with the hub (async,
     :meth:`prepare`), answer JSON errors on the API (:meth:`write_error`), reach the hub's
@@ -111,6 +174,13 @@ class ServiceHandler(HubOAuthenticated, web.RequestHandler):
     public = False
     #: answer errors as JSON (API) rather than HTML
     api = True
+    #: when the hub's kept answer about the caller's token (``HubOAuth`` keeps it
+    #: ``cache_max_age`` seconds) is checked with the hub again before answering: "never";
+    #: "admin" (when it grants the admin view or a scope of :data:`OTHERS_SCOPES`: a caller
+    #: reading their own figures costs no request to the hub); "always" (the admin map,
+    #: draining GPUs). So a token revoked, a user deleted or a role taken away stops reading
+    #: others' figures at the next request, not when the kept answer expires.
+    fresh: Literal["never", "admin", "always"] = "admin"
 
     def initialize(self, service: Any) -> None:
         self.service = service
@@ -120,13 +190,28 @@ class ServiceHandler(HubOAuthenticated, web.RequestHandler):
     def hub_scopes(self) -> set[str]:
         return {f"access:services!service={self.service.name}"}
 
+    def grants_others(self, model: dict[str, Any]) -> bool:
+        """Whether the hub's model ``model`` lets this request read or change what is not the
+        caller's own: the admin view (:meth:`is_admin`) or a scope of :data:`OTHERS_SCOPES`."""
+        return self.is_admin(model) or bool(OTHERS_SCOPES & set(model.get("scopes") or []))
+
+    async def _hub_user(self) -> dict[str, Any] | None:
+        """The caller's model from the hub, asked afresh as :attr:`fresh` says (an OAuth
+        client without ``get_user_fresh``, a test's stand-in, is asked as it is)."""
+        auth = self.hub_auth
+        if self.fresh == "never" or not isinstance(auth, FreshHubOAuth):
+            return await auth.get_user(self, sync=False)
+        if self.fresh == "always":
+            return await auth.get_user_fresh(self, lambda model: True)
+        return await auth.get_user_fresh(self, self.grants_others)
+
     async def prepare(self) -> None:
         # resolve the user asynchronously; HubAuthenticated.get_current_user then returns this
         # cached model instead of blocking the hub's own loop
         self._denied = False
         model = None
         if not self.public:
-            model = await self.hub_auth.get_user(self, sync=False)
+            model = await self._hub_user()
             if model:
                 try:
                     model = self.check_hub_user(model)
@@ -166,8 +251,15 @@ class ServiceHandler(HubOAuthenticated, web.RequestHandler):
 
     def is_admin(self, model: dict[str, Any]) -> bool:
         """The service's admin rule (``GPUService.is_admin``) for this request: by scope
-        alone when the hub authenticated it by a token (``_token_authenticated``)."""
-        return self.service.is_admin(model, token=getattr(self, "_token_authenticated", False))
+        alone when the hub authenticated it by a token (``_token_authenticated``). Worked out
+        once per model and request (a browser login's rule may read the hub's database)."""
+        token = getattr(self, "_token_authenticated", False)
+        memo = getattr(self, "_admin_memo", None)
+        if memo is not None and memo[0] is model and memo[1] == token:
+            return memo[2]
+        admin = self.service.is_admin(model, token=token)
+        self._admin_memo = (model, token, admin)
+        return admin
 
     def read_json_body(self, most: int, over: str = "allowed", expected: str = "") -> Any:
         """The request's body as JSON, parsed only when it is at most ``most`` bytes (the

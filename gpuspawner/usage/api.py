@@ -10,9 +10,10 @@ Access: every user reads their own records only: ``user`` naming anyone else is 
 without ``user`` the report is filtered to the caller (so ``group_by=user`` or ``group`` shows
 the caller's own rows only). The service's admin view (:meth:`GPUService.is_admin`: the scope
 ``custom:gpuspawner:admin`` or unfiltered ``admin:users``; the hub's admin flag for a browser
-login) reads everyone's. A parameter given twice is a 400 (one value decides, never the other).
-Bad input is a 400 naming the parameter; 503 when usage records are off
-(``c.GPUUsage.enabled``).
+login) reads everyone's, as the hub answers at that request (a kept answer granting it is
+checked with the hub afresh: :attr:`ServiceHandler.fresh`). A parameter given twice is a 400
+(one value decides, never the other). Bad input is a 400 naming the parameter; 503 when usage
+records are off (``c.GPUUsage.enabled``).
 """
 
 from __future__ import annotations

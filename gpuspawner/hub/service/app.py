@@ -20,6 +20,10 @@ all users by the default ``user`` role, see
 :func:`~gpuspawner.hub.service.configure.configure_service`). Admins (the hub's admin flag,
 unfiltered ``admin:users``, or the custom scope ``custom:gpuspawner:admin``) see every
 allocation and the admin page; others see their own. ``metrics`` also accepts ``read:metrics``.
+The OAuth client keeps the hub's answer about a token 60 s; a kept answer that grants more than
+the caller's own figures is checked with the hub again before the request is answered, and the
+admin page's and the GPU drain's callers always are
+(:attr:`~gpuspawner.hub.service_base.ServiceHandler.fresh`, docs/security.md).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import secrets
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
+from jupyterhub.services.auth import HubOAuthCallbackHandler
 from jupyterhub.utils import url_path_join
 from prometheus_client import CONTENT_TYPE_LATEST
 from tornado import web
@@ -43,7 +47,14 @@ from ...webui.headers import add_frame_headers
 from .. import metrics
 from ..cluster import Cluster
 from ..identity import is_job_server
-from ..service_base import ADMIN_SCOPE, ServiceHandler, hub_app, hub_cluster, hub_user
+from ..service_base import (
+    ADMIN_SCOPE,
+    FreshHubOAuth,
+    ServiceHandler,
+    hub_app,
+    hub_cluster,
+    hub_user,
+)
 from .frozen import FrozenCluster, freeze_all
 from .openapi import openapi_document
 from .page_cache import KeptPage, PageCache, page_key, xsrf_placeholder
@@ -95,7 +106,10 @@ class GPUDrainHandler(_Base):
     object with a non-empty string ``reason`` (read by
     :meth:`~gpuspawner.hub.service_base.ServiceHandler.read_json_body`, as the jobs API's
     bodies: 413 past :data:`DRAIN_BODY_MAX_BYTES`). Answers the GPU's drain view
-    (:func:`~gpuspawner.hub.service.views.gpu_drain_view`)."""
+    (:func:`~gpuspawner.hub.service.views.gpu_drain_view`). Every request's caller is checked
+    with the hub afresh (``fresh = "always"``)."""
+
+    fresh = "always"
 
     def _admin(self) -> dict[str, Any]:
         user = self.require_user()
@@ -234,8 +248,10 @@ MAP_PAGE_SCOPES = frozenset({ADMIN_SCOPE, "admin:users"})
 
 
 class AdminPageHandler(_Base):
-    """``GET admin``: the cluster map, allocations and quota use (admins)."""
+    """``GET admin``: the cluster map, allocations and quota use (admins; every request's
+    caller checked with the hub afresh: ``fresh = "always"``)."""
     api = False
+    fresh = "always"
 
     async def get(self) -> None:
         user = self.admin_page_user("the GPU map", f"{self.service.prefix}api/allocations")
@@ -336,7 +352,7 @@ class GPUService:
         self.cluster_provider = cluster_provider
         self.user_lookup = user_lookup
         self.extra_routes = list(extra_routes)
-        self._hub_auth: HubOAuth | None = None
+        self._hub_auth: FreshHubOAuth | None = None
         self.templates = page_templates()
         #: the admin map's rendered pages, kept per viewer (:mod:`.page_cache`)
         self.map_pages = PageCache()
@@ -351,11 +367,14 @@ class GPUService:
         self.jobs: Any = None
 
     @property
-    def hub_auth(self) -> HubOAuth:
-        """The OAuth client, made on first use (the hub's API URL is known by then)."""
+    def hub_auth(self) -> FreshHubOAuth:
+        """The OAuth client, made on first use (the hub's API URL is known by then). It keeps
+        the hub's answer about a token 60 s; the handlers ask afresh where that answer grants
+        more than the caller's own figures
+        (:attr:`~gpuspawner.hub.service_base.ServiceHandler.fresh`)."""
         if self._hub_auth is None:
             api_url = self._hub_api_url or _hub_app().hub.api_url
-            self._hub_auth = HubOAuth(
+            self._hub_auth = FreshHubOAuth(
                 api_token=self.api_token,
                 api_url=api_url,
                 base_url=self.prefix,
