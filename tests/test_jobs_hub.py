@@ -139,6 +139,23 @@ def home_of(hub: Hub, user: str) -> Path:
     return hub.state_dir / "home" / safe_name(user)
 
 
+def held_notebook(after: str = "") -> dict:
+    """A job's notebook that runs until the test creates ``$HOME/let-go`` (at most 300 s), then
+    runs ``after``: a job held running exactly as long as the test needs, not a fixed sleep."""
+    return notebook("import os, time\n"
+                    "flag = os.path.join(os.environ['HOME'], 'let-go')\n"
+                    "deadline = time.monotonic() + 300\n"
+                    "while not os.path.exists(flag) and time.monotonic() < deadline:\n"
+                    "    time.sleep(0.2)\n" + after)
+
+
+def let_go(hub: Hub, user: str) -> None:
+    """Ends the user's :func:`held_notebook` jobs (the flag in their home on this host)."""
+    flag = home_of(hub, user) / "let-go"
+    flag.touch()
+    os.chown(flag, 1000, 1000)
+
+
 def test_a_job_completes_into_the_users_home_and_releases(hub, engine):
     u = User(hub, "jb-alice")
     nb = notebook("import os\nprint('x is', x)\nprint(os.getuid())\n"
@@ -375,7 +392,7 @@ def test_a_job_at_a_later_time_starts_then(hub, engine):
 
 def test_jobs_wait_in_the_one_queue_for_their_bundle(hub, engine):
     u = User(hub, "jb-queue")
-    first = u.submit(notebook("import time\ntime.sleep(6)"), profile="tiny", name="first")
+    first = u.submit(held_notebook(), profile="tiny", name="first")
     u.wait_state(first["id"], ("running",), 90)
     second = u.submit(notebook("print('second')"), profile="tiny", name="second")
     waiting = u.wait_state(second["id"], ("waiting",), 30)
@@ -396,6 +413,7 @@ def test_jobs_wait_in_the_one_queue_for_their_bundle(hub, engine):
     assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
     assert r.json()["node"] is None
     assert queue_length() == 1
+    let_go(hub, "jb-queue")
     done = u.wait_state(second["id"], ("completed", "failed", "lost"), 90)
     assert done["state"] == "completed", done
     assert u.job(first["id"])["state"] == "completed"
@@ -425,13 +443,14 @@ def test_jobs_and_servers_share_the_quota(hub, engine):
 
 def test_a_hub_restart_adopts_a_running_job(hub, engine):
     u = User(hub, "jb-restart")
-    job = u.submit(notebook("import time\ntime.sleep(25)\nprint('slept')"), name="nap")
+    job = u.submit(held_notebook("print('slept')"), name="nap")
     u.wait_state(job["id"], ("running",), 90)
     (before,) = job_containers(engine, "jb-restart")
     hub.stop()
     hub.start()
     # the restore kept its container (no orphan removal) and the job finishes once
     assert [c["Id"] for c in job_containers(engine, "jb-restart")] == [before["Id"]]
+    let_go(hub, "jb-restart")
     done = u.wait_state(job["id"], ("completed", "failed", "lost", "cancelled"), 90)
     assert done["state"] == "completed", done
     states = [h["state"] for h in done["history"]]
@@ -455,7 +474,7 @@ def test_a_job_that_ends_while_the_hub_is_down_completes(hub, engine):
 
 def test_a_waiting_job_keeps_its_place_across_a_hub_restart(hub, engine):
     u = User(hub, "jb-wait")
-    first = u.submit(notebook("import time\ntime.sleep(15)"), profile="tiny", name="holder")
+    first = u.submit(held_notebook(), profile="tiny", name="holder")
     u.wait_state(first["id"], ("running",), 90)
     second = u.submit(notebook("print('next')"), profile="tiny", name="next")
     assert u.wait_state(second["id"], ("waiting",), 30)["queue_position"] == [1, 1]
@@ -465,6 +484,7 @@ def test_a_waiting_job_keeps_its_place_across_a_hub_restart(hub, engine):
     again = u.job(second["id"])
     assert again["state"] == "waiting" and again["queue_position"] == [1, 1], again
     assert "spawning " + f"jb-wait/job/{second['id']}" not in hub.tail(400)
+    let_go(hub, "jb-wait")
     for job in (first, second):
         done = u.wait_state(job["id"], ("completed", "failed", "lost", "cancelled"), 90)
         assert done["state"] == "completed", done
