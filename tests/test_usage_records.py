@@ -202,7 +202,8 @@ def test_a_failing_database_never_refuses_a_booking(db, caplog):
         c.execute(sqlalchemy.text("DROP TABLE gpuspawner_usage"))
     alloc = ledger.reserve(Bundle(cores=1, memory_bytes=GiB), Owner("ann"))
     assert ledger.get(alloc.id) is not None
-    assert "usage record of allocation" in caplog.text
+    assert rec.store.wait_written(30)  # (the insert failed in the store's writer thread)
+    assert f"usage record of allocation {alloc.id} (book of ann/) not written" in caplog.text
 
 
 def test_the_migrated_schema_is_the_model(db):

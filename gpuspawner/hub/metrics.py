@@ -361,6 +361,10 @@ class UsageCounters(Collector):
             return row[i] if row else 0.0
 
     def collect(self) -> Iterator[Metric]:
+        deferred = _DEFERRED.get()
+        if deferred is not None:  # the service's scrape: counted in its worker thread
+            deferred.append(self)
+            return
         labels = ["group", "profile", "user"] if self.user_label else ["group", "profile"]
         families = [CounterMetricFamily(f"gpuspawner_usage_{name}", doc, labels=labels)
                     for name, doc in self.FIGURES]
@@ -396,6 +400,17 @@ _COLLECTOR: ClusterCollector | None = None
 
 #: set while :func:`other_families` collects: the ledger gauges are left out
 _SKIP_LEDGER: ContextVar[bool] = ContextVar("gpuspawner_skip_ledger_gauges", default=False)
+#: set while :func:`other_families` collects: the collectors that count in the scrape's worker
+#: thread instead (the usage counters: O(open records), thread-safe) put themselves here
+_DEFERRED: ContextVar[list[Any] | None] = ContextVar("gpuspawner_deferred_collectors",
+                                                     default=None)
+
+
+class _InThread:
+    """A collector whose families :func:`latest_from` collects (in the worker thread)."""
+
+    def __init__(self, collector: Any) -> None:
+        self.collector = collector
 
 
 def reported_clusters() -> list[Any]:
@@ -404,15 +419,21 @@ def reported_clusters() -> list[Any]:
     return list(_COLLECTOR._clusters()) if _COLLECTOR is not None else []
 
 
-def other_families() -> list[Metric]:
+def other_families() -> list[Any]:
     """Every metric family of :data:`REGISTRY` but the ledger gauges, collected now: call it
     on the event loop (other collectors read what the loop owns, e.g. the jobs database's
-    session)."""
+    session). The usage counters (:class:`UsageCounters`, which add every open record) are
+    not collected here: the list holds them for :func:`latest_from`, which collects them in
+    its worker thread."""
+    deferred: list[Any] = []
     token = _SKIP_LEDGER.set(True)
+    later = _DEFERRED.set(deferred)
     try:
-        return list(REGISTRY.collect())
+        families: list[Any] = list(REGISTRY.collect())
     finally:
+        _DEFERRED.reset(later)
         _SKIP_LEDGER.reset(token)
+    return families + [_InThread(c) for c in deferred]
 
 
 class _Families:
@@ -427,12 +448,20 @@ class _Families:
 
 def latest_from(frozen: list[Any], others: list[Metric] | None = None) -> bytes:
     """The service's ``metrics`` text (Prometheus' format): ``others`` (from
-    :func:`other_families`, taken on the loop) and the ledger gauges computed from ``frozen``
-    (copies of :func:`reported_clusters` taken on the loop:
+    :func:`other_families`, taken on the loop; the usage counters it held back collected
+    here) and the ledger gauges computed from ``frozen`` (copies of
+    :func:`reported_clusters` taken on the loop:
     :class:`~gpuspawner.hub.service.frozen.FrozenCluster`). Reads nothing the loop owns: run
-    it in a worker thread (the gauges walk every allocation)."""
+    it in a worker thread (the gauges walk every allocation, the usage counters every open
+    record)."""
+    families: list[Metric] = []
+    for f in others or []:
+        if isinstance(f, _InThread):
+            families.extend(f.collector.collect())
+        else:
+            families.append(f)
     gauges = list(ClusterCollector(lambda: frozen).collect())
-    return generate_latest(_Families([*(others or []), *gauges]))  # type: ignore[arg-type]
+    return generate_latest(_Families([*families, *gauges]))  # type: ignore[arg-type]
 
 
 def register_cluster_collector(clusters: Callable[[], Iterable[Any]]) -> ClusterCollector:

@@ -76,6 +76,7 @@ def decayed_gpu_seconds(store: UsageStore, now: float, half_life_s: float,
     """
     if not half_life_s > 0:
         raise ValueError(f"half_life_s: must be > 0, got {half_life_s!r}")
+    store.wait_written()  # (it reads the engine itself: the records queued before count)
     c = UsageRecord.__table__.c
     k = math.log(2) / half_life_s
     cutoff = now - HORIZON_HALF_LIVES * half_life_s

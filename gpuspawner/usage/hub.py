@@ -142,7 +142,7 @@ def attach_usage(
     log.info(
         "usage records: %s (%d open, kept %d days)",
         shown_url(url),
-        len(recorder.open_ids),
+        recorder.open_count(),
         settings.retention_days,
     )
     return recorder

@@ -22,6 +22,13 @@ sample) and :meth:`set_cpu_seconds` feed each open interval's figures; they are 
 release and by :meth:`flush_used`.
 
 A failing database write is logged and never refuses or undoes a booking.
+
+Writes: the records' writes are queued to the store's writer thread
+(:meth:`~gpuspawner.usage.store.UsageStore.write_behind`) in the order of the ledger's events,
+so a booking or a release on the hub's event loop commits nothing there; a new record's id is
+a future until its insert ran (the later writes of that record, queued after it, read it
+there). Reads (:attr:`UsageRecorder.open_ids`, the store's) wait for the writes queued before
+them.
 """
 
 from __future__ import annotations
@@ -31,8 +38,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Union
 
 from ..placement import Allocation, Ledger, RestoreReport
 from .store import UsageStore
@@ -46,6 +55,33 @@ __all__ = ["JOB_PREFIX", "ClosedInterval", "UsageRecorder", "record_fields"]
 JOB_PREFIX = "job/"
 #: seconds between two deletions of records past their retention
 PRUNE_EVERY_S = 3600.0
+
+#: a record's id: known, or the future of its insert queued to the store's writer thread
+RecordRef = Union[int, "Future[int]"]
+
+
+def _rid(ref: RecordRef) -> int:
+    """The id of ``ref``; in the writer thread (the insert ran before: it was queued first).
+    Raises the insert's error when it failed."""
+    return ref if isinstance(ref, int) else ref.result()
+
+
+def _rid_or_none(ref: RecordRef) -> int | None:
+    """The id of ``ref`` (waits for its insert), None when the insert failed (logged)."""
+    try:
+        return _rid(ref)
+    except Exception:  # noqa: BLE001 - logged by the store's writer
+        return None
+
+
+def _failed(ref: RecordRef) -> bool:
+    """Whether ``ref`` is an insert that failed (logged when it did)."""
+    return isinstance(ref, Future) and ref.done() and ref.exception() is not None
+
+
+def _who(alloc: Allocation, event: str) -> str:
+    return f"usage record of allocation {alloc.id} ({event} of {alloc.owner.user}/" \
+        f"{alloc.owner.server})"
 
 
 def record_fields(alloc: Allocation, ledger: Ledger | None, profile: str = "") -> dict[str, Any]:
@@ -196,8 +232,8 @@ class UsageRecorder:
         self.clock = clock
         self._lock = threading.RLock()
         self.started_at = clock()
-        #: allocation id -> id of its open record
-        self.open_ids: dict[str, int] = {}
+        #: allocation id -> id of its open record (or the future of its queued insert)
+        self._open: dict[str, RecordRef] = {}
         #: allocation id -> its devices (for samples by GPU UUID)
         self._devices: dict[str, tuple[str, ...]] = {}
         self._used: dict[str, _Used] = {}
@@ -213,11 +249,35 @@ class UsageRecorder:
         #: record, for :attr:`on_close`
         self._meta: dict[str, tuple[str, tuple[str, ...], str, int, int, float]] = {}
         for rec in store.open_records():
-            self.open_ids[rec.allocation_id] = rec.id
+            self._open[rec.allocation_id] = rec.id
             self._meta[rec.allocation_id] = _meta_of(rec)
             self._devices[rec.allocation_id] = tuple(rec.uuid_list)
             self._used[rec.allocation_id] = _Used.from_record(rec.gpu_used, rec.cpu_seconds)
             self._inherited.add(rec.allocation_id)
+
+    @property
+    def open_ids(self) -> dict[str, int]:
+        """Allocation id -> id of its open record. A read: waits for the queued inserts (an
+        insert that failed is left out); on the event loop use :meth:`is_open` and
+        :meth:`open_count`, which wait for nothing."""
+        with self._lock:
+            items = list(self._open.items())
+        out = {}
+        for aid, ref in items:
+            rid = _rid_or_none(ref)
+            if rid is not None:
+                out[aid] = rid
+        return out
+
+    def is_open(self, allocation_id: str) -> bool:
+        """Whether ``allocation_id`` has an open record (queued or written)."""
+        with self._lock:
+            return allocation_id in self._open
+
+    def open_count(self) -> int:
+        """How many records are open (queued or written)."""
+        with self._lock:
+            return len(self._open)
 
     # -- the ledger's observer -----------------------------------------------------------------
     def attach(self, ledger: Ledger) -> None:
@@ -246,17 +306,19 @@ class UsageRecorder:
                 alloc.owner.server,
             )
 
-    def on_book(self, alloc: Allocation) -> int:
-        """Continue, reopen or open the record of ``alloc``; returns its id."""
+    def on_book(self, alloc: Allocation) -> RecordRef:
+        """Continue, reopen or open the record of ``alloc``; returns its id (a new record's:
+        the future of its insert, queued to the store's writer thread)."""
         with self._lock:
-            found = self.open_ids.get(alloc.id)
+            found = self._open.get(alloc.id)
             if found is not None:
                 self._inherited.discard(alloc.id)
                 return found
             if (alloc.created or 0) < self.started_at:  # booked by an earlier process
-                closed = self.store.closed_at_restart(alloc.id)
+                closed = self.store.closed_at_restart(alloc.id)  # (a read: at a restart)
                 if closed is not None:
-                    self.store.reopen(closed.id)
+                    self.store.write_behind(self.store.reopen, closed.id,
+                                            what=_who(alloc, "book"))
                     log.info(
                         "usage record %d of %s/%s opened again: its server runs",
                         closed.id,
@@ -275,7 +337,7 @@ class UsageRecorder:
                 except Exception:  # noqa: BLE001 - the profile is a label, never a refusal
                     profile = ""
             fields = record_fields(alloc, self.ledger, profile)
-            rid = self.store.open(fields)
+            rid = self.store.write_behind(self.store.open, fields, what=_who(alloc, "book"))
             self._track(alloc, rid, _Used())
             self._meta[alloc.id] = (
                 fields["user"], tuple(fields["groups"]), profile, fields["gpu_milli"],
@@ -283,26 +345,38 @@ class UsageRecorder:
             self._prune_if_due()
             return rid
 
-    def _track(self, alloc: Allocation, rid: int, used: _Used) -> None:
-        self.open_ids[alloc.id] = rid
+    def _track(self, alloc: Allocation, rid: RecordRef, used: _Used) -> None:
+        self._open[alloc.id] = rid
         self._devices[alloc.id] = tuple(alloc.device_ids)
         self._used[alloc.id] = used
 
     def on_adopt(self, alloc: Allocation) -> None:
         """The engine granted other devices than planned: the record names them."""
         with self._lock:
-            rid = self.open_ids.get(alloc.id)
+            rid = self._open.get(alloc.id)
             if rid is None:
                 self.on_book(alloc)
                 return
             self._devices[alloc.id] = tuple(alloc.device_ids)
-            self.store.set_devices(rid, list(alloc.device_ids), gpu_model(alloc, self.ledger))
+            self.store.write_behind(self._set_devices, rid, list(alloc.device_ids),
+                                    gpu_model(alloc, self.ledger), what=_who(alloc, "adopt"))
 
-    def on_release(self, alloc: Allocation, ended: float | None = None) -> int | None:
-        """Close the record of ``alloc`` (now, or at ``ended``) with its used figures;
-        returns its id (None: it had none open)."""
+    # (the writes queued to the store's writer thread: the record's id is known there)
+    def _set_devices(self, rid: RecordRef, gpu_uuids: list[str], model: str) -> None:
+        self.store.set_devices(_rid(rid), gpu_uuids, model)
+
+    def _close(self, rid: RecordRef, ended: float, closed_at_restart: bool,
+               figures: dict[str, Any] | None) -> None:
+        self.store.close(_rid(rid), ended, closed_at_restart=closed_at_restart, used=figures)
+
+    def _set_used(self, rid: RecordRef, figures: dict[str, Any]) -> None:
+        self.store.set_used(_rid(rid), figures)
+
+    def on_release(self, alloc: Allocation, ended: float | None = None) -> RecordRef | None:
+        """Close the record of ``alloc`` (now, or at ``ended``) with its used figures, queued
+        to the store's writer thread; returns its id (None: it had none open)."""
         with self._lock:
-            rid = self.open_ids.pop(alloc.id, None)
+            rid = self._open.pop(alloc.id, None)
             self._devices.pop(alloc.id, None)
             used = self._used.pop(alloc.id, None)
             self._inherited.discard(alloc.id)
@@ -311,7 +385,8 @@ class UsageRecorder:
                 return None
             t = self.clock() if ended is None else ended
             figures = used.figures() if used is not None else None
-            self.store.close(rid, t, used=figures)
+            self.store.write_behind(self._close, rid, t, False, figures,
+                                    what=_who(alloc, "release"))
         self._closed(meta, t, figures, False)
         return rid
 
@@ -349,7 +424,8 @@ class UsageRecorder:
         """Close, now and with ``closed_at_restart``, the records the previous hub process
         left open whose allocation is not booked in the ledger (``booked``: allocation ids;
         default: the ledger's). A server that is polled later and books its allocation again
-        reopens its record (:meth:`on_book`). Returns the ids closed."""
+        reopens its record (:meth:`on_book`). Returns the ids closed (their writes queued to
+        the store's writer thread)."""
         with self._lock:
             if booked is None or isinstance(booked, RestoreReport):
                 ids = {a.id for a in self.ledger.allocations()} if self.ledger else set()
@@ -358,15 +434,18 @@ class UsageRecorder:
             now = self.clock()
             closed = []
             for aid in sorted(self._inherited - ids):
-                rid = self.open_ids.pop(aid, None)
+                rid = self._open.pop(aid, None)
                 self._devices.pop(aid, None)
                 used = self._used.pop(aid, None)
                 meta = self._meta.pop(aid, None)
                 if rid is None:
                     continue
                 figures = used.figures() if used is not None else None
-                self.store.close(rid, now, closed_at_restart=True, used=figures)
-                closed.append(rid)
+                self.store.write_behind(self._close, rid, now, True, figures,
+                                        what=f"usage record {rid} of allocation {aid} "
+                                             "(closed at the restart)")
+                if isinstance(rid, int):  # (always: a record the previous process left open)
+                    closed.append(rid)
                 self._closed(meta, now, figures, True)
             self._inherited &= ids
             if closed:
@@ -379,16 +458,24 @@ class UsageRecorder:
 
     # -- retention -----------------------------------------------------------------------------
     def prune(self) -> int:
-        """Delete the records that ended more than ``retention_days`` ago; returns how many."""
+        """Delete the records that ended more than ``retention_days`` ago; returns how many
+        (waits for the delete, in the store's writer thread)."""
         self._pruned_at = self.clock()
-        n = self.store.prune(self._pruned_at - self.retention_days * 86400.0)
+        return self._prune_before(self._pruned_at - self.retention_days * 86400.0)
+
+    def _prune_before(self, before: float) -> int:
+        n = self.store.prune(before)
         if n:
             log.info("usage: %d record(s) older than %d days deleted", n, self.retention_days)
         return n
 
     def _prune_if_due(self) -> None:
+        """Queue the deletion of old records when it is due (once an hour, at a booking)."""
         if self.clock() - self._pruned_at >= PRUNE_EVERY_S:
-            self.prune()
+            self._pruned_at = self.clock()
+            self.store.write_behind(self._prune_before,
+                                    self._pruned_at - self.retention_days * 86400.0,
+                                    what="usage: deletion of records past the retention")
 
     # -- used figures --------------------------------------------------------------------------
     def add_gpu_sample(
@@ -425,12 +512,14 @@ class UsageRecorder:
             return {u for devices in self._devices.values() for u in devices}
 
     def flush_used(self) -> int:
-        """Write the used figures so far of every open interval (they survive a restart);
-        returns how many were written."""
+        """Write the used figures so far of every open interval (they survive a restart),
+        in the store's writer thread; waits for the writes (call it in a worker thread).
+        Returns how many were written (a failed one is logged)."""
         with self._lock:
-            items = [
-                (self.open_ids[a], u.figures()) for a, u in self._used.items() if a in self.open_ids
-            ]
-        for rid, figures in items:
-            self.store.set_used(rid, figures)
-        return len(items)
+            items = [(a, self._open[a], u.figures()) for a, u in self._used.items()
+                     if a in self._open and not _failed(self._open[a])]
+        futures = [self.store.write_behind(self._set_used, rid, figures,
+                                           what=f"used figures of allocation {aid}")
+                   for aid, rid, figures in items]
+        wait_futures(futures)
+        return sum(1 for f in futures if f.exception() is None)

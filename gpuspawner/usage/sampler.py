@@ -120,7 +120,7 @@ async def read_cpu(recorder: UsageRecorder, backend: Any) -> int:
     figures = await backend.cpu_seconds()
     n = 0
     for alloc_id, seconds in figures.items():
-        if alloc_id in recorder.open_ids:
+        if recorder.is_open(alloc_id):
             recorder.set_cpu_seconds(alloc_id, seconds)
             n += 1
     return n
@@ -143,7 +143,7 @@ async def run_readings(
     flushed = loop.time()
     while True:
         try:
-            if recorder.open_ids:
+            if recorder.open_count():
                 if gpu is not None:
                     await asyncio.to_thread(gpu.sample_once)
                 if backend is not None:

@@ -12,13 +12,26 @@ database not at this code's head is refused there rather than changed.
 
 Every method opens its own short session: the ledger calls the recorder under its lock from
 the event loop (and, in benchmarks, from threads); the pool hands each call a connection.
+
+Writes go through one writer thread the store owns (:meth:`UsageStore.write_behind`), committed
+in the order given: the recorder queues a booking's record there and goes on, so no SQLite
+commit runs on the hub's event loop. The write methods (:meth:`UsageStore.open`, ``close``,
+...) called from another thread queue theirs and wait for it. Every read first waits for the
+writes queued before it (:meth:`UsageStore.wait_written`), so a read sees what was written
+before it. :meth:`UsageStore.close_store` finishes the queued writes; so does the end of the
+process (the thread is a ``concurrent.futures`` worker, which Python lets finish its queue at
+exit): a hub that stops writes what its stopping servers booked.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
-from typing import Any
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from typing import Any, TypeVar
 
 from alembic import command
 from alembic.script import ScriptDirectory
@@ -60,6 +73,10 @@ __all__ = [
     "migrate",
     "sqlite_pragmas",
 ]
+
+log = logging.getLogger("gpuspawner")
+
+T = TypeVar("T")
 
 #: the alembic revisions (a package resource) and their version table
 MIGRATIONS = "gpuspawner.usage:migrations"
@@ -193,11 +210,84 @@ class UsageStore:
             UsageStoreError,
             create=upgrade,
         )
+        #: the writer thread (started at the first write)
+        self._writer = ThreadPoolExecutor(max_workers=1,
+                                          thread_name_prefix="gpuspawner-usage-writer")
+        self._queue_lock = threading.Lock()
+        #: the write queued last (done: every write queued before it is done too)
+        self._last: Future[Any] | None = None
+        self._closed = False
+        self._on_writer = threading.local()
+
+    # -- the writer thread -------------------------------------------------------------------
+    def write_behind(self, fn: Callable[..., T], *args: Any, what: str = "") -> Future[T]:
+        """Queue ``fn(*args)`` to the store's writer thread and return at once; the writes run
+        one at a time in the order given. ``fn`` calls this store's write methods (they run
+        in the writer thread directly). Returns a ``concurrent.futures.Future`` of its result.
+
+        An error of ``fn`` is logged (``"<what> not written"``, with ``fn``'s name, its
+        arguments and the traceback) and set on the future. After :meth:`close_store` (or
+        while the process exits) ``fn`` runs in the calling thread instead.
+        """
+        return self._submit(fn, args, what or "a usage write", True)
+
+    def _submit(self, fn: Callable[..., T], args: tuple[Any, ...], what: str,
+                log_errors: bool) -> Future[T]:
+        def run() -> T:
+            outer = self.on_writer_thread()
+            self._on_writer.active = True
+            try:
+                return fn(*args)
+            except Exception:
+                if log_errors:
+                    log.exception("%s not written (%s%r)", what,
+                                  getattr(fn, "__name__", "write"), args)
+                raise
+            finally:
+                self._on_writer.active = outer
+
+        with self._queue_lock:
+            if not self._closed:
+                try:
+                    fut = self._writer.submit(run)
+                except RuntimeError:  # the process is exiting: the queue is finished
+                    pass
+                else:
+                    self._last = fut
+                    return fut
+        done: Future[T] = Future()
+        try:
+            done.set_result(run())
+        except Exception as e:
+            done.set_exception(e)
+        return done
+
+    def on_writer_thread(self) -> bool:
+        """Whether the calling thread runs a queued write of this store now."""
+        return bool(getattr(self._on_writer, "active", False))
+
+    def wait_written(self, timeout: float | None = None) -> bool:
+        """Wait until every write queued so far is committed (or failed); at once in the
+        writer thread. Returns False when ``timeout`` (seconds) passed first."""
+        last = self._last
+        if last is None or last.done() or self.on_writer_thread():
+            return True
+        return not wait_futures([last], timeout).not_done
+
+    def _write(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in the writer thread, after the writes queued before it; waits for
+        it and returns its result (raises its error)."""
+        if self.on_writer_thread():
+            return fn(*args)
+        return self._submit(fn, args, "", False).result()
 
     # -- writing -----------------------------------------------------------------------------
     def open(self, fields: Mapping[str, Any]) -> int:
         """Insert an open record (``ended`` None) with :data:`OPEN_FIELDS` (``groups`` and
-        ``gpu_uuids`` as lists); returns its id."""
+        ``gpu_uuids`` as lists); returns its id. Runs in the writer thread (waits for it)."""
+        return self._write(self._open, fields)
+
+    def _open(self, fields: Mapping[str, Any]) -> int:
         values = {k: fields[k] for k in OPEN_FIELDS if k in fields}
         for k in ("groups", "gpu_uuids"):
             if k in values and not isinstance(values[k], str):
@@ -217,7 +307,12 @@ class UsageStore:
         used: Mapping[str, Any] | None = None,
     ) -> None:
         """End an open record at ``ended`` (seconds since the epoch), with the used figures
-        (:data:`USED_FIELDS`; ``gpu_used`` as a mapping) that are not None."""
+        (:data:`USED_FIELDS`; ``gpu_used`` as a mapping) that are not None. Runs in the writer
+        thread (waits for it)."""
+        self._write(self._close, record_id, ended, closed_at_restart, used)
+
+    def _close(self, record_id: int, ended: float, closed_at_restart: bool,
+               used: Mapping[str, Any] | None) -> None:
         values: dict[str, Any] = {"ended": ended, "closed_at_restart": closed_at_restart}
         values.update(_used_values(used))
         with self.engine.begin() as c:
@@ -231,31 +326,28 @@ class UsageStore:
         """Write the used figures so far of a record (open or not)."""
         values = _used_values(used)
         if values:
-            with Session(self.engine) as s, s.begin():
-                s.execute(update(UsageRecord).where(UsageRecord.id == record_id).values(**values))
+            self._write(self._update, record_id, values)
+
+    def _update(self, record_id: int, values: Mapping[str, Any]) -> None:
+        with Session(self.engine) as s, s.begin():
+            s.execute(update(UsageRecord).where(UsageRecord.id == record_id).values(**values))
 
     def reopen(self, record_id: int) -> None:
         """Open again a record closed at a restart: its bundle is running after all (a node
         that did not answer when the hub started answers now)."""
-        with Session(self.engine) as s, s.begin():
-            s.execute(
-                update(UsageRecord)
-                .where(UsageRecord.id == record_id)
-                .values(ended=None, closed_at_restart=False)
-            )
+        self._write(self._update, record_id, {"ended": None, "closed_at_restart": False})
 
     def set_devices(self, record_id: int, gpu_uuids: list[str], gpu_model: str) -> None:
         """The devices of an open record (an engine granted others than planned: Slurm)."""
-        with Session(self.engine) as s, s.begin():
-            s.execute(
-                update(UsageRecord)
-                .where(UsageRecord.id == record_id)
-                .values(gpu_uuids=json.dumps(gpu_uuids), gpu_model=gpu_model)
-            )
+        self._write(self._update, record_id,
+                    {"gpu_uuids": json.dumps(gpu_uuids), "gpu_model": gpu_model})
 
     def prune(self, before: float) -> int:
         """Delete the records that ended before ``before`` (seconds since the epoch); open
         records are kept whatever their age. Returns how many were deleted."""
+        return self._write(self._prune, before)
+
+    def _prune(self, before: float) -> int:
         with Session(self.engine) as s, s.begin():
             result = s.execute(
                 delete(UsageRecord).where(
@@ -266,11 +358,14 @@ class UsageStore:
 
     # -- reading -----------------------------------------------------------------------------
     def get(self, record_id: int) -> UsageRecord | None:
+        """The record ``record_id``, or None."""
+        self.wait_written()
         with Session(self.engine, expire_on_commit=False) as s:
             return s.get(UsageRecord, record_id)
 
     def open_records(self) -> list[UsageRecord]:
         """The records not ended, oldest first."""
+        self.wait_written()
         with Session(self.engine, expire_on_commit=False) as s:
             return list(
                 s.scalars(
@@ -282,6 +377,7 @@ class UsageStore:
 
     def closed_at_restart(self, allocation_id: str) -> UsageRecord | None:
         """The newest record of ``allocation_id`` that a restart closed, or None."""
+        self.wait_written()
         with Session(self.engine, expire_on_commit=False) as s:
             return s.scalars(
                 select(UsageRecord)
@@ -315,6 +411,7 @@ class UsageStore:
         """The records whose interval meets ``[start, end)`` (open ones count as running
         now), oldest first; only ``users``' when given."""
         out: list[UsageRecord] = []
+        self.wait_written()
         with Session(self.engine, expire_on_commit=False) as s:
             for q in self._range(select(UsageRecord), start, end, users):
                 out += s.scalars(q)
@@ -329,6 +426,7 @@ class UsageStore:
         """:meth:`records` as plain rows (SQLAlchemy ``Row``: the same attribute names, the
         JSON columns as text), for reports: no ORM objects to build."""
         out: list[Any] = []
+        self.wait_written()
         with self.engine.connect() as c:
             for q in self._range(select(UsageRecord.__table__), start, end, users):
                 out += c.execute(q).fetchall()
@@ -399,15 +497,22 @@ class UsageStore:
             func.sum(case((cpu_ok, c.cpu_seconds * share), else_=literal(0.0))).label("cpu_used"),
             func.max(c.gpu_mem_peak_bytes).label("peak"),
         ).group_by(*[c[k] for k in keys])
+        self.wait_written()
         with self.engine.connect() as conn:
             return list(conn.execute(q).fetchall())
 
     def oldest(self) -> float | None:
         """When the oldest record kept started (seconds since the epoch), or None."""
+        self.wait_written()
         with Session(self.engine) as s:
             return s.scalar(select(UsageRecord.started).order_by(UsageRecord.started).limit(1))
 
     def close_store(self) -> None:
+        """Finish the queued writes (waits for them), stop the writer thread and close the
+        database's connections. Writes given later run in the calling thread."""
+        with self._queue_lock:
+            self._closed = True
+        self._writer.shutdown(wait=not self.on_writer_thread())
         self.engine.dispose()
 
 
