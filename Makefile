@@ -7,7 +7,8 @@
 #   make labext       the JupyterLab extension, prebuilt (scripts/build-labextension.sh)
 #   make labext-ui    node_modules of its galata UI tests (labextension/ui-tests; no browser
 #                     download: Debian's chromium from make test-tools)
-#   make images       gpuspawner/singleuser:latest (scripts/build-images.sh)
+#   make images       gpuspawner/singleuser:latest on its deps stage gpuspawner/singleuser:deps
+#                     (scripts/build-images.sh; a code change rebuilds the project stage only)
 #   make pytorch-image gpuspawner/pytorch:latest, the single-user image plus the CUDA build of
 #                     PyTorch, for the GPU profiles (scripts/build-pytorch-image.sh)
 #   make gpu-check    on this host's real GPU: NVML vs nvidia-smi, a 1-GPU server, the panel

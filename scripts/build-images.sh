@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
-# Build gpuspawner/singleuser:latest (idempotent, cached).
+# Build gpuspawner/singleuser:latest (idempotent, cached), in two stages.
 #
 # Base image: $BASE_IMAGE when set; else quay.io/jupyter/base-notebook when a registry answers
 # (pull with a ~20 s timeout); else local/debian-python:bookworm, made here by debootstrap
 # (cached: made once). The Python packages come from a wheelhouse downloaded on the host
 # (var/wheelhouse/pyXY, binary wheels for the base's Python on manylinux x86_64) and are installed
 # in the build with `pip install --no-index`: no network, no CA needed inside the build.
-# The image is labelled with a hash of its inputs (Dockerfile, files in images/singleuser,
-# requirement list incl. the pinned jupyterhub version, base image id); when the existing image
-# carries the same hash nothing is downloaded or built.
-#   FORCE=1   rebuild even when the hash matches
+#
+# 1. gpuspawner/singleuser:deps (images/singleuser/Dockerfile.deps): every third-party package,
+#    labelled with a hash of Dockerfile.deps, the requirement list (requirements.in, the pinned
+#    jupyterhub version, the project's own dependencies from pyproject.toml) and the base
+#    image's id; when the existing deps image carries the same hash it is kept, and nothing is
+#    downloaded.
+# 2. gpuspawner/singleuser:latest (images/singleuser/Dockerfile, build_project_stage in
+#    scripts/lib.sh): the project's wheel on the deps image with `pip install --no-deps` and
+#    `pip check`, labelled with a hash of the stage's files, the project's sources and the deps
+#    image's id; when the existing image carries the same hash nothing is built. A change to
+#    the project's code rebuilds this stage alone (seconds), not the 125 wheels below it.
+#   FORCE=1   rebuild both stages even when the hashes match
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$REPO"
@@ -73,70 +81,59 @@ fi
 BASE_ID="$(docker image inspect -f '{{.Id}}' "$BASE_IMAGE")"
 log "base image: $BASE_IMAGE (${BASE_ID:7:12})"
 
-# ---------------------------------------------------------------- inputs hash
+# ---------------------------------------------------------------- stage 1: deps
 [ -x "$PY" ] || die ".venv missing; run 'make venv' first (jupyterhub is pinned to the hub's version)"
 JUPYTERHUB_VERSION="${JUPYTERHUB_VERSION:-$("$PY" -c 'import jupyterhub; print(jupyterhub.__version__)' 2>/dev/null)}" \
   || die "jupyterhub is not installed in .venv; run 'make venv'"
-REQS="$(grep -v '^\s*#' "$CTX_SRC/requirements.in" | sed '/^\s*$/d'; echo "jupyterhub==$JUPYTERHUB_VERSION")"
+REQS="$(grep -v '^\s*#' "$CTX_SRC/requirements.in" | sed '/^\s*$/d'; echo "jupyterhub==$JUPYTERHUB_VERSION"
+        project_dependencies)"
+DEPS_HASH="$(
+  { sha256sum <"$CTX_SRC/Dockerfile.deps"; printf '%s\n' "$REQS" "$BASE_ID"; } | sha256sum | cut -c1-16
+)"
+HAVE_DEPS="$(docker image inspect -f '{{index .Config.Labels "org.gpuspawner.deps-hash"}}' "$DEPS_IMAGE" 2>/dev/null || true)"
+if [ "$HAVE_DEPS" = "$DEPS_HASH" ] && [ -z "${FORCE:-}" ]; then
+  log "$DEPS_IMAGE is up to date (deps $DEPS_HASH)"
+else
+  # The base image's Python decides which wheels to fetch.
+  image_python "$BASE_IMAGE"
+  WHEELHOUSE="$VAR/wheelhouse/py$PYTAG"
+  mkdir -p "$WHEELHOUSE"
+  printf '%s\n' "$REQS" >"$VAR/wheelhouse/requirements-py$PYTAG.txt"
+  log "pip download for Python $PYVER manylinux x86_64 -> var/wheelhouse/py$PYTAG (jupyterhub==$JUPYTERHUB_VERSION)"
+  t=$SECONDS
+  pip_download_wheels "$WHEELHOUSE" "$VAR/wheelhouse/requirements-py$PYTAG.txt" pip-download.log
+  log "wheelhouse ready: $(find "$WHEELHOUSE" -name '*.whl' | wc -l) wheels, $(du -sh "$WHEELHOUSE" | cut -f1) in $((SECONDS - t))s"
 
-# The project itself goes into the image too (server extension gpuspawner.singleuser.gpuviews, the
-# prebuilt JupyterLab extension from scripts/build-labextension.sh, %load_ext gpuspawner.kernel):
-# its sources and the built extension are part of the inputs.
-PROJECT_HASH="$(
-  cd "$REPO" && {
-    git ls-files -z -- pyproject.toml gpuspawner jupyter-config 2>/dev/null \
-      | xargs -0 sha256sum 2>/dev/null
-    [ -d gpuspawner/labextension_static ] \
-      && find gpuspawner/labextension_static -type f | LC_ALL=C sort | xargs sha256sum
-  } | sha256sum | cut -c1-16
-)"
-INPUTS_HASH="$(
-  {
-    (cd "$CTX_SRC" && find . -type f ! -name '*.pyc' | LC_ALL=C sort | xargs sha256sum)
-    printf '%s\n' "$REQS" "$BASE_ID" "$PROJECT_HASH"
-  } | sha256sum | cut -c1-16
-)"
+  CTX="$VAR/build/singleuser-deps"
+  rm -rf "$CTX"
+  mkdir -p "$CTX"
+  cp "$CTX_SRC/Dockerfile.deps" "$CTX/Dockerfile"
+  cp "$VAR/wheelhouse/requirements-py$PYTAG.txt" "$CTX/requirements.txt"
+  cp -a "$WHEELHOUSE" "$CTX/wheelhouse"
+  log "docker build $DEPS_IMAGE (log: var/log/build-singleuser-deps.log)"
+  t=$SECONDS
+  docker build --network none \
+    --build-arg BASE_IMAGE="$BASE_IMAGE" --build-arg DEPS_HASH="$DEPS_HASH" \
+    -t "$DEPS_IMAGE" "$CTX" >"$VAR/log/build-singleuser-deps.log" 2>&1 \
+    || { tail -n 30 "$VAR/log/build-singleuser-deps.log" >&2; die "docker build failed (log: var/log/build-singleuser-deps.log)"; }
+  rm -rf "$CTX"
+  log "built $DEPS_IMAGE in $((SECONDS - t))s"
+fi
+DEPS_ID="$(docker image inspect -f '{{.Id}}' "$DEPS_IMAGE")"
+
+# ---------------------------------------------------------------- stage 2: the project
+# The project itself (server extension gpuspawner.singleuser.gpuviews, the prebuilt JupyterLab
+# extension from scripts/build-labextension.sh, %load_ext gpuspawner.kernel): its sources and
+# the built extension are part of the inputs.
+project_hash
+INPUTS_HASH="$(project_stage_hash "$DEPS_ID")"
 HAVE_HASH="$(docker image inspect -f '{{index .Config.Labels "org.gpuspawner.inputs-hash"}}' "$SINGLEUSER_IMAGE" 2>/dev/null || true)"
 if [ "$HAVE_HASH" = "$INPUTS_HASH" ] && [ -z "${FORCE:-}" ]; then
   log "$SINGLEUSER_IMAGE is up to date (inputs $INPUTS_HASH); nothing to do ($((SECONDS - t0))s)"
   exit 0
 fi
-
-# ---------------------------------------------------------------- wheelhouse
-# The base image's Python decides which wheels to fetch.
-image_python "$BASE_IMAGE"
-WHEELHOUSE="$VAR/wheelhouse/py$PYTAG"
-mkdir -p "$WHEELHOUSE"
-printf '%s\n' "$REQS" >"$VAR/wheelhouse/requirements-py$PYTAG.txt"
-log "pip download for Python $PYVER manylinux x86_64 -> var/wheelhouse/py$PYTAG (jupyterhub==$JUPYTERHUB_VERSION)"
-t=$SECONDS
-pip_download_wheels "$WHEELHOUSE" "$VAR/wheelhouse/requirements-py$PYTAG.txt" pip-download.log
-log "wheelhouse ready: $(find "$WHEELHOUSE" -name '*.whl' | wc -l) wheels, $(du -sh "$WHEELHOUSE" | cut -f1) in $((SECONDS - t))s"
-
-# ---------------------------------------------------------------- the project's wheel
-PROJECT_WHEELS="$VAR/build/project-wheel"
-rm -rf "$PROJECT_WHEELS"
-mkdir -p "$PROJECT_WHEELS"
-log "building the gpuspawner wheel (server extension, lab extension, kernel extension)"
-"$PY" -m pip wheel -q --disable-pip-version-check --no-deps -w "$PROJECT_WHEELS" "$REPO" \
-  >"$VAR/log/project-wheel.log" 2>&1 \
-  || { tail -n 20 "$VAR/log/project-wheel.log" >&2; die "building the project wheel failed"; }
-
-# ---------------------------------------------------------------- build
-CTX="$VAR/build/singleuser"
-rm -rf "$CTX"
-mkdir -p "$CTX"
-cp -a "$CTX_SRC"/. "$CTX"/
-cp "$VAR/wheelhouse/requirements-py$PYTAG.txt" "$CTX/requirements.txt"
-echo "gpuspawner" >>"$CTX/requirements.txt"
-cp -a "$WHEELHOUSE" "$CTX/wheelhouse"
-cp "$PROJECT_WHEELS"/*.whl "$CTX/wheelhouse/"
-log "docker build $SINGLEUSER_IMAGE (log: var/log/build-singleuser.log)"
-t=$SECONDS
-docker build --network none \
-  --build-arg BASE_IMAGE="$BASE_IMAGE" --build-arg INPUTS_HASH="$INPUTS_HASH" \
-  -t "$SINGLEUSER_IMAGE" "$CTX" >"$VAR/log/build-singleuser.log" 2>&1 \
-  || { tail -n 30 "$VAR/log/build-singleuser.log" >&2; die "docker build failed (log: var/log/build-singleuser.log)"; }
-rm -rf "$CTX"
-log "built $SINGLEUSER_IMAGE in $((SECONDS - t))s (total $((SECONDS - t0))s)"
+: >"$VAR/log/build-singleuser.log"
+build_project_stage "$DEPS_IMAGE" "$SINGLEUSER_IMAGE" "$INPUTS_HASH" build-singleuser.log
+log "$SINGLEUSER_IMAGE ready (total $((SECONDS - t0))s)"
 docker image prune -f --filter "label=org.opencontainers.image.title=gpuspawner single-user" >/dev/null 2>&1 || true
+docker image prune -f --filter "label=org.opencontainers.image.title=gpuspawner single-user deps" >/dev/null 2>&1 || true

@@ -85,3 +85,91 @@ pip_download_wheels() {
     -d "$dest" -r "$reqs" >"$logfile" 2>&1 \
     || { tail -n 20 "$logfile" >&2; die "pip download failed (log: var/log/$3)"; }
 }
+
+# ---------------------------------------------------------------- the images' project stage
+# The single-user image and the PyTorch image are built in stages: the third-party packages
+# (gpuspawner/singleuser:deps, images/singleuser/Dockerfile.deps; the PyTorch image's torch
+# layer on it), fingerprinted by their requirements and the image below only, then the project
+# stage (images/singleuser/Dockerfile): the gpuspawner wheel with `pip install --no-deps`. A
+# change to the project's code rebuilds the project stage alone.
+DEPS_IMAGE="${DEPS_IMAGE:-gpuspawner/singleuser:deps}"
+PROJECT_STAGE_SRC="$REPO/images/singleuser"
+
+# project_hash: 16 hex digits over what of the checkout goes into the images (pyproject.toml,
+# gpuspawner/ and jupyter-config/ as git lists them, the prebuilt lab extension from
+# scripts/build-labextension.sh), in PROJECT_HASH.
+project_hash() {
+  PROJECT_HASH="$(
+    cd "$REPO" && {
+      git ls-files -z -- pyproject.toml gpuspawner jupyter-config 2>/dev/null \
+        | xargs -0 sha256sum 2>/dev/null
+      [ -d gpuspawner/labextension_static ] \
+        && find gpuspawner/labextension_static -type f | LC_ALL=C sort | xargs sha256sum
+    } | sha256sum | cut -c1-16
+  )"
+}
+
+# project_dependencies: the project's own requirements ([project] dependencies of
+# pyproject.toml, one a line), read by .venv's Python; the deps stage installs them so that the
+# project stage's `pip install --no-deps` + `pip check` passes.
+project_dependencies() {
+  "$REPO/.venv/bin/python" -c 'import sys, tomllib
+print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))' \
+    "$REPO/pyproject.toml" || die "cannot read the dependencies of pyproject.toml"
+}
+
+# project_stage_hash FROM_ID: the fingerprint (16 hex digits) of the project stage on the image
+# FROM_ID (an image id): the stage's files in images/singleuser (Dockerfile.deps and
+# requirements.in are the deps stage's, covered by FROM_ID), PROJECT_HASH (project_hash) and
+# FROM_ID. Printed.
+project_stage_hash() {
+  {
+    (cd "$PROJECT_STAGE_SRC" && find . -type f ! -name '*.pyc' ! -name Dockerfile.deps \
+       ! -name requirements.in | LC_ALL=C sort | xargs sha256sum)
+    printf '%s\n' "$PROJECT_HASH" "$1"
+  } | sha256sum | cut -c1-16
+}
+
+# project_wheel: the gpuspawner wheel of this checkout (server extension, lab extension, kernel
+# extension), built by .venv's pip once per PROJECT_HASH into var/build/project-wheel/HASH/
+# (build-images.sh and build-pytorch-image.sh share it; older ones are removed); its path in
+# PROJECT_WHEEL. Dies when the build fails (log: var/log/project-wheel.log).
+project_wheel() {
+  [ -n "${PROJECT_HASH:-}" ] || project_hash
+  local dir="$VAR/build/project-wheel/$PROJECT_HASH"
+  PROJECT_WHEEL="$(find "$dir" -maxdepth 1 -name 'gpuspawner-*.whl' 2>/dev/null | head -n 1 || true)"
+  [ -n "$PROJECT_WHEEL" ] && return 0
+  rm -rf "$VAR/build/project-wheel"
+  mkdir -p "$dir.tmp"
+  local t=$SECONDS
+  log "building the gpuspawner wheel (server extension, lab extension, kernel extension)"
+  "$REPO/.venv/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps -w "$dir.tmp" \
+    "$REPO" >"$VAR/log/project-wheel.log" 2>&1 \
+    || { tail -n 20 "$VAR/log/project-wheel.log" >&2; die "building the project wheel failed"; }
+  mv "$dir.tmp" "$dir"
+  PROJECT_WHEEL="$(find "$dir" -maxdepth 1 -name 'gpuspawner-*.whl' | head -n 1 || true)"
+  [ -n "$PROJECT_WHEEL" ] || die "pip wheel made no gpuspawner wheel (log: var/log/project-wheel.log)"
+  log "built ${PROJECT_WHEEL##*/} in $((SECONDS - t))s"
+}
+
+# build_project_stage FROM TAG INPUTS_HASH LOGNAME: docker build of images/singleuser/Dockerfile
+# on FROM (an image whose /opt/venv holds every third-party package the project needs), no
+# network: the project's wheel (project_wheel) with `pip install --no-index --no-deps`, then
+# `pip check`; tagged TAG, labelled org.gpuspawner.inputs-hash=INPUTS_HASH (project_stage_hash).
+# The build's output goes to var/log/LOGNAME (appended); dies when the build fails.
+build_project_stage() {
+  local from=$1 tag=$2 hash=$3 logfile="$VAR/log/$4" ctx t=$SECONDS
+  project_wheel
+  mkdir -p "$VAR/build"
+  ctx="$(mktemp -d "$VAR/build/project-stage.XXXXXX")"
+  cp -a "$PROJECT_STAGE_SRC"/. "$ctx"/
+  rm -f "$ctx/Dockerfile.deps" "$ctx/requirements.in"
+  mkdir "$ctx/wheel"
+  cp "$PROJECT_WHEEL" "$ctx/wheel/"
+  log "docker build $tag: the project's wheel on $from (log: var/log/$4)"
+  docker build --network none --build-arg DEPS_IMAGE="$from" --build-arg INPUTS_HASH="$hash" \
+    -t "$tag" "$ctx" >>"$logfile" 2>&1 \
+    || { rm -rf "$ctx"; tail -n 30 "$logfile" >&2; die "docker build of $tag failed (log: var/log/$4)"; }
+  rm -rf "$ctx"
+  log "built $tag (project stage) in $((SECONDS - t))s"
+}

@@ -252,3 +252,47 @@ def test_image_turns_the_news_pop_up_off(image):
               opts=("--user", UID_GID, "-e", "HOME=/tmp")).stdout
     notes = json.loads(out.strip().splitlines()[-1])["@jupyterlab/apputils-extension:notification"]
     assert notes == {"fetchNews": "false", "checkForUpdates": False}
+
+
+# --------------------------------------------------------------------------- build stages
+
+DEPS_IMAGE = os.environ.get("GPUSPAWNER_DEPS_IMAGE", "gpuspawner/singleuser:deps")
+# what the project stage adds on top of its deps stage: the project's wheel installed (a few
+# MB) and two config files; the 125 third-party wheels (~430 MB) belong below it
+PROJECT_STAGE_MAX_BYTES = 50 * 1024 * 1024
+
+
+def image_config(image: str, host: str | None = None) -> dict:
+    return json.loads(docker("image", "inspect", image, host=host).stdout)[0]
+
+
+def assert_stage_below(lower: str, upper: str) -> None:
+    """``upper`` is ``lower`` plus a project-sized top (scripts/lib.sh build_project_stage):
+    ``lower``'s layers are the first of ``upper``'s and the rest weigh less than
+    PROJECT_STAGE_MAX_BYTES; so a change to the project's code rebuilds only that top."""
+    low, up = image_config(lower), image_config(upper)
+    low_layers, up_layers = low["RootFS"]["Layers"], up["RootFS"]["Layers"]
+    assert up_layers[: len(low_layers)] == low_layers, (
+        f"{upper} is not built on {lower} (scripts/build-images.sh builds it in stages)")
+    assert len(up_layers) > len(low_layers)
+    assert 0 < up["Size"] - low["Size"] < PROJECT_STAGE_MAX_BYTES, (up["Size"], low["Size"])
+
+
+def test_singleuser_image_is_the_project_wheel_on_the_deps_stage(image):
+    """gpuspawner/singleuser:latest is the deps stage (every third-party package, fingerprinted
+    by the requirements and the base image only) plus the project's wheel: the deps stage has
+    no gpuspawner and its own fingerprint label; the project stage passes `pip check`."""
+    if docker("image", "inspect", DEPS_IMAGE, check=False).returncode != 0:
+        raise AssertionError(f"{image} exists but its deps stage {DEPS_IMAGE} does not; "
+                             "rebuild with `make images`")
+    labels = image_config(DEPS_IMAGE)["Config"].get("Labels") or {}
+    assert re.fullmatch(r"[0-9a-f]{16}", labels.get("org.gpuspawner.deps-hash", "")), labels
+    assert_stage_below(DEPS_IMAGE, image)
+    opts = ("--user", UID_GID, "-e", "HOME=/tmp")
+    probe = ("import importlib.util as u; "
+             "print(u.find_spec('gpuspawner') is not None, u.find_spec('jupyterlab') is not None)")
+    deps = run(DEPS_IMAGE, "/opt/venv/bin/python", "-c", probe, opts=opts).stdout.split()
+    assert deps == ["False", "True"], deps
+    top = run(image, "sh", "-c", f"python -c \"{probe}\" && pip check", opts=opts).stdout
+    assert top.split()[:2] == ["True", "True"], top
+    assert "No broken requirements found." in top, top

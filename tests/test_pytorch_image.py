@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 
-from tests.test_images import docker, engine_info
+from tests.test_images import DEPS_IMAGE, assert_stage_below, docker, engine_info, image_config
 
 pytestmark = pytest.mark.docker
 
@@ -142,3 +142,22 @@ def test_binder_example_trains_on_the_cpu_with_a_note(image):
     first, last = (float(v) for v in line.split("loss ")[1].split(" -> "))
     assert last < first / 5, line
     assert "no GPU memory used" in out
+
+
+def test_torch_layer_sits_on_the_deps_stage_below_the_project(image):
+    """The torch layer (gpuspawner/pytorch:torch-layer) is built on the single-user image's deps
+    stage and kept; gpuspawner/pytorch:latest is that layer plus a project-sized top, so a
+    change to the project's code does not reinstall torch."""
+    layer = "gpuspawner/pytorch:torch-layer"
+    for needed in (DEPS_IMAGE, layer):
+        if docker("image", "inspect", needed, check=False).returncode != 0:
+            raise AssertionError(f"{image} exists but {needed} does not; rebuild with "
+                                 "`make images pytorch-image`")
+    labels = image_config(layer)["Config"].get("Labels") or {}
+    assert labels.get("org.gpuspawner.torch-hash"), labels
+    deps_layers = image_config(DEPS_IMAGE)["RootFS"]["Layers"]
+    assert image_config(layer)["RootFS"]["Layers"][: len(deps_layers)] == deps_layers
+    assert_stage_below(layer, image)
+    proc = run(layer, "/opt/venv/bin/python", "-c",
+               "import importlib.util as u; print(u.find_spec('gpuspawner') is None)")
+    assert proc.stdout.split() == ["True"], proc.stdout
