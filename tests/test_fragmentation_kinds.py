@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from gpuspawner.placement.fragmentation import FragmentationModel, type_fragmentation
+from gpuspawner.placement.fragmentation import Demand, FragmentationModel, apply, type_fragmentation
 from gpuspawner.placement.workload import PodType
 
 MODELS = ("T4", "A100", "V100M16")
@@ -133,3 +133,116 @@ def test_memory_aware_score_is_the_definition():
         for sid, cpu_left, mem_left, want in reversed(asked):
             assert fresh.score(sid, cpu_left, mem_left) == want
     assert checked == 25 * 40 * 25
+
+
+def _apply_reference(sig: tuple, d: Demand) -> tuple | None:
+    """:func:`apply` as it was first written (a list per NUMA node, ``Demand.allows`` per GPU),
+    before it was made cheaper for the look-ahead's new signatures."""
+    if d.gpus:
+        numas = [list(n) for n in sig]
+        cands = []
+        for i, numa in enumerate(numas):
+            full = [j for j, (m, f, _s) in enumerate(numa) if f == 1000 and d.allows(m)]
+            cands.append((i, full))
+        single = [(len(full), i, full) for i, full in cands if len(full) >= d.gpus]
+        changed = set()
+        if single:
+            _, i, full = min(single)
+            for j in full[: d.gpus]:
+                m, _f, s = numas[i][j]
+                numas[i][j] = (m, 0, s)
+            changed.add(i)
+        else:
+            left = d.gpus
+            for i, full in sorted(cands, key=lambda c: -len(c[1])):
+                for j in full[:left]:
+                    m, _f, s = numas[i][j]
+                    numas[i][j] = (m, 0, s)
+                    changed.add(i)
+                left -= min(left, len(full))
+            if left:
+                return None
+        return tuple(tuple(sorted(n)) if i in changed else sig[i]
+                     for i, n in enumerate(numas))
+    if d.milli:
+        best = None
+        for i, numa in enumerate(sig):
+            for j, (m, f, s) in enumerate(numa):
+                if s and f >= d.milli and (best is None or f < best[0]) and d.allows(m):
+                    best = (f, i, j)
+        if best is None:
+            return None
+        f, i, j = best
+        numa = list(sig[i])
+        m, _f, s = numa[j]
+        numa[j] = (m, f - d.milli, s)
+        out = list(sig)
+        out[i] = tuple(sorted(numa))
+        return tuple(out)
+    return sig
+
+
+def test_apply_and_after_match_the_first_apply():
+    """:func:`apply` (the signature after placing a demand: a NUMA node with enough full GPUs
+    and the fewest, else spread from the fullest; the fullest GPU with room for a share) gives
+    the signature the first version gave, on random signatures (several models, exclusive
+    GPUs, 1-4 NUMA nodes) and demands (whole GPUs 1-8, shares, allowed models in either
+    case, none), including the ones that do not fit; and :meth:`FragmentationModel.after`
+    interns it with its free milli-GPU counted as :meth:`~FragmentationModel.intern` sums
+    them."""
+    rng = random.Random(21)
+    model = FragmentationModel()
+    fits = 0
+    for _ in range(3000):
+        sig = _signature(rng)
+        models = frozenset(m.lower() for m in rng.sample(MODELS, rng.choice((0, 0, 1, 2))))
+        if rng.random() < 0.5:
+            d = Demand(rng.choice((1, 1, 2, 3, 4, 8)), 0, models, rng.random() < 0.5)
+        else:
+            d = Demand(0, rng.choice((0, 100, 250, 340, 500, 780, 1000)), models, False)
+        want = _apply_reference(sig, d)
+        assert apply(sig, d) == want, (sig, d)
+        after = model.after(model.intern(sig), d)
+        if want is None:
+            assert after is None
+            continue
+        fits += 1
+        assert model.signature(after) == want
+        assert model.free[after] == sum(f for numa in want for _m, f, _s in numa)
+    assert 1000 < fits < 2900
+
+
+def test_levels_with_the_same_fitting_types_share_one_cached_score():
+    """Memory-aware, where no GPU type asks 0 MiB: levels at which the same GPU types fit
+    share one entry of the score cache and of the growers' memo (the caches key a level by
+    its canonical one, :meth:`FragmentationModel._canonical_levels`), and every score and
+    growth is still the definition's. The code before kept one entry per level (fails
+    there: 1 entry per level asked)."""
+    rng = random.Random(17)
+    for _ in range(20):
+        workload = _workload(rng)
+        if not any(t.milli_gpu == 1000 for t, _p in workload):
+            workload.append((PodType(4000, 1000, 1), 0.1))
+        memory = {t: rng.choice((2048, 8192, 16384, 65536)) for t, _p in workload}
+        model = FragmentationModel(workload, memory_aware=True, memory=memory)
+        cpus = (0, 700, 4000, 5000, 12000, 20000, 64000)
+        mems = (0, 2047, 2048, 5000, 9000, 16384, 30000, 70000)
+        sig = ((("T4", 1000, True), ("T4", 500, True)), (("A100", 1000, True),))
+        sid = model.intern(sig)
+        fits = set()
+        for cpu_left in cpus:
+            for mem_left in mems:
+                want = _reference_mem(sig, cpu_left, mem_left, workload, memory)
+                assert model.score(sid, cpu_left, mem_left) == want
+                fits.add(frozenset(t for t, _p in workload if t.milli_gpu
+                                   and t.milli_cpu <= cpu_left and memory[t] <= mem_left))
+        assert len(model._score) == len(fits) < len(cpus) * len(mems)
+        d = Demand(1, 0, frozenset(), False)
+        grow = model.grower(d, 4000, 2048)
+        after = apply(sig, d)
+        for cpu_left in cpus[2:]:
+            for mem_left in mems[3:]:
+                want = (_reference_mem(after, cpu_left - 4000, mem_left - 2048, workload,
+                                       memory)
+                        - _reference_mem(sig, cpu_left, mem_left, workload, memory))
+                assert grow(sid, cpu_left, mem_left) == want
