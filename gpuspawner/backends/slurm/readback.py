@@ -53,9 +53,10 @@ class JobReadback:
                 and time.time() - float(state.get("submitted") or 0) < self.submit_timeout)
 
     async def poll(self, state: Mapping[str, Any]) -> int | None:
-        """None while the job runs on a responding node; else an exit status: 0 when Slurm
-        no longer knows the job, the job's exit code (at least 1 unless COMPLETED) when it
-        ended, 1 when it waits (PENDING, except right after submit: :meth:`_fresh`).
+        """None while the job runs (RUNNING, or COMPLETING: Slurm still ending it) on a
+        responding node; else an exit status: 0 when Slurm no longer knows the job, the job's
+        exit code (at least 1 unless COMPLETED) when it ended, 1 when it waits (PENDING, except
+        right after submit: :meth:`_fresh`).
 
         Raises:
             BackendUnavailable: the controller does not answer, or the job's node is DOWN or
@@ -68,7 +69,11 @@ class JobReadback:
         job = await self._ask(node, self.client.show_job(int(job_id)))
         if job is None:
             return 0
-        if job.state == "RUNNING":
+        if job.state in ("RUNNING", "COMPLETING"):
+            # COMPLETING: the batch script has ended but Slurm is still ending the job (its
+            # epilog, its processes): its JobState says COMPLETING and not yet whether it
+            # COMPLETED, so it is read as running until then (it was read as ended with 1: a
+            # notebook job that exited 0 failed when a poll fell in that window)
             infos = await self._cached_nodes(node)
             for n in job.node_list or (node,):
                 info = infos.get(n)
