@@ -26,8 +26,6 @@ from typing import Any
 import pytest
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPResponse
-from tornado.httpserver import HTTPServer
-from tornado.netutil import bind_sockets
 
 from gpuspawner.backends.base import Backend
 from gpuspawner.hub.cluster import Cluster
@@ -43,6 +41,7 @@ from gpuspawner.inventory.topology import load_topology_file
 from gpuspawner.placement import Bundle, Ledger, Owner
 from gpuspawner.webui import REFRESH_S, service_links
 from tests.inprocess_hub import runtime
+from tests.test_gpu_drain_service import _serve
 from tests.test_spawner_inprocess import PROFILES, api, start, stopped
 from tests.test_usage_hub import token_of
 
@@ -109,13 +108,6 @@ def renders(monkeypatch) -> list[int]:
 
     monkeypatch.setattr(service_app, "map_view", counted)
     return made
-
-
-def _serve(app: web.Application) -> tuple[HTTPServer, int]:
-    sockets = bind_sockets(0, "127.0.0.1")
-    server = HTTPServer(app)
-    server.add_sockets(sockets)
-    return server, sockets[0].getsockname()[1]
 
 
 @pytest.fixture
