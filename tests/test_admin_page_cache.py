@@ -41,7 +41,7 @@ from gpuspawner.inventory.topology import load_topology_file
 from gpuspawner.placement import Bundle, Ledger, Owner
 from gpuspawner.webui import REFRESH_S, service_links
 from tests.inprocess_hub import runtime
-from tests.test_gpu_drain_service import _serve
+from tests.test_gpu_drain_service import FakeHubUser, _serve
 from tests.test_spawner_inprocess import PROFILES, api, start, stopped
 from tests.test_usage_hub import token_of
 
@@ -62,17 +62,6 @@ MODELS = {
     "carl-token": {"kind": "user", "name": "carl", "admin": False, "groups": [],
                    "scopes": [ACCESS]},
 }
-
-
-class FakeHubUser(web.RequestHandler):
-    """``GET /hub/api/user``: the model of the token's owner (what JupyterHub answers)."""
-
-    def get(self) -> None:
-        token = self.request.headers.get("Authorization", "").removeprefix("token ")
-        model = MODELS.get(token)
-        if model is None:
-            raise web.HTTPError(403)
-        self.finish(model)
 
 
 class Clock:
@@ -113,7 +102,7 @@ def renders(monkeypatch) -> list[int]:
 @pytest.fixture
 async def served(cluster):
     """(the service, its URL prefix, the cache's clock)."""
-    hub, hub_port = _serve(web.Application([(r"/hub/api/user", FakeHubUser)]))
+    hub, hub_port = _serve(web.Application([(r"/hub/api/user", FakeHubUser, {"models": MODELS})]))
     service = GPUService("gpuspawner", "t" * 64,
                          hub_api_url=f"http://127.0.0.1:{hub_port}/hub/api",
                          cluster_provider=lambda: cluster,

@@ -42,11 +42,15 @@ MODELS = {
 
 
 class FakeHubUser(web.RequestHandler):
-    """``GET /hub/api/user``: the model of the token's owner (what JupyterHub answers)."""
+    """``GET /hub/api/user``: the model of the token's owner (what JupyterHub answers), from
+    ``models`` (token -> model; :data:`MODELS` unless the route gives others)."""
+
+    def initialize(self, models: dict[str, dict] | None = None) -> None:
+        self.models = MODELS if models is None else models
 
     def get(self) -> None:
         token = self.request.headers.get("Authorization", "").removeprefix("token ")
-        model = MODELS.get(token)
+        model = self.models.get(token)
         if model is None:
             raise web.HTTPError(403)
         self.finish(model)
