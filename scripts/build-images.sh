@@ -37,7 +37,7 @@ make_local_base() {
   # cache key: the package list; a base made with another list is rebuilt
   local want have
   want="$(printf 'v2 %s %s' "$BASE_PACKAGES" "$DEBIAN_MIRROR" | sha256sum | cut -c1-16)"
-  have="$(docker image inspect -f '{{index .Config.Labels "org.gpuspawner.base-hash"}}' "$LOCAL_BASE" 2>/dev/null || true)"
+  have="$(image_label "$LOCAL_BASE" org.gpuspawner.base-hash)"
   if [ "$have" = "$want" ]; then
     log "base $LOCAL_BASE exists (cached)"
     return 0
@@ -90,7 +90,7 @@ REQS="$(grep -v '^\s*#' "$CTX_SRC/requirements.in" | sed '/^\s*$/d'; echo "jupyt
 DEPS_HASH="$(
   { sha256sum <"$CTX_SRC/Dockerfile.deps"; printf '%s\n' "$REQS" "$BASE_ID"; } | sha256sum | cut -c1-16
 )"
-HAVE_DEPS="$(docker image inspect -f '{{index .Config.Labels "org.gpuspawner.deps-hash"}}' "$DEPS_IMAGE" 2>/dev/null || true)"
+HAVE_DEPS="$(image_label "$DEPS_IMAGE" org.gpuspawner.deps-hash)"
 if [ "$HAVE_DEPS" = "$DEPS_HASH" ] && [ -z "${FORCE:-}" ]; then
   log "$DEPS_IMAGE is up to date (deps $DEPS_HASH)"
 else
@@ -127,7 +127,7 @@ DEPS_ID="$(docker image inspect -f '{{.Id}}' "$DEPS_IMAGE")"
 # the built extension are part of the inputs.
 project_hash
 INPUTS_HASH="$(project_stage_hash "$DEPS_ID")"
-HAVE_HASH="$(docker image inspect -f '{{index .Config.Labels "org.gpuspawner.inputs-hash"}}' "$SINGLEUSER_IMAGE" 2>/dev/null || true)"
+HAVE_HASH="$(image_label "$SINGLEUSER_IMAGE" org.gpuspawner.inputs-hash)"
 if [ "$HAVE_HASH" = "$INPUTS_HASH" ] && [ -z "${FORCE:-}" ]; then
   log "$SINGLEUSER_IMAGE is up to date (inputs $INPUTS_HASH); nothing to do ($((SECONDS - t0))s)"
   exit 0

@@ -39,7 +39,7 @@ TORCH_HASH="$(
   { echo "torch-layer v1"; sha256sum <"$CTX/requirements.in"; printf '%s\n' "$DEPS_ID"; } \
     | sha256sum | cut -c1-16
 )"
-HAVE_TORCH="$(docker image inspect -f '{{index .Config.Labels "org.gpuspawner.torch-hash"}}' "$LAYER_IMAGE" 2>/dev/null || true)"
+HAVE_TORCH="$(image_label "$LAYER_IMAGE" org.gpuspawner.torch-hash)"
 if [ "$HAVE_TORCH" = "$TORCH_HASH" ] && [ -z "${FORCE:-}" ]; then
   log "$LAYER_IMAGE is up to date (torch $TORCH_HASH)"
 else
@@ -83,7 +83,7 @@ INPUTS_HASH="$(
     project_stage_hash "$LAYER_ID"
   } | sha256sum | cut -c1-16
 )"
-HAVE_HASH="$(docker image inspect -f '{{index .Config.Labels "org.gpuspawner.inputs-hash"}}' "$PYTORCH_IMAGE" 2>/dev/null || true)"
+HAVE_HASH="$(image_label "$PYTORCH_IMAGE" org.gpuspawner.inputs-hash)"
 if [ "$HAVE_HASH" = "$INPUTS_HASH" ] && [ -z "${FORCE:-}" ]; then
   log "$PYTORCH_IMAGE is up to date (inputs $INPUTS_HASH); nothing to do ($((SECONDS - t0))s)"
   exit 0

@@ -71,6 +71,12 @@ image_python() {
     || die "cannot run python3 in $1"
 }
 
+# image_label IMAGE LABEL: the image's LABEL (an empty line when the image or the label is
+# missing): the fingerprints the build scripts compare before building again
+image_label() {
+  docker image inspect -f "{{index .Config.Labels \"$2\"}}" "$1" 2>/dev/null || true
+}
+
 # pip_download_wheels DEST REQUIREMENTS LOGNAME: binary wheels of REQUIREMENTS (a file) for
 # CPython $PYVER/$PYTAG (image_python) on manylinux x86_64 into DEST, by the host's pip (and
 # its CA configuration); pip's output in var/log/LOGNAME. pip does not expand a PEP 600
