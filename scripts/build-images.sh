@@ -100,9 +100,7 @@ else
   mkdir -p "$WHEELHOUSE"
   printf '%s\n' "$REQS" >"$VAR/wheelhouse/requirements-py$PYTAG.txt"
   log "pip download for Python $PYVER manylinux x86_64 -> var/wheelhouse/py$PYTAG (jupyterhub==$JUPYTERHUB_VERSION)"
-  t=$SECONDS
   pip_download_wheels "$WHEELHOUSE" "$VAR/wheelhouse/requirements-py$PYTAG.txt" pip-download.log
-  log "wheelhouse ready: $(find "$WHEELHOUSE" -name '*.whl' | wc -l) wheels, $(du -sh "$WHEELHOUSE" | cut -f1) in $((SECONDS - t))s"
 
   CTX="$VAR/build/singleuser-deps"
   rm -rf "$CTX"

@@ -49,9 +49,7 @@ else
   REQS="$VAR/wheelhouse/requirements-torch-py$PYTAG.txt"
   grep -v '^\s*#' "$CTX/requirements.in" | sed '/^\s*$/d' >"$REQS"
   log "pip download for Python $PYVER manylinux x86_64 -> ${WHEELHOUSE#"$REPO"/} ($(tr '\n' ' ' <"$REQS"))"
-  t=$SECONDS
   pip_download_wheels "$WHEELHOUSE" "$REQS" pip-download-torch.log
-  log "wheelhouse ready: $(find "$WHEELHOUSE" -name '*.whl' | wc -l) wheels, $(du -sh "$WHEELHOUSE" | cut -f1) in $((SECONDS - t))s"
 
   log "pip install in a container of $DEPS_IMAGE (log: var/log/build-pytorch-layer.log)"
   t=$SECONDS

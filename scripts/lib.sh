@@ -81,8 +81,9 @@ image_label() {
 # CPython $PYVER/$PYTAG (image_python) on manylinux x86_64 into DEST, by the host's pip (and
 # its CA configuration); pip's output in var/log/LOGNAME. pip does not expand a PEP 600
 # manylinux tag to older ones, so every tag up to bookworm's glibc (2.36, GLIBC_MINOR) is listed.
+# Logs how many wheels DEST holds and how long the download took.
 pip_download_wheels() {
-  local dest=$1 reqs=$2 logfile="$VAR/log/$3" minor
+  local dest=$1 reqs=$2 logfile="$VAR/log/$3" minor t=$SECONDS
   local platforms=(--platform manylinux2014_x86_64 --platform manylinux2010_x86_64
                    --platform manylinux1_x86_64)
   for minor in $(seq 5 "${GLIBC_MINOR:-36}"); do platforms+=(--platform "manylinux_2_${minor}_x86_64"); done
@@ -90,6 +91,7 @@ pip_download_wheels() {
     "${platforms[@]}" --python-version "$PYVER" --implementation cp --abi "cp$PYTAG" \
     -d "$dest" -r "$reqs" >"$logfile" 2>&1 \
     || { tail -n 20 "$logfile" >&2; die "pip download failed (log: var/log/$3)"; }
+  log "wheelhouse ready: $(find "$dest" -name '*.whl' | wc -l) wheels, $(du -sh "$dest" | cut -f1) in $((SECONDS - t))s"
 }
 
 # ---------------------------------------------------------------- the images' project stage
