@@ -142,10 +142,12 @@ class UsagePageHandler(ServiceHandler):
             by_user = parse_query({**args, "group_by": "user"}, now, recorder.retention_days)
         except ReportError as e:
             raise web.HTTPError(400, str(e)) from None
-        template = self.service.templates.get_template("usage.html.j2")
+        templates = self.service.templates
         p = self.service.prefix
 
-        def render() -> str:  # off the event loop: a month of records and the page
+        def render() -> str:  # off the event loop: a month of records and the page (and
+            # the template's first load: Jinja2 compiles it, tens of ms)
+            template = templates.get_template("usage.html.j2")
             days = report_from_store(recorder.store, by_day, now)
             users = report_from_store(recorder.store, by_user, now)
             query = urlencode({k: v for k, v in args.items() if v})

@@ -165,14 +165,39 @@ def allocation_views(cluster: Cluster, user: str | None = None) -> list[dict[str
     return [allocation_view(a) for a in allocs]
 
 
+#: at most this many allocations not formatted yet are formatted on the event loop by one
+#: ``GET api/allocations``; more (a burst of spawns since the last request) are formatted in
+#: a worker thread (about 24 us each)
+INLINE_FORMAT_MAX = 64
+
+
+def allocation_list(cluster: Cluster, user: str | None = None) -> list[Allocation]:
+    """Every allocation (``user`` None: also drops the cached views of released ones,
+    :func:`forget_released`) or one user's, in the ledger's order (read on the event loop)."""
+    allocs = cluster.ledger.allocations(user)
+    if user is None:
+        forget_released(allocs)
+    return allocs
+
+
+def unformatted(allocs: Sequence[Allocation]) -> int:
+    """How many of ``allocs`` have no JSON text kept yet (a dict lookup each)."""
+    views = _VIEWS
+    return sum(1 for a in allocs
+               if (hit := views.get(a.id)) is None or hit[0] is not a or not hit[2])
+
+
+def allocations_text(allocs: Sequence[Allocation]) -> str:
+    """``allocs`` as a JSON array, from each allocation's kept text (made for those that have
+    none: safe in a worker thread, the allocations being frozen)."""
+    return "[" + ", ".join(allocation_json(a) for a in allocs) + "]"
+
+
 def allocations_json(cluster: Cluster, user: str | None = None) -> str:
     """:func:`allocation_views` as JSON text, the same as ``json.dumps(allocation_views(...),
     sort_keys=True)``, from each allocation's cached text: what ``GET api/allocations``
     answers, at the cost of a join once the allocations were formatted."""
-    allocs = cluster.ledger.allocations(user)
-    if user is None:
-        forget_released(allocs)
-    return "[" + ", ".join(allocation_json(a) for a in allocs) + "]"
+    return allocations_text(allocation_list(cluster, user))
 
 
 #: field names of Quota and Usage (``dataclasses.fields`` at each call was most of the admin
