@@ -67,13 +67,14 @@ def cluster_with(servers: int) -> Cluster:
 
 
 @pytest.fixture
-def to_dict_calls(monkeypatch) -> list[str]:
-    """Every ``Allocation.to_dict`` call from now on (the allocation's id)."""
-    calls: list[str] = []
+def to_dict_calls(monkeypatch) -> list[tuple[str, int]]:
+    """Every ``Allocation.to_dict`` call from now on (the allocation's id, the calling
+    thread's ident)."""
+    calls: list[tuple[str, int]] = []
     original = Allocation.to_dict
 
     def counted(self: Allocation) -> dict[str, Any]:
-        calls.append(self.id)
+        calls.append((self.id, threading.get_ident()))
         return original(self)
 
     monkeypatch.setattr(Allocation, "to_dict", counted)
@@ -182,7 +183,7 @@ def test_a_frozen_copy_gives_the_same_map_and_metrics(monkeypatch):
     assert b"gpuspawner_users_holding 62.0" in generate_latest(registry)  # the ledger's now
 
 
-async def test_the_admin_page_is_rendered_off_the_event_loop(monkeypatch):
+async def test_the_admin_page_is_rendered_off_the_event_loop(monkeypatch, to_dict_calls):
     """The service's real handler, with the hub's login replaced by an admin model: the map's
     view, its HTML, the metrics' gauges and ``api/nodes``' view are made in a worker thread
     (``api/nodes`` the same answer as the live cluster's view)."""
@@ -238,16 +239,7 @@ async def test_the_admin_page_is_rendered_off_the_event_loop(monkeypatch):
 
     monkeypatch.setattr(jinja2.Environment, "get_template", load_spy)
     # a first api/allocations after a burst of bookings (100 > INLINE_FORMAT_MAX not
-    # formatted yet) formats them off the loop
-    format_threads: list[int] = []
-    to_dict = Allocation.to_dict
-
-    def to_dict_spy(self: Allocation) -> dict[str, Any]:
-        format_threads.append(threading.get_ident())
-        return to_dict(self)
-
-    monkeypatch.setattr(Allocation, "to_dict", to_dict_spy)
-    views._VIEWS.clear()
+    # formatted yet) formats them off the loop (to_dict_calls: the threads that formatted)
     view_threads: list[int] = []
 
     def map_spy(c: Any) -> dict[str, Any]:
@@ -305,10 +297,10 @@ async def test_the_admin_page_is_rendered_off_the_event_loop(monkeypatch):
     loop_thread = threading.get_ident()
     assert threads and loop_thread not in threads  # never on the loop's thread
     assert load_threads and loop_thread not in load_threads
+    format_threads = [thread for _, thread in to_dict_calls]
     assert allocs.code == 200 and len(format_threads) == 100
     assert loop_thread not in format_threads
     assert allocs.body.decode() == allocations_json(cluster)  # the same answer
-    views._VIEWS.clear()
     assert view_threads and loop_thread not in view_threads
     assert scrape.code == 200 and b"gpuspawner_users_holding 100.0" in scrape.body
     assert gauge_threads and loop_thread not in gauge_threads

@@ -136,13 +136,21 @@ def allocation_view(a: Allocation) -> dict[str, Any]:
     return _cached(a)[1]
 
 
+def _kept_text(a: Allocation) -> str:
+    """The JSON text kept for this allocation object, or "" when none is kept yet."""
+    hit = _VIEWS.get(a.id)
+    return hit[2] if hit is not None and hit[0] is a else ""
+
+
 def allocation_json(a: Allocation) -> str:
     """:func:`allocation_view` as JSON text (``json.dumps(..., sort_keys=True)``), made once per
     allocation object."""
-    hit = _cached(a)
-    if not hit[2]:
-        hit = _VIEWS[a.id] = (a, hit[1], json.dumps(hit[1], sort_keys=True))
-    return hit[2]
+    text = _kept_text(a)
+    if not text:
+        view = _cached(a)[1]
+        text = json.dumps(view, sort_keys=True)
+        _VIEWS[a.id] = (a, view, text)
+    return text
 
 
 def forget_released(current: Sequence[Allocation]) -> None:
@@ -182,9 +190,7 @@ def allocation_list(cluster: Cluster, user: str | None = None) -> list[Allocatio
 
 def unformatted(allocs: Sequence[Allocation]) -> int:
     """How many of ``allocs`` have no JSON text kept yet (a dict lookup each)."""
-    views = _VIEWS
-    return sum(1 for a in allocs
-               if (hit := views.get(a.id)) is None or hit[0] is not a or not hit[2])
+    return sum(1 for a in allocs if not _kept_text(a))
 
 
 def allocations_text(allocs: Sequence[Allocation]) -> str:
