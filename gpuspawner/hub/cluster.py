@@ -41,6 +41,7 @@ from .metrics import gpu_share_action
 from .profiles import ProfileConfigError, load_profiles
 from .runtime import hub_runtime
 from .spawn_queue import QueueSettings, SpawnQueue
+from .start_slots import StartSlots
 
 log = logging.getLogger("gpuspawner")
 
@@ -237,6 +238,8 @@ class Cluster:
     _health_read: float = field(default=float("-inf"), repr=False)
     #: where drains are kept across restarts (None: in memory only)
     drain_store: DrainStore | None = None
+    #: per-node slots for servers starting at once (c.GPUSpawner.node_concurrent_starts)
+    start_slots: StartSlots = field(default_factory=StartSlots, repr=False)
     #: reads this host's GPU health (called in a worker thread); None: no automatic check
     health_reader: Callable[[], list[GPUHealth]] | None = None
     #: seconds between two GPU health readings (0: none)

@@ -35,6 +35,7 @@ from .drains import DRAINS_FILE_NAME
 from .identity import home_path, ids_from_auth_state
 from .profiles import PROFILES_HELP, ProfileConfigError, resolve_profile_list
 from .spawn_queue import QUEUE_FILE_NAME, QueueSettings
+from .start_slots import START_SLOT_TRAITS, start_slot_settings
 from .state import state_file
 from .trait_check import HubConfigError, SharedList, check_trait
 from .user_options import check_user_options
@@ -231,6 +232,17 @@ class SpawnerSettings(HasTraits):
         one priority. 0 for both by default (one fair order); e.g.
         c.GPUJobs.queue_priority = -1 lets interactive servers go first.""").tag(config=True)
 
+    node_concurrent_starts = Int(-1, help="""Servers that may start at once on one node: the
+        rest wait in order ("Waiting to start" in their progress) until a start ends (its server
+        answers or fails). A start costs a few CPU seconds; started all at once on a small node
+        they share the CPUs and all answer late together. -1 (default): the node's logical CPUs;
+        0: no limit; n: at most n. A user's starts do not follow each other while others wait.
+        See docs/benchmarks.md ("Start slots").""").tag(config=True)
+    node_start_slot_timeout = Float(30.0, help="""Seconds a start holds its node's start slot
+        at most (c.GPUSpawner.node_concurrent_starts): then the slot goes to the next waiting
+        start while this one goes on, so a server that never answers holds no slot for the whole
+        Spawner.http_timeout.""").tag(config=True)
+
     fairshare_half_life = Union([Float(), Unicode()], default_value=7 * 86400.0,
                                 allow_none=True, help="""Fair share over time in the wait
         queue's order: each user's past GPU usage (from the usage records, c.GPUUsage) counts
@@ -254,6 +266,14 @@ class SpawnerSettings(HasTraits):
     def _validate_queue(self, proposal: Any) -> Any:
         try:
             queue_settings({proposal.trait.name: proposal.value})
+        except ValueError as e:
+            raise TraitError(f"GPUSpawner.{e}") from None
+        return proposal.value
+
+    @validate(*START_SLOT_TRAITS)
+    def _validate_start_slots(self, proposal: Any) -> Any:
+        try:
+            start_slot_settings({proposal.trait.name: proposal.value})
         except ValueError as e:
             raise TraitError(f"GPUSpawner.{e}") from None
         return proposal.value

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import jupyterhub
@@ -48,6 +49,7 @@ from .readiness import server_tls, wait_for_own_server
 from .runtime import hub_runtime
 from .settings import SpawnerSettings, hub_db_url
 from .spawn_queue import QueueTimeout
+from .start_slots import node_limit
 from .user_options import install_user_options_guard
 from .volumes import VolumeConfigError, mounts_for, site_volumes
 
@@ -369,22 +371,41 @@ class GPUSpawner(OptionsFormMixin, ProgressEvents, SpawnerSettings, Spawner):
                     port=self.port, home=self._home_mount(),
                     certs_dir=self.certs_dir, mounts=self.mounts(profile),
                     helper_image=admin_image)
-                ip, port = await self.backend_obj.launch(spec, self.backend_state, self._emit)
-                self.allocation = self.cluster.ledger.get(alloc.id) or alloc  # adopted?
-                self._emit(60, f"Server started ({self.object_name} at {ip}:{port}), "
-                           "waiting for Jupyter to answer")
-                await wait_for_own_server(
-                    ip, port, self.server.base_url if self.server else "/",
-                    exited=lambda: self.backend_obj.exit_report(self.backend_state),
-                    timeout=self.http_timeout,
-                    tls=self.internal_ssl and server_tls(self.user.settings, self.object_name),
-                    name=f"server of {self._log_name}")
+                async with self._start_slot(alloc.node):
+                    ip, port = await self.backend_obj.launch(spec, self.backend_state,
+                                                             self._emit)
+                    self.allocation = self.cluster.ledger.get(alloc.id) or alloc  # adopted?
+                    self._emit(60, f"Server started ({self.object_name} at {ip}:{port}), "
+                               "waiting for Jupyter to answer")
+                    await wait_for_own_server(
+                        ip, port, self.server.base_url if self.server else "/",
+                        exited=lambda: self.backend_obj.exit_report(self.backend_state),
+                        timeout=self.http_timeout,
+                        tls=self.internal_ssl and server_tls(self.user.settings,
+                                                             self.object_name),
+                        name=f"server of {self._log_name}")
                 return ip, port
             except BaseException as e:
                 await self._rollback()
                 raise self._backend_failure(e) from None
         finally:
             self._prepared = None
+
+    def _start_slot(self, node: str) -> AbstractAsyncContextManager[None]:
+        """One of ``node``'s start slots (:mod:`gpuspawner.hub.start_slots`), held from the
+        launch until the server answers; a wait shows in the progress."""
+        try:
+            cpus = self.cluster.ledger.node(node).cpu_count
+        except KeyError:
+            cpus = 1
+        limit = node_limit(self.node_concurrent_starts, cpus)
+
+        def on_wait(ahead: int) -> None:
+            self._emit(55, f"Waiting to start: {ahead} server start(s) on {node} before this "
+                           f"one (at most {limit} at once)")
+
+        return self.cluster.start_slots.slot(node, limit, self.user.name, on_wait,
+                                             self.node_start_slot_timeout)
 
     async def create_certs(self) -> dict[str, str]:
         """The server's internal_ssl key pair naming its address (placement and the backend's
