@@ -569,7 +569,9 @@ async def run_side(side: str, folder: Path, responder_port: int, args: argparse.
               gc_freeze=args.gc_freeze and side == "gpuspawner",
               gc_threshold=args.gc_threshold if side == "gpuspawner" else None)
     names = [f"u{i:05d}" for i in range(args.servers)]
-    body = {"profile": PROFILE["slug"]} if side == "gpuspawner" else {}
+    # the same body on both sides (DockerSpawner ignores the key): JupyterHub's User.spawn
+    # stores a request's user_options with a database commit only when a body is sent
+    body = {"profile": PROFILE["slug"]}
     conn = aiohttp.TCPConnector(limit=args.concurrency + 4)
     async with aiohttp.ClientSession(connector=conn,
                                      timeout=aiohttp.ClientTimeout(total=120)) as session:
@@ -636,6 +638,16 @@ def report(results: dict[str, SideResult], args: argparse.Namespace) -> list[str
     row("spawn: wall time of all, s", f"{ours.spawn_wall:.1f}", f"{ref.spawn_wall:.1f}")
     row("spawn: p50 / p99 per server, ms", ms([t * 1000 for t in ours.spawn]),
         ms([t * 1000 for t in ref.spawn]))
+    def per_spawn(result: SideResult) -> str:
+        r = result.loop.get("spawn") or {}
+        n = max(1, len(result.spawn))
+        db = sum(v for k, v in r.get("commits", {}).items() if k.startswith("jupyterhub"))
+        spawns = sum(v for k, v in r.get("requests", {}).items()
+                     if k == "UserServerAPIHandler")
+        return f"{db / n:.2f} / {spawns / n:.2f}"
+
+    row("hub per spawn: commits to its database / spawn POSTs", per_spawn(ours),
+        per_spawn(ref))
     row("hub RSS after the spawns, MiB", f"{ours.rss_mib or 0:.0f}", f"{ref.rss_mib or 0:.0f}")
     row(f"REST p50 / p99 ms, {args.requests} GETs each:", "", "")
     row("  hub /hub/api/users?state=ready (200 per page)", ms(ours.rest["hub users page"]),

@@ -8,7 +8,10 @@ well under a microsecond). Kept since the last report: the longest callback, how
 longer than 20 ms and 100 ms, and the five longest with what they were (a task's coroutine and
 where it stopped, else the callback's name); and Python's garbage collections (``gc.callbacks``):
 how many per generation, the longest of each and the objects tracked at the report, since a
-full collection walks every object the hub holds and runs inside whatever callback set it off.
+full collection walks every object the hub holds and runs inside whatever callback set it off;
+and the work a spawn costs the hub: database commits per database file (SQLAlchemy's ``commit``
+event on every engine of the process) and requests answered per handler class (tornado's
+``Application.log_request``).
 
 A report is asked for with SIGUSR2 (JupyterHub handles SIGINT, SIGTERM and SIGUSR1): the
 handler, on the loop, writes ``loop-probe-<n>.json`` (``n`` counts the reports from 1) into the
@@ -55,6 +58,19 @@ class LoopProbe:
         self.gc_max_ms = [0.0, 0.0, 0.0]
         self.gc_total_ms = 0.0
         self._gc_start = 0.0
+        #: database commits per database file name, requests answered per handler class
+        self.commits: dict[str, int] = {}
+        self.requests: dict[str, int] = {}
+
+    def on_commit(self, conn: Any) -> None:
+        """SQLAlchemy ``commit`` event of any engine: counted per database file name."""
+        name = os.path.basename(str(conn.engine.url.database or conn.engine.url))
+        self.commits[name] = self.commits.get(name, 0) + 1
+
+    def on_request(self, handler: Any) -> None:
+        """A request answered (tornado's ``log_request``): counted per handler class."""
+        name = type(handler).__name__
+        self.requests[name] = self.requests.get(name, 0) + 1
 
     def on_gc(self, phase: str, info: dict[str, Any]) -> None:
         """``gc.callbacks`` entry: the time of each collection (inside whichever callback
@@ -98,6 +114,8 @@ class LoopProbe:
                 "objects": len(gc.get_objects()),
                 "frozen": gc.get_freeze_count(),
             },
+            "commits": dict(self.commits),
+            "requests": dict(self.requests),
         }
 
 
@@ -185,6 +203,18 @@ def install(folder: str | os.PathLike[str]) -> LoopProbe:
 
     asyncio.events.Handle._run = timed_run  # type: ignore[method-assign]
     gc.callbacks.append(probe.on_gc)
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+    from tornado.web import Application
+
+    event.listen(Engine, "commit", probe.on_commit)
+    log_request = Application.log_request
+
+    def counted_log_request(self: Application, handler: Any) -> None:
+        probe.on_request(handler)
+        log_request(self, handler)
+
+    Application.log_request = counted_log_request  # type: ignore[method-assign]
     out = Path(folder)
     count = [0]
 

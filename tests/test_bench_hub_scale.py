@@ -117,6 +117,11 @@ def test_hub_scale_tiny_run_prints_both_columns() -> None:
     # every row of a phase both sides ran has a number in both columns
     spawn = next(line for line in table if "spawn: servers/s" in line).split()
     assert float(spawn[-1]) > 0 and float(spawn[-2]) > 0
+    # the spawn's bookkeeping counted on both hubs: commits to JupyterHub's database (at least
+    # the server's record) and one spawn POST per server
+    per_spawn = next(line for line in table if "hub per spawn: commits" in line).split()
+    assert float(per_spawn[-6]) >= 1 and float(per_spawn[-3]) >= 1, per_spawn
+    assert float(per_spawn[-4]) == float(per_spawn[-1]) == 1.0, per_spawn
     culler = next(line for line in table if line.strip().startswith("idle_culler")).split()
     assert float(culler[-1]) > 0 and float(culler[-2]) > 0
     # each hub's loop probe answered: the longest callback of the spawns on both sides, the
