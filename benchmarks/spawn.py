@@ -1,8 +1,9 @@
 """Spawn time: REST request to ready server, GPUSpawner against plain DockerSpawner with the same
 image, the same network setup (a bridge network per server, reached by IP) and memory limit,
-sequential and concurrent, in the same run; plus the
-cost of placement and bookkeeping per spawn (profile check, ledger reserve, container config,
-release) measured in-process without Docker.
+sequential and concurrent, in the same run (for the concurrent spawns also the spread from the
+first to the last ready server and the CPU seconds each server's container had used when it was
+ready, from the engine's stats); plus the cost of placement and bookkeeping per spawn
+(profile check, ledger reserve, container config, release) measured in-process without Docker.
 
 Ready is the hub's own "ready" event on the spawn's progress stream (JupyterHub's
 ``GET /users/{name}/server/progress``): one open request per spawn, where polling the user
@@ -95,14 +96,39 @@ def wait_ready_event(hub: Hub, user: str, timeout: float = 180) -> None:
     raise RuntimeError(f"spawn of {user}: no ready event within {timeout:g} s")
 
 
+#: per spawned user: the CPU seconds its container had used when the hub said it was ready
+SERVER_CPU_S: dict[str, float] = {}
+#: per spawned user: time.perf_counter() at the hub's ready event
+READY_AT: dict[str, float] = {}
+
+
+def container_cpu_s(user: str) -> float | None:
+    """CPU seconds (user + system) the container of ``user``'s server has used so far, from the
+    engine's stats (``one_shot``: no second sample); None when it is not found. Both spawners
+    name it ``jupyter-<user>`` here (GPUSpawner's object name, DockerSpawner's default)."""
+    import docker
+
+    client = docker.APIClient(version="auto")
+    for c in client.containers(filters={"name": f"jupyter-{user}"}):
+        if f"/jupyter-{user}" in c.get("Names", []):
+            stats = client.stats(c["Id"], stream=False, one_shot=True)
+            return stats["cpu_stats"]["cpu_usage"]["total_usage"] / 1e9
+    return None
+
+
 def spawn_once(hub: Hub, user: str, body: dict | None) -> float:
-    """Seconds from the spawn request to the hub's ready event."""
+    """Seconds from the spawn request to the hub's ready event; the server's CPU at that
+    moment goes to :data:`SERVER_CPU_S` (read after the time is taken)."""
     t0 = time.perf_counter()
     r = hub.api("POST", f"/users/{user}/server", body, timeout=180)
     if r.status_code not in (201, 202):
         raise RuntimeError(f"spawn of {user} failed: {r.status_code} {r.text}")
     wait_ready_event(hub, user, timeout=180)
-    return time.perf_counter() - t0
+    ready = READY_AT[user] = time.perf_counter()
+    cpu = container_cpu_s(user)
+    if cpu is not None:
+        SERVER_CPU_S[user] = cpu
+    return ready - t0
 
 
 def hub_cpu_s(hub: Hub) -> float:
@@ -153,6 +179,12 @@ def measure(hub: Hub, tag: str, body: dict | None, sequential: int,
         t.join(200)
     print(f"  {tag} concurrent: load average {load0:.1f} -> {os.getloadavg()[0]:.1f}, "
           f"hub CPU {hub_cpu_s(hub) - cpu0:.1f} s (spawns)")
+    ready = [READY_AT[u] for u in users if u in times]
+    cpus = [SERVER_CPU_S[u] for u in users if u in SERVER_CPU_S and u in times]
+    if ready and cpus:
+        print(f"  {tag} concurrent: first to last ready {max(ready) - min(ready):.2f} s; "
+              f"servers' CPU at ready: median {statistics.median(cpus):.2f} s, "
+              f"min {min(cpus):.2f}, max {max(cpus):.2f}")
     out["concurrent"] = [times[u] for u in users if u in times]
     for u, e in errors.items():
         print(f"  {tag}: concurrent spawn of {u} failed: {e}", file=sys.stderr)
