@@ -19,7 +19,7 @@ from traitlets import TraitError
 
 from gpuspawner.hub.config_check import check_spawner_settings
 from gpuspawner.hub.settings import SpawnerSettings
-from gpuspawner.hub.start_slots import StartSlots, node_limit, start_slot_settings
+from gpuspawner.hub.start_slots import StartSlots, check_start_slot_settings, node_limit
 from gpuspawner.hub.trait_check import HubConfigError
 from gpuspawner.testing.fake_backend import FakeBackend
 from gpuspawner.testing.inprocess import wait_for
@@ -213,7 +213,7 @@ def test_node_limit():
 def test_wrong_settings_are_refused_naming_the_trait(values: dict[str, Any], field: str,
                                                      tmp_path):
     with pytest.raises(ValueError, match=f"^{field}: "):
-        start_slot_settings(values)
+        check_start_slot_settings(values)
     # at hub start, whichever file set it (the raw value, before any spawner exists)
     with pytest.raises(HubConfigError, match=f"GPUSpawner.{field}: "):
         check_spawner_settings({"nodes": [{"name": "n1"}], "state_dir": str(tmp_path),

@@ -52,7 +52,7 @@ from .settings import (
     resolve_aliases,
 )
 from .spawn_queue import QueueFileError
-from .start_slots import START_SLOT_TRAITS, start_slot_settings
+from .start_slots import START_SLOT_TRAITS, check_start_slot_settings
 from .state import prepare_state_dir, resolve_state_dir
 from .trait_check import HubConfigError, check_trait, named, shared_value
 from .volumes import VolumeConfigError, check_volume_settings
@@ -103,7 +103,7 @@ def check_spawner_settings(settings: Mapping[str, Any], config: Any = None) -> C
         health = health_settings({n: settings[n] for n in HEALTH_TRAITS if n in settings},
                                  db_url)
         queue = queue_settings({n: settings[n] for n in QUEUE_TRAITS if n in settings}, db_url)
-        start_slot_settings({n: settings[n] for n in START_SLOT_TRAITS if n in settings})
+        check_start_slot_settings({n: settings[n] for n in START_SLOT_TRAITS if n in settings})
     except ValueError as e:
         raise HubConfigError(f"GPUSpawner.{e}") from None
     try:

@@ -35,7 +35,7 @@ from .drains import DRAINS_FILE_NAME
 from .identity import home_path, ids_from_auth_state
 from .profiles import PROFILES_HELP, ProfileConfigError, resolve_profile_list
 from .spawn_queue import QUEUE_FILE_NAME, QueueSettings
-from .start_slots import START_SLOT_TRAITS, start_slot_settings
+from .start_slots import START_SLOT_TRAITS, check_start_slot_settings
 from .state import state_file
 from .trait_check import HubConfigError, SharedList, check_trait
 from .user_options import check_user_options
@@ -273,7 +273,7 @@ class SpawnerSettings(HasTraits):
     @validate(*START_SLOT_TRAITS)
     def _validate_start_slots(self, proposal: Any) -> Any:
         try:
-            start_slot_settings({proposal.trait.name: proposal.value})
+            check_start_slot_settings({proposal.trait.name: proposal.value})
         except ValueError as e:
             raise TraitError(f"GPUSpawner.{e}") from None
         return proposal.value

@@ -31,46 +31,34 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["START_SLOT_TRAITS", "StartSlotSettings", "StartSlots", "node_limit",
-           "start_slot_settings"]
+__all__ = ["START_SLOT_TRAITS", "StartSlots", "check_start_slot_settings", "node_limit"]
 
 log = logging.getLogger("gpuspawner")
 
-#: the ``c.GPUSpawner`` traits read by :func:`start_slot_settings`
+#: the ``c.GPUSpawner`` traits checked by :func:`check_start_slot_settings` (their defaults are
+#: the traits': -1 and 30 s)
 START_SLOT_TRAITS = ("node_concurrent_starts", "node_start_slot_timeout")
 
 
-@dataclass(frozen=True)
-class StartSlotSettings:
-    """The start-slot settings, checked.
-
-    Attributes:
-        concurrent_starts: servers that may start at once on one node; -1: the node's logical
-            CPUs (at least 1); 0: no limit.
-        hold_s: seconds a start holds its slot at most, > 0.
-    """
-
-    concurrent_starts: int = -1
-    hold_s: float = 30.0
-
-
-def start_slot_settings(values: Mapping[str, Any]) -> StartSlotSettings:
-    """The settings from ``{trait name: value}`` (a missing trait keeps its default).
+def check_start_slot_settings(values: Mapping[str, Any]) -> None:
+    """Check the start-slot settings in ``{trait name: value}`` (a missing trait is not
+    checked: it keeps the trait's default). ``node_concurrent_starts``: an integer >= -1 (-1:
+    the node's logical CPUs, 0: no limit); ``node_start_slot_timeout``: seconds, finite, > 0.
 
     Raises:
         ValueError: ``"<trait>: <why>"`` for the first wrong value (the caller prefixes the
             class, ``GPUSpawner.``).
     """
-    default = StartSlotSettings()
-    starts = values.get("node_concurrent_starts", default.concurrent_starts)
-    if isinstance(starts, bool) or not isinstance(starts, int) or starts < -1:
-        raise ValueError(f"node_concurrent_starts: {starts!r} is not an integer >= -1 "
-                         "(-1: the node's logical CPUs, 0: no limit, n: at most n at once)")
-    hold = values.get("node_start_slot_timeout", default.hold_s)
-    if isinstance(hold, bool) or not isinstance(hold, int | float) or not hold > 0 \
-            or hold == float("inf"):
-        raise ValueError(f"node_start_slot_timeout: {hold!r} is not a number of seconds > 0")
-    return StartSlotSettings(starts, float(hold))
+    if "node_concurrent_starts" in values:
+        starts = values["node_concurrent_starts"]
+        if isinstance(starts, bool) or not isinstance(starts, int) or starts < -1:
+            raise ValueError(f"node_concurrent_starts: {starts!r} is not an integer >= -1 "
+                             "(-1: the node's logical CPUs, 0: no limit, n: at most n at once)")
+    if "node_start_slot_timeout" in values:
+        hold = values["node_start_slot_timeout"]
+        if isinstance(hold, bool) or not isinstance(hold, int | float) or not hold > 0 \
+                or hold == float("inf"):
+            raise ValueError(f"node_start_slot_timeout: {hold!r} is not a number of seconds > 0")
 
 
 def node_limit(concurrent_starts: int, cpu_count: int) -> int:
