@@ -8,7 +8,9 @@
 // with sample data (page.route) so the charts, the process table and the cull warning show on
 // a machine without a GPU. Prints one JSON line: {status, statusLevel, panelState, panelText}.
 // Env: CHROMIUM (default /usr/bin/chromium), UI_TIMEOUT_MS (default 60000), HUB_LOGIN_USER and
-// HUB_LOGIN_PASSWORD (log in through JupyterHub's login form before opening URL).
+// HUB_LOGIN_PASSWORD (log in through JupyterHub's login form before opening URL), UI_SETTLE_MS
+// (default 0: when the panel first shows "unavailable", wait up to this long for a later poll
+// to show data or another state; the first error is reported as firstError either way).
 import { chromium } from 'playwright-core';
 
 const [url, out, ...flags] = process.argv.slice(2);
@@ -186,6 +188,29 @@ try {
     null,
     { timeout }
   );
+  const panelError = () =>
+    page.evaluate(() => {
+      const s = document.querySelector(
+        '#gpuspawner-gpu-panel .jp-gpuspawner-state[data-state="unreachable"]'
+      );
+      return s ? s.textContent : null;
+    });
+  const firstError = await panelError();
+  const settle = Number(process.env.UI_SETTLE_MS || 0);
+  if (firstError !== null && settle > 0) {
+    // a poll that failed once (the hub or the proxy slow under load) is retried by the
+    // extension every 2 s while the panel is open: wait for one that answers
+    await page
+      .waitForFunction(
+        () =>
+          !document.querySelector(
+            '#gpuspawner-gpu-panel .jp-gpuspawner-state[data-state="unreachable"]'
+          ),
+        null,
+        { timeout: settle }
+      )
+      .catch(() => undefined);
+  }
   if (sample) {
     // two more polls (2 s each while the panel is visible) so the charts have moved
     await page.waitForFunction(
@@ -224,6 +249,7 @@ try {
     await panel.waitFor({ state: 'hidden', timeout });
     await page.waitForTimeout(11000);
   }
+  result.firstError = firstError;
   result.closedAt = closedAt === null ? null : closedAt - openedAt;
   result.pageErrors = consoleErrors;
   // metrics requests in ms relative to the click that opened the panel (sample mode)
