@@ -201,7 +201,8 @@ class Culler:
 
         # GPU utilisation over the window
         due_gpu: float | None = None
-        uuids = gpu_uuids(server)
+        state = ServerState.from_state(server.get("state"))
+        uuids = state.gpu_uuids
         self.seen_gpus.update(uuids)
         if uuids:
             fig["gpus"] = uuids
@@ -226,7 +227,7 @@ class Culler:
             if key in self._gpu_active:
                 last = max(last, self._gpu_active[key])
         fig["inactive_s"] = round(now - last, 1)
-        pressure = self.pressure_on(uuids, ServerState.from_state(server.get("state")).node) if (
+        pressure = self.pressure_on(uuids, state.node) if (
             pol.pressure_idle_timeout > 0 and pol.idle_timeout > pol.pressure_idle_timeout
         ) else None
         if pressure is not None:

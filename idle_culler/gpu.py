@@ -22,9 +22,13 @@ import asyncio
 import logging
 import threading
 import time
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import chain
+from math import fsum
+from operator import itemgetter
 from typing import Any
 
 log = logging.getLogger("idle_culler.gpu")
@@ -45,6 +49,68 @@ class GPUWindow:
     busy_at: float | None
 
 
+class _Index:
+    """One GPU's samples in time order, kept beside its ring: ``times`` (epoch s) and
+    ``values`` (percent) from position ``head`` on, and per threshold the positions of the
+    samples at or above it (made when first asked, in order). Made by the first
+    :meth:`GPUHistory.mean` that asks for the GPU (a stable sort of the ring: equal times keep
+    their order of arrival) and then kept up to date by :meth:`GPUHistory.add` while samples
+    arrive in time order: a sample is appended and one that leaves the ring moves ``head``
+    on, so a culler pass neither sorts nor copies a GPU's history. A sample older than the
+    newest drops the index (made again when next asked), and so does every add while such a
+    late sample is still in the ring (the ring's oldest is then not the index's oldest)."""
+
+    __slots__ = ("times", "values", "head", "busy", "follows")
+
+    def __init__(self, samples: Iterable[tuple[float, float]]) -> None:
+        ring = list(samples)
+        pairs = sorted(ring, key=itemgetter(0))
+        #: the ring is in time order, so the sample that leaves it is the oldest here: only
+        #: then can :meth:`GPUHistory.add` keep this index (else it is made again when asked)
+        self.follows = pairs == ring
+        self.times = [t for t, _ in pairs]
+        self.values = [v for _, v in pairs]
+        self.head = 0
+        #: threshold -> [positions in ``times`` of the samples at or above it, first kept]
+        self.busy: dict[float, list[Any]] = {}
+
+    def append(self, t: float, v: float) -> None:
+        """A sample no older than the newest (the caller checks)."""
+        self.times.append(t)
+        self.values.append(v)
+        pos = len(self.times) - 1
+        for threshold, (positions, _) in self.busy.items():
+            if v >= threshold:
+                positions.append(pos)
+
+    def drop(self, k: int) -> None:
+        """The ``k`` oldest samples left the ring; the lists are cut once half is dropped."""
+        if k <= 0:
+            return
+        self.head += k
+        for entry in self.busy.values():
+            entry[1] = bisect_left(entry[0], self.head, entry[1])
+        if self.head > 64 and self.head * 2 > len(self.times):
+            h = self.head
+            del self.times[:h], self.values[:h]
+            for entry in self.busy.values():
+                entry[0] = [p - h for p in entry[0][entry[1]:]]
+                entry[1] = 0
+            self.head = 0
+
+    def busy_positions(self, threshold: float) -> list[Any]:
+        """``[positions, first]``: the positions (in ``times``) of the samples whose percent is
+        at least ``threshold``, in order; those before ``first`` have left the ring."""
+        entry = self.busy.get(threshold)
+        if entry is None:
+            if len(self.busy) >= 8:  # thresholds come from the policies: a handful
+                self.busy.clear()
+            values = self.values
+            entry = self.busy[threshold] = [
+                [i for i in range(self.head, len(values)) if values[i] >= threshold], 0]
+        return entry
+
+
 class GPUHistory:
     """Thread-safe per-UUID ring of ``(epoch seconds, utilisation percent)``, at most
     ``max_age`` seconds (and ``max_samples`` entries) kept per GPU."""
@@ -55,18 +121,30 @@ class GPUHistory:
         self._lock = threading.Lock()
         self._samples: dict[str, deque[tuple[float, float]]] = {}
         self._first_seen: dict[str, float] = {}
+        #: per GPU, its samples in time order (dropped by the next add for that GPU)
+        self._index: dict[str, _Index] = {}
 
     def add(self, uuid: str, percent: float, t: float | None = None) -> None:
         t = time.time() if t is None else t
+        v = float(percent)
         with self._lock:
             q = self._samples.get(uuid)
             if q is None:
                 q = self._samples[uuid] = deque(maxlen=self.max_samples)
                 self._first_seen[uuid] = t
-            q.append((t, float(percent)))
+            dropped = 1 if len(q) == q.maxlen else 0  # append drops the oldest of a full ring
+            q.append((t, v))
             while q and q[0][0] < t - self.max_age:
                 q.popleft()
+                dropped += 1
                 self._first_seen[uuid] = q[0][0] if q else t
+            idx = self._index.get(uuid)
+            if idx is not None:
+                if not idx.follows or (len(idx.times) > idx.head and t < idx.times[-1]):
+                    del self._index[uuid]  # out of time order: sorted again when next asked
+                else:
+                    idx.append(t, v)
+                    idx.drop(dropped)
 
     def uuids(self) -> list[str]:
         with self._lock:
@@ -81,11 +159,16 @@ class GPUHistory:
         time in ``[since, now]`` whose percent is at least ``threshold`` (None without
         ``threshold``).
 
-        One pass over each GPU's samples with the bounds worked out before it: a sample
-        counts in the window when ``start <= t <= now`` (``start`` the later of ``now -
-        window`` and ``since``); the samples need not be in time order."""
+        A sample counts in the window when ``start <= t <= now`` (``start`` the later of
+        ``now - window`` and ``since``); the samples need not arrive in time order. Each GPU's
+        samples are sorted once after they change (:class:`_Index`), so a call costs two
+        binary searches and the (correctly rounded) sum of the window's values, and
+        ``busy_at`` one more search in the times at or above ``threshold``: O(log n + window)
+        instead of a pass over every kept sample (up to ``max_samples``, 6 h of them by
+        default) for each server of a culler pass."""
         now = time.time() if now is None else now
-        total, n, covered, busy_at = 0.0, 0, True, None
+        parts: list[list[float]] = []
+        n, covered, busy_at = 0, True, None
         uuids = list(uuids)
         lo = now - window
         if since is not None and since > lo:
@@ -103,20 +186,25 @@ class GPUHistory:
                     continue
                 if self._first_seen.get(u, now) > lo:
                     covered = False
+                idx = self._index.get(u)
+                if idx is None:
+                    idx = self._index[u] = _Index(q)
+                times, h = idx.times, idx.head
+                a, b = bisect_left(times, start, h), bisect_right(times, now, h)
+                if b > a:
+                    parts.append(idx.values[a:b])
+                    n += b - a
                 if threshold is None:
-                    for t, v in q:
-                        if start <= t <= now:
-                            total += v
-                            n += 1
                     continue
-                for t, v in q:
-                    if t <= now:
-                        if t >= start:
-                            total += v
-                            n += 1
-                        if v >= threshold and t >= floor and (busy_at is None or t > busy_at):
-                            busy_at = t
-        return GPUWindow(total / n if n else None, n, covered and n > 0 and bool(uuids), busy_at)
+                positions, first = idx.busy_positions(threshold)
+                j = bisect_left(positions, b, first) - 1  # the last busy sample at or before now
+                if j >= first:
+                    tb = times[positions[j]]
+                    if tb >= floor and (busy_at is None or tb > busy_at):
+                        busy_at = tb
+        # correctly rounded (math.fsum): the mean does not depend on the samples' arrival order
+        mean = fsum(chain.from_iterable(parts)) / n if n else None
+        return GPUWindow(mean, n, covered and n > 0 and bool(uuids), busy_at)
 
 
 class NVMLSampler:

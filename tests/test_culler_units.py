@@ -261,24 +261,30 @@ def _plain_window(samples: dict[str, list[tuple[float, float]]], uuids: list[str
                   since: float | None) -> tuple[float | None, int, float | None]:
     """The window's mean, count and latest busy time counted plainly from the rules: a sample
     is the server's when ``since`` is None or ``t >= since``; it is in the window when
-    ``now - window <= t <= now``; busy when ``t <= now`` and ``percent >= threshold``."""
-    total, n, busy = 0.0, 0, None
+    ``now - window <= t <= now``; busy when ``t <= now`` and ``percent >= threshold``. The
+    sum is correctly rounded (``math.fsum``), so the mean does not depend on the order the
+    samples arrived in."""
+    import math
+
+    values: list[float] = []
+    n, busy = 0, None
     for u in uuids:
         for t, v in samples.get(u, []):
             if since is not None and t < since:
                 continue
             if now - window <= t and t <= now:
-                total += v
+                values.append(v)
                 n += 1
             if threshold is not None and v >= threshold and t <= now:
                 if busy is None or t > busy:
                     busy = t
-    return (total / n if n else None), n, busy
+    return (math.fsum(values) / n if n else None), n, busy
 
 
 def test_history_mean_equals_a_plain_count_on_random_histories() -> None:
-    """GPUHistory.mean (one pass, bounds worked out before it) gives exactly what the plain
-    rules give on random histories: samples out of time order, equal times, percents on the
+    """GPUHistory.mean (samples sorted once per change, binary searches per call) gives exactly
+    what the plain rules give on random histories, also when samples are added between
+    calls: samples out of time order, equal times, percents on the
     threshold, samples after ``now``, ``since`` inside and outside the window, no threshold,
     GPUs without samples."""
     import random
@@ -309,6 +315,48 @@ def test_history_mean_equals_a_plain_count_on_random_histories() -> None:
         w = h.mean(asked, window, now, threshold, since)
         mean, n, busy = _plain_window(kept, asked, window, now, threshold, since)
         assert (w.mean, w.samples, w.busy_at) == (mean, n, busy), case
+        # a sample added after a call (the sampler thread between two servers of a pass) is
+        # in the next call: nothing is answered from samples sorted before it came
+        t = rnd.choice((now, now - window / 2, t0))
+        v = rnd.choice((0.0, 100.0, rnd.uniform(0, 100)))
+        h.add(gpus[0], v, t)
+        kept.setdefault(gpus[0], []).append((t, v))
+        w = h.mean(asked, window, now, threshold, since)
+        assert (w.mean, w.samples, w.busy_at) == _plain_window(
+            kept, asked, window, now, threshold, since), ("after an add", case)
+
+
+def test_history_mean_follows_the_ring_as_samples_arrive_and_leave() -> None:
+    """The sorted index that GPUHistory keeps beside each GPU's ring follows the ring through
+    a sampler's life: samples in time order appended between calls, old ones leaving by age
+    (``max_age``) and by count (``max_samples``), now and then one out of order (the index is
+    made again). After every add, a call gives what the plain rules give over the samples the
+    ring holds."""
+    import random
+
+    rnd = random.Random(20261129)
+    for case in range(40):
+        h = GPUHistory(max_age=rnd.choice((30.0, 300.0, 1e9)),
+                       max_samples=rnd.choice((7, 50, 20000)))
+        gpus = ["GPU-a", "GPU-b"]
+        t = 1_790_000_000.0
+        for step in range(400):
+            u = rnd.choice(gpus)
+            t += rnd.choice((0.0, 1.0, 5.0, rnd.uniform(0, 20)))
+            late = rnd.random() < 0.03  # a scrape that answers late
+            h.add(u, rnd.choice((0.0, 5.0, 100.0, rnd.uniform(0, 100))),
+                  t - rnd.uniform(1, 100) if late else t)
+            if step % 3:
+                continue
+            window = rnd.choice((10.0, 60.0, 600.0))
+            threshold = rnd.choice((None, 5.0, 50.0))
+            since = rnd.choice((None, t - 200, t - 20))
+            now = t + rnd.choice((0.0, -3.0, 1.0))
+            asked = rnd.choice((gpus, gpus[:1], ["GPU-b", "GPU-none"]))
+            w = h.mean(asked, window, now, threshold, since)
+            ring = {g: list(h._samples.get(g, ())) for g in gpus}
+            assert (w.mean, w.samples, w.busy_at) == _plain_window(
+                ring, asked, window, now, threshold, since), (case, step)
 
 
 class _Exporter(web.RequestHandler):
