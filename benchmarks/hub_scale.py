@@ -44,6 +44,10 @@ Phases, per side:
    On the dockerspawner side servers carry no GPU allocation, so the GPU signal has nothing to
    read there.
 
+gpuspawner's hub runs with the collector thresholds ``wire_hub`` sets
+(``gpuspawner.hub.collector.HUB_GC_THRESHOLD``), DockerSpawner's with Python's; ``--gc-python``
+gives gpuspawner's hub Python's too (the hub before that module), ``--gc-threshold`` others.
+
 Usage: ``.venv/bin/python benchmarks/hub_scale.py [--servers 1000] [--concurrency 10]
 [--requests 100] [--culler-repeat 3] [--time-limit 900]``. Needs configurable-http-proxy
 (``make chp``). Bounded: N servers per side, every wait under the one ``--time-limit``
@@ -55,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import math
@@ -80,6 +85,7 @@ import jupyterhub
 import yaml
 from jupyterhub_idle_culler import cull_idle
 
+from gpuspawner.hub.collector import HUB_GC_THRESHOLD
 from idle_culler.core import Culler
 from idle_culler.gpu import GPUHistory
 from idle_culler.hub import HubClient
@@ -322,14 +328,18 @@ class Hub:
         return text
 
     def gc_lines(self) -> str:
-        """The config lines of ``--gc-freeze`` / ``--gc-threshold`` (none without them)."""
-        if not self.gc_freeze and self.gc_threshold is None:
+        """The config lines of the collector's settings: the thresholds through
+        ``gpuspawner.hub.collector.set_hub_gc_threshold`` as ``wire_hub`` sets them (this
+        benchmark's hub has no services, so it does not call ``wire_hub``), or
+        ``--gc-freeze``'s lines; none for Python's defaults."""
+        if self.gc_freeze:
+            return ("from jupyterhub.app import JupyterHub as _JupyterHub\n"
+                    "from benchmarks.loop_probe import freeze_after_start as _freeze\n"
+                    f"_freeze(_JupyterHub.instance(), {self.gc_threshold!r})\n")
+        if self.gc_threshold is None:
             return ""
-        return ("from jupyterhub.app import JupyterHub as _JupyterHub\n"
-                "from benchmarks.loop_probe import freeze_after_start as _freeze\n"
-                f"_freeze(_JupyterHub.instance(), {self.gc_threshold!r})\n"
-                if self.gc_freeze else
-                f"import gc as _gc\n_gc.set_threshold(*{self.gc_threshold!r})\n")
+        return ("from gpuspawner.hub.collector import set_hub_gc_threshold as _gc_threshold\n"
+                f"_gc_threshold({self.gc_threshold!r})\n")
 
     async def start(self, session: aiohttp.ClientSession, clock: Clock) -> None:
         """Start the hub and wait until its API answers through the proxy. Raises
@@ -567,7 +577,7 @@ async def run_side(side: str, folder: Path, responder_port: int, args: argparse.
     folder.mkdir()
     hub = Hub(side, folder, args.servers, responder_port,
               gc_freeze=args.gc_freeze and side == "gpuspawner",
-              gc_threshold=args.gc_threshold if side == "gpuspawner" else None)
+              gc_threshold=gc_threshold_of(args) if side == "gpuspawner" else None)
     names = [f"u{i:05d}" for i in range(args.servers)]
     # the same body on both sides (DockerSpawner ignores the key): JupyterHub's User.spawn
     # stores a request's user_options with a database commit only when a body is sent
@@ -734,12 +744,22 @@ async def run(args: argparse.Namespace) -> int:
           f"JupyterHub {jupyterhub.__version__}, Python {platform.python_version()}, "
           f"{os.cpu_count()} CPUs, load average {load_before:.1f} before / "
           f"{os.getloadavg()[0]:.1f} after")
-    if args.gc_freeze or args.gc_threshold:
-        print(f"gpuspawner's hub: gc.freeze() after start {'on' if args.gc_freeze else 'off'}, "
-              f"gc thresholds {args.gc_threshold or 'default'}")
+    ours = gc_threshold_of(args)
+    print(f"collector thresholds: gpuspawner's hub {ours or 'Python defaults'}"
+          f"{' (as wire_hub sets them)' if ours == HUB_GC_THRESHOLD else ''}"
+          f"{', gc.freeze() after start' if args.gc_freeze else ''}; "
+          f"dockerspawner's hub Python defaults {gc.get_threshold()}")
     for line in report(results, args):
         print(line)
     return 0
+
+
+def gc_threshold_of(args: argparse.Namespace) -> tuple[int, int, int] | None:
+    """gpuspawner's hub's collector thresholds: ``--gc-threshold``, else None with
+    ``--gc-python``, else what ``wire_hub`` sets (:data:`HUB_GC_THRESHOLD`)."""
+    if args.gc_threshold is not None:
+        return args.gc_threshold
+    return None if args.gc_python else HUB_GC_THRESHOLD
 
 
 def threshold_arg(text: str) -> tuple[int, int, int]:
@@ -766,7 +786,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gc-freeze", action="store_true",
                     help="gpuspawner's hub: gc.collect() and gc.freeze() once it has started")
     ap.add_argument("--gc-threshold", type=threshold_arg, default=None, metavar="G0,G1,G2",
-                    help="gpuspawner's hub: gc.set_threshold(G0, G1, G2) (after the freeze)")
+                    help="gpuspawner's hub: gc.set_threshold(G0, G1, G2) instead of what "
+                    "wire_hub sets (after the freeze with --gc-freeze)")
+    ap.add_argument("--gc-python", action="store_true",
+                    help="gpuspawner's hub: Python's collector thresholds, as DockerSpawner's "
+                    "hub (the hub before gpuspawner.hub.collector)")
     ap.add_argument("--log-dir", type=Path, default=None,
                     help="copy each side's hub log here (the temporary folder goes)")
     args = ap.parse_args(argv)

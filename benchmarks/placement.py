@@ -32,12 +32,18 @@ machines compare one core with one core; the output says whether it did. Beside 
 percentiles, ``p99 cpu us`` is the p99 of each decision's CPU time (``time.thread_time_ns``):
 on a shared machine other processes' time shows in the wall clock's tail but not there.
 
-Run: ``.venv/bin/python benchmarks/placement.py [--data DIR] [--json]``.
+The collector runs with the thresholds the hub process has (``--gc hub``, the default:
+:data:`gpuspawner.hub.collector.HUB_GC_THRESHOLD`, which ``wire_hub`` sets, as the ledger
+decides spawns in the hub's process); ``--gc python`` keeps Python's (700, 10, 10), as a
+process of its own that does not set them, e.g. ``gpuspawner simulate``.
+
+Run: ``.venv/bin/python benchmarks/placement.py [--data DIR] [--gc hub|python] [--json]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -47,6 +53,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuspawner.hub.collector import HUB_GC_THRESHOLD
 from gpuspawner.placement import DEFAULT_POLICY, POLICIES
 from gpuspawner.placement.model import Node
 from gpuspawner.simulate import load_nodes, load_pods, replicate_nodes, simulate_fill
@@ -145,10 +152,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--explain-refusals", action="store_true",
                         help="reserve(..., explain=True) as the spawner calls it: each refusal "
                              "also builds its sentence (an O(nodes) pass)")
+    parser.add_argument("--gc", choices=("hub", "python"), default="hub",
+                        help="collector thresholds: the hub process's (default, "
+                             f"{HUB_GC_THRESHOLD}) or Python's (700, 10, 10)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
     pinned = pin_to_one_core()
+    gc.set_threshold(*(HUB_GC_THRESHOLD if args.gc == "hub" else (700, 10, 10)))
     node_file = args.data / "openb_node_list_all_node.csv"
     pod_file = args.data / "openb_pod_list_default.csv"
     if not node_file.is_file() or not pod_file.is_file():
@@ -184,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
               "processor": platform.processor() or platform.machine(), "affinity": pinned,
               "max_decisions": args.max_decisions, "time_limit_s": args.time_limit,
               "numa_policy": args.numa_policy, "seed": args.seed,
-              "explain_refusals": args.explain_refusals,
+              "explain_refusals": args.explain_refusals, "gc_threshold": gc.get_threshold(),
               "time": time.strftime("%Y-%m-%d %H:%M:%S %z")}
     if args.json:
         print(json.dumps({"setup": header, "results": results,
@@ -192,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"# {pinned}; Python {header['python']} on {header['machine']}; fill mode, "
           f"numa_policy={args.numa_policy}, seed={args.seed}, "
-          f"explain_refusals={args.explain_refusals}, cap {args.max_decisions} "
+          f"explain_refusals={args.explain_refusals}, gc thresholds "
+          f"{header['gc_threshold']} ({args.gc}), cap {args.max_decisions} "
           f"decisions / {args.time_limit:g} s per run")
     cols = ["nodes", "policy", "decisions", "decisions/s", "p50 us", "p99 us", "p99 cpu us",
             "placed", "rejected", "GPU alloc", "setup s", "wall s", "stop"]

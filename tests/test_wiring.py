@@ -6,14 +6,25 @@ hub_config/jupyterhub_config.py; here the configuration is loaded without an eve
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
+import pytest
 from jupyterhub.app import JupyterHub
 from traitlets.config import Config
 from traitlets.config.loader import LazyConfigValue
 
+from gpuspawner.hub.collector import HUB_GC_THRESHOLD, check_gc_threshold
 from gpuspawner.hub.wiring import HUB_TEMPLATES, culler_docker_urls, wire_hub
 from gpuspawner.usage.home import HomeFigures
+
+
+@pytest.fixture(autouse=True)
+def _keep_gc_threshold():
+    """wire_hub sets this process's collector thresholds, as in the hub: put them back."""
+    before = gc.get_threshold()
+    yield
+    gc.set_threshold(*before)
 
 
 def _list(value, initial=None):
@@ -93,3 +104,32 @@ def test_without_the_culler_and_on_slurm(tmp_path: Path) -> None:
     assert not any(s.get("name") == "idle-culler" for s in _list(c.JupyterHub.services))
     # JupyterHub's default scopes, nothing more
     assert c.Spawner.server_token_scopes == ["users:activity!user", "access:servers!server"]
+
+
+def test_the_hub_process_gets_the_collectors_thresholds(tmp_path: Path) -> None:
+    """The hub process collects generation 0 every 10,000 allocations instead of 700 (a
+    1,000-server hub made no full collection after its start instead of six,
+    docs/benchmarks.md); ``gc_threshold=None`` keeps Python's; a bad value stops the
+    configuration with the argument named, before anything is set."""
+    gc.set_threshold(700, 10, 10)
+    wire_hub(Config(), listen_ip="127.0.0.1", state_dir=tmp_path, culler=False)
+    assert gc.get_threshold() == HUB_GC_THRESHOLD == (10_000, 10, 10)
+    gc.set_threshold(700, 10, 10)
+    wire_hub(Config(), listen_ip="127.0.0.1", state_dir=tmp_path, culler=False,
+             gc_threshold=None)
+    assert gc.get_threshold() == (700, 10, 10)
+    wire_hub(Config(), listen_ip="127.0.0.1", state_dir=tmp_path, culler=False,
+             gc_threshold=[5000, 20, 10])
+    assert gc.get_threshold() == (5000, 20, 10)
+    gc.set_threshold(700, 10, 10)
+    c = Config()
+    for bad, says in (((0, 10, 10), "item 0 (0)"), ((10_000, 10), "not three integers"),
+                      ("10000,10,10", "not three integers"), ((10_000, True, 10), "item 1"),
+                      ((10_000, 10, 2.5), "item 2 (2.5)")):
+        with pytest.raises(ValueError, match=r"wire_hub\(gc_threshold=\.\.\.\)") as e:
+            wire_hub(c, listen_ip="127.0.0.1", state_dir=tmp_path, culler=False,
+                     gc_threshold=bad)
+        assert says in str(e.value), (bad, str(e.value))
+        assert gc.get_threshold() == (700, 10, 10)
+    assert "services" not in c.JupyterHub  # refused before anything was set
+    assert check_gc_threshold((1, 1, 1)) == (1, 1, 1)

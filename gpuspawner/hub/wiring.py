@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuspawner.hub.collector import HUB_GC_THRESHOLD, check_gc_threshold, set_hub_gc_threshold
 from gpuspawner.hub.service import configure_service
 from gpuspawner.hub.service_base import hub_cluster
 from gpuspawner.usage.home import HomeFigures
@@ -97,7 +98,8 @@ def wire_hub(c: Any, *, listen_ip: str, state_dir: str | Path,
              culler_timeout: int = 3600,
              culler_concurrency: int = 10,
              nvml: bool = False,
-             dcgm_urls: Sequence[str] = ()) -> Wiring:
+             dcgm_urls: Sequence[str] = (),
+             gc_threshold: Sequence[int] | None = HUB_GC_THRESHOLD) -> Wiring:
     """Wire the gpuspawner service, the notebook-jobs listener and the idle culler into the hub
     configuration ``c`` (call it once, after ``c.GPUSpawner.nodes`` and ``backend`` are set:
     the culler's network signal is read from them).
@@ -127,9 +129,16 @@ def wire_hub(c: Any, *, listen_ip: str, state_dir: str | Path,
             hub machine that is also the GPU node).
         dcgm_urls: dcgm-exporter ``/metrics`` URLs of the GPU nodes (``--dcgm-url``), the GPU
             signal for nodes other than the hub's.
+        gc_threshold: this hub process's garbage-collector thresholds (``gc.set_threshold``;
+            :mod:`gpuspawner.hub.collector`: generation 0 at 10,000 allocations instead of 700,
+            so a 1,000-server hub's request handlers no longer set off full collections that
+            hold the event loop for half a second); None keeps Python's.
 
     Returns:
         :class:`Wiring`: the service and the URLs it set.
+
+    Raises:
+        ValueError: ``gc_threshold`` is not three integers >= 1 (nothing is set then).
 
     Sets (appending to lists and updating dicts already set): ``c.JupyterHub.services``,
     ``load_roles``, ``extra_user_scopes``, ``custom_scopes`` (through
@@ -141,6 +150,8 @@ def wire_hub(c: Any, *, listen_ip: str, state_dir: str | Path,
     """
     connect_ip = connect_ip or listen_ip
     state_dir = Path(state_dir)
+    if gc_threshold is not None:
+        check_gc_threshold(gc_threshold, "wire_hub(gc_threshold=...)")
     service = configure_service(c, port=service_port)
     # the user's own GPU-hours this month and budgets on the hub's home page: after the
     # site's own template folders (a site's home.html wins), before JupyterHub's own
@@ -201,4 +212,8 @@ def wire_hub(c: Any, *, listen_ip: str, state_dir: str | Path,
                  "notebook jobs stays off (docs/jobs.md)")
     c.Spawner.server_token_scopes = list(dict.fromkeys(scopes))
     c.GPUSpawner.environment.update(environment)
+    if gc_threshold is not None:
+        before, after = set_hub_gc_threshold(gc_threshold)
+        log.info("garbage collector thresholds %s (were %s): gpuspawner.hub.collector",
+                 after, before)
     return Wiring(service=service, culler_url=culler_url, service_url_for_servers=service_url)
