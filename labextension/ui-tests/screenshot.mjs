@@ -188,27 +188,17 @@ try {
     null,
     { timeout }
   );
-  const panelError = () =>
-    page.evaluate(() => {
-      const s = document.querySelector(
-        '#gpuspawner-gpu-panel .jp-gpuspawner-state[data-state="unreachable"]'
-      );
-      return s ? s.textContent : null;
-    });
-  const firstError = await panelError();
+  const unreachable = '#gpuspawner-gpu-panel .jp-gpuspawner-state[data-state="unreachable"]';
+  const firstError = await page.evaluate(
+    sel => document.querySelector(sel)?.textContent ?? null,
+    unreachable
+  );
   const settle = Number(process.env.UI_SETTLE_MS || 0);
   if (firstError !== null && settle > 0) {
     // a poll that failed once (the hub or the proxy slow under load) is retried by the
     // extension every 2 s while the panel is open: wait for one that answers
     await page
-      .waitForFunction(
-        () =>
-          !document.querySelector(
-            '#gpuspawner-gpu-panel .jp-gpuspawner-state[data-state="unreachable"]'
-          ),
-        null,
-        { timeout: settle }
-      )
+      .waitForFunction(sel => !document.querySelector(sel), unreachable, { timeout: settle })
       .catch(() => undefined);
   }
   if (sample) {
