@@ -85,7 +85,7 @@ import jupyterhub
 import yaml
 from jupyterhub_idle_culler import cull_idle
 
-from gpuspawner.hub.collector import HUB_GC_THRESHOLD
+from gpuspawner.hub.collector import HUB_GC_THRESHOLD, check_gc_threshold
 from idle_culler.core import Culler
 from idle_culler.gpu import GPUHistory
 from idle_culler.hub import HubClient
@@ -763,14 +763,17 @@ def gc_threshold_of(args: argparse.Namespace) -> tuple[int, int, int] | None:
 
 
 def threshold_arg(text: str) -> tuple[int, int, int]:
-    """``--gc-threshold``'s value: three non-negative integers, comma-separated."""
+    """``--gc-threshold``'s value: three integers, comma-separated, checked as the hub checks
+    them (:func:`gpuspawner.hub.collector.check_gc_threshold`: each >= 1), so that a value
+    the hub's configuration would refuse is refused here, before any hub starts."""
     try:
-        g0, g1, g2 = (int(x) for x in text.split(","))
+        values = [int(x) for x in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError("three integers, e.g. 50000,20,100") from None
-    if min(g0, g1, g2) < 0:
-        raise argparse.ArgumentTypeError("thresholds must be >= 0")
-    return (g0, g1, g2)
+    try:
+        return check_gc_threshold(values, "--gc-threshold")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
