@@ -384,7 +384,7 @@ def _fgd(c: ClusterView, bundle: Bundle, spill: bool, ok: NodeFilter | None,
 
 #: look-ahead policies that read a strict bundle's candidates per NUMA node
 #: (:mod:`.numa_local`): name -> the :data:`.lookahead.SETTINGS` they take. Not the default:
-#: 17.6 % fewer idle GPUs than ``fgd`` under strict NUMA on the default pod list, at about
+#: 16.9 % fewer idle GPUs than ``fgd`` under strict NUMA on the default pod list, at about
 #: twice the default's decision time (docs/placement.md "Strict NUMA and its cost")
 NUMA_LOCAL_POLICIES: dict[str, str] = {"fgd-mem-lookahead-numa": "fgd-mem-lookahead"}
 
