@@ -151,6 +151,66 @@ def test_the_placement_benchmark_times_the_default_beside_fgd() -> None:
         "# 1523 nodes: fgd-mem-lookahead p99 / fgd p99 = 1.20 wall, 1.30 CPU"]
 
 
+def test_the_placement_benchmark_takes_each_decisions_smallest_time_over_runs() -> None:
+    """--repeat: decision i's wall-clock and CPU times are each the smallest of the runs' i-th
+    (not the smallest p99 of the runs), the percentiles come from those, and each run's own
+    p99 is kept beside."""
+    from benchmarks import placement as bp
+
+    def run(wall: list[int], cpu: list[int]) -> dict:
+        return {"nodes": 3, "policy": "fgd", "pods_total": len(wall), "pods_placed": 2,
+                "pods_rejected": 1, "gpu_allocation_ratio": 0.5, "stop": "capacity",
+                "decision_ns": wall, "decision_cpu_ns": cpu, "decision_us_p99": -1.0}
+
+    # decision 0 was slow in run a, decision 2 in run b: no run alone has the minima
+    a = run([9000, 2000, 3000], [8000, 1000, 3000])
+    b = run([1000, 4000, 7000], [1000, 2000, 2000])
+    assert bp.min_over_runs([a, b], bp.SAME_LEDGER) == ([1000, 2000, 3000], [1000, 1000, 2000])
+    m = bp.combine([a, b], bp.SAME_LEDGER, ("decision_us_p50", "decision_us_p99",
+                                           "decision_cpu_us_p99", "decisions_per_s"))
+    assert (m["decision_us_p50"], m["decision_us_p99"], m["decision_cpu_us_p99"]) == (
+        2.0, 3.0, 2.0)
+    assert m["p99_us_runs"] == [9.0, 7.0] and m["repeat"] == 2
+    assert m["decisions_per_s"] == pytest.approx(3 / 6e-6)
+    assert "decision_ns" not in m and "decision_cpu_ns" not in m
+
+
+@pytest.mark.parametrize("change", [{"pods_placed": 3}, {"gpu_allocation_ratio": 0.25}, "length"])
+def test_the_placement_benchmark_refuses_runs_that_decided_differently(change) -> None:
+    """Runs that did not make the same decisions (a --time-limit cut, a changed count) are not
+    combined: their i-th decisions are not the same work."""
+    from benchmarks import placement as bp
+
+    a = {"nodes": 3, "policy": "fgd", "pods_total": 2, "pods_placed": 2, "pods_rejected": 0,
+         "gpu_allocation_ratio": 0.5, "stop": "capacity", "decision_ns": [1, 2],
+         "decision_cpu_ns": [1, 2]}
+    b = dict(a, **change) if change != "length" else dict(a, decision_ns=[1, 2, 3])
+    with pytest.raises(ValueError, match="did not decide the same"):
+        bp.min_over_runs([a, b], bp.SAME_LEDGER)
+
+
+def test_a_fill_run_again_makes_the_same_decisions_and_keeps_their_times() -> None:
+    """What --repeat rests on: simulate_fill with the same seed decides the same every run,
+    and keep_times gives one wall-clock and one CPU time per decision."""
+    from pathlib import Path
+
+    from benchmarks import placement as bp
+    from gpuspawner.simulate import load_nodes, load_pods, simulate_fill
+
+    data = Path(__file__).parent / "data" / "alibaba-gpu-v2023-sample"
+    nodes = load_nodes(data / "openb_node_list_gpu_node.csv")
+    pods = load_pods(data / "openb_pod_list_default.csv")
+    runs = [simulate_fill(nodes, pods, DEFAULT_POLICY, seed=3, keep_times=True)
+            for _ in range(2)]
+    assert runs[0]["pods_total"] > 50 and runs[0]["pods_rejected"] > 0
+    for r in runs:
+        assert len(r["decision_ns"]) == len(r["decision_cpu_ns"]) == r["pods_total"]
+        assert all(isinstance(t, int) and t > 0 for t in r["decision_ns"])
+    wall, _cpu = bp.min_over_runs(runs, bp.SAME_LEDGER)
+    assert len(wall) == runs[0]["pods_total"]
+    assert "decision_ns" not in simulate_fill(nodes, pods, DEFAULT_POLICY, seed=3)
+
+
 def test_the_paper_models_lookahead_keeps_its_rule_under_strict_numa() -> None:
     """``--paper-numa strict``: the look-ahead applies (it fell back to fgd before), with
     NUMA-aligned GPUs for the candidate and the next types and the NUMA-aware F; every

@@ -217,7 +217,8 @@ class _Run:
 
 def simulate_fill(nodes: Sequence[Node], pods: Sequence[Pod], policy: str = DEFAULT_POLICY, *,
                   numa_policy: str = "strict", seed: int = 0, max_pods: int | None = None,
-                  time_limit_s: float | None = None, explain: bool = False) -> dict[str, Any]:
+                  time_limit_s: float | None = None, explain: bool = False,
+                  keep_times: bool = False) -> dict[str, Any]:
     """Fill mode (Weng et al., "Beware of Fragmentation", USENIX ATC '23): draw pods with
     replacement (``random.Random(seed)``) and place them one after another, no departures,
     until the arrived pods' GPU demand (milli-GPU, rejected pods included) reaches the
@@ -230,10 +231,16 @@ def simulate_fill(nodes: Sequence[Node], pods: Sequence[Pod], policy: str = DEFA
             extra O(nodes) pass per refusal, as the spawner does) so that
             ``rejected_reasons`` has the real reasons; by default refusals are cheap and all
             counted as ``unplaced``.
+        keep_times: also return every decision's time, in decision order:
+            ``decision_ns`` (wall clock, ``time.perf_counter_ns``) and ``decision_cpu_ns``
+            (this thread's CPU time, ``time.thread_time_ns``), lists of ints in nanoseconds,
+            one per ``reserve`` call (``pods_total`` of them). ``benchmarks/placement.py
+            --repeat`` takes each decision's smallest time over runs of the same fill.
 
     Returns:
-        The metrics dict; ``gpu_allocation_ratio`` and ``unallocated_gpus`` are the state at
-        the end, ``stop`` says why arrivals stopped (``"capacity"`` normally).
+        The metrics dict (:data:`METRIC_KEYS`, and the two lists with ``keep_times``);
+        ``gpu_allocation_ratio`` and ``unallocated_gpus`` are the state at the end, ``stop``
+        says why arrivals stopped (``"capacity"`` normally).
 
     Raises:
         ValueError: no pods, or the cluster has GPUs but no pod asks for any (fill would
@@ -261,7 +268,10 @@ def simulate_fill(nodes: Sequence[Node], pods: Sequence[Pod], policy: str = DEFA
     if allocated != run.allocated_milli:
         raise RuntimeError(f"ledger reports {allocated} milli-GPU allocated, its allocations "
                            f"add up to {run.allocated_milli}")
-    return run.metrics(policy, "fill", seed, allocated, time.perf_counter() - start, stop)
+    m = run.metrics(policy, "fill", seed, allocated, time.perf_counter() - start, stop)
+    if keep_times:
+        m.update(decision_ns=list(run.latencies_ns), decision_cpu_ns=list(run.cpu_ns))
+    return m
 
 
 def _replay_metrics(run: _Run, policy: str, seed: int, area: float, t_first: float,
