@@ -66,6 +66,7 @@ from gpuspawner.hub.collector import HUB_GC_THRESHOLD
 from gpuspawner.placement import DEFAULT_POLICY, POLICIES
 from gpuspawner.placement.model import Node
 from gpuspawner.simulate import load_nodes, load_pods, replicate_nodes, simulate_fill
+from gpuspawner.simulate.engine import nearest_rank
 from gpuspawner.simulate.paper import PaperCluster, PaperNode, pod_type, typical_pods
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "alibaba-gpu-v2023"
@@ -117,9 +118,10 @@ def reference_fgd(nodes: list[Node], pods, seed: int, max_decisions: int,
         placed += cluster.place(t, mem) is not None
         lat.append(time.perf_counter_ns() - t0)
         cpu.append(time.thread_time_ns() - c0)
+    ordered = sorted(lat)
     return {"nodes": len(nodes), "policy": policy, "decisions": len(lat), "placed": placed,
-            "rejected": len(lat) - placed, "p50_us": nearest_rank_us(sorted(lat), 50),
-            "p99_us": nearest_rank_us(sorted(lat), 99),
+            "rejected": len(lat) - placed, "p50_us": nearest_rank_us(ordered, 50),
+            "p99_us": nearest_rank_us(ordered, 99),
             "p99_cpu_us": nearest_rank_us(sorted(cpu), 99),
             "decisions_per_s": len(lat) / (sum(lat) / 1e9) if lat else 0.0,
             "gpu_allocation_ratio": cluster.gpu_used / cluster.gpu_capacity,
@@ -129,10 +131,10 @@ def reference_fgd(nodes: list[Node], pods, seed: int, max_decisions: int,
 
 def nearest_rank_us(sorted_ns: list[int], q: float) -> float:
     """The nearest-rank ``q``-th percentile (0-100) of sorted nanosecond times, in
-    microseconds; 0.0 for no times."""
-    if not sorted_ns:
-        return 0.0
-    return sorted_ns[max(1, -(-int(q * len(sorted_ns)) // 100)) - 1] / 1000
+    microseconds (:func:`gpuspawner.simulate.engine.nearest_rank`, the simulator's own); 0.0
+    for no times."""
+    ns = nearest_rank(sorted_ns, q)
+    return 0.0 if ns is None else ns / 1000
 
 
 #: what runs of one fill must agree on to be the same decisions, per kind of result: the
@@ -235,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
                 done = runs[policy]
                 # a run after the first makes exactly the first run's decisions (its count,
                 # no time limit), so that a time limit cannot cut the runs apart
-                runs[policy].append(simulate_fill(
+                done.append(simulate_fill(
                     nodes, pods, policy, numa_policy=args.numa_policy, seed=args.seed,
                     max_pods=done[0]["pods_total"] if done else args.max_decisions,
                     time_limit_s=None if done else args.time_limit,

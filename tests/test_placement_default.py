@@ -177,8 +177,8 @@ def test_the_placement_benchmark_takes_each_decisions_smallest_time_over_runs() 
 
 @pytest.mark.parametrize("change", [{"pods_placed": 3}, {"gpu_allocation_ratio": 0.25}, "length"])
 def test_the_placement_benchmark_refuses_runs_that_decided_differently(change) -> None:
-    """Runs that did not make the same decisions (a --time-limit cut, a changed count) are not
-    combined: their i-th decisions are not the same work."""
+    """Runs that did not make the same decisions (a changed count or allocation, a different
+    number of decisions) are not combined: their i-th decisions are not the same work."""
     from benchmarks import placement as bp
 
     a = {"nodes": 3, "policy": "fgd", "pods_total": 2, "pods_placed": 2, "pods_rejected": 0,

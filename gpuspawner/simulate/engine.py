@@ -79,8 +79,10 @@ METRIC_KEYS: tuple[str, ...] = (
 )
 
 
-def _percentile(sorted_values: Sequence[int], pct: float) -> int | None:
-    """Nearest-rank percentile of already sorted values; None when empty."""
+def nearest_rank(sorted_values: Sequence[int], pct: float) -> int | None:
+    """The nearest-rank ``pct``-th percentile (0-100) of already sorted values, in their unit
+    (the decision times here: nanoseconds); None when empty. Also what
+    ``benchmarks/placement.py`` reads its percentiles with."""
     if not sorted_values:
         return None
     rank = max(1, math.ceil(pct / 100 * len(sorted_values)))
@@ -182,9 +184,9 @@ class _Run:
         """The metrics dict (keys in :data:`METRIC_KEYS`)."""
         capacity = self.ledger.gpu_milli_capacity()
         lat = sorted(self.latencies_ns)
-        p50 = _percentile(lat, 50)
-        p99 = _percentile(lat, 99)
-        cpu99 = _percentile(sorted(self.cpu_ns), 99)
+        p50 = nearest_rank(lat, 50)
+        p99 = nearest_rank(lat, 99)
+        cpu99 = nearest_rank(sorted(self.cpu_ns), 99)
         total_ns = sum(lat)
         return {
             "policy": policy,
@@ -270,7 +272,7 @@ def simulate_fill(nodes: Sequence[Node], pods: Sequence[Pod], policy: str = DEFA
                            f"add up to {run.allocated_milli}")
     m = run.metrics(policy, "fill", seed, allocated, time.perf_counter() - start, stop)
     if keep_times:
-        m.update(decision_ns=list(run.latencies_ns), decision_cpu_ns=list(run.cpu_ns))
+        m.update(decision_ns=run.latencies_ns, decision_cpu_ns=run.cpu_ns)  # run ends here
     return m
 
 
